@@ -1,0 +1,90 @@
+"""The ``relax`` command line: ``relax train`` (later ``eval`` and ``plot``).
+
+Thin by design (STYLE 5): parse and validate through :mod:`relax.config`, then hand the
+resolved configuration to the trainer. Heavy libraries are imported only after a
+configuration is accepted and is not a dry run, so rejections and ``--dry-run`` stay fast
+and load no model. Every rejection is one stderr line and exit status 2.
+
+Adding a subcommand is one function ``_run_<name>(argv) -> int`` and one ``COMMANDS`` entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    summary: str
+    run: Callable[[list[str]], int]
+
+
+def _error(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _run_train(argv: list[str]) -> int:
+    from relax.config import ConfigError, config_to_json, parse_train_config, write_config
+
+    try:
+        cfg = parse_train_config(argv)
+    except ConfigError as e:
+        return _error("relax train", str(e))
+    if cfg.dry_run:
+        print(config_to_json(cfg))
+        return 0
+    # Under torchrun every rank parses the same flags; one writer for config.json.
+    if os.environ.get("RANK", "0") == "0":
+        write_config(cfg)
+    from relax.trainer import train  # lazy: pulls in torch and transformers
+
+    return int(train(cfg))
+
+
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        Command("train", "train a policy (relax train --help lists the flags)", _run_train),
+    )
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    """Only for ``relax --help``: the subcommands and their summaries."""
+    parser = argparse.ArgumentParser(
+        prog="relax", description="Relax: RL post-training for language models "
+        "(REINFORCE++, REINFORCE++-baseline, GRPO, GSPO, SAPO).")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for c in COMMANDS.values():
+        sub.add_parser(c.name, help=c.summary)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``relax`` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        return _error("relax", f"a command is required: {', '.join(COMMANDS)} (relax --help)")
+    if argv[0] in ("-h", "--help"):
+        _top_parser().print_help()
+        return 0
+    if argv[0] == "--version":
+        from relax import __version__
+
+        print(f"relax {__version__}")
+        return 0
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        return _error("relax", f"{argv[0]}: unknown command; choose from "
+                      f"{', '.join(COMMANDS)} (relax --help)")
+    try:
+        return command.run(argv[1:])
+    except SystemExit as e:  # argparse --help inside a subcommand
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
