@@ -1,0 +1,66 @@
+"""Pure tensor math of Relax: KL estimators, advantages, normalization, policy losses.
+
+Importable without a model, a GPU or a process group (SPEC section 13). Formulas live in
+one place each:
+
+=============================  =====================================  ==========
+name                           module                                 SPEC
+=============================  =====================================  ==========
+approx_kl                      :mod:`relax.algorithms.kl`             2
+reinforce_plus_plus_returns    :mod:`relax.algorithms.advantages`     3
+reinforce_plus_plus_baseline_  :mod:`relax.algorithms.advantages`     4
+advantages
+group_relative_advantages      :mod:`relax.algorithms.advantages`     5
+masked_population_normalize    :mod:`relax.algorithms.normalization`  6
+masked_whiten                  :mod:`relax.algorithms.normalization`  5
+ppo_clip_loss, gspo_loss,      :mod:`relax.algorithms.losses`         7
+sapo_loss, response_mean,
+token_mean
+compute_advantages_and_returns :mod:`relax.algorithms.registry`       3-6, 10
+=============================  =====================================  ==========
+"""
+
+from relax.algorithms.advantages import (
+    group_relative_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    reinforce_plus_plus_returns,
+)
+from relax.algorithms.kl import KL_KINDS, approx_kl
+from relax.algorithms.losses import gspo_loss, ppo_clip_loss, response_mean, sapo_loss, token_mean
+from relax.algorithms.normalization import (
+    NormalizationStats,
+    masked_population_normalize,
+    masked_whiten,
+)
+from relax.algorithms.registry import (
+    ESTIMATORS,
+    AdvantageOutput,
+    AdvantageSettings,
+    EstimatorSpec,
+    compute_advantages_and_returns,
+    compute_policy_loss,
+    get_estimator,
+)
+
+__all__ = [
+    "KL_KINDS",
+    "ESTIMATORS",
+    "AdvantageOutput",
+    "AdvantageSettings",
+    "EstimatorSpec",
+    "NormalizationStats",
+    "approx_kl",
+    "compute_advantages_and_returns",
+    "compute_policy_loss",
+    "get_estimator",
+    "group_relative_advantages",
+    "gspo_loss",
+    "masked_population_normalize",
+    "masked_whiten",
+    "ppo_clip_loss",
+    "reinforce_plus_plus_baseline_advantages",
+    "reinforce_plus_plus_returns",
+    "response_mean",
+    "sapo_loss",
+    "token_mean",
+]

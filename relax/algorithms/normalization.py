@@ -1,0 +1,204 @@
+"""Global masked advantage normalization over the data-parallel group (SPEC sections 5, 6).
+
+Two normalizers share one moment computation:
+
+* :func:`masked_population_normalize` (both REINFORCE++ variants, SPEC 6): population
+  moments (ddof = 0) over every valid token of the global batch, output
+  ``(A - mu) * rsqrt(max(var, var_floor))``; an empty global mask is an error.
+* :func:`masked_whiten` (group-relative family, SPEC 5): Bessel variance (ddof = 1, N = 1
+  gives 0), output ``(A - mu) * rsqrt(var + eps)``.
+
+Moments are accumulated in float64 and all-reduced over ``group`` in two collectives
+(``[sum, count]``, then the sum of squared deviations), so the result equals normalizing
+the concatenation of all ranks' tensors in one process, with the two-pass accuracy that
+a one-pass ``E[x^2] - mu^2`` lacks when ``|mu| >> std``. Every rank joins every
+collective, including a rank whose tokens are all masked (it contributes zeros), so no
+rank waits for another. No value is read back to the host: counts, moments and the
+empty-mask check stay on the device (``torch._assert_async``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from relax.algorithms._checks import (
+    as_bool_mask,
+    check_like_mask,
+    compute_dtype,
+    keep_bits,
+    select_,
+    select_copy,
+)
+
+
+@dataclass(frozen=True)
+class NormalizationStats:
+    """Global moments of one normalization; every field a 0-d tensor (no host sync).
+
+    ``mean``/``var`` are the raw population moments (float64, ddof = 0), ``count`` the global
+    number of valid tokens N (int64), ``zero_variance`` whether ``var`` is below the floor
+    (bool), ``normalized_mean``/``normalized_std`` the population moments of the output
+    (float64). The latter follow from the raw moments by linearity, exactly as the output is
+    defined, so they cost no extra pass or collective.
+    """
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+    zero_variance: Tensor
+    normalized_mean: Tensor
+    normalized_std: Tensor
+
+
+def _all_reduce(t: Tensor, group) -> Tensor:
+    if group is not None:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return t
+
+
+def f64_sum(x: Tensor, square: bool = False) -> Tensor:
+    """Sum (or sum of squares) of a float tensor, accumulated in float64 (0-d tensor).
+
+    A float32 tensor is widened block by block into one reused float64 buffer: a whole
+    float64 copy would cost a 2x-size allocation, and ``sum(dtype=float64)`` takes a slow
+    casting path on the CPU (both measured in ``benchmarks/bench_algorithms.py``). The
+    loop is over 1M-element blocks, not tokens."""
+    flat = x.reshape(-1)
+    if flat.dtype == torch.float64:
+        return torch.dot(flat, flat) if square else flat.sum()
+    block = 1 << 20
+    buf = torch.empty(min(block, flat.numel()), dtype=torch.float64, device=x.device)
+    acc = torch.zeros((), dtype=torch.float64, device=x.device)
+    for part in flat.split(block):
+        w = buf[: part.numel()]
+        w.copy_(part)
+        acc += torch.dot(w, w) if square else w.sum()
+    return acc
+
+
+def centred_moments(x: Tensor, mask: Tensor, keep: Tensor, group, *, out: Tensor | None = None):
+    """Global float64 moments of ``x`` over ``mask`` and ``x`` centred on the global mean.
+
+    ``x`` [B, T] must already be 0 outside the mask (finite everywhere). Returns
+    ``(d, n, mean, m2, shift_error)``: ``d = where(mask, x - shift, 0)`` written into ``out``
+    (``out is x`` centres in place), ``shift`` = the float64 mean rounded to ``x``'s dtype,
+    ``n`` the global count, ``m2`` the global sum of squared deviations from ``mean`` and
+    ``shift_error = mean - shift``. Two all-reduces: ``[sum, count]`` then ``m2``; the second
+    pass (deviations, not ``E[x^2] - mu^2``) keeps full accuracy when ``|mu| >> std``.
+    """
+    first = torch.stack([f64_sum(x), torch.count_nonzero(mask).to(torch.float64)])
+    _all_reduce(first, group)
+    total, n = first[0], first[1]
+    mean = total / n.clamp(min=1.0)
+    shift = mean.to(x.dtype)
+    d = torch.sub(x, shift, out=x if out is None else out)
+    select_(d, keep)  # masked positions back to exactly 0
+    # sum (x - mean)^2 = sum (x - shift)^2 - n (mean - shift)^2: exact correction for the
+    # rounding of the shift to float32.
+    second = f64_sum(d, square=True).reshape(1)
+    _all_reduce(second, group)
+    shift_error = mean - shift.to(torch.float64)
+    m2 = (second[0] - n * shift_error.square()).clamp(min=0.0)
+    return d, n, mean, m2, shift_error
+
+
+def masked_population_normalize(
+    values: Tensor, mask: Tensor, *, group=None, var_floor: float = 1e-8
+) -> tuple[Tensor, NormalizationStats]:
+    """REINFORCE++ global masked population normalization (SPEC section 6).
+
+    ``values`` [B, T], ``mask`` [B, T] (bool, or numeric read as ``!= 0``); ``group`` the
+    data-parallel process group (``None``: this process only). Returns ``A_hat`` [B, T] =
+    ``mask * (values - mu) * rsqrt(max(var, var_floor))`` with population moments over
+    every valid token on every rank, and the :class:`NormalizationStats`.
+
+    An empty global mask fails on every rank via ``torch._assert_async`` (raises at once on
+    the CPU, asynchronously on accelerators); the collectives have already completed, so
+    no rank is left waiting.
+    """
+    m = as_bool_mask(mask)
+    check_like_mask(values, m, "values")
+    dtype = compute_dtype(values)
+    keep = keep_bits(m, dtype)
+    x = select_copy(values, keep, dtype)
+    return population_normalize_clean(x, m, keep, group=group, var_floor=var_floor, inplace=True)
+
+
+def population_normalize_clean(
+    x: Tensor, m: Tensor, keep: Tensor, *, group, var_floor: float = 1e-8, inplace: bool = False
+) -> tuple[Tensor, NormalizationStats]:
+    """:func:`masked_population_normalize` for ``x`` already 0 outside the mask; ``inplace``
+    overwrites ``x`` with the result instead of allocating the output."""
+    out = x if inplace else torch.empty_like(x)
+    d, n, mean, m2, shift_error = centred_moments(x, m, keep, group, out=out)
+    torch._assert_async(n > 0, "masked_population_normalize: the global mask has no valid token (N = 0)")
+    var = m2 / n.clamp(min=1.0)
+    denom_var = var.clamp(min=var_floor)  # a floor on the variance, not sqrt(var) + eps
+    inv_std = torch.rsqrt(denom_var)
+    d.mul_(inv_std.to(d.dtype))  # masked positions stay 0
+    stats = NormalizationStats(
+        mean=mean,
+        var=var,
+        count=n.to(torch.int64),
+        zero_variance=var < var_floor,
+        normalized_mean=-shift_error * inv_std,
+        normalized_std=torch.sqrt(var / denom_var),
+    )
+    return d, stats
+
+
+def masked_whiten(values: Tensor, mask: Tensor, *, group=None, eps: float = 1e-8) -> Tensor:
+    """Classic whitening of the group-relative family (SPEC section 5) [B, T].
+
+    Global masked mean, Bessel-corrected variance (ddof = 1; N = 1 gives 0), output
+    ``(values - mu) * rsqrt(var + eps)``, 0 outside the mask.
+    """
+    m = as_bool_mask(mask)
+    check_like_mask(values, m, "values")
+    dtype = compute_dtype(values)
+    keep = keep_bits(m, dtype)
+    x = select_copy(values, keep, dtype)
+    return whiten_clean(x, m, keep, group=group, eps=eps, inplace=True)[0]
+
+
+def whiten_clean(
+    x: Tensor, m: Tensor, keep: Tensor, *, group, eps: float = 1e-8, var_floor: float = 1e-8,
+    inplace: bool = False,
+) -> tuple[Tensor, NormalizationStats]:
+    """:func:`masked_whiten` for ``x`` already 0 outside the mask, plus the stats object of
+    the population normalizer (``var`` reported as the population variance; ``var_floor``
+    only decides ``zero_variance``)."""
+    out = x if inplace else torch.empty_like(x)
+    d, n, mean, m2, shift_error = centred_moments(x, m, keep, group, out=out)
+    sample_var = torch.where(n > 1, m2 / (n - 1).clamp(min=1.0), torch.zeros_like(m2))
+    inv_std = torch.rsqrt(sample_var + eps)
+    d.mul_(inv_std.to(d.dtype))
+    var = m2 / n.clamp(min=1.0)
+    stats = NormalizationStats(
+        mean=mean,
+        var=var,
+        count=n.to(torch.int64),
+        zero_variance=var < var_floor,
+        normalized_mean=-shift_error * inv_std,
+        normalized_std=torch.sqrt(var) * inv_std,
+    )
+    return d, stats
+
+
+def moments_clean(x: Tensor, m: Tensor, keep: Tensor, *, group, var_floor: float = 1e-8) -> NormalizationStats:
+    """Global population moments of ``x`` (already 0 outside the mask) without normalizing;
+    raw and "normalized" fields coincide. For metrics when no normalization is requested."""
+    _, n, mean, m2, _ = centred_moments(x, m, keep, group, out=torch.empty_like(x))
+    var = m2 / n.clamp(min=1.0)
+    return NormalizationStats(
+        mean=mean,
+        var=var,
+        count=n.to(torch.int64),
+        zero_variance=var < var_floor,
+        normalized_mean=mean,
+        normalized_std=torch.sqrt(var),
+    )
