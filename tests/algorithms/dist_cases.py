@@ -1,0 +1,134 @@
+"""Per-rank data and the worker for the two-process Gloo tests (SPEC 6, 11).
+
+Kept out of ``test_*.py`` so spawned children import only this module, torch and relax.
+Every rank's data is a pure function of (case, rank), so the parent builds the same
+tensors to form the concatenated single-process population.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+WORLD = 2
+NAN, INF = float("nan"), float("inf")
+
+# Cases in the order the worker runs them; the empty global mask goes last so that an
+# implementation that raises there cannot desynchronise the earlier collectives.
+NORMALIZE_CASES = ("mixed", "rank1_empty", "single_token", "zero_var")
+WHITEN_CASES = ("mixed", "rank1_empty")
+DISPATCH_CASES = {
+    "rpp": dict(estimator="reinforce_plus_plus", normalize_advantages=True, gamma=0.99,
+                kl_coef=0.01),
+    "baseline": dict(estimator="reinforce_plus_plus_baseline", normalize_advantages=True),
+    "grpo_whiten": dict(estimator="grpo", normalize_advantages=True),
+    "grpo": dict(estimator="grpo"),
+    "sapo_no_std": dict(estimator="sapo", normalize_advantages=True, std_normalization=False),
+}
+DISPATCH_B, DISPATCH_T, GROUP_SIZE = 6, 9, 3
+
+
+def _holes_mask(rng, B, T) -> np.ndarray:
+    m = np.zeros((B, T), dtype=bool)
+    for i in range(B):
+        n = int(rng.integers(1, T + 1))
+        m[i, :n] = True
+        m[i, 1:n - 1] &= rng.random(max(0, n - 2)) > 0.3
+    return m
+
+
+def normalize_data(case: str, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values float64 [B,T] with sentinels outside the mask, mask bool [B,T]) of one rank."""
+    shapes = {0: (3, 7), 1: (4, 5)}  # different B and T per rank: the population is a set
+    B, T = shapes[rank]
+    rng = np.random.default_rng(100 * (NORMALIZE_CASES + ("empty",)).index(case) + rank)
+    values = rng.normal(0.5, 1.5, size=(B, T))
+    if case == "mixed":
+        mask = _holes_mask(rng, B, T)
+        mask[1] = False  # a fully masked row on each rank
+    elif case == "rank1_empty":
+        mask = _holes_mask(rng, B, T) if rank == 0 else np.zeros((B, T), dtype=bool)
+    elif case == "single_token":
+        mask = np.zeros((B, T), dtype=bool)
+        if rank == 0:
+            mask[2, 4] = True
+    elif case == "zero_var":
+        mask = _holes_mask(rng, B, T)
+        values[:] = 0.7
+    elif case == "empty":
+        mask = np.zeros((B, T), dtype=bool)
+    else:
+        raise KeyError(case)
+    sentinels = np.array([NAN, INF, -INF, 1e30])
+    values = np.where(mask, values, sentinels[np.arange(B * T).reshape(B, T) % 4])
+    return torch.tensor(values, dtype=torch.float64), torch.from_numpy(mask)
+
+
+def dispatch_data(rank: int, dtype=torch.float32) -> dict:
+    """A rollout shard of one rank; group ids are globally unique (groups never span ranks)."""
+    rng = np.random.default_rng(7000 + rank)
+    B, T = DISPATCH_B, DISPATCH_T
+    mask = _holes_mask(rng, B, T)
+    if rank == 1:
+        mask[4] = False
+    rewards = rng.choice([0.0, 1.0], size=B) + rng.normal(0, 0.05, size=B)
+    old = np.where(mask, rng.normal(-1.0, 0.5, size=(B, T)), NAN)
+    refl = np.where(mask, rng.normal(-1.0, 0.5, size=(B, T)), -INF)
+    group_index = torch.arange(B) // GROUP_SIZE + rank * (B // GROUP_SIZE)
+    return dict(rewards=torch.tensor(rewards, dtype=dtype), mask=torch.from_numpy(mask),
+                group_index=group_index, old_log_probs=torch.tensor(old, dtype=dtype),
+                ref_log_probs=torch.tensor(refl, dtype=dtype))
+
+
+def _stats_dict(stats) -> dict:
+    return {k: getattr(stats, k).detach().clone() for k in
+            ("mean", "var", "count", "zero_variance", "normalized_mean", "normalized_std")}
+
+
+def _attempt(fn):
+    try:
+        return ("ok", fn())
+    except Exception as e:  # noqa: BLE001 - reported to the parent test
+        return ("err", type(e).__name__, str(e)[:500])
+
+
+def worker() -> dict:
+    """Runs every distributed case on this rank with group=WORLD; returns case -> result."""
+    import torch.distributed as dist
+
+    import relax.algorithms as alg
+
+    rank = dist.get_rank()
+    group = dist.group.WORLD
+    out: dict = {}
+    for case in NORMALIZE_CASES:
+        values, mask = normalize_data(case, rank)
+
+        def norm(values=values, mask=mask):
+            a, stats = alg.masked_population_normalize(values, mask, group=group)
+            return a, _stats_dict(stats)
+
+        out[("normalize", case)] = _attempt(norm)
+    for case in WHITEN_CASES:
+        values, mask = normalize_data(case, rank)
+        out[("whiten", case)] = _attempt(lambda v=values, m=mask: alg.masked_whiten(v, m,
+                                                                                  group=group))
+    data = dispatch_data(rank)
+    for name, kw in DISPATCH_CASES.items():
+        def dispatch(kw=kw):
+            o = alg.compute_advantages_and_returns(alg.AdvantageSettings(**kw), data["rewards"],
+                                                   data["mask"], group_index=data["group_index"],
+                                                   old_log_probs=data["old_log_probs"],
+                                                   ref_log_probs=data["ref_log_probs"],
+                                                   group=group)
+            return o.advantages, o.returns, {k: v.clone() for k, v in o.metrics.items()}
+
+        out[("dispatch", name)] = _attempt(dispatch)
+    values, mask = normalize_data("empty", rank)
+    out[("normalize", "empty")] = _attempt(
+        lambda: alg.masked_population_normalize(values, mask, group=group))
+    # A final collective proves both ranks are still alive and in step after the error.
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["alive"] = float(t)
+    return out

@@ -1,0 +1,127 @@
+"""Run a function in N real spawned processes joined by a Gloo process group (127.0.0.1).
+
+    from tests.distributed_utils import run_distributed
+    results = run_distributed(fn, 2, arg1, arg2, timeout=60)   # [rank0_value, rank1_value]
+
+``fn`` must be importable by name (a module-level function in a module the child can
+import; keep such workers outside ``test_*.py`` files so the children stay light). It runs
+as ``fn(*args)`` after ``torch.distributed.init_process_group("gloo")``, so it reads its
+rank with ``dist.get_rank()`` and may use ``dist.group.WORLD``. Its return value must be
+picklable (tensors are fine); it is sent back as plain pickle bytes so no shared-memory
+handle outlives the child.
+
+A rank that raises makes ``run_distributed`` raise ``DistributedTestError`` carrying every
+rank's traceback; a rank that does not report within ``timeout`` seconds (a hang, a
+deadlocked collective) is killed and reported the same way, so a hang fails the test
+instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+class DistributedTestError(AssertionError):
+    """A rank raised, died or hung; the message holds each failing rank's report."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn: Callable, rank: int, world_size: int, port: int, args: tuple,
+           results: Any, pg_timeout: float) -> None:
+    # Set before importing torch so a 2-core box is not oversubscribed by N ranks.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=pg_timeout),
+        )
+        try:
+            value = fn(*args)
+            payload = (rank, True, pickle.dumps(value))
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a broken group must not hide fn's own result
+                pass
+    except BaseException:  # noqa: BLE001 - report everything, the parent decides
+        payload = (rank, False, traceback.format_exc())
+    results.put(payload)
+
+
+def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 60.0) -> list:
+    """Run ``fn(*args)`` on ``world_size`` Gloo ranks; return the per-rank values in rank order.
+
+    Raises ``DistributedTestError`` if any rank raised, exited without reporting, or did not
+    finish within ``timeout`` seconds (its processes are then killed).
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    # Collectives time out a little before the overall deadline, so a desynchronised
+    # rank usually reports a traceback rather than just being killed.
+    pg_timeout = max(5.0, 0.75 * timeout)
+    procs = [
+        ctx.Process(target=_child, args=(fn, rank, world_size, port, args, results, pg_timeout),
+                    daemon=True)
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    reports: dict[int, tuple[bool, Any]] = {}
+    try:
+        while len(reports) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                rank, ok, data = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                # A child killed by a signal never reports; stop waiting for it.
+                if any(p.exitcode not in (None, 0) and r not in reports
+                       for r, p in enumerate(procs)):
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                    for r in dead:
+                        reports.setdefault(r, (False, f"exited with code {procs[r].exitcode}"))
+                continue
+            reports[rank] = (ok, data)
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())) + 1.0)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
+        results.close()
+
+    problems = []
+    for rank in range(world_size):
+        if rank not in reports:
+            problems.append(f"rank {rank}: no result within {timeout:.0f}s (hang); killed")
+        elif not reports[rank][0]:
+            problems.append(f"rank {rank} failed:\n{reports[rank][1]}")
+    if problems:
+        raise DistributedTestError(
+            f"run_distributed({getattr(fn, '__qualname__', fn)!s}, world_size={world_size}):\n"
+            + "\n".join(problems)
+        )
+    return [pickle.loads(reports[rank][1]) for rank in range(world_size)]
