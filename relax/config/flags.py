@@ -60,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
             head, _, reason = message[len("argument "):].partition(": ")
             # "-h/--help" style heads: keep the long spelling
             raise ConfigError(head.split("/")[-1], f"{reason}; {hint}")
-        raise ConfigError(self.prog, f"{message}; {hint}")
+        raise ConfigError(message, hint)
 
     def parse_strict(self, argv: list[str]) -> argparse.Namespace:
         """parse_args with a did-you-mean for unknown flags instead of argparse's list."""
@@ -73,7 +73,13 @@ class _Parser(argparse.ArgumentParser):
                 close = difflib.get_close_matches(name, known, n=1)
                 hint = f"did you mean {close[0]}?" if close else f"see {self.prog} --help"
                 raise ConfigError(name, f"unknown flag; {hint}")
-            raise ConfigError(f"unexpected argument {token!r}",
+            # name the flag the stray value follows, when there is one
+            at = len(argv) - 1 - argv[::-1].index(token)
+            before = [t for t in argv[:at] if t.startswith("--")]
+            if not before:
+                raise ConfigError(repr(token), f"unexpected argument; {self.prog} takes only "
+                                  f"--flags; see {self.prog} --help")
+            raise ConfigError(before[-1].split("=", 1)[0], f"unexpected extra value {token!r}; "
                               f"each flag takes at most one value; see {self.prog} --help")
         return ns
 

@@ -47,6 +47,7 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, flag: str, reason: str):
+        flag, reason = _one_line(flag), _one_line(reason)
         super().__init__(f"{flag}: {reason}")
         self.flag = flag
         self.reason = reason
@@ -54,6 +55,11 @@ class ConfigError(ValueError):
     @property
     def flags(self) -> list[str]:
         return [tok for tok in self.flag.split() if tok.startswith("--")]
+
+
+def _one_line(message: str) -> str:
+    """Escape newlines and other control characters a user value may carry."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def _fmt(value) -> str:
@@ -194,9 +200,12 @@ def _check_estimator_specific(ns: Namespace) -> None:
             value = getattr(ns, dest)
             if value is None:
                 continue
-            if est == "reinforce_plus_plus_baseline" or dest == "custom_advantage_function_path":
-                _reject(ns, dest, f"{est}: it would bypass the frozen return/advantage "
-                        f"semantics (SPEC 3, 4, 8); remove {_flag(dest)}")
+            if est == "reinforce_plus_plus_baseline":
+                _reject(ns, dest, f"{est}: it would bypass the frozen group-mean baseline "
+                        f"semantics (SPEC 4, 8); remove {_flag(dest)}")
+            if dest == "custom_advantage_function_path":
+                _reject(ns, dest, f"{est}: it would replace the frozen reward-to-go advantage "
+                        f"(SPEC 3); remove {_flag(dest)}")
         if ns.disable_grpo_std_normalization:
             _reject(ns, "disable_grpo_std_normalization", f"{est} never divides by a group "
                     "std, it uses the global token normalization (SPEC 6); remove it")
@@ -206,8 +215,8 @@ def _check_estimator_specific(ns: Namespace) -> None:
     if est != "sapo":
         for dest, default in (("sapo_tau_pos", 1.0), ("sapo_tau_neg", 1.05)):
             if getattr(ns, dest) != default:
-                _reject(ns, dest, f"only --advantage-estimator sapo reads it (SPEC 7); "
-                        f"remove it or choose sapo")
+                _reject(ns, dest, "only --advantage-estimator sapo reads it (SPEC 7); "
+                        "remove it or choose sapo")
     if est == "sapo":
         for dest, default in (("eps_clip", 0.2), ("eps_clip_high", None), ("eps_clip_c", None)):
             if getattr(ns, dest) != default:
