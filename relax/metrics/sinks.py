@@ -1,0 +1,144 @@
+"""Where metrics go: a console summary line with a progress bar, metrics.jsonl, TensorBoard,
+Weights & Biases. Rank 0 writes; other ranks get a logger with no sinks (the no-op fallback),
+so the training loop never asks who it is or what is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+
+class JsonlSink:
+    """``metrics.jsonl``: one JSON object per rollout step, with ``rollout/step``."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8")  # append: a resumed run continues the file
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"rollout/step": step}
+        # JSON has no NaN/Inf; write them as null rather than produce an unreadable line
+        row.update({k: (v if math.isfinite(v) else None) for k, v in metrics.items()})
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._w = SummaryWriter(log_dir=log_dir)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self._w.add_scalar(k, v, global_step=step)
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+class WandbSink:
+    def __init__(self, config: dict, output_dir: str):
+        import wandb
+
+        self._wandb = wandb
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "relax"), config=config, dir=output_dir
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+# (metric, label, format) shown in the one-line summary of a rollout step
+SUMMARY = (
+    ("rollout/raw_reward", "reward", "{:.3f}"),
+    ("rollout/response_length", "len", "{:.1f}"),
+    ("rollout/truncated", "trunc", "{:.2f}"),
+    ("train/pg_loss", "pg", "{:+.4f}"),
+    ("train/kl_loss", "kl", "{:.2e}"),
+    ("train/ppo_kl", "ppo_kl", "{:+.1e}"),
+    ("train/entropy", "ent", "{:.2f}"),
+    ("train/grad_norm", "gnorm", "{:.3f}"),
+    ("perf/step_time", "s", "{:.2f}"),
+    ("perf/generated_tokens_per_s", "tok/s", "{:.0f}"),
+)
+
+
+def summary_line(step: int, total: int | None, metrics: dict[str, float]) -> str:
+    head = f"step {step}" + (f"/{total}" if total else "")
+    parts = [head] + [
+        f"{label} {fmt.format(metrics[k])}" for k, label, fmt in SUMMARY if k in metrics
+    ]
+    return " | ".join(parts)
+
+
+class ConsoleSink:
+    """A rich progress bar over rollout steps with one summary line printed per step."""
+
+    def __init__(self, total_steps: int | None, start_step: int = 0, stream=None):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+
+        self.total = total_steps
+        console = Console(file=stream or sys.stderr)
+        self._progress = Progress(
+            TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn(), console=console, transient=False,
+        )
+        self._task = self._progress.add_task("rollout", total=total_steps, completed=start_step)
+        self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._progress.console.print(
+            summary_line(step, self.total, metrics), highlight=False, soft_wrap=True
+        )
+        self._progress.update(self._task, completed=step)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+class MetricsLogger:
+    """Fan-out to sinks; with no sinks it does nothing (non-zero ranks, tests)."""
+
+    def __init__(self, sinks=()):
+        self.sinks = list(sinks)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for s in self.sinks:
+            s.log(step, metrics)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
+
+
+def build_logger(*, is_main: bool, output_dir: str, total_steps: int | None, start_step: int = 0,
+                 console: bool = True, tensorboard: bool = False, wandb: bool = False,
+                 config: dict | None = None) -> MetricsLogger:
+    if not is_main:
+        return MetricsLogger()
+    sinks = [JsonlSink(os.path.join(output_dir, "metrics.jsonl"))]
+    if console:
+        sinks.append(ConsoleSink(total_steps, start_step))
+    if tensorboard:
+        sinks.append(TensorBoardSink(os.path.join(output_dir, "tensorboard")))
+    if wandb:
+        try:
+            sinks.append(WandbSink(config or {}, output_dir))
+        except ImportError:
+            print("relax train: warning: wandb is not installed; --use-wandb ignored",
+                  file=sys.stderr)
+    return MetricsLogger(sinks)

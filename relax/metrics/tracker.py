@@ -1,0 +1,90 @@
+"""Per-rollout-step metrics, reduced across data-parallel ranks in one place.
+
+Ranks record LOCAL contributions with the reduction they need; :meth:`MetricTracker.reduce`
+turns them into global values with two all-reduces (one SUM for sums and ratios, one MAX) and
+returns plain floats that are identical on every rank:
+
+- ``add_sum(name, v)``: global sum of ``v`` (e.g. generated tokens);
+- ``add_ratio(name, num, den)``: ``sum(num) / sum(den)`` (e.g. mean response length);
+- ``add_max(name, v)``: maximum over ranks (wall times, peak memory);
+- ``add_global(name, v)``: a value already identical on every rank (the dispatcher's
+  ``rollout/`` moments, a step's reduced train loss); repeated calls are averaged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+
+def _as_float(v) -> float:
+    return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
+
+
+class MetricTracker:
+    def __init__(self, group=None, device="cpu"):
+        self.group, self.device = group, device
+        self.reset()
+
+    def reset(self) -> None:
+        self._sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # [num, den]
+        self._kinds: dict[str, str] = {}
+        self._max: dict[str, float] = {}
+        self._global: dict[str, list[float]] = defaultdict(list)
+
+    def _kind(self, name: str, kind: str) -> None:
+        if self._kinds.setdefault(name, kind) != kind:
+            raise ValueError(f"metric {name} recorded as {self._kinds[name]} and as {kind}")
+
+    def add_sum(self, name: str, value) -> None:
+        self._kind(name, "sum")
+        self._sums[name][0] += _as_float(value)
+
+    def add_ratio(self, name: str, numerator, denominator) -> None:
+        self._kind(name, "ratio")
+        acc = self._sums[name]
+        acc[0] += _as_float(numerator)
+        acc[1] += _as_float(denominator)
+
+    def add_max(self, name: str, value) -> None:
+        self._kind(name, "max")
+        self._max[name] = max(self._max.get(name, float("-inf")), _as_float(value))
+
+    def add_global(self, name: str, value) -> None:
+        self._kind(name, "global")
+        self._global[name].append(_as_float(value))
+
+    def reduce(self) -> dict[str, float]:
+        """Global values of everything recorded since the last reset (a collective call).
+
+        Every rank must have recorded the same names (they run the same code path).
+        """
+        out: dict[str, float] = {}
+        names = sorted(self._sums)
+        if names:
+            flat = torch.tensor([x for n in names for x in self._sums[n]], dtype=torch.float64)
+            flat = self._all_reduce(flat, dist.ReduceOp.SUM).view(-1, 2)
+            for n, (num, den) in zip(names, flat.tolist(), strict=True):
+                if self._kinds[n] == "sum":
+                    out[n] = num
+                else:
+                    out[n] = num / den if den else float("nan")
+        max_names = sorted(self._max)
+        if max_names:
+            t = torch.tensor([self._max[n] for n in max_names], dtype=torch.float64)
+            for n, v in zip(max_names, self._all_reduce(t, dist.ReduceOp.MAX).tolist(),
+                            strict=True):
+                out[n] = v
+        for n, values in self._global.items():
+            out[n] = sum(values) / len(values)
+        self.reset()
+        return dict(sorted(out.items()))
+
+    def _all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        if self.group is None:
+            return t
+        t = t.to(self.device)  # NCCL needs device tensors; Gloo takes CPU ones
+        dist.all_reduce(t, op=op, group=self.group)
+        return t.cpu()

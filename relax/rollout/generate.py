@@ -1,0 +1,129 @@
+"""Sampling responses with the current policy: a lean decode loop over the model's KV cache.
+
+Prompts are left-padded so every row's next token sits in the last column; each step feeds one
+token per row and reuses the cache. A row stops at its first EOS (kept in the response, inside the
+mask) or at ``max_new_tokens`` (then it counts as truncated). Positions after a row's EOS hold the
+pad token and are outside the mask.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Rollout:
+    """One rank's sampled batch.
+
+    prompt_ids [B, P] (left-padded), prompt_mask [B, P] bool, response_ids [B, T] (right-padded
+    with pad), response_mask [B, T] bool (generated tokens up to and including EOS),
+    truncated [B] bool (no EOS within the length limit).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    truncated: torch.Tensor
+
+
+def tokenize_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids [B, P] and mask [B, P] bool. Special tokens are the template's business."""
+    rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    for i, r in enumerate(rows):
+        if not r:
+            raise ValueError(f"prompt {i} tokenizes to nothing: {texts[i][:60]!r}")
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = True
+    return ids.to(device), mask.to(device)
+
+
+def sample_next(logits, *, temperature: float, top_p: float, top_k: int, generator):
+    """One token per row from logits [B, V] (float32)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (the first always stays)
+        drop = probs.cumsum(-1) - probs >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    generator: torch.Generator | None = None,
+    sync_group=None,
+) -> Rollout:
+    """Sample up to ``max_new_tokens`` per row.
+
+    ``sync_group``: with a sharded model (FSDP) every rank must run the same number of forward
+    passes, so the "all rows finished" decision is all-reduced over this group.
+    """
+    B = prompt_ids.shape[0]
+    device = prompt_ids.device
+    eos = torch.tensor(eos_token_ids, device=device)
+    attn = prompt_mask.long()
+    position = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=prompt_ids, attention_mask=attn, position_ids=position, use_cache=True,
+        logits_to_keep=1,
+    )
+    # transformers 5 renamed `past_key_values` to `cache`; accept models of either vintage
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values"
+    )
+    next_position = position[:, -1:] + 1
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    tokens, masks = [], []
+    for t in range(max_new_tokens):
+        tok = sample_next(
+            out.logits[:, -1].float(), temperature=temperature, top_p=top_p, top_k=top_k,
+            generator=generator,
+        )
+        masks.append(~finished)
+        tok = torch.where(finished, torch.full_like(tok, pad_token_id), tok)
+        tokens.append(tok)
+        finished = finished | torch.isin(tok, eos)
+        if t == max_new_tokens - 1:
+            break
+        done = finished.all()
+        if sync_group is not None:
+            flag = done.to(torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=sync_group)
+            done = flag.bool()
+        if done:
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        out = model(
+            input_ids=tok[:, None], attention_mask=attn, position_ids=next_position,
+            use_cache=True, **{cache_arg: out[cache_arg]},
+        )
+        next_position = next_position + 1
+    response_ids = torch.stack(tokens, dim=1)
+    response_mask = torch.stack(masks, dim=1)
+    return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~finished)

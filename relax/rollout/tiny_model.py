@@ -1,0 +1,69 @@
+"""The built-in tiny model and tokenizer, created in code (nothing is downloaded, ever).
+
+Used when ``--hf-checkpoint`` is absent. The tokenizer is character level over printable
+ASCII plus ``<pad>``, ``<eos>`` and ``<unk>``; the model is a small Qwen3 (transformers'
+``Qwen3Config``) whose initial weights depend only on the seed. Both are ordinary Hugging Face
+objects, so ``save_pretrained`` output loads back with ``AutoModelForCausalLM`` /
+``AutoTokenizer`` (and therefore with ``--hf-checkpoint``).
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+# Tabs and the rarer whitespace characters are left out: prompts of the built-in tasks and
+# typical math data do not need them, and a smaller vocabulary learns faster.
+CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+
+# Small enough that `relax train` learns the built-in task in a few CPU minutes.
+TINY_MODEL = dict(
+    hidden_size=64,
+    intermediate_size=192,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
+
+
+def build_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast`` with eos and pad tokens (pad id 0, eos 1)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    # every character is its own piece; `[\s\S]` because `.` would skip newlines
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, unk_token=UNK, padding_side="left"
+    )
+
+
+def build_tiny_model(tokenizer, seed: int, **overrides):
+    """A randomly initialized Qwen3 causal LM; the same seed gives the same weights."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **{**TINY_MODEL, **overrides},
+    )
+    # Fork the RNG so building the model does not move the caller's global stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model

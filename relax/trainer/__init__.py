@@ -1,0 +1,17 @@
+"""The synchronous colocate trainer (SPEC section 9): rollout, then train, on the same devices.
+
+``train(cfg) -> int`` takes the resolved namespace of ``relax.config.parse_train_config`` and
+returns the process exit status. Heavy imports happen inside, so ``import relax.trainer`` is
+cheap.
+"""
+
+from relax.trainer.errors import InputError, NonFiniteError, RelaxError, RewardError
+
+
+def train(cfg) -> int:
+    from relax.trainer.loop import train as _train
+
+    return _train(cfg)
+
+
+__all__ = ["InputError", "NonFiniteError", "RelaxError", "RewardError", "train"]

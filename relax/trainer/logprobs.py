@@ -1,0 +1,99 @@
+"""Token log-probabilities of the sampled responses under a model (policy, old, reference).
+
+The batch fields follow one vocabulary: ``input_ids`` / ``attention_mask`` / ``position_ids``
+[B, P+T] are the left-padded prompt followed by the right-padded response; ``response_mask``
+[B, T] marks the generated tokens up to and including EOS. Logits are kept only for the T
+positions that predict response tokens (``logits_to_keep``), so the log-softmax never runs over
+the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from relax.rollout.generate import Rollout
+
+
+@dataclass
+class Experience:
+    """One rank's training batch for a rollout step; every tensor has the batch dim first."""
+
+    input_ids: torch.Tensor  # [B, P+T]
+    attention_mask: torch.Tensor  # [B, P+T] long
+    position_ids: torch.Tensor  # [B, P+T]
+    response_mask: torch.Tensor  # [B, T] bool
+    old_log_probs: torch.Tensor | None = None  # [B, T]
+    ref_log_probs: torch.Tensor | None = None  # [B, T]
+    advantages: torch.Tensor | None = None  # [B, T]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> Experience:
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name)[start:stop]
+                for f in fields(self)
+                if getattr(self, f.name) is not None
+            },
+        )
+
+
+def experience_from_rollout(r: Rollout) -> Experience:
+    """Concatenate prompt and response; positions count attended tokens only (left padding)."""
+    # clone(): the rollout was made under inference_mode, and inference tensors cannot be saved
+    # for backward by the training pass.
+    input_ids = torch.cat([r.prompt_ids, r.response_ids], dim=1).clone()
+    attention_mask = torch.cat([r.prompt_mask, r.response_mask], dim=1).long()
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return Experience(input_ids, attention_mask, position_ids, r.response_mask.clone())
+
+
+def _autocast(device: torch.device):
+    # fp32 master weights; bf16 compute on the GPU (SPEC-independent speed choice)
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def response_log_probs(
+    model, batch: Experience, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(a_t | context) [B, T] float32 and, on request, the entropy [B, T].
+
+    Logits are divided by the sampling temperature so that the ratio compares the same
+    distribution the responses were drawn from.
+    """
+    T = batch.response_mask.shape[1]
+    with _autocast(batch.input_ids.device):
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=T + 1,
+        )
+    # the last kept logit predicts a token after the response; drop it
+    logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    targets = batch.input_ids[:, -T:]
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = log_z - (probs * logits).sum(-1)
+    return log_probs, entropy
+
+
+def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temperature: float):
+    """``response_log_probs`` [B, T] over the whole batch in micro-batches, without autograd."""
+    with torch.inference_mode():
+        parts = [
+            response_log_probs(model, batch.rows(i, i + micro_batch_size), temperature=temperature)[0]
+            for i in range(0, len(batch), micro_batch_size)
+        ]
+        out = torch.cat(parts)
+    return out.clone()  # outside inference mode: a normal tensor the loss may save for backward

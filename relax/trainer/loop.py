@@ -1,0 +1,299 @@
+"""The synchronous colocate loop (SPEC section 9): one closed global batch per rollout step.
+
+    for each rollout step:
+        prompts   = sample_prompts(step)          whole prompt groups per data-parallel rank
+        rollout   = generate(prompts)             current policy, KV cache, stop at EOS / length
+        rewards   = score(prompts, rollout)       math, a built-in task, or --custom-rm-path
+        exp       = old_and_ref_log_probs(...)    training model / frozen reference, no autograd
+        exp       = advantages(exp, rewards)      compute_advantages_and_returns over the DP group
+        history   = update(exp)                   --num-steps-per-rollout AdamW steps (SPEC 7)
+        log(metrics); save(step)
+
+Launch: ``relax train [flags]`` or ``torchrun --nproc_per_node N -m relax train [flags]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import resource
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+from relax.metrics import MetricTracker, build_logger
+from relax.rollout.data import PromptSource, format_prompt, load_prompt_data
+from relax.rollout.generate import generate, tokenize_prompts
+from relax.rollout.rewards import build_reward_fn, load_function, score
+from relax.trainer import checkpoint, setup
+from relax.trainer.distributed import (
+    init_distributed,
+    shutdown_distributed,
+    unwrap,
+    wrap_model,
+)
+from relax.trainer.errors import InputError, RelaxError, RewardError
+from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
+from relax.trainer.update import LossSettings, train_on_rollout
+
+
+def _seed_for(*parts) -> int:
+    """A 63-bit seed from (seed, rank, step, ...): independent streams without collisions."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _set_cpu_threads() -> None:
+    # Processes on one host share its cores; oversubscription makes tiny models crawl.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+
+
+class Timer:
+    """Wall time per named phase, summed within a rollout step."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.totals = device, defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # kernels are asynchronous
+        self.totals[name] += time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        out, self.totals = dict(self.totals), defaultdict(float)
+        return out
+
+
+def _peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
+
+
+class Trainer:
+    def __init__(self, cfg, ctx, *, console: bool = True):
+        self.cfg, self.ctx = cfg, ctx
+        self.timer = Timer(ctx.device)
+        # --- everything that can fail on bad input, before any model is loaded
+        setup.check_model_paths(cfg)
+        checkpoint.check_save_dir(cfg.save)
+        resume = None
+        if cfg.load:
+            if not os.path.isdir(cfg.load):
+                raise InputError(f"--load {cfg.load}: no such directory")
+            resume = checkpoint.latest_checkpoint(cfg.load)
+            if resume is None:
+                raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
+        samples = None
+        if cfg.prompt_data:
+            samples = load_prompt_data(cfg.prompt_data, cfg.input_key, cfg.label_key,
+                                       need_label=cfg.custom_rm_path is None)
+        task = None
+        if samples is None:
+            from relax.rollout.tasks import get_task
+
+            task = get_task(cfg.builtin_task)
+        rm_type = cfg.rm_type if (cfg.rm_type or samples is not None) else cfg.builtin_task
+        self.reward_fn, self.reward_name = build_reward_fn(cfg.custom_rm_path, rm_type)
+        self.post_process = (load_function(cfg.custom_reward_post_process_path,
+                                           "--custom-reward-post-process-path")
+                             if cfg.custom_reward_post_process_path else None)
+        self.custom_advantage = (load_function(cfg.custom_advantage_function_path,
+                                               "--custom-advantage-function-path")
+                                 if cfg.custom_advantage_function_path else None)
+        if cfg.rollout_batch_size % ctx.world_size:
+            raise InputError(f"--rollout-batch-size {cfg.rollout_batch_size}: not divisible by "
+                             f"the {ctx.world_size} data-parallel ranks")
+        self.source = PromptSource(batch_size=cfg.rollout_batch_size, seed=cfg.seed,
+                                   samples=samples, task=task, shuffle=cfg.rollout_shuffle)
+        self.total_steps = cfg.num_rollout or cfg.num_epoch * self.source.steps_per_epoch
+        self.settings = AdvantageSettings(
+            estimator=cfg.advantage_estimator, normalize_advantages=cfg.normalize_advantages,
+            gamma=cfg.gamma, kl_coef=cfg.kl_coef,
+            std_normalization=not cfg.disable_grpo_std_normalization,
+        )
+        self.loss_settings = LossSettings.from_config(cfg)
+        # --- models
+        self.tokenizer = setup.load_tokenizer(cfg)
+        policy = setup.load_policy(cfg, self.tokenizer, ctx.device,
+                                   weights_dir=resume[0] if resume else None)
+        self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)
+        self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device)
+                    if setup.needs_reference(cfg) else None)
+        self.model = wrap_model(policy, ctx, fsdp=cfg.fsdp)
+        self.optimizer = setup.build_optimizer(self.model, cfg)
+        self.start_step = 0
+        if resume:
+            checkpoint.load_trainer_state(resume[0], self.model, self.optimizer, fsdp=cfg.fsdp)
+            self.start_step = resume[1]
+        self.tracker = MetricTracker(ctx.group, ctx.device)
+        self.logger = build_logger(
+            is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
+            start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
+            wandb=cfg.use_wandb, config=vars(cfg),
+        )
+
+    # ------------------------------------------------------------------ phases
+    def sample_prompts(self, step: int):
+        """This rank's whole prompt groups: prompts, labels, group_index [B] (local ids)."""
+        per_rank = self.cfg.rollout_batch_size // self.ctx.world_size
+        batch = self.source.batch(step)[self.ctx.rank * per_rank : (self.ctx.rank + 1) * per_rank]
+        n = self.cfg.n_samples_per_prompt
+        texts = [format_prompt(self.tokenizer, s.prompt, apply_chat_template=self.cfg.
+                               apply_chat_template, system_prompt=self.cfg.system_prompt)
+                 for s in batch]
+        prompts = [t for t in texts for _ in range(n)]
+        labels = [s.label for s in batch for _ in range(n)]
+        group_index = torch.arange(len(batch), device=self.ctx.device).repeat_interleave(n)
+        return prompts, labels, group_index
+
+    def generate(self, prompts: list[str], step: int):
+        ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
+        generator = torch.Generator(self.ctx.device)
+        generator.manual_seed(_seed_for(self.cfg.seed, "rollout", self.ctx.rank, step))
+        model = unwrap(self.model)
+        model.eval()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.ctx.device.type == "cuda"):
+            rollout = generate(
+                model, ids, mask, max_new_tokens=self.cfg.rollout_max_response_len,
+                eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
+                temperature=self.cfg.rollout_temperature, top_p=self.cfg.rollout_top_p,
+                top_k=self.cfg.rollout_top_k, generator=generator,
+                sync_group=self.ctx.group if self.cfg.fsdp else None,
+            )
+        model.train()
+        return rollout
+
+    def score(self, prompts, labels, rollout, group_index) -> torch.Tensor:
+        """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
+        responses = self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+        base = self.ctx.rank * len(prompts)
+        values = score(self.reward_fn, prompts, responses, labels, name=self.reward_name,
+                       index_base=base)
+        rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
+        if self.post_process is not None:
+            out = torch.as_tensor(self.post_process(rewards.clone(), group_index.clone()),
+                                  dtype=torch.float32, device=self.ctx.device)
+            if out.shape != rewards.shape or not torch.isfinite(out).all():
+                raise RewardError("--custom-reward-post-process-path must return finite "
+                                  f"rewards of shape {tuple(rewards.shape)}")
+            rewards = out
+        return rewards
+
+    def old_and_ref_log_probs(self, rollout):
+        exp = experience_from_rollout(rollout)
+        mbs, temp = self.cfg.micro_batch_size, self.cfg.rollout_temperature
+        exp.old_log_probs = batched_log_probs(unwrap(self.model), exp, micro_batch_size=mbs,
+                                              temperature=temp)
+        if self.ref is not None:
+            exp.ref_log_probs = batched_log_probs(self.ref, exp, micro_batch_size=mbs,
+                                                  temperature=temp)
+        return exp
+
+    def advantages(self, exp, rewards, group_index):
+        out = compute_advantages_and_returns(
+            self.settings, rewards, exp.response_mask, group_index=group_index,
+            old_log_probs=exp.old_log_probs, ref_log_probs=exp.ref_log_probs,
+            group=self.ctx.group,
+        )
+        exp.advantages = out.advantages
+        if self.custom_advantage is not None:
+            adv = torch.as_tensor(self.custom_advantage(rewards, group_index, exp.response_mask))
+            if adv.shape != exp.response_mask.shape:
+                raise RewardError("--custom-advantage-function-path must return advantages of "
+                                  f"shape {tuple(exp.response_mask.shape)}, got {tuple(adv.shape)}")
+            exp.advantages = torch.where(exp.response_mask, adv.float(), 0.0)
+        for name, value in out.metrics.items():
+            self.tracker.add_global(name, value)
+        return exp
+
+    def update(self, exp):
+        history = train_on_rollout(
+            self.model, self.optimizer, exp, self.loss_settings, self.ctx,
+            global_batch_size=self.cfg.global_batch_size,
+            micro_batch_size=self.cfg.micro_batch_size, clip_grad=self.cfg.clip_grad,
+        )
+        for values in history:
+            for name, value in values.items():
+                self.tracker.add_global(name, value)
+
+    def log(self, step: int, rollout, times: dict[str, float]) -> dict[str, float]:
+        mask = rollout.response_mask
+        B = mask.shape[0]
+        self.tracker.add_ratio("rollout/response_length", mask.sum(), B)
+        self.tracker.add_ratio("rollout/truncated", rollout.truncated.sum(), B)
+        self.tracker.add_sum("perf/generated_tokens", mask.sum())
+        for name in ("step", "rollout", "train"):
+            self.tracker.add_max(f"perf/{name}_time", times.get(name, 0.0))
+        self.tracker.add_max("perf/peak_memory_gb", _peak_memory_gb(self.ctx.device))
+        metrics = self.tracker.reduce()
+        metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
+            metrics["perf/rollout_time"], 1e-9)
+        self.logger.log(step, metrics)
+        return metrics
+
+    def save(self, step: int, *, final: bool) -> None:
+        checkpoint.save_checkpoint(
+            self.cfg.save, model=self.model, optimizer=self.optimizer, tokenizer=self.tokenizer,
+            step=step, ctx=self.ctx, fsdp=self.cfg.fsdp, final=final,
+            extra={"advantage_estimator": self.cfg.advantage_estimator},
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> list[dict[str, float]]:
+        history = []
+        for step in range(self.start_step, self.total_steps):
+            t = self.timer
+            with t("step"):
+                prompts, labels, group_index = self.sample_prompts(step)
+                with t("rollout"):
+                    rollout = self.generate(prompts, step)
+                    rewards = self.score(prompts, labels, rollout, group_index)
+                with t("train"):
+                    exp = self.old_and_ref_log_probs(rollout)
+                    exp = self.advantages(exp, rewards, group_index)
+                    self.update(exp)
+            history.append(self.log(step + 1, rollout, t.pop()))
+            if self.cfg.save and self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0:
+                self.save(step + 1, final=False)
+        if self.cfg.save:
+            self.save(self.total_steps, final=True)
+        return history
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
+    """Train as configured; return the metrics of each rollout step (raises RelaxError)."""
+    ctx = init_distributed(cfg.device)
+    if ctx.device.type == "cpu":
+        _set_cpu_threads()
+    trainer = Trainer(cfg, ctx, console=console)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+def train(cfg) -> int:
+    """``relax train``: exit status 0, or print one ``relax train: error:`` line and return
+    the error's status (2 bad input, 1 failure during training)."""
+    try:
+        run(cfg)
+        return 0
+    except RelaxError as e:
+        rank = os.environ.get("RANK")
+        prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        print(f"relax train: error: {prefix}{e}", file=sys.stderr)
+        return e.exit_code
+    finally:
+        shutdown_distributed()

@@ -1,0 +1,118 @@
+"""Building the policy, the frozen reference, the tokenizer and the optimizer.
+
+``--hf-checkpoint DIR``: any local Hugging Face causal LM (local files only, nothing is ever
+downloaded). Without it: the built-in tiny Qwen3 and character tokenizer of
+``relax.rollout.tiny_model``, whose initial weights depend only on ``--seed``.
+
+Trainable weights are fp32 everywhere (AdamW updates of 1e-6 vanish in bf16); on the GPU the
+forward passes run under bf16 autocast and the frozen reference is stored in bf16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from relax.trainer.errors import InputError
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _check_model_dir(path: str, flag: str) -> None:
+    if not os.path.isdir(path):
+        raise InputError(f"{flag} {path}: no such directory")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise InputError(f"{flag} {path}: no config.json; not a Hugging Face model directory")
+
+
+def check_model_paths(cfg) -> None:
+    """Fail before anything is loaded when a model directory is missing."""
+    if cfg.hf_checkpoint:
+        _check_model_dir(cfg.hf_checkpoint, "--hf-checkpoint")
+    if cfg.ref_load:
+        _check_model_dir(cfg.ref_load, "--ref-load")
+
+
+def load_tokenizer(cfg):
+    if cfg.hf_checkpoint is None:
+        from relax.rollout.tiny_model import build_tokenizer
+
+        return build_tokenizer()
+    _quiet_transformers()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint, local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # pad positions are masked everywhere
+    if tok.eos_token_id is None:
+        raise InputError(f"--hf-checkpoint {cfg.hf_checkpoint}: the tokenizer has no eos token")
+    return tok
+
+
+def _from_pretrained(path: str, dtype: torch.dtype):
+    _quiet_transformers()
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load a causal LM from {path}: {e}".splitlines()[0]) from e
+
+
+def load_policy(cfg, tokenizer, device: torch.device, *, weights_dir: str | None = None):
+    """The trainable model in fp32: from ``weights_dir`` (a resume checkpoint), the
+    ``--hf-checkpoint``, or the built-in tiny model."""
+    path = weights_dir or cfg.hf_checkpoint
+    if path is None:
+        from relax.rollout.tiny_model import build_tiny_model
+
+        model = build_tiny_model(tokenizer, cfg.seed)
+    else:
+        model = _from_pretrained(path, torch.float32)
+    model.config.use_cache = False  # training passes do not need a cache; generation asks
+    return model.to(device).train()
+
+
+def load_reference(cfg, tokenizer, device: torch.device):
+    """The frozen reference: ``--ref-load``, else the initial policy weights."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if cfg.ref_load or cfg.hf_checkpoint:
+        model = _from_pretrained(cfg.ref_load or cfg.hf_checkpoint, dtype)
+    else:
+        from relax.rollout.tiny_model import build_tiny_model
+
+        model = build_tiny_model(tokenizer, cfg.seed).to(dtype)
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def needs_reference(cfg) -> bool:
+    """Reference log-probs only when a KL term reads them (SPEC 3 shaping, SPEC 7 KL loss)."""
+    shaping = cfg.advantage_estimator == "reinforce_plus_plus" and cfg.kl_coef > 0
+    return shaping or cfg.use_kl_loss
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(gen_eos)
+    return sorted(i for i in ids if i is not None)
+
+
+def build_optimizer(model, cfg) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=cfg.lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        weight_decay=cfg.weight_decay,
+    )

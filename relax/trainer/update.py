@@ -1,0 +1,147 @@
+"""The policy update of one rollout step: ``--num-steps-per-rollout`` AdamW steps (SPEC 7).
+
+Each optimizer step takes ``global_batch_size / world_size`` local samples in micro-batches.
+Every micro-batch loss is already divided by the GLOBAL count of the step -- ``B`` responses
+(response mean) or ``N_step`` valid tokens (``--calculate-per-token-loss``) -- so the sum over
+micro-batches and ranks is the whole-batch loss, and ranks sum (not average) their gradients
+(see ``distributed.py``). The step's metrics are partial sums reduced the same way, with one
+all-reduce per optimizer step, which is also where a non-finite loss or gradient norm stops
+training before ``optimizer.step()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relax.algorithms import approx_kl, compute_policy_loss, response_mean, token_mean
+from relax.trainer.distributed import DistContext, all_reduce_sum, no_grad_sync
+from relax.trainer.errors import NonFiniteError
+from relax.trainer.logprobs import Experience, response_log_probs
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    estimator: str
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    eps_clip_c: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    use_kl_loss: bool = False
+    kl_loss_type: str = "k1"
+    kl_loss_coef: float = 0.0
+    entropy_coef: float = 0.0
+    per_token: bool = False  # --calculate-per-token-loss (group-relative family only)
+    temperature: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg) -> LossSettings:
+        return cls(
+            estimator=cfg.advantage_estimator, eps_clip=cfg.eps_clip,
+            eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c,
+            tau_pos=cfg.sapo_tau_pos, tau_neg=cfg.sapo_tau_neg, use_kl_loss=cfg.use_kl_loss,
+            kl_loss_type=cfg.kl_loss_type, kl_loss_coef=cfg.kl_loss_coef,
+            entropy_coef=cfg.entropy_coef, per_token=cfg.calculate_per_token_loss,
+            temperature=cfg.rollout_temperature,
+        )
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        names = ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
+                 "train/entropy")
+        return names + (("train/kl_loss",) if self.use_kl_loss else ())
+
+
+def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, num_tokens):
+    """The micro-batch's share of the step loss and its metric partial sums.
+
+    Returns ``(loss, stats)``: ``loss`` a scalar with grad; ``stats`` a detached float64 vector
+    in the order of ``s.metric_names``, each already divided by the global count, so that
+    summing over micro-batches and ranks gives the step's global value.
+    """
+    mask = mb.response_mask
+    log_probs, entropy = response_log_probs(
+        model, mb, temperature=s.temperature, with_entropy=True
+    )
+
+    def reduce(values):
+        if s.per_token:
+            return token_mean(values, mask, num_tokens=num_tokens)
+        return response_mean(values, mask, num_responses=num_responses)
+
+    pg, clipped = compute_policy_loss(
+        s.estimator, log_probs, mb.old_log_probs, mb.advantages, mask,
+        eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high, eps_clip_c=s.eps_clip_c,
+        tau_pos=s.tau_pos, tau_neg=s.tau_neg,
+    )
+    pg_loss = reduce(pg)
+    entropy_term = reduce(entropy if s.entropy_coef else entropy.detach())
+    loss = pg_loss - s.entropy_coef * entropy_term if s.entropy_coef else pg_loss
+    kl_loss = None
+    if s.use_kl_loss:
+        kl_loss = reduce(approx_kl(log_probs, mb.ref_log_probs, s.kl_loss_type))
+        loss = loss + s.kl_loss_coef * kl_loss
+    with torch.no_grad():
+        stats = [loss, pg_loss, reduce(clipped.float()), reduce(mb.old_log_probs - log_probs),
+                 entropy_term]
+        if kl_loss is not None:
+            stats.append(kl_loss)
+        stats = torch.stack([x.detach().double() for x in stats])
+    return loss, stats
+
+
+def train_on_rollout(
+    model,
+    optimizer: torch.optim.Optimizer,
+    exp: Experience,
+    s: LossSettings,
+    ctx: DistContext,
+    *,
+    global_batch_size: int,
+    micro_batch_size: int,
+    clip_grad: float,
+) -> list[dict[str, float]]:
+    """Run the optimizer steps over this rank's ``exp``; return each step's global metrics."""
+    local_step = global_batch_size // ctx.world_size
+    if len(exp) % local_step or local_step % micro_batch_size:
+        raise ValueError(
+            f"local batch {len(exp)} is not whole optimizer steps of {local_step} samples in "
+            f"micro-batches of {micro_batch_size}"
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    history = []
+    for start in range(0, len(exp), local_step):
+        chunk = exp.rows(start, start + local_step)
+        num_tokens = None
+        if s.per_token:
+            # keep the global token count on device: one all-reduce, no host sync
+            num_tokens = all_reduce_sum(chunk.response_mask.sum().to(torch.float64), ctx)
+        optimizer.zero_grad(set_to_none=True)
+        stats = None
+        for i in range(0, local_step, micro_batch_size):
+            last = i + micro_batch_size >= local_step
+            with no_grad_sync(model, skip=not last):
+                loss, part = micro_batch_loss(
+                    model, chunk.rows(i, i + micro_batch_size), s,
+                    num_responses=global_batch_size, num_tokens=num_tokens,
+                )
+                loss.backward()
+            stats = part if stats is None else stats + part
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        stats = all_reduce_sum(stats, ctx)
+        values = dict(zip(s.metric_names, stats.tolist(), strict=True))
+        values["train/grad_norm"] = float(grad_norm)
+        bad = {k: v for k, v in values.items() if not torch.isfinite(torch.tensor(v))}
+        if "train/loss" in bad or "train/grad_norm" in bad:
+            raise NonFiniteError(
+                f"non-finite training values at optimizer step {len(history) + 1} of this "
+                f"rollout step ({', '.join(f'{k}={v}' for k, v in bad.items())}); stopped before "
+                "the optimizer step, nothing was saved. Try a lower --lr or --clip-grad"
+            )
+        optimizer.step()
+        history.append(values)
+    return history
