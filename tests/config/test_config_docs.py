@@ -1,0 +1,68 @@
+"""docs/configuration.md stays in sync with the parser and the built-in preset."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from relax.config import BUILTIN_PRESET
+from relax.config.flags import train_flags
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+FLAGS = train_flags()
+ROW = re.compile(r"^\| `(--[a-z0-9-]+)` \| ([^|]*) \|")
+
+
+def flag_rows(text: str) -> dict[str, str]:
+    """Flag -> default cell of the per-group tables (everything before the SPEC rules)."""
+    head = text.split("## The REINFORCE++ rules")[0]
+    rows = {}
+    for line in head.splitlines():
+        m = ROW.match(line)
+        if m:
+            assert m.group(1) not in rows, f"{m.group(1)} listed twice in {DOC.name}"
+            rows[m.group(1)] = m.group(2).strip()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    return DOC.read_text(encoding="utf-8")
+
+
+def test_every_parser_flag_is_documented_and_vice_versa(text):
+    rows = flag_rows(text)
+    assert sorted(set(FLAGS) - set(rows)) == [], "flags missing from docs/configuration.md"
+    assert sorted(set(rows) - set(FLAGS)) == [], "docs/configuration.md lists unknown flags"
+    mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+    assert sorted(mentioned - set(FLAGS) - {"--help"}) == [], "the doc mentions unknown flags"
+
+
+def test_documented_defaults_match_the_parser(text):
+    for flag, cell in flag_rows(text).items():
+        default = FLAGS[flag].default
+        if isinstance(default, bool):
+            assert cell == ("on" if default else "off"), (flag, cell, default)
+        elif default is not None:
+            literal = re.match(r"`([^`]*)`", cell)
+            assert literal, (flag, cell, default)
+            value = literal.group(1)
+            if isinstance(default, str):
+                assert value == default, (flag, value, default)
+            else:
+                assert float(value) == default, (flag, value, default)
+
+
+def test_preset_table_matches_presets_py(text):
+    table = text.split("## The built-in preset")[1]
+    rows = {m.group(1): m.group(2).strip().strip("`") for m in map(ROW.match, table.splitlines())
+            if m}
+    documented = {FLAGS[flag].dest: value for flag, value in rows.items()}
+    actual = {key: value if isinstance(value, str) else float(value)
+              for key, value in BUILTIN_PRESET.items()}
+    documented = {key: value if isinstance(actual.get(key), str) else float(value)
+                  for key, value in documented.items()}
+    assert documented == actual, (
+        "update the preset table of docs/configuration.md to relax/config/presets.py")
