@@ -185,7 +185,8 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
     switch("--apply-chat-template", "Default off. Wrap prompts in the --hf-checkpoint "
            "tokenizer's chat template.")
     add("--system-prompt", type=text, default=None,
-        help="Default none. System message; needs --apply-chat-template.")
+        help="Default none. System message: in the chat template with "
+             "--apply-chat-template, else a line before the prompt.")
     switch("--rollout-shuffle", "Default off. Shuffle --prompt-data each epoch (seeded).")
     add("--rollout-max-response-len", type=integer, default=1024,
         help="Default 1024. Maximum generated tokens per response; longer ones are truncated.")

@@ -303,9 +303,6 @@ def _check_data_and_model(ns: Namespace, explicit: set[str]) -> None:
     if ns.apply_chat_template and ns.hf_checkpoint is None:
         _reject(ns, "apply_chat_template", "the built-in tiny model has no chat template; "
                 "add --hf-checkpoint or remove --apply-chat-template")
-    if ns.system_prompt is not None and not ns.apply_chat_template:
-        _reject(ns, "system_prompt", "is placed by the chat template; add "
-                "--apply-chat-template or remove --system-prompt")
     if ns.use_wandb and importlib.util.find_spec("wandb") is None:
         _reject(ns, "use_wandb", "wandb is not installed; pip install 'relax-rl[wandb]' or "
                 "remove --use-wandb")

@@ -49,7 +49,7 @@ def test_prompt_data_and_reward(cli, rejected, tmp_path, prompt_file):
 
 def test_chat_template_and_system_prompt(cli, rejected, hf_dir):
     rejected(cli([*GRPO, "--apply-chat-template"]), "--apply-chat-template")
-    rejected(cli([*GRPO, "--system-prompt", "Be brief."]), "--system-prompt")
+    assert cli([*GRPO, "--system-prompt", "Be brief."]).config()["system_prompt"] == "Be brief."
     cfg = cli([*GRPO, "--hf-checkpoint", hf_dir, "--num-rollout", "1", "--apply-chat-template",
                "--system-prompt", "Be brief."]).config()
     assert cfg["system_prompt"] == "Be brief."
