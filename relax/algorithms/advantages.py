@@ -17,7 +17,6 @@ from relax.algorithms._checks import (
     check_per_response,
     compute_dtype,
     keep_bits,
-    masked_select,
     select_,
 )
 from relax.algorithms.scan import discounted_reverse_cumsum, new_scan_buffer
@@ -25,11 +24,12 @@ from relax.algorithms.scan import discounted_reverse_cumsum, new_scan_buffer
 
 def last_valid_position(mask: Tensor) -> Tensor:
     """``T_i``: index of the last ``True`` in each row of a bool ``[B, T]`` mask; -1 if none."""
-    T = mask.shape[1]
-    pos = torch.arange(T, device=mask.device)
-    return torch.where(mask, pos, -1).amax(dim=1) if T > 0 else torch.full(
-        (mask.shape[0],), -1, device=mask.device, dtype=torch.long
-    )
+    B, T = mask.shape
+    if T == 0:
+        return torch.full((B,), -1, dtype=torch.long, device=mask.device)
+    # First True of the reversed row, read on bytes: no [B, T] int64 temporary.
+    from_end = mask.flip(1).view(torch.uint8).argmax(dim=1)
+    return torch.where(mask.any(dim=1), T - 1 - from_end, -1)
 
 
 def reinforce_plus_plus_returns(
@@ -57,9 +57,10 @@ def reinforce_plus_plus_returns(
         check_like_mask(old_log_probs, m, "old_log_probs")
         check_like_mask(ref_log_probs, m, "ref_log_probs")
     dtype = compute_dtype(rewards, old_log_probs, ref_log_probs)
-    return rpp_returns_masked(
+    G, _ = rpp_returns_masked(
         rewards, old_log_probs, ref_log_probs, m, keep_bits(m, dtype), kl_coef=kl_coef, gamma=gamma
     )
+    return G
 
 
 def rpp_returns_masked(
@@ -71,9 +72,13 @@ def rpp_returns_masked(
     *,
     kl_coef: float,
     gamma: float,
-) -> Tensor:
+) -> tuple[Tensor, Tensor | None]:
     """:func:`reinforce_plus_plus_returns` on checked inputs, with the mask's select bits
-    (``keep_bits(m, dtype)``) passed in so the dispatcher computes them once."""
+    (``keep_bits(m, dtype)``) passed in so the dispatcher computes them once.
+
+    Returns ``(G, scratch)``: ``scratch`` is a free contiguous [B, T] buffer of G's dtype
+    (the scan input, no longer needed) that the caller may reuse for the advantages instead
+    of allocating, or ``None``."""
     if not (0.0 < gamma <= 1.0):
         raise ValueError(f"gamma={gamma!r} must lie in (0, 1]")
     if kl_coef < 0:
@@ -99,8 +104,11 @@ def rpp_returns_masked(
     r[torch.arange(B, device=m.device), last.clamp(min=0)] += bonus
 
     G = discounted_reverse_cumsum(buf, T, gamma)
+    if not G.is_contiguous():
+        G = G.contiguous()
     # Zero outside the mask: holes and padding receive the discounted return in the scan.
-    return select_(G if G.is_contiguous() else G.contiguous(), keep)
+    scratch = buf if buf.shape[1] == T else None
+    return select_(G, keep), scratch
 
 
 def reinforce_plus_plus_baseline_advantages(
@@ -116,8 +124,7 @@ def reinforce_plus_plus_baseline_advantages(
     check_group_index(group_index, m)
     dtype = compute_dtype(rewards)
     mean, _ = _group_mean_std(rewards, group_index, want_std=False)
-    centred = (rewards.double() - mean).to(dtype)
-    return masked_select(centred[:, None].expand_as(m), m, dtype)
+    return broadcast_masked(rewards.double() - mean, keep_bits(m, dtype), dtype)
 
 
 def group_relative_advantages(
@@ -136,7 +143,14 @@ def group_relative_advantages(
     adv = rewards.double() - mean
     if std_normalization:
         adv = adv / (std + 1e-6)
-    return masked_select(adv.to(dtype)[:, None].expand_as(m), m, dtype)
+    return broadcast_masked(adv, keep_bits(m, dtype), dtype)
+
+
+def broadcast_masked(per_response: Tensor, keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B] values broadcast over the valid tokens of [B, T] select bits ``keep``; 0 elsewhere."""
+    out = torch.empty(keep.shape, dtype=dtype, device=keep.device)
+    out.copy_(per_response.to(dtype)[:, None].expand_as(out))
+    return select_(out, keep)
 
 
 def _group_mean_std(

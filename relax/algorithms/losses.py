@@ -113,7 +113,12 @@ def sapo_loss(
     with ``tau = tau_pos`` where ``A > 0`` else ``tau_neg`` (SPEC 7). Returns ``pg`` [B, T]."""
     m, lp, old, adv = _sanitized(log_probs, old_log_probs, advantages, mask)
     ratio = torch.exp(lp - old)
-    tau = torch.where(adv > 0, tau_pos, tau_neg).to(ratio.dtype)
+    # Taus built in the compute dtype: a float32 1.05 would bias float64 results.
+    tau = torch.where(
+        adv > 0,
+        torch.tensor(tau_pos, dtype=ratio.dtype, device=ratio.device),
+        torch.tensor(tau_neg, dtype=ratio.dtype, device=ratio.device),
+    )
     gate = 4.0 * torch.sigmoid(tau * (ratio - 1.0)) / tau
     pg = -gate * adv
     return torch.where(m, pg, torch.zeros((), dtype=pg.dtype, device=pg.device))

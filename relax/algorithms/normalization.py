@@ -129,11 +129,12 @@ def masked_population_normalize(
 
 
 def population_normalize_clean(
-    x: Tensor, m: Tensor, keep: Tensor, *, group, var_floor: float = 1e-8, inplace: bool = False
+    x: Tensor, m: Tensor, keep: Tensor, *, group, var_floor: float = 1e-8, inplace: bool = False,
+    out: Tensor | None = None,
 ) -> tuple[Tensor, NormalizationStats]:
-    """:func:`masked_population_normalize` for ``x`` already 0 outside the mask; ``inplace``
-    overwrites ``x`` with the result instead of allocating the output."""
-    out = x if inplace else torch.empty_like(x)
+    """:func:`masked_population_normalize` for ``x`` already 0 outside the mask; the result
+    goes into ``x`` (``inplace``), into ``out``, or into a new tensor."""
+    out = x if inplace else (torch.empty_like(x) if out is None else out)
     d, n, mean, m2, shift_error = centred_moments(x, m, keep, group, out=out)
     torch._assert_async(n > 0, "masked_population_normalize: the global mask has no valid token (N = 0)")
     var = m2 / n.clamp(min=1.0)
@@ -167,12 +168,12 @@ def masked_whiten(values: Tensor, mask: Tensor, *, group=None, eps: float = 1e-8
 
 def whiten_clean(
     x: Tensor, m: Tensor, keep: Tensor, *, group, eps: float = 1e-8, var_floor: float = 1e-8,
-    inplace: bool = False,
+    inplace: bool = False, out: Tensor | None = None,
 ) -> tuple[Tensor, NormalizationStats]:
     """:func:`masked_whiten` for ``x`` already 0 outside the mask, plus the stats object of
     the population normalizer (``var`` reported as the population variance; ``var_floor``
     only decides ``zero_variance``)."""
-    out = x if inplace else torch.empty_like(x)
+    out = x if inplace else (torch.empty_like(x) if out is None else out)
     d, n, mean, m2, shift_error = centred_moments(x, m, keep, group, out=out)
     sample_var = torch.where(n > 1, m2 / (n - 1).clamp(min=1.0), torch.zeros_like(m2))
     inv_std = torch.rsqrt(sample_var + eps)
@@ -189,10 +190,13 @@ def whiten_clean(
     return d, stats
 
 
-def moments_clean(x: Tensor, m: Tensor, keep: Tensor, *, group, var_floor: float = 1e-8) -> NormalizationStats:
+def moments_clean(
+    x: Tensor, m: Tensor, keep: Tensor, *, group, var_floor: float = 1e-8, out: Tensor | None = None
+) -> NormalizationStats:
     """Global population moments of ``x`` (already 0 outside the mask) without normalizing;
-    raw and "normalized" fields coincide. For metrics when no normalization is requested."""
-    _, n, mean, m2, _ = centred_moments(x, m, keep, group, out=torch.empty_like(x))
+    raw and "normalized" fields coincide. For metrics when no normalization is requested.
+    ``out`` is scratch space for the deviations (allocated when ``None``)."""
+    _, n, mean, m2, _ = centred_moments(x, m, keep, group, out=torch.empty_like(x) if out is None else out)
     var = m2 / n.clamp(min=1.0)
     return NormalizationStats(
         mean=mean,

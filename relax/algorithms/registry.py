@@ -71,27 +71,28 @@ class Batch:
     dtype: torch.dtype
 
 
-def _rpp_raw(b: Batch, s: AdvantageSettings) -> Tensor:
+# Each ``raw`` returns (raw [B, T] with 0 outside the mask, scratch [B, T] or None): the
+# scratch buffer, when there is one, receives the advantages instead of a new allocation.
+def _rpp_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
     return rpp_returns_masked(
         b.rewards, b.old_log_probs, b.ref_log_probs, b.mask, b.keep, kl_coef=s.kl_coef, gamma=s.gamma
     )
 
 
-def _rpp_baseline_raw(b: Batch, s: AdvantageSettings) -> Tensor:
-    return reinforce_plus_plus_baseline_advantages(b.rewards, b.group_index, b.mask)
+def _rpp_baseline_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
+    return reinforce_plus_plus_baseline_advantages(b.rewards, b.group_index, b.mask), None
 
 
-def _group_raw(b: Batch, s: AdvantageSettings) -> Tensor:
-    return group_relative_advantages(
-        b.rewards, b.group_index, b.mask, std_normalization=s.std_normalization
-    )
+def _group_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
+    adv = group_relative_advantages(b.rewards, b.group_index, b.mask, std_normalization=s.std_normalization)
+    return adv, None
 
 
 @dataclass(frozen=True)
 class EstimatorSpec:
     name: str
     family: str  # "reinforce_plus_plus" | "group_relative"
-    raw: Callable[[Batch, AdvantageSettings], Tensor]
+    raw: Callable[[Batch, AdvantageSettings], tuple[Tensor, Tensor | None]]
     normalizer: str  # "population" (SPEC 6, mandatory) | "whiten" (SPEC 5, optional)
     policy_loss: str  # "ppo_clip" | "gspo" | "sapo"
     needs_group_index: bool = True
@@ -161,13 +162,14 @@ def compute_advantages_and_returns(
     keep = keep_bits(m, dtype)
     batch = Batch(rewards, m, keep, group_index, old_log_probs, ref_log_probs, dtype)
 
-    raw = spec.raw(batch, settings).to(dtype)  # 0 outside the mask
+    raw, scratch = spec.raw(batch, settings)  # raw: 0 outside the mask
+    raw = raw.to(dtype)
     if spec.normalizer == "population":
-        advantages, stats = population_normalize_clean(raw, m, keep, group=group)
+        advantages, stats = population_normalize_clean(raw, m, keep, group=group, out=scratch)
     elif settings.normalize_advantages:
-        advantages, stats = whiten_clean(raw, m, keep, group=group)
+        advantages, stats = whiten_clean(raw, m, keep, group=group, out=scratch)
     else:
-        advantages, stats = raw, moments_clean(raw, m, keep, group=group)
+        advantages, stats = raw, moments_clean(raw, m, keep, group=group, out=scratch)
     return AdvantageOutput(advantages, raw, stats, _rollout_metrics(rewards, stats, group))
 
 
