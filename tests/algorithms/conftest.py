@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "relax",
-    max_examples=40,
+    max_examples=75,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

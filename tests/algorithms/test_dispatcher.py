@@ -144,7 +144,7 @@ def test_unknown_estimator_lists_valid_names():
         settings = alg.AdvantageSettings(estimator="reinforce_minus_minus",
                                          normalize_advantages=True)
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi)
-    for name in ("reinforce_minus_minus", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+    for name in ("estimator", "reinforce_minus_minus", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
                  "grpo", "gspo", "sapo"):
         assert name in str(err.value)
 

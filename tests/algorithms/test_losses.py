@@ -311,7 +311,7 @@ def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError) as err:
         alg.get_estimator("ppo_plus")
     msg = str(err.value)
-    assert "ppo_plus" in msg
+    assert "ppo_plus" in msg and "estimator" in msg
     for name in EXPECTED_LOSS:
         assert name in msg
 
