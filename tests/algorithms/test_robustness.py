@@ -103,3 +103,42 @@ def test_inputs_are_not_modified(dtype):
         ref_v = torch.where(before[k].isnan(), 0, before[k]) if v.is_floating_point() \
             else before[k]
         assert torch.equal(same, ref_v), f"input {k} was modified"
+
+
+def test_earlier_outputs_survive_later_calls():
+    """No buffer is shared between calls: a second call must not overwrite the first result."""
+    outs = []
+    for seed in (3, 4):
+        rng = np.random.default_rng(seed)
+        B, T = 6, 40
+        mask = random_mask(rng, B, T)
+        R = torch.tensor(rng.normal(size=B), dtype=torch.float32)
+        old = torch.tensor(rng.normal(-1, 0.5, size=(B, T)), dtype=torch.float32)
+        refl = torch.tensor(rng.normal(-1, 0.5, size=(B, T)), dtype=torch.float32)
+        gi = torch.arange(B) // 3
+        res = [alg.reinforce_plus_plus_returns(R, old, refl, mask, kl_coef=0.01, gamma=0.99),
+               alg.masked_population_normalize(old, mask)[0],
+               alg.ppo_clip_loss(old, refl, old, mask)[0]]
+        for est in ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo"):
+            o = alg.compute_advantages_and_returns(
+                alg.AdvantageSettings(estimator=est, normalize_advantages=True,
+                                      kl_coef=0.01 if est == "reinforce_plus_plus" else 0.0),
+                R, mask, group_index=gi, old_log_probs=old, ref_log_probs=refl)
+            res += [o.advantages, o.returns, *o.metrics.values()]
+        outs.append((res, [r.clone() for r in res]))
+    first, snapshot = outs[0]
+    for k, (now, then) in enumerate(zip(first, snapshot, strict=True)):
+        assert torch.equal(now, then), f"output {k} of the first call changed after the second"
+
+
+def test_dispatcher_returns_and_advantages_are_distinct_for_rpp():
+    # returns = G before normalization; advantages = normalized G (SPEC 3): never one buffer.
+    rng = np.random.default_rng(5)
+    mask = random_mask(rng, 4, 12)
+    R = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    lp = torch.tensor(rng.normal(-1, 0.5, size=(4, 12)), dtype=torch.float32)
+    o = alg.compute_advantages_and_returns(
+        alg.AdvantageSettings(estimator="reinforce_plus_plus", normalize_advantages=True,
+                              kl_coef=0.01), R, mask, old_log_probs=lp, ref_log_probs=lp * 1.1)
+    assert o.advantages.data_ptr() != o.returns.data_ptr()
+    assert_ref(o.returns, ref.rpp_returns(R, lp, lp * 1.1, mask, kl_coef=0.01), torch.float32)
