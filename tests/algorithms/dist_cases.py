@@ -17,13 +17,19 @@ NAN, INF = float("nan"), float("inf")
 # implementation that raises there cannot desynchronise the earlier collectives.
 NORMALIZE_CASES = ("mixed", "rank1_empty", "single_token", "zero_var")
 WHITEN_CASES = ("mixed", "rank1_empty")
+RPP = dict(estimator="reinforce_plus_plus", normalize_advantages=True, gamma=0.99, kl_coef=0.01)
+GRPO_WHITEN = dict(estimator="grpo", normalize_advantages=True)
+# name -> (settings, rank 1 holds no valid token at all)
 DISPATCH_CASES = {
-    "rpp": dict(estimator="reinforce_plus_plus", normalize_advantages=True, gamma=0.99,
-                kl_coef=0.01),
-    "baseline": dict(estimator="reinforce_plus_plus_baseline", normalize_advantages=True),
-    "grpo_whiten": dict(estimator="grpo", normalize_advantages=True),
-    "grpo": dict(estimator="grpo"),
-    "sapo_no_std": dict(estimator="sapo", normalize_advantages=True, std_normalization=False),
+    "rpp": (RPP, False),
+    "baseline": (dict(estimator="reinforce_plus_plus_baseline", normalize_advantages=True),
+                 False),
+    "grpo_whiten": (GRPO_WHITEN, False),
+    "grpo": (dict(estimator="grpo"), False),
+    "sapo_no_std": (dict(estimator="sapo", normalize_advantages=True, std_normalization=False),
+                    False),
+    "rpp_rank1_empty": (RPP, True),
+    "grpo_whiten_rank1_empty": (GRPO_WHITEN, True),
 }
 DISPATCH_B, DISPATCH_T, GROUP_SIZE = 6, 9, 3
 
@@ -64,13 +70,15 @@ def normalize_data(case: str, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(values, dtype=torch.float64), torch.from_numpy(mask)
 
 
-def dispatch_data(rank: int, dtype=torch.float32) -> dict:
+def dispatch_data(rank: int, rank1_empty: bool = False, dtype=torch.float32) -> dict:
     """A rollout shard of one rank; group ids are globally unique (groups never span ranks)."""
     rng = np.random.default_rng(7000 + rank)
     B, T = DISPATCH_B, DISPATCH_T
     mask = _holes_mask(rng, B, T)
     if rank == 1:
         mask[4] = False
+        if rank1_empty:
+            mask[:] = False
     rewards = rng.choice([0.0, 1.0], size=B) + rng.normal(0, 0.05, size=B)
     old = np.where(mask, rng.normal(-1.0, 0.5, size=(B, T)), NAN)
     refl = np.where(mask, rng.normal(-1.0, 0.5, size=(B, T)), -INF)
@@ -113,9 +121,10 @@ def worker() -> dict:
         values, mask = normalize_data(case, rank)
         out[("whiten", case)] = _attempt(lambda v=values, m=mask: alg.masked_whiten(v, m,
                                                                                   group=group))
-    data = dispatch_data(rank)
-    for name, kw in DISPATCH_CASES.items():
-        def dispatch(kw=kw):
+    for name, (kw, rank1_empty) in DISPATCH_CASES.items():
+        data = dispatch_data(rank, rank1_empty)
+
+        def dispatch(kw=kw, data=data):
             o = alg.compute_advantages_and_returns(alg.AdvantageSettings(**kw), data["rewards"],
                                                    data["mask"], group_index=data["group_index"],
                                                    old_log_probs=data["old_log_probs"],

@@ -85,8 +85,8 @@ def test_empty_global_mask_raises_on_both_ranks(results):
 
 @pytest.mark.parametrize("name", list(dc.DISPATCH_CASES))
 def test_dispatcher_distributed_equals_single_process(results, name):
-    kw = dc.DISPATCH_CASES[name]
-    shards = [dc.dispatch_data(rank) for rank in range(dc.WORLD)]
+    kw, rank1_empty = dc.DISPATCH_CASES[name]
+    shards = [dc.dispatch_data(rank, rank1_empty) for rank in range(dc.WORLD)]
     cat = {k: torch.cat([s[k] for s in shards]) for k in shards[0]}
     single = alg.compute_advantages_and_returns(
         alg.AdvantageSettings(**kw), cat["rewards"], cat["mask"],
