@@ -117,14 +117,6 @@ def test_dispatcher_distributed_equals_single_process(results, name):
 # ------------------------------------------------------------ run_distributed itself
 
 
-def _rank_value():
-    import torch.distributed as dist
-
-    t = torch.tensor([float(dist.get_rank() + 1)])
-    dist.all_reduce(t)
-    return dist.get_rank(), float(t)
-
-
 def _rank1_raises():
     import torch.distributed as dist
 
@@ -133,8 +125,8 @@ def _rank1_raises():
     return "fine"
 
 
-def test_run_distributed_returns_values_and_propagates_errors():
-    assert run_distributed(_rank_value, 2, timeout=60) == [(0, 3.0), (1, 3.0)]
+def test_run_distributed_propagates_errors():
+    # (Returning values is exercised by the ``results`` fixture above.)
     with pytest.raises(DistributedTestError, match="boom on rank 1"):
         run_distributed(_rank1_raises, 2, timeout=60)
 
