@@ -89,21 +89,30 @@ def rpp_returns_masked(
     # r is written straight into the (zero-tailed) scan buffer: no extra padding copy.
     buf = new_scan_buffer(B, T, dtype, m.device)
     r = buf[:, :T]
+    # T_i + 1 per row (0 for a fully masked row) from the select bits, computed in r's memory
+    # before r is written: keep & (t + 1) is t + 1 at valid positions, 0 elsewhere.
+    pos = r.view(keep.dtype)
+    torch.bitwise_and(keep, torch.arange(1, T + 1, dtype=keep.dtype, device=m.device), out=pos)
+    last = pos.amax(dim=1) - 1 if T > 0 else torch.full((B,), -1, device=m.device)
+    terminal = rewards.detach().to(dtype)
+    scale = 1.0
     if kl_coef != 0:
         torch.sub(old_log_probs.detach().to(dtype), ref_log_probs.detach().to(dtype), out=r)
         # Masked positions (where Inf - Inf may have made NaN) are reset to +0.0 by a
         # bitwise select before any value crosses positions in the scan.
-        select_(r, keep).mul_(-kl_coef)
+        select_(r, keep)
+        # r = -kl_coef * (d - e_T * R / kl_coef): the factor -kl_coef is applied inside the
+        # scan's matrices instead of as a separate pass over [B, T].
+        scale = -kl_coef
+        terminal = terminal / scale
     else:
         r.zero_()
-    last = last_valid_position(m)  # [B]; -1 for a fully masked row
     zero = torch.zeros((), dtype=dtype, device=m.device)
     # The terminal reward lands on T_i only; a fully masked row keeps its zeros (its reward,
     # possibly NaN, is never read).
-    bonus = torch.where(last >= 0, rewards.detach().to(dtype), zero)
-    r[torch.arange(B, device=m.device), last.clamp(min=0)] += bonus
+    r[torch.arange(B, device=m.device), last.clamp(min=0)] += torch.where(last >= 0, terminal, zero)
 
-    G = discounted_reverse_cumsum(buf, T, gamma)
+    G = discounted_reverse_cumsum(buf, T, gamma, scale=scale)
     if not G.is_contiguous():
         G = G.contiguous()
     # Zero outside the mask: holes and padding receive the discounted return in the scan.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -61,23 +62,22 @@ def _all_reduce(t: Tensor, group) -> Tensor:
 
 
 def f64_sum(x: Tensor, square: bool = False) -> Tensor:
-    """Sum (or sum of squares) of a float tensor, accumulated in float64 (0-d tensor).
+    """Sum (or sum of squares) of a float tensor accumulated in float64, as a 0-d tensor.
 
-    A float32 tensor is widened block by block into one reused float64 buffer: a whole
-    float64 copy would cost a 2x-size allocation, and ``sum(dtype=float64)`` takes a slow
-    casting path on the CPU (both measured in ``benchmarks/bench_algorithms.py``). The
-    loop is over 1M-element blocks, not tokens."""
-    flat = x.reshape(-1)
-    if flat.dtype == torch.float64:
-        return torch.dot(flat, flat) if square else flat.sum()
-    block = 1 << 20
-    buf = torch.empty(min(block, flat.numel()), dtype=torch.float64, device=x.device)
-    acc = torch.zeros((), dtype=torch.float64, device=x.device)
-    for part in flat.split(block):
-        w = buf[: part.numel()]
-        w.copy_(part)
-        acc += torch.dot(w, w) if square else w.sum()
-    return acc
+    On the CPU the reduction runs in NumPy, whose float64-accumulating reductions widen
+    float32 in vectorised blocks; torch's ``sum(dtype=float64)`` and an explicit float64
+    copy both measured 3-10x slower there (``benchmarks/bench_algorithms.py``). NumPy's
+    pairwise summation also makes sums of equal float32 values exact, so an all-equal batch
+    normalizes to exact zeros. Elsewhere torch reduces on the device (no host sync)."""
+    flat = x.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        return torch.sum(flat.square() if square else flat, dtype=torch.float64)
+    a = flat.numpy()
+    if square:
+        value = np.einsum("i,i->", a, a, dtype=np.float64, casting="safe")
+    else:
+        value = np.add.reduce(a, dtype=np.float64)
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def centred_moments(x: Tensor, mask: Tensor, keep: Tensor, group, *, out: Tensor | None = None):

@@ -57,8 +57,9 @@ def new_scan_buffer(B: int, T: int, dtype: torch.dtype, device: torch.device) ->
     return buf
 
 
-def discounted_reverse_cumsum(buf: Tensor, T: int, gamma: float) -> Tensor:
-    """Discounted reverse cumsum of ``buf[:, :T]`` (``buf`` from :func:`new_scan_buffer`).
+def discounted_reverse_cumsum(buf: Tensor, T: int, gamma: float, scale: float = 1.0) -> Tensor:
+    """``scale`` times the discounted reverse cumsum of ``buf[:, :T]`` (``buf`` from
+    :func:`new_scan_buffer`); the scale rides in the in-chunk matrix, costing no pass.
 
     Returns a [B, T] view of a new tensor; ``buf`` is not modified.
     """
@@ -67,7 +68,7 @@ def discounted_reverse_cumsum(buf: Tensor, T: int, gamma: float) -> Tensor:
     K = T_pad // C
     dtype, device = buf.dtype, buf.device
     # local[b, k, t] = sum_{u >= t in chunk k} gamma^(u - t) r[b, k, u]
-    local = torch.matmul(buf.view(B, K, C), _toeplitz(C, gamma, dtype, device))
+    local = torch.matmul(buf.view(B, K, C), _toeplitz(C, gamma, dtype, device) * scale)
     if K > 1:
         first = local[:, :, 0]  # [B, K]: in-chunk return at each chunk's first position
         # H[b, k] = sum_{j > k} gamma^(C (j - k - 1)) first[b, j]: the return at the start
