@@ -1,4 +1,4 @@
-"""The ``relax`` command line: ``relax train`` (later ``eval`` and ``plot``).
+"""The ``relax`` command line: ``relax train``, ``relax eval`` and ``relax plot``.
 
 Thin by design (STYLE 5): parse and validate through :mod:`relax.config`, then hand the
 resolved configuration to the trainer. Heavy libraries are imported only after a
@@ -47,10 +47,38 @@ def _run_train(argv: list[str]) -> int:
     return int(train(cfg))
 
 
+def _run_eval(argv: list[str]) -> int:
+    from relax.config import ConfigError, parse_eval_config
+
+    try:
+        cfg = parse_eval_config(argv)
+    except ConfigError as e:
+        return _error("relax eval", str(e))
+    from relax.eval.hook import run_eval_command  # lazy: torch and transformers
+
+    return int(run_eval_command(cfg))
+
+
+def _run_plot(argv: list[str]) -> int:
+    from relax.config import ConfigError
+    from relax.plotting import PlotError, parse_plot_args, plot_runs
+
+    try:
+        ns = parse_plot_args(argv)
+        drawn = plot_runs(ns.run_dirs, ns.output, panels=ns.panels, smooth=ns.smooth,
+                          title=ns.title, dpi=ns.dpi)
+    except (ConfigError, PlotError) as e:
+        return _error("relax plot", str(e))
+    print(f"relax plot: wrote {ns.output} ({len(drawn)} panels: {', '.join(drawn)})")
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     c.name: c
     for c in (
         Command("train", "train a policy (relax train --help lists the flags)", _run_train),
+        Command("eval", "evaluate a saved checkpoint: pass@k and mean reward", _run_eval),
+        Command("plot", "draw training curves of one or more runs into an image", _run_plot),
     )
 }
 

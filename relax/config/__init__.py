@@ -14,7 +14,8 @@ import json
 import os
 from argparse import Namespace
 
-from relax.config.flags import build_train_parser, explicit_dests
+from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS, resolve_eval_command
+from relax.config.flags import build_eval_parser, build_train_parser, explicit_dests
 from relax.config.presets import BUILTIN_PRESET, BUILTIN_TASK_NAMES, apply_builtin_preset
 from relax.config.validate import (
     ESTIMATOR_NAMES,
@@ -24,11 +25,13 @@ from relax.config.validate import (
 )
 
 __all__ = [
+    "BUILTIN_EVAL_PROMPTS",
     "BUILTIN_PRESET",
     "BUILTIN_TASK_NAMES",
     "ESTIMATOR_NAMES",
     "ConfigError",
     "config_to_json",
+    "parse_eval_config",
     "parse_train_config",
 ]
 
@@ -44,6 +47,14 @@ def parse_train_config(argv: list[str], environ=None) -> Namespace:
     explicit = explicit_dests(argv)
     ns.builtin_preset_applied = apply_builtin_preset(ns, explicit)
     return resolve_and_validate(ns, explicit, world_size_from_env(environ))
+
+
+def parse_eval_config(argv: list[str]) -> Namespace:
+    """``relax eval`` flags, parsed and validated (raises :class:`ConfigError`)."""
+    argv = list(argv)
+    ns = build_eval_parser().parse_strict(argv)
+    explicit = {t.split("=", 1)[0][2:].replace("-", "_") for t in argv if t.startswith("--")}
+    return resolve_eval_command(ns, explicit)
 
 
 def config_to_json(cfg: Namespace) -> str:

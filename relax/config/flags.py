@@ -13,6 +13,7 @@ import argparse
 import difflib
 import math
 
+from relax.config.eval_flags import add_eval_flags
 from relax.config.presets import BUILTIN_TASK_NAMES
 from relax.config.validate import DEVICES, ESTIMATOR_NAMES, KL_TYPES, ConfigError
 
@@ -227,6 +228,10 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
     add("--device", choices=DEVICES, default="auto",
         help="Default auto (cuda when available, else cpu).")
 
+    add, switch = group("evaluation", "Periodic evaluation during training: pass@k (unbiased) "
+                        "and mean reward on held-out prompts (docs/configuration.md).")
+    add_eval_flags(add, integer=integer, finite_float=finite_float, train=True)
+
     add, switch = group("run", "Output, checkpoints, logging.")
     add("--output-dir", type=text, default=None,
         help="Default runs/<estimator>-<YYYYmmdd-HHMMSS>. Gets config.json and the metrics.")
@@ -241,6 +246,15 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
     switch("--dry-run", "Default off. Validate, print the resolved configuration as JSON, "
            "exit 0 without loading a model or data.")
     return parser
+
+
+def build_eval_parser() -> _Parser:
+    """The ``relax eval CHECKPOINT`` parser (same one-line errors as ``relax train``)."""
+    from relax.config.eval_flags import build_eval_parser as build
+
+    return build(_Parser, integer=integer, finite_float=finite_float, text=text,
+                 choices={"rm_type": RM_TYPES, "builtin_task": BUILTIN_TASK_NAMES,
+                          "device": DEVICES})
 
 
 def explicit_dests(argv: list[str]) -> set[str]:

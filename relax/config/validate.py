@@ -14,7 +14,7 @@ The rules, in the order they are checked:
 3. the SPEC section 8 rows for both REINFORCE++ variants and the modes that no estimator
    implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
-5. data, reward, model paths, run directories;
+5. data, reward, model paths, run directories, evaluation (``eval_flags.py``);
 6. batch arithmetic against the data-parallel world size (``WORLD_SIZE``).
 """
 
@@ -391,6 +391,10 @@ def resolve_and_validate(ns: Namespace, explicit: set[str], world_size: int) -> 
     _check_modes(ns)
     _check_estimator_specific(ns)
     _check_data_and_model(ns, explicit)
+    # imported here: eval_flags imports ConfigError from this module
+    from relax.config.eval_flags import resolve_train_eval
+
+    resolve_train_eval(ns, explicit)
     _check_run(ns, explicit)
     _resolve_batches(ns, world_size)
     if ns.eps_clip_high is None:

@@ -1,0 +1,166 @@
+"""Sampling-based evaluation: pass@k (unbiased) and mean reward of a policy on fixed prompts.
+
+    metrics = evaluate(model, tokenizer, prompts, labels, reward_fn,
+                       EvalSampling(n_samples=4, temperature=0.6, max_response_len=1024),
+                       name="gsm8k")
+    # {"eval/gsm8k/pass@1": ..., "eval/gsm8k/pass@2": ..., "eval/gsm8k/pass@4": ...,
+    #  "eval/gsm8k/mean_reward": ..., "eval/gsm8k/response_length": ...,
+    #  "eval/gsm8k/truncated": ...}
+
+Generation is the rollout's own decode loop (:func:`relax.rollout.generate.generate`), so an
+evaluated policy samples exactly as it does in training. A response passes when its reward is
+>= ``pass_threshold``; pass@k is the mean over prompts of the per-prompt unbiased estimate
+(:mod:`relax.eval.passk`).
+
+Data-parallel: with ``group`` every rank evaluates every ``world_size``-th prompt and the
+partial sums are all-reduced once, so the result is the same on every rank and equals the
+single-process value up to sampling. With ``sync_group`` (a sharded FSDP model, whose forward
+passes are collectives) every rank runs the same number of generation calls: short ranks pad
+with a zero-weight copy of a prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from relax.eval.passk import ks_for, pass_at_k
+
+
+@dataclass(frozen=True)
+class EvalSampling:
+    """How evaluation responses are sampled (``temperature`` 0 = greedy)."""
+
+    n_samples: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_response_len: int = 1024
+    batch_size: int = 64  # sequences per generation call
+    pass_threshold: float = 1.0
+    seed: int = 1234
+
+    @classmethod
+    def from_config(cls, cfg) -> EvalSampling:
+        return cls(
+            n_samples=cfg.n_samples_per_eval_prompt, temperature=cfg.eval_temperature,
+            top_p=cfg.eval_top_p, top_k=cfg.eval_top_k,
+            max_response_len=cfg.eval_max_response_len, batch_size=cfg.eval_batch_size,
+            pass_threshold=cfg.eval_pass_threshold, seed=cfg.seed,
+        )
+
+
+def _seed(*parts) -> int:
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _rank_world(group) -> tuple[int, int]:
+    if group is None:
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _model_device(model) -> torch.device:
+    param = next(model.parameters())
+    return getattr(param, "device", torch.device("cpu"))
+
+
+def _my_prompts(num_prompts: int, rank: int, world: int, pad: bool) -> list[tuple[int, float]]:
+    """(prompt index, weight) pairs of this rank; padding entries weigh 0."""
+    mine = [(i, 1.0) for i in range(rank, num_prompts, world)]
+    if pad:
+        per_rank = -(-num_prompts // world)
+        mine += [(0, 0.0)] * (per_rank - len(mine))
+    return mine
+
+
+def evaluate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    labels: list,
+    reward_fn,
+    sampling: EvalSampling,
+    *,
+    name: str = "eval",
+    step: int | None = None,
+    eos_token_ids: list[int] | None = None,
+    device: torch.device | None = None,
+    group=None,
+    sync_group=None,
+    reward_name: str = "reward",
+) -> dict[str, float]:
+    """Evaluate ``model`` (a plain Hugging Face causal LM, not a DDP wrapper) on ``prompts``.
+
+    ``prompts`` are the texts fed to the model (chat template already applied);
+    ``labels[i]`` goes to ``reward_fn(prompts, responses, labels) -> list[float]``.
+    ``step`` only varies the sampling seed between evaluations of one run. Returns
+    ``eval/<name>/pass@k`` for k in 1, 2, 4, ..., n_samples, ``eval/<name>/mean_reward``
+    (over all responses), ``eval/<name>/response_length`` (mean tokens) and
+    ``eval/<name>/truncated`` (share without EOS); identical on every rank of ``group``.
+    """
+    from relax.rollout.generate import generate, tokenize_prompts
+    from relax.rollout.rewards import score
+
+    if len(prompts) != len(labels):
+        raise ValueError(f"evaluate: {len(prompts)} prompts but {len(labels)} labels")
+    if not prompts:
+        raise ValueError(f"evaluate: the evaluation set {name!r} has no prompts")
+    device = device or _model_device(model)
+    if eos_token_ids is None:
+        from relax.trainer.setup import eos_token_ids as find_eos
+
+        eos_token_ids = find_eos(tokenizer, model)
+    rank, world = _rank_world(group)
+    n, ks = sampling.n_samples, ks_for(sampling.n_samples)
+    generator = torch.Generator(device)
+    generator.manual_seed(_seed(sampling.seed, "eval", name, step, rank))
+    # sums: pass@k for each k, reward, responses, prompts, tokens, truncated
+    sums = torch.zeros(len(ks) + 5, dtype=torch.float64)
+    mine = _my_prompts(len(prompts), rank, world, pad=sync_group is not None)
+    per_call = max(1, sampling.batch_size // n)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(mine), per_call):
+            chunk = mine[start:start + per_call]
+            texts = [prompts[i] for i, _ in chunk for _ in range(n)]
+            chunk_labels = [labels[i] for i, _ in chunk for _ in range(n)]
+            ids, mask = tokenize_prompts(tokenizer, texts, device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                rollout = generate(
+                    model, ids, mask, max_new_tokens=sampling.max_response_len,
+                    eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
+                    temperature=sampling.temperature, top_p=sampling.top_p,
+                    top_k=sampling.top_k, generator=generator, sync_group=sync_group,
+                )
+            responses = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            rewards = score(reward_fn, texts, responses, chunk_labels, name=reward_name,
+                            index_base=start * n)
+            lengths = rollout.response_mask.sum(-1).cpu().tolist()
+            truncated = rollout.truncated.cpu().tolist()
+            for j, (_, weight) in enumerate(chunk):
+                rows = slice(j * n, (j + 1) * n)
+                passed = sum(r >= sampling.pass_threshold for r in rewards[rows])
+                for a, k in enumerate(ks):
+                    sums[a] += weight * pass_at_k(n, passed, k)
+                sums[len(ks):] += weight * torch.tensor([
+                    sum(rewards[rows]), n, 1, sum(lengths[rows]), sum(truncated[rows])],
+                    dtype=torch.float64)
+    finally:
+        model.train(was_training)
+    if group is not None:
+        sums = sums.to(device)  # NCCL reduces device tensors; Gloo takes CPU ones
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+        sums = sums.cpu()
+    values = sums.tolist()
+    reward_sum, responses_n, prompts_n, tokens, truncated_n = values[len(ks):]
+    out = {f"eval/{name}/pass@{k}": values[a] / prompts_n for a, k in enumerate(ks)}
+    out[f"eval/{name}/mean_reward"] = reward_sum / responses_n
+    out[f"eval/{name}/response_length"] = tokens / responses_n
+    out[f"eval/{name}/truncated"] = truncated_n / responses_n
+    return out

@@ -1,0 +1,137 @@
+"""Evaluation inside ``relax train`` (``--eval-interval``) and the ``relax eval`` command.
+
+The trainer calls, once per rollout step and on every rank (evaluation is a collective under
+data parallelism), after the update and before the step's metrics are written::
+
+    metrics.update(maybe_evaluate(cfg, step, self.model, self.tokenizer, self.ctx.device,
+                                  group=self.ctx.group, eval_sets=self.eval_sets))
+
+where ``step`` is the 1-based number of finished rollout steps and ``self.eval_sets =
+load_eval_sets(cfg)`` was built in ``Trainer.__init__`` (so a bad evaluation file fails
+before any model is loaded). It returns ``{}`` when no evaluation is due.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+from relax.eval.evaluate import EvalSampling, evaluate
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One named evaluation set: raw prompts (text or chat messages) and their labels."""
+
+    name: str
+    prompts: list
+    labels: list
+
+
+def _eval_reward_type(cfg) -> str | None:
+    """The training run's reward: --rm-type, else the built-in task's, else math."""
+    if cfg.rm_type:
+        return cfg.rm_type
+    return cfg.builtin_task if getattr(cfg, "prompt_data", None) is None else None
+
+
+def load_eval_sets(cfg) -> list[EvalSet]:
+    """The sets named by ``--eval-prompt-data``, else the built-in task's fixed prompts.
+
+    Raises :class:`relax.trainer.errors.InputError` naming the set and the file:line of a
+    bad row. Empty when evaluation is off (``--eval-interval`` unset in ``relax train``).
+    """
+    from relax.rollout.data import load_prompt_data
+    from relax.trainer.errors import InputError
+
+    if getattr(cfg, "eval_interval", 1) is None:
+        return []
+    if cfg.eval_prompt_data:
+        sets = []
+        for name, path in cfg.eval_prompt_data:
+            try:
+                rows = load_prompt_data(path, cfg.input_key, cfg.label_key,
+                                        need_label=cfg.custom_rm_path is None)
+            except InputError as e:
+                raise InputError(f"--eval-prompt-data {name}: {e}") from None
+            sets.append(EvalSet(name, [r.prompt for r in rows], [r.label for r in rows]))
+        return sets
+    from relax.config import BUILTIN_EVAL_PROMPTS
+    from relax.rollout.tasks import get_task
+
+    task = get_task(cfg.builtin_task)
+    # one fixed set per task, independent of --seed, so runs with different seeds compare
+    rng = random.Random(f"relax-eval:{task.name}")
+    pairs = [task.sample(rng) for _ in range(BUILTIN_EVAL_PROMPTS)]
+    return [EvalSet(task.name, [p for p, _ in pairs], [y for _, y in pairs])]
+
+
+def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=None,
+                  group=None, sync_group=None) -> dict[str, float]:
+    """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds)."""
+    from relax.rollout.data import format_prompt
+    from relax.rollout.rewards import build_reward_fn
+
+    start = time.perf_counter()
+    reward_fn, reward_name = build_reward_fn(cfg.custom_rm_path, _eval_reward_type(cfg))
+    sampling = EvalSampling.from_config(cfg)
+    metrics: dict[str, float] = {}
+    for s in sets:
+        texts = [format_prompt(tokenizer, p, apply_chat_template=cfg.apply_chat_template,
+                               system_prompt=cfg.system_prompt) for p in s.prompts]
+        metrics.update(evaluate(
+            model, tokenizer, texts, s.labels, reward_fn, sampling, name=s.name, step=step,
+            device=device, group=group, sync_group=sync_group, reward_name=reward_name,
+        ))
+    metrics["perf/eval_time"] = time.perf_counter() - start
+    return metrics
+
+
+def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
+                   eval_sets: list[EvalSet] | None = None) -> dict[str, float]:
+    """Evaluate when ``--eval-interval`` divides ``step`` (1-based finished rollout steps;
+    ``step`` 0 before training evaluates too); else return ``{}`` at once.
+
+    ``model`` may be the trainer's DDP or FSDP2 model: DDP is unwrapped, FSDP2 generation
+    runs in lockstep over ``group``. Call it on every rank.
+    """
+    if not getattr(cfg, "eval_interval", None) or step % cfg.eval_interval:
+        return {}
+    from relax.trainer.distributed import unwrap
+
+    sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
+    return evaluate_sets(cfg, sets, unwrap(model), tokenizer, device, step=step, group=group,
+                         sync_group=group if cfg.fsdp else None)
+
+
+def run_eval_command(cfg) -> int:
+    """``relax eval CHECKPOINT``: print the metrics as JSON; exit 0, or 2/1 on error."""
+    from relax.trainer.errors import RelaxError
+
+    try:
+        import torch
+
+        from relax.trainer import setup
+        from relax.trainer.distributed import pick_device
+
+        device = pick_device(cfg.device, 0)
+        cfg.hf_checkpoint = cfg.checkpoint  # what the model loaders read
+        tokenizer = setup.load_tokenizer(cfg)
+        model = setup.load_policy(cfg, tokenizer, device).eval()
+        if device.type == "cpu":
+            torch.set_num_threads(os.cpu_count() or 1)
+        metrics = evaluate_sets(cfg, load_eval_sets(cfg), model, tokenizer, device)
+    except RelaxError as e:
+        print(f"relax eval: error: {e}", file=sys.stderr)
+        return e.exit_code
+    text = json.dumps(metrics, indent=2, sort_keys=True)
+    print(text)
+    if cfg.output_dir:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        with open(os.path.join(cfg.output_dir, "eval_metrics.json"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
