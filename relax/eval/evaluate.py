@@ -110,7 +110,7 @@ def evaluate(
         raise ValueError(f"evaluate: {len(prompts)} prompts but {len(labels)} labels")
     if not prompts:
         raise ValueError(f"evaluate: the evaluation set {name!r} has no prompts")
-    device = device or _model_device(model)
+    device = torch.device(device) if device is not None else _model_device(model)
     if eos_token_ids is None:
         from relax.trainer.setup import eos_token_ids as find_eos
 
