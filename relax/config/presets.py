@@ -16,14 +16,16 @@ from __future__ import annotations
 # Built-in tasks (relax.rollout owns their data and rewards); also valid --rm-type values.
 BUILTIN_TASK_NAMES: tuple[str, ...] = ("copy", "addition")
 
-# Placeholder-but-reasonable values: 8 prompts x 8 samples, short responses, a learning
-# rate a tiny randomly initialised model can move with.
+# Tuned on 2 CPU cores (see the trainer report / README): 16 prompts x 8 samples of the
+# `copy` task, responses of at most 5 characters, 200 rollout steps. With every SPEC recipe
+# (grpo, reinforce_plus_plus, reinforce_plus_plus_baseline) the reward climbs from ~0.01 to
+# ~0.4-0.5 in well under the 3-minute budget.
 BUILTIN_PRESET: dict[str, object] = {
-    "lr": 1e-3,
-    "rollout_batch_size": 8,
+    "lr": 3e-3,
+    "rollout_batch_size": 16,
     "n_samples_per_prompt": 8,
-    "num_rollout": 30,
-    "rollout_max_response_len": 8,
+    "num_rollout": 200,
+    "rollout_max_response_len": 5,
     "builtin_task": "copy",
 }
 

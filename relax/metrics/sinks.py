@@ -88,8 +88,14 @@ class ConsoleSink:
 
     def __init__(self, total_steps: int | None, start_step: int = 0, stream=None):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-        from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.total = total_steps
         console = Console(file=stream or sys.stderr)

@@ -64,7 +64,6 @@ def sample_next(logits, *, temperature: float, top_p: float, top_k: int, generat
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
-@torch.inference_mode()
 def generate(
     model,
     prompt_ids: torch.Tensor,
@@ -78,12 +77,25 @@ def generate(
     top_k: int = -1,
     generator: torch.Generator | None = None,
     sync_group=None,
+    inference_mode: bool = True,
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` per row.
 
     ``sync_group``: with a sharded model (FSDP) every rank must run the same number of forward
     passes, so the "all rows finished" decision is all-reduced over this group.
+    ``inference_mode=False`` runs under plain ``no_grad``: FSDP2 reuses its all-gather buffers
+    in later training passes, and inference tensors cannot be updated outside inference mode.
     """
+    with torch.no_grad(), torch.inference_mode(inference_mode):
+        return _decode(
+            model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
+            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, temperature=temperature,
+            top_p=top_p, top_k=top_k, generator=generator, sync_group=sync_group,
+        )
+
+
+def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pad_token_id,
+            temperature, top_p, top_k, generator, sync_group) -> Rollout:
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     eos = torch.tensor(eos_token_ids, device=device)

@@ -24,7 +24,7 @@ def char_agreement(target: str, response: str) -> float:
     response = response.strip()
     if not target and not response:
         return 1.0
-    hits = sum(a == b for a, b in zip(target, response))
+    hits = sum(a == b for a, b in zip(target, response, strict=False))
     return hits / max(len(target), len(response))
 
 

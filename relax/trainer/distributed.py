@@ -44,7 +44,6 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 def init_distributed(device_choice: str) -> DistContext:
     """Join the torchrun process group when ``WORLD_SIZE`` > 1 (Gloo on CPU, NCCL on GPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_choice, local_rank)
     if device.type == "cuda":
@@ -84,6 +83,9 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, *, fsdp: bool) -> torch
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
+                # plain SUM collectives: a factor of 1 would otherwise become PREMUL_SUM,
+                # which Gloo lacks (and the division by 1 is skipped anyway)
+                module.set_force_sum_reduction_for_comms(True)
         return model
     if ctx.world_size == 1:
         return model
@@ -106,6 +108,20 @@ def _decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The Hugging Face module under a DDP wrapper (FSDP2 keeps the module itself)."""
     return model.module if hasattr(model, "module") and hasattr(model, "no_sync") else model
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free the gathered parameters an FSDP2 model keeps after a no-grad pass.
+
+    The root unit stays unsharded after a forward; if the next (training) forward reuses those
+    parameters gathered without autograd, their gradients never reach the shards (measured:
+    a wrong gradient norm). Call this after generation and after the old log-prob pass.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def no_grad_sync(model: torch.nn.Module, skip: bool):

@@ -88,9 +88,14 @@ def response_log_probs(
     return log_probs, entropy
 
 
-def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temperature: float):
-    """``response_log_probs`` [B, T] over the whole batch in micro-batches, without autograd."""
-    with torch.inference_mode():
+def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temperature: float,
+                      inference_mode: bool = True):
+    """``response_log_probs`` [B, T] over the whole batch in micro-batches, without autograd.
+
+    ``inference_mode=False`` (plain ``no_grad``) for an FSDP2 model, whose all-gather buffers
+    must stay usable by the training passes.
+    """
+    with torch.no_grad(), torch.inference_mode(inference_mode):
         parts = [
             response_log_probs(model, batch.rows(i, i + micro_batch_size), temperature=temperature)[0]
             for i in range(0, len(batch), micro_batch_size)

@@ -32,6 +32,7 @@ from relax.rollout.rewards import build_reward_fn, load_function, score
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
     init_distributed,
+    reshard,
     shutdown_distributed,
     unwrap,
     wrap_model,
@@ -168,8 +169,11 @@ class Trainer:
                 temperature=self.cfg.rollout_temperature, top_p=self.cfg.rollout_top_p,
                 top_k=self.cfg.rollout_top_k, generator=generator,
                 sync_group=self.ctx.group if self.cfg.fsdp else None,
+                inference_mode=not self.cfg.fsdp,
             )
         model.train()
+        if self.cfg.fsdp:
+            reshard(self.model)
         return rollout
 
     def score(self, prompts, labels, rollout, group_index) -> torch.Tensor:
@@ -192,7 +196,9 @@ class Trainer:
         exp = experience_from_rollout(rollout)
         mbs, temp = self.cfg.micro_batch_size, self.cfg.rollout_temperature
         exp.old_log_probs = batched_log_probs(unwrap(self.model), exp, micro_batch_size=mbs,
-                                              temperature=temp)
+                                              temperature=temp, inference_mode=not self.cfg.fsdp)
+        if self.cfg.fsdp:
+            reshard(self.model)
         if self.ref is not None:
             exp.ref_log_probs = batched_log_probs(self.ref, exp, micro_batch_size=mbs,
                                                   temperature=temp)

@@ -1,0 +1,85 @@
+"""Helpers and per-rank workers for the trainer tests (kept out of ``test_*.py`` so spawned
+children import only this light module)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer.distributed import DistContext, reshard, wrap_model
+from relax.trainer.logprobs import Experience, batched_log_probs, response_log_probs
+from relax.trainer.update import LossSettings, train_on_rollout
+
+B, P, T = 8, 4, 6
+
+
+def fixed_experience(model, seed: int = 0) -> Experience:
+    """A deterministic batch: left-padded prompts, variable-length responses (one fully masked,
+    one with an internal hole), old/ref log-probs off the current policy so ratios and the
+    clip are active, random advantages."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(3, vocab, (B, P), generator=g)
+    prompt_mask = torch.ones(B, P, dtype=torch.bool)
+    prompt_mask[1, :2] = False
+    prompt_mask[5, :1] = False
+    prompt[~prompt_mask] = 0
+    response = torch.randint(3, vocab, (B, T), generator=g)
+    lengths = torch.tensor([6, 3, 1, 0, 5, 2, 6, 4])
+    response_mask = torch.arange(T)[None, :] < lengths[:, None]
+    response_mask[6, 2] = False  # an internal hole
+    response[~response_mask] = 0
+    attention = torch.cat([prompt_mask, response_mask], 1).long()
+    exp = Experience(
+        input_ids=torch.cat([prompt, response], 1),
+        attention_mask=attention,
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+        response_mask=response_mask,
+    )
+    with torch.no_grad():
+        current, _ = response_log_probs(model, exp)
+    exp.old_log_probs = current + 0.3 * torch.randn(B, T, generator=g)
+    exp.ref_log_probs = current + 0.2 * torch.randn(B, T, generator=g)
+    exp.advantages = torch.where(response_mask, torch.randn(B, T, generator=g), 0.0)
+    return exp
+
+
+def settings(estimator: str, per_token: bool = False) -> LossSettings:
+    kl = estimator != "reinforce_plus_plus"
+    return LossSettings(estimator=estimator, eps_clip=0.2, eps_clip_high=0.28,
+                        use_kl_loss=kl, kl_loss_type="k2", kl_loss_coef=0.1 if kl else 0.0,
+                        entropy_coef=0.01, per_token=per_token)
+
+
+def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int):
+    """One optimizer step (SGD, lr 1, clip 0.5) on the fixed batch; rank r takes its rows.
+
+    Returns (full parameters by name, the step's metrics) from every rank."""
+    torch.use_deterministic_algorithms(True)
+    distributed = dist.is_initialized()
+    world = dist.get_world_size() if distributed else 1
+    rank = dist.get_rank() if distributed else 0
+    ctx = DistContext(rank, world, 0, torch.device("cpu"), dist.group.WORLD if distributed else None)
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=7)
+    exp = fixed_experience(model)
+    rows = B // world
+    local = exp.rows(rank * rows, (rank + 1) * rows)
+    model = wrap_model(model, ctx, fsdp=fsdp)
+    # a no-grad pass through the wrapped model first, as the loop does for old log-probs
+    # (under FSDP2 this once left gathered parameters that broke the next gradient)
+    old = batched_log_probs(model, local, micro_batch_size=rows, temperature=1.0,
+                            inference_mode=not fsdp)
+    if fsdp:
+        reshard(model)
+    assert old.shape == local.response_mask.shape
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    history = train_on_rollout(model, opt, local, settings(estimator, per_token), ctx,
+                               global_batch_size=B, micro_batch_size=micro_batch_size,
+                               clip_grad=0.5)
+    params = {}
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        params[name.removeprefix("module.")] = full.detach().clone()
+    return params, history
