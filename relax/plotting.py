@@ -142,7 +142,10 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
 
     ncols = min(3, len(drawn))
     nrows = -(-len(drawn) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.9 * nrows), squeeze=False)
+    # a header band (in inches) above the panels holds the title and the legend
+    header = 0.4 + 0.3 * bool(title)
+    height = 2.9 * nrows + header
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, height), squeeze=False)
     colors = plt.get_cmap("tab10").colors
     for ax, name in zip(axes.flat, drawn, strict=False):
         ax.set_title(PANELS[name][0], fontsize=9)
@@ -169,12 +172,11 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
     labels = [f"{est} ({len(m)} run{'s' if len(m) > 1 else ''}"
               f"{', mean and min..max band' if len(m) > 1 else ''})"
               for est, m in groups.items()]
-    fig.legend(handles, labels, loc="upper center", ncol=min(3, len(labels)), fontsize=8,
-               frameon=False)
     if title:
-        fig.suptitle(title, fontsize=10, y=0.995)
-    top = 1 - (0.55 + 0.25 * bool(title)) / (2.9 * nrows)
-    fig.tight_layout(rect=(0, 0, 1, top))
+        fig.suptitle(title, fontsize=10, y=1 - 0.06 / height, va="top")
+    fig.legend(handles, labels, loc="upper center", ncol=min(3, len(labels)), fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 1 - (0.3 * bool(title) + 0.02) / height))
+    fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     fig.savefig(output, dpi=dpi)
     plt.close(fig)
