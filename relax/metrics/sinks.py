@@ -102,6 +102,7 @@ class ConsoleSink:
         self._progress = Progress(
             TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), console=console, transient=False,
+            disable=not console.is_terminal,  # logs and pipes get the summary lines only
         )
         self._task = self._progress.add_task("rollout", total=total_steps, completed=start_step)
         self._progress.start()

@@ -1,0 +1,133 @@
+"""Generation: left padding, the KV-cache decode, the response mask and truncation; the
+built-in tokenizer and model."""
+
+
+import pytest
+import torch
+
+from relax.rollout.generate import generate, sample_next, tokenize_prompts
+from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer.logprobs import experience_from_rollout, response_log_probs
+
+EOS, PAD = 1, 0
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return build_tiny_model(tok, seed=3).eval()
+
+
+def test_tokenizer_roundtrip(tok, tmp_path):
+    from transformers import AutoTokenizer
+
+    text = "12+7=\nabc xyz"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    assert tok.eos_token_id == EOS and tok.pad_token_id == PAD
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again(text, add_special_tokens=False)["input_ids"] == ids
+    assert again.eos_token_id == EOS
+
+
+def test_tiny_model_is_deterministic_per_seed(tok):
+    a, b, c = (build_tiny_model(tok, seed=s) for s in (1, 1, 2))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
+
+
+def test_greedy_decode_ignores_left_padding(tok, model):
+    prompts = ["ab=", "abcd=", "1+22="]
+    ids, mask = tokenize_prompts(tok, prompts, "cpu")
+    assert mask[0].tolist() == [False, False, True, True, True]
+    batch = generate(model, ids, mask, max_new_tokens=6, eos_token_ids=[EOS], pad_token_id=PAD,
+                     temperature=0.0)
+    for i, p in enumerate(prompts):
+        alone = generate(model, *tokenize_prompts(tok, [p], "cpu"), max_new_tokens=6,
+                         eos_token_ids=[EOS], pad_token_id=PAD, temperature=0.0)
+        L = int(batch.response_mask[i].sum())
+        assert batch.response_ids[i, :L].tolist() == alone.response_ids[0, :L].tolist()
+
+
+def test_recomputed_log_probs_match_the_decode(tok, model):
+    """The training-side log-probs see exactly the sequence the cached decode produced: greedy
+    tokens are the argmax of the recomputed distribution at every valid position."""
+    ids, mask = tokenize_prompts(tok, ["ab=", "abcd=", "1+22="], "cpu")
+    r = generate(model, ids, mask, max_new_tokens=6, eos_token_ids=[EOS], pad_token_id=PAD,
+                 temperature=0.0)
+    exp = experience_from_rollout(r)
+    with torch.no_grad():
+        logp, entropy = response_log_probs(model, exp, with_entropy=True)
+        full = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                     position_ids=exp.position_ids).logits[:, -7:-1].log_softmax(-1)
+    best = full.max(-1).values
+    m = r.response_mask
+    torch.testing.assert_close(logp[m], best[m], atol=1e-5, rtol=0)
+    assert torch.isfinite(entropy[m]).all() and (entropy[m] > 0).all()
+
+
+class _Output(dict):
+    """Like a transformers ModelOutput: fields by attribute and by key."""
+
+    __getattr__ = dict.__getitem__
+
+
+class ScriptedLM(torch.nn.Module):
+    """Row i emits token 5 until step ``stops[i]``, where it emits EOS (never if -1)."""
+
+    def __init__(self, stops, vocab=8):
+        super().__init__()
+        self.stops, self.vocab = stops, vocab
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep=0,
+                cache=None):
+        step = 0 if cache is None else cache + 1
+        logits = torch.full((input_ids.shape[0], 1, self.vocab), -1e9)
+        for i, s in enumerate(self.stops):
+            logits[i, 0, EOS if s == step else 5] = 0.0
+        return _Output(logits=logits, cache=step)
+
+
+def test_mask_covers_tokens_through_eos_and_truncation():
+    model = ScriptedLM([0, 2, -1])
+    ids, mask = torch.full((3, 2), 4), torch.ones(3, 2, dtype=torch.bool)
+    r = generate(model, ids, mask, max_new_tokens=4, eos_token_ids=[EOS], pad_token_id=PAD)
+    assert r.response_ids.tolist() == [[1, 0, 0, 0], [5, 5, 1, 0], [5, 5, 5, 5]]
+    assert r.response_mask.tolist() == [[True, False, False, False], [True, True, True, False],
+                                        [True] * 4]
+    assert r.truncated.tolist() == [False, False, True]
+
+
+def test_stops_early_when_every_row_ended():
+    model = ScriptedLM([0, 1])
+    r = generate(model, torch.full((2, 1), 4), torch.ones(2, 1, dtype=torch.bool),
+                 max_new_tokens=50, eos_token_ids=[EOS], pad_token_id=PAD)
+    assert r.response_ids.shape == (2, 2) and not r.truncated.any()
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(200, 1)
+    g = torch.Generator().manual_seed(0)
+    assert (sample_next(logits, temperature=1.0, top_p=1.0, top_k=1, generator=g) == 1).all()
+    assert (sample_next(logits, temperature=1.0, top_p=0.01, top_k=-1, generator=g) == 1).all()
+    two = sample_next(logits, temperature=1.0, top_p=1.0, top_k=2, generator=g)
+    assert set(two.tolist()) == {1, 3}
+    assert (sample_next(logits, temperature=0.0, top_p=1.0, top_k=-1, generator=g) == 1).all()
+
+
+def test_empty_prompt_is_an_error(tok):
+    with pytest.raises(ValueError, match="prompt 1 tokenizes to nothing"):
+        tokenize_prompts(tok, ["a", ""], "cpu")
+
+
+def test_seeded_sampling_is_reproducible(tok, model):
+    ids, mask = tokenize_prompts(tok, ["ab="] * 4, "cpu")
+    runs = [generate(model, ids, mask, max_new_tokens=5, eos_token_ids=[EOS], pad_token_id=PAD,
+                     generator=torch.Generator().manual_seed(9)).response_ids for _ in range(2)]
+    assert torch.equal(*runs)

@@ -1,0 +1,45 @@
+"""``torchrun --nproc_per_node 2 -m relax train``: two real Gloo processes, bounded wait."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.distributed_utils import free_port
+from tests.trainer.helpers import RECIPES, read_metrics, write_reward
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_two_process_gloo_run(tmp_path, fsdp):
+    reward = write_reward(tmp_path)
+    out, save = tmp_path / "run", tmp_path / "save"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "relax", "train", *RECIPES["reinforce_plus_plus_baseline"],
+           "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+           "--rollout-max-response-len", "4", "--micro-batch-size", "4",
+           "--custom-rm-path", f"{reward}:parity", "--device", "cpu",
+           "--output-dir", str(out), "--save", str(save), *(["--fsdp"] if fsdp else [])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    # written by rank 0 only: one line per rollout step, not one per rank
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert abs(r["rollout/advantage_normalized_mean"]) < 1e-5
+        assert r["rollout/advantage_normalized_std"] == pytest.approx(1.0, abs=1e-4)
+        # 16 prompts' worth of samples over both ranks: 4 prompts x 4 samples, <= 4 tokens each
+        assert 16 <= r["rollout/valid_tokens"] <= 64 and "train/kl_loss" in r
+    with open(out / "config.json") as f:
+        assert json.load(f)["world_size"] == 2
+    with open(save / "relax_save.json") as f:
+        assert json.load(f)["rollout_step"] == 2
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(save).config.model_type == "qwen3"
