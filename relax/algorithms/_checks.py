@@ -6,6 +6,7 @@ value. Nothing here touches tensor *values*, so the checks never synchronise wit
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -87,9 +88,15 @@ def masked_select(x: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
-def keep_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """Integer tensor of ``dtype``'s width: all ones where ``mask`` (bool [B, T]), 0 elsewhere."""
-    bits = torch.empty(mask.shape, dtype=_INT_OF[dtype], device=mask.device)
+def keep_bits(mask: Tensor, dtype: torch.dtype, *, out: Tensor | None = None) -> Tensor:
+    """Integer tensor of ``dtype``'s width: all ones where ``mask`` (bool [B, T]), 0 elsewhere.
+
+    ``out``: a [B, T] tensor of ``dtype`` (or of the matching integer type) to write into,
+    reusing its memory; a new tensor otherwise."""
+    if out is None:
+        bits = torch.empty(mask.shape, dtype=_INT_OF[dtype], device=mask.device)
+    else:
+        bits = out.view(_INT_OF[dtype])
     bits.copy_(mask)
     return bits.neg_()
 
@@ -108,3 +115,15 @@ def select_copy(x: Tensor, keep: Tensor, dtype: torch.dtype) -> Tensor:
         torch.bitwise_and(x.view(keep.dtype), keep, out=out.view(keep.dtype))
         return out
     return select_(x.to(dtype), keep)
+
+
+def row_counts(mask: Tensor) -> Tensor:
+    """``L_i`` = number of ``True`` per row of a bool [B, T] mask, int64 [B], on mask's device.
+
+    On the CPU NumPy sums the mask bytes (~1/20 of a B x T copy); torch's integer
+    reduction along a row measured 20-30x slower there. Elsewhere torch reduces on the device.
+    """
+    if mask.device.type != "cpu":
+        return mask.sum(dim=1)
+    counts = mask.detach().numpy().view(np.uint8).sum(axis=1, dtype=np.uint32)
+    return torch.from_numpy(counts.astype(np.int64))

@@ -19,16 +19,29 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-from relax.algorithms._checks import as_bool_mask, check_like_mask, compute_dtype, masked_select
+from relax.algorithms._checks import (
+    as_bool_mask,
+    check_like_mask,
+    compute_dtype,
+    keep_bits,
+    masked_select,
+    row_counts,
+    select_,
+)
 
 
-def _sanitized(log_probs, old_log_probs, advantages, mask):
+def _checked(log_probs, old_log_probs, advantages, mask):
     m = as_bool_mask(mask)
     check_like_mask(log_probs, m, "log_probs")
     check_like_mask(old_log_probs, m, "old_log_probs")
     check_like_mask(advantages, m, "advantages")
-    dtype = compute_dtype(log_probs, old_log_probs, advantages)
+    return m, compute_dtype(log_probs, old_log_probs, advantages)
+
+
+def _sanitized(log_probs, old_log_probs, advantages, mask):
+    m, dtype = _checked(log_probs, old_log_probs, advantages, mask)
     return (
         m,
         masked_select(log_probs, m, dtype),
@@ -38,15 +51,16 @@ def _sanitized(log_probs, old_log_probs, advantages, mask):
 
 
 def _clip(ratio: Tensor, adv: Tensor, m: Tensor, eps_clip: float, eps_clip_high, eps_clip_c):
-    """``max(-ratio*A, -clip(ratio, 1-eps_low, 1+eps_high)*A)``, optional dual clip."""
+    """``max(-ratio*A, -clip(ratio, 1-eps_low, 1+eps_high)*A)``, optional dual clip.
+
+    Plain autograd composition; GSPO uses it (its ratio couples the tokens of a row). The
+    PPO loss runs the same formula in :class:`_PPOClip`; the tests compare the two."""
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
     unclipped = -adv * ratio
     clipped_obj = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
     pg = torch.maximum(unclipped, clipped_obj)
     clipped = clipped_obj > unclipped
     if eps_clip_c is not None:
-        if not eps_clip_c > 1.0:
-            raise ValueError(f"eps_clip_c={eps_clip_c!r} must be > 1 (dual clip)")
         # Dual clip (for A < 0 only): bound the loss by -c * A.
         dual = -eps_clip_c * adv
         dual_active = (adv < 0) & (dual < pg)
@@ -54,6 +68,73 @@ def _clip(ratio: Tensor, adv: Tensor, m: Tensor, eps_clip: float, eps_clip_high,
         clipped = clipped | dual_active
     zero = torch.zeros((), dtype=pg.dtype, device=pg.device)
     return torch.where(m, pg, zero), clipped & m
+
+
+def _check_dual(eps_clip_c) -> None:
+    if eps_clip_c is not None and not eps_clip_c > 1.0:
+        raise ValueError(f"eps_clip_c={eps_clip_c!r} must be > 1 (dual clip)")
+
+
+class _PPOClip(torch.autograd.Function):
+    """The PPO clip of :func:`ppo_clip_loss` with a hand-written gradient.
+
+    Why: the autograd composition makes ~12 passes over [B, T] and ~8 fresh [B, T]
+    allocations (each fresh 32 MB costs about one copy in page faults on the CPU), ~30x
+    a copy forward+backward. Here the forward runs in place on two owned buffers and the
+    backward is one multiply.
+
+    The gradient. Where the unclipped branch sets the value, ``pg = -A*rho`` and
+    ``d pg / d log_probs = -A*rho = pg`` (``d rho / d lp = rho``). Where a clipped branch
+    sets it (``clipped``: the bound ``-A*clip(rho)`` is strictly larger, or the dual clip
+    ``-c*A``), the value is constant in ``log_probs``: gradient 0. Masked positions: 0. So
+
+        coef = pg   where mask & ~clipped,   0 elsewhere;   grad_lp = grad_pg * coef.
+
+    At a tie (``-A*clip(rho) == -A*rho``) both branches have the same derivative, which
+    is what the composition's ``maximum`` (half to each side) adds up to as well.
+
+    Masking: every operation is elementwise, so a NaN or Inf stored at a masked position
+    only reaches that position's results, which the final bitwise selects reset to +0.0
+    (SPEC 1: a boolean select, nothing is multiplied by the mask).
+    """
+
+    @staticmethod
+    def forward(ctx, lp, old, adv, mask, low, high, dual_c):
+        # lp, old, adv: [B, T] in the compute dtype; mask: bool [B, T].
+        pg = torch.sub(lp, old).exp_()  # rho
+        scratch = torch.mul(pg, adv)  # q1 = A * rho
+        pg.clamp_(low, high).mul_(adv)  # q2 = A * clip(rho)
+        clipped = torch.lt(pg, scratch)  # -q2 > -q1: the clipped branch is the max
+        torch.minimum(pg, scratch, out=pg).neg_()  # pg = max(-q1, -q2)
+        if dual_c is not None:  # A < 0: pg = min(pg, -c*A)
+            torch.mul(adv, -dual_c, out=scratch)
+            dual = torch.lt(scratch, pg).logical_and_(adv < 0)
+            torch.where(dual, scratch, pg, out=pg)
+            clipped.logical_or_(dual)
+        clipped.logical_and_(mask)
+        # scratch becomes the select bits, then the gradient coefficient (no new buffer).
+        bits = keep_bits(mask, pg.dtype, out=scratch)
+        select_(pg, bits)
+        # ~clipped as bits: clipped (0/1) - 1 is 0 where clipped, all ones elsewhere.
+        bits.copy_(clipped).sub_(1)
+        coef = torch.bitwise_and(pg.view(bits.dtype), bits, out=bits).view(pg.dtype)
+        ctx.save_for_backward(pg, clipped)
+        ctx.coef = coef  # handed to the first backward, see there
+        ctx.mark_non_differentiable(clipped)
+        return pg, clipped
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_pg, _grad_clipped):
+        coef, ctx.coef = ctx.coef, None
+        if coef is None:
+            # A second backward through the same graph (retain_graph=True): the first one
+            # wrote its gradient into the coefficient buffer, so rebuild it from the saved
+            # outputs (pg is already 0 outside the mask).
+            pg, clipped = ctx.saved_tensors
+            coef = pg.masked_fill(clipped, 0.0)
+        # In place: the coefficient buffer becomes the gradient (saves a B x T allocation).
+        return coef.mul_(grad_pg), None, None, None, None, None, None
 
 
 def ppo_clip_loss(
@@ -74,10 +155,21 @@ def ppo_clip_loss(
 
     Args are all [B, T]. Returns ``(pg [B, T], clipped [B, T] bool)``; ``clipped`` marks the
     valid tokens where a clipped branch (either bound or the dual clip) sets the value.
+    Computed by :class:`_PPOClip` (gradient into ``log_probs`` only; the old log-probs and
+    the advantages are constants of the loss).
     """
-    m, lp, old, adv = _sanitized(log_probs, old_log_probs, advantages, mask)
-    ratio = torch.exp(lp - old)
-    return _clip(ratio, adv, m, eps_clip, eps_clip_high, eps_clip_c)
+    _check_dual(eps_clip_c)
+    m, dtype = _checked(log_probs, old_log_probs, advantages, mask)
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    return _PPOClip.apply(
+        log_probs.to(dtype),
+        old_log_probs.detach().to(dtype),
+        advantages.detach().to(dtype),
+        m,
+        1.0 - eps_clip,
+        1.0 + eps_high,
+        eps_clip_c,
+    )
 
 
 def gspo_loss(
@@ -124,6 +216,42 @@ def sapo_loss(
     return torch.where(m, pg, torch.zeros((), dtype=pg.dtype, device=pg.device))
 
 
+class _MaskedRowSum(torch.autograd.Function):
+    """``sum_i (1/divisor_i) * sum_t m[i,t] * values[i,t]``, a scalar, with a bitwise select.
+
+    ``values`` [B, T] (float32/float64), ``mask`` bool [B, T], ``divisor`` [B] or ``None``
+    (all 1). The shared kernel of :func:`response_mean` and :func:`token_mean`.
+
+    Why a Function: ``torch.where`` with a bool condition costs ~1.5 copies per call on
+    the CPU, a bitwise AND with the mask's select bits ~0.2. The forward's bits buffer is
+    handed to the backward, which rebuilds the bits in it and writes the gradient
+    ``grad / divisor_i`` (valid tokens; +0.0 elsewhere) there: one allocation in all.
+    """
+
+    @staticmethod
+    def forward(ctx, values, mask, divisor):
+        bits = keep_bits(mask, values.dtype)
+        picked = torch.bitwise_and(values.view(bits.dtype), bits, out=bits).view(values.dtype)
+        rows = picked.sum(dim=1)
+        if divisor is not None:
+            rows = rows / divisor
+        ctx.save_for_backward(mask)
+        ctx.divisor, ctx.buffer = divisor, picked
+        return rows.sum()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        buffer, ctx.buffer = ctx.buffer, None  # the first backward takes the buffer
+        if buffer is None:  # a second backward (retain_graph=True): the first one owns it
+            buffer = torch.empty(mask.shape, dtype=grad.dtype, device=grad.device)
+        bits = keep_bits(mask, grad.dtype, out=buffer)
+        scale = grad.expand(mask.shape[0]) if ctx.divisor is None else grad / ctx.divisor
+        row_grad = scale.contiguous().view(bits.dtype)[:, None].expand_as(bits)
+        return torch.bitwise_and(row_grad, bits, out=bits).view(grad.dtype), None, None
+
+
 def response_mean(values: Tensor, mask: Tensor, *, num_responses: int | Tensor | None = None) -> Tensor:
     """``(1/B) * sum_i (1/L_i) * sum_t m[i,t] * values[i,t]`` (SPEC 7), a scalar.
 
@@ -133,11 +261,10 @@ def response_mean(values: Tensor, mask: Tensor, *, num_responses: int | Tensor |
     """
     m = as_bool_mask(mask)
     check_like_mask(values, m, "values")
-    v = masked_select(values, m, compute_dtype(values))
-    length = m.sum(dim=1).clamp(min=1).to(v.dtype)
-    per_response = v.sum(dim=1) / length
+    v = values.to(compute_dtype(values))
+    length = row_counts(m).clamp(min=1).to(v.dtype)
     denom = m.shape[0] if num_responses is None else num_responses
-    return per_response.sum() / denom
+    return _MaskedRowSum.apply(v, m, length) / denom
 
 
 def token_mean(values: Tensor, mask: Tensor, *, num_tokens: int | Tensor | None = None) -> Tensor:
@@ -145,6 +272,6 @@ def token_mean(values: Tensor, mask: Tensor, *, num_tokens: int | Tensor | None 
     step's global valid-token count (default: this batch's count, at least 1)."""
     m = as_bool_mask(mask)
     check_like_mask(values, m, "values")
-    v = masked_select(values, m, compute_dtype(values))
-    denom = m.sum().clamp(min=1).to(v.dtype) if num_tokens is None else num_tokens
-    return v.sum() / denom
+    v = values.to(compute_dtype(values))
+    denom = torch.count_nonzero(m).clamp(min=1).to(v.dtype) if num_tokens is None else num_tokens
+    return _MaskedRowSum.apply(v, m, None) / denom
