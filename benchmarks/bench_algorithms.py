@@ -4,10 +4,12 @@ Not part of the test suite. Run:  .venv/bin/python benchmarks/bench_algorithms.p
 (or `make bench`). Options: --batch, --length, --repeats, --threads.
 
 Every variant is timed in the same process, interleaved round-robin (A, B, C, A, B, C, ...)
-so machine noise hits all of them alike; the table quotes medians and two ratios:
+so machine noise hits all of them alike; the table quotes the median and the minimum of the
+repeats (the minimum is the least disturbed by other processes) and two ratios:
 
 * ``x copy``: to one ``clone()`` of a B x T fp32 tensor (a read, a write and the page faults
-  of a fresh allocation: the memory floor any op that returns a new tensor pays);
+  of a fresh allocation: the memory floor any op that returns a new tensor pays), timed
+  just before each run of the operation; median and minimum of these per-run ratios;
 * ``x loop``: to the per-timestep Python loop peer frameworks use for the same result.
 
 It also prints the accuracy of the fp32 REINFORCE++ returns against the float64 definition
@@ -25,8 +27,10 @@ import torch
 from relax.algorithms import (
     AdvantageSettings,
     compute_advantages_and_returns,
+    gspo_loss,
     ppo_clip_loss,
     response_mean,
+    sapo_loss,
 )
 
 
@@ -72,7 +76,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--length", type=int, default=8192)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
     p.add_argument("--loop-repeats", type=int, default=3, help="repeats of the slow loop variants")
     args = p.parse_args()
@@ -85,10 +89,12 @@ def main() -> None:
     rpp = lambda gamma: AdvantageSettings("reinforce_plus_plus", True, gamma, 0.01)  # noqa: E731
     base = AdvantageSettings("reinforce_plus_plus_baseline", True)
 
-    def ppo_fwd_bwd():
-        lp.grad = None
-        pg, _ = ppo_clip_loss(lp, old, adv, mask)
-        response_mean(pg, mask).backward()
+    def loss_fwd_bwd(loss, **kw):
+        def run():
+            lp.grad = None
+            pg = loss(lp, old, adv, mask, **kw)
+            response_mean(pg[0] if isinstance(pg, tuple) else pg, mask).backward()
+        return run
 
     variants = {
         "copy (clone of B x T fp32)": lambda: old.clone(),
@@ -98,39 +104,51 @@ def main() -> None:
             rpp(0.99), rewards, mask, old_log_probs=old, ref_log_probs=ref),
         "reinforce_plus_plus_baseline": lambda: compute_advantages_and_returns(
             base, rewards, mask, group_index=group_index),
-        "ppo_clip_loss + response_mean fwd+bwd": ppo_fwd_bwd,
+        "ppo_clip_loss + response_mean fwd+bwd": loss_fwd_bwd(ppo_clip_loss),
+        "gspo_loss + response_mean fwd+bwd": loss_fwd_bwd(gspo_loss, eps_clip=0.2),
+        "sapo_loss + response_mean fwd+bwd": loss_fwd_bwd(sapo_loss),
     }
     loops = {
         "reinforce_plus_plus gamma=1": lambda: loop_dispatch(rewards, old, ref, mask, 0.01, 1.0),
         "reinforce_plus_plus gamma=0.99": lambda: loop_dispatch(rewards, old, ref, mask, 0.01, 0.99),
     }
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    copy = variants.pop("copy (clone of B x T fp32)")
     times: dict[str, list[float]] = {k: [] for k in variants}
+    ratios: dict[str, list[float]] = {k: [] for k in variants}
+    copies: list[float] = []
     loop_times: dict[str, list[float]] = {k: [] for k in loops}
-    for fn in variants.values():  # warm-up
+    for fn in (copy, *variants.values()):  # warm-up
         fn()
     for rep in range(args.repeats):
         for name, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            # Each variant is timed right after its own copy, so a ratio compares two runs
+            # under the same momentary load; the min ratio drops the disturbed pairs.
+            copies.append(timed(copy))
+            times[name].append(timed(fn))
+            ratios[name].append(times[name][-1] / copies[-1])
         if rep < args.loop_repeats:
             for name, fn in loops.items():
-                t0 = time.perf_counter()
-                fn()
-                loop_times[name].append(time.perf_counter() - t0)
+                copies.append(timed(copy))
+                loop_times[name].append(timed(fn) / copies[-1])
 
-    copy_ms = statistics.median(times["copy (clone of B x T fp32)"]) * 1e3
+    med = statistics.median
     print(f"B={B} T={T} fp32, torch {torch.__version__}, threads={torch.get_num_threads()}, "
-          f"repeats={args.repeats} (loops {args.loop_repeats}), medians\n")
-    print("| operation | median ms | x copy | x loop |")
-    print("|---|---:|---:|---:|")
+          f"repeats={args.repeats} (loops {args.loop_repeats})\n")
+    print("| operation | median ms | min ms | x copy (median) | x copy (min) | x loop (median) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| copy (clone of B x T fp32) | {med(copies) * 1e3:.1f} | {min(copies) * 1e3:.1f} | 1.0 | 1.0 | - |")
     for name, ts in times.items():
-        ms = statistics.median(ts) * 1e3
-        loop = f"{statistics.median(loop_times[name]) * 1e3 / ms:.1f}" if name in loop_times else "-"
-        print(f"| {name} | {ms:.1f} | {ms / copy_ms:.1f} | {loop} |")
-    for name, ts in loop_times.items():
-        ms = statistics.median(ts) * 1e3
-        print(f"| per-timestep loop: {name} | {ms:.1f} | {ms / copy_ms:.1f} | 1.0 |")
+        loop = f"{med(loop_times[name]) / med(ratios[name]):.1f}" if loop_times.get(name) else "-"
+        print(f"| {name} | {med(ts) * 1e3:.1f} | {min(ts) * 1e3:.1f} | {med(ratios[name]):.1f} | "
+              f"{min(ratios[name]):.1f} | {loop} |")
+    for name, rs in loop_times.items():
+        if rs:
+            print(f"| per-timestep loop: {name} | - | - | {med(rs):.1f} | {min(rs):.1f} | 1.0 |")
 
     print("\nfp32 returns vs the float64 definition (float64 per-timestep loop):")
     for gamma in (1.0, 0.99):

@@ -101,11 +101,13 @@ class _PPOClip(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lp, old, adv, mask, low, high, dual_c):
         # lp, old, adv: [B, T] in the compute dtype; mask: bool [B, T].
+        zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
         pg = torch.sub(lp, old).exp_()  # rho
-        scratch = torch.mul(pg, adv)  # q1 = A * rho
-        pg.clamp_(low, high).mul_(adv)  # q2 = A * clip(rho)
-        clipped = torch.lt(pg, scratch)  # -q2 > -q1: the clipped branch is the max
-        torch.minimum(pg, scratch, out=pg).neg_()  # pg = max(-q1, -q2)
+        scratch = torch.addcmul(zero, pg, adv, value=-1)  # -A*rho, one pass
+        pg.clamp_(low, high)
+        torch.addcmul(zero, pg, adv, value=-1, out=pg)  # -A*clip(rho)
+        clipped = torch.gt(pg, scratch)  # the clipped branch is strictly larger
+        torch.maximum(pg, scratch, out=pg)
         if dual_c is not None:  # A < 0: pg = min(pg, -c*A)
             torch.mul(adv, -dual_c, out=scratch)
             dual = torch.lt(scratch, pg).logical_and_(adv < 0)
@@ -115,17 +117,19 @@ class _PPOClip(torch.autograd.Function):
         # scratch becomes the select bits, then the gradient coefficient (no new buffer).
         bits = keep_bits(mask, pg.dtype, out=scratch)
         select_(pg, bits)
-        # ~clipped as bits: clipped (0/1) - 1 is 0 where clipped, all ones elsewhere.
-        bits.copy_(clipped).sub_(1)
+        keep_bits(clipped, pg.dtype, out=bits, invert=True)
         coef = torch.bitwise_and(pg.view(bits.dtype), bits, out=bits).view(pg.dtype)
         ctx.save_for_backward(pg, clipped)
         ctx.coef = coef  # handed to the first backward, see there
         ctx.mark_non_differentiable(clipped)
+        ctx.set_materialize_grads(False)  # no [B, T] zeros for the flags' (absent) gradient
         return pg, clipped
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_pg, _grad_clipped):
+        if grad_pg is None:
+            return (None,) * 7
         coef, ctx.coef = ctx.coef, None
         if coef is None:
             # A second backward through the same graph (retain_graph=True): the first one
