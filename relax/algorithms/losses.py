@@ -25,6 +25,7 @@ from relax.algorithms._checks import (
     as_bool_mask,
     check_like_mask,
     compute_dtype,
+    count_true,
     keep_bits,
     masked_select,
     row_counts,
@@ -277,5 +278,5 @@ def token_mean(values: Tensor, mask: Tensor, *, num_tokens: int | Tensor | None 
     m = as_bool_mask(mask)
     check_like_mask(values, m, "values")
     v = values.to(compute_dtype(values))
-    denom = torch.count_nonzero(m).clamp(min=1).to(v.dtype) if num_tokens is None else num_tokens
+    denom = count_true(m).clamp(min=1).to(v.dtype) if num_tokens is None else num_tokens
     return _MaskedRowSum.apply(v, m, None) / denom

@@ -30,6 +30,7 @@ from relax.algorithms._checks import (
     as_bool_mask,
     check_like_mask,
     compute_dtype,
+    count_true,
     keep_bits,
     select_,
     select_copy,
@@ -90,7 +91,7 @@ def centred_moments(x: Tensor, mask: Tensor, keep: Tensor, group, *, out: Tensor
     ``shift_error = mean - shift``. Two all-reduces: ``[sum, count]`` then ``m2``; the second
     pass (deviations, not ``E[x^2] - mu^2``) keeps full accuracy when ``|mu| >> std``.
     """
-    first = torch.stack([f64_sum(x), torch.count_nonzero(mask).to(torch.float64)])
+    first = torch.stack([f64_sum(x), count_true(mask).to(torch.float64)])
     _all_reduce(first, group)
     total, n = first[0], first[1]
     mean = total / n.clamp(min=1.0)
