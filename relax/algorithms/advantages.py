@@ -136,8 +136,13 @@ def reinforce_plus_plus_baseline_advantages(
     check_per_response(rewards, m, "rewards")
     check_group_index(group_index, m)
     dtype = compute_dtype(rewards)
+    return broadcast_masked(baseline_rows(rewards, group_index), m, dtype)
+
+
+def baseline_rows(rewards: Tensor, group_index: Tensor) -> Tensor:
+    """Per-response value of :func:`reinforce_plus_plus_baseline_advantages`, float64 [B]."""
     mean, _ = _group_mean_std(rewards, group_index, want_std=False)
-    return broadcast_masked(rewards.double() - mean, keep_bits(m, dtype), dtype)
+    return rewards.double() - mean
 
 
 def group_relative_advantages(
@@ -152,18 +157,24 @@ def group_relative_advantages(
     check_per_response(rewards, m, "rewards")
     check_group_index(group_index, m)
     dtype = compute_dtype(rewards)
+    return broadcast_masked(group_relative_rows(rewards, group_index, std_normalization), m, dtype)
+
+
+def group_relative_rows(rewards: Tensor, group_index: Tensor, std_normalization: bool) -> Tensor:
+    """Per-response value of :func:`group_relative_advantages`, float64 [B]."""
     mean, std = _group_mean_std(rewards, group_index, want_std=std_normalization)
     adv = rewards.double() - mean
-    if std_normalization:
-        adv = adv / (std + 1e-6)
-    return broadcast_masked(adv, keep_bits(m, dtype), dtype)
+    return adv / (std + 1e-6) if std_normalization else adv
 
 
-def broadcast_masked(per_response: Tensor, keep: Tensor, dtype: torch.dtype) -> Tensor:
-    """[B] values broadcast over the valid tokens of [B, T] select bits ``keep``; 0 elsewhere."""
-    out = torch.empty(keep.shape, dtype=dtype, device=keep.device)
-    out.copy_(per_response.to(dtype)[:, None].expand_as(out))
-    return select_(out, keep)
+def broadcast_masked(per_response: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B] values broadcast over the valid tokens of a bool [B, T] mask, +0.0 elsewhere.
+
+    Two passes into one new buffer: the mask's select bits, then AND with each row's bits."""
+    out = keep_bits(mask, dtype, out=torch.empty(mask.shape, dtype=dtype, device=mask.device))
+    row_bits = per_response.to(dtype).contiguous().view(out.dtype)
+    torch.bitwise_and(out, row_bits[:, None].expand_as(out), out=out)
+    return out.view(dtype)
 
 
 def _group_mean_std(

@@ -32,9 +32,11 @@ from relax.algorithms._checks import (
     compute_dtype,
     count_true,
     keep_bits,
+    row_counts,
     select_,
     select_copy,
 )
+from relax.algorithms.advantages import broadcast_masked
 
 
 @dataclass(frozen=True)
@@ -207,3 +209,50 @@ def moments_clean(
         normalized_mean=mean,
         normalized_std=torch.sqrt(var),
     )
+
+
+def normalize_rows(
+    rows: Tensor, m: Tensor, dtype: torch.dtype, *, mode: str, group, var_floor: float = 1e-8,
+    eps: float = 1e-8,
+) -> tuple[Tensor, Tensor, NormalizationStats]:
+    """The normalizations above for raw advantages that are one value per response.
+
+    ``rows`` float64 [B] (the value of every valid token of response i), ``m`` bool
+    [B, T]; ``mode`` "population" (SPEC 6), "whiten" (SPEC 5, ddof = 1) or "none" (moments
+    only). Returns ``(advantages [B, T], raw [B, T], stats)``; for "none" the advantages
+    are the raw tensor. Same moments, collectives and outputs as the token-level functions,
+    but each token sum becomes a sum over responses weighted by ``L_i`` (float64 on [B]),
+    so the only [B, T] work is writing the two outputs.
+    """
+    rows = rows.to(dtype).double()  # the values the raw tensor holds
+    counts = row_counts(m).to(torch.float64)
+    first = torch.stack([(counts * rows).sum(), counts.sum()])
+    _all_reduce(first, group)
+    total, n = first[0], first[1]
+    mean = total / n.clamp(min=1.0)
+    second = (counts * (rows - mean).square()).sum().reshape(1)
+    _all_reduce(second, group)
+    var = second[0] / n.clamp(min=1.0)
+    raw = broadcast_masked(rows, m, dtype)
+    if mode == "none":
+        return raw, raw, NormalizationStats(
+            mean=mean, var=var, count=n.to(torch.int64), zero_variance=var < var_floor,
+            normalized_mean=mean, normalized_std=torch.sqrt(var),
+        )
+    if mode == "population":
+        torch._assert_async(n > 0, "masked_population_normalize: the global mask has no valid token (N = 0)")
+        inv_std = torch.rsqrt(var.clamp(min=var_floor))  # a floor on the variance
+    else:  # whiten: Bessel variance, N = 1 gives 0
+        sample_var = torch.where(n > 1, second[0] / (n - 1).clamp(min=1.0), torch.zeros_like(var))
+        inv_std = torch.rsqrt(sample_var + eps)
+    advantages = broadcast_masked((rows - mean) * inv_std, m, dtype)
+    stats = NormalizationStats(
+        mean=mean,
+        var=var,
+        count=n.to(torch.int64),
+        zero_variance=var < var_floor,
+        # The output's moments by linearity (centred in float64, so its mean is 0).
+        normalized_mean=torch.zeros_like(mean),
+        normalized_std=torch.sqrt(var) * inv_std,
+    )
+    return advantages, raw, stats

@@ -22,7 +22,9 @@ from relax.algorithms._checks import (
     keep_bits,
 )
 from relax.algorithms.advantages import (
+    baseline_rows,
     group_relative_advantages,
+    group_relative_rows,
     reinforce_plus_plus_baseline_advantages,
     rpp_returns_masked,
 )
@@ -31,6 +33,7 @@ from relax.algorithms.normalization import (
     NormalizationStats,
     _all_reduce,
     moments_clean,
+    normalize_rows,
     population_normalize_clean,
     whiten_clean,
 )
@@ -64,7 +67,7 @@ class Batch:
 
     rewards: Tensor  # [B]
     mask: Tensor  # [B, T] bool
-    keep: Tensor  # select bits of the mask, see _checks.keep_bits
+    keep: Tensor | None  # select bits of the mask, see _checks.keep_bits (None: rows path)
     group_index: Tensor | None  # [B] int
     old_log_probs: Tensor | None  # [B, T]
     ref_log_probs: Tensor | None  # [B, T]
@@ -88,6 +91,17 @@ def _group_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
     return adv, None
 
 
+# Per-response estimators also give their raw advantage as one float64 value per response
+# [B]; the dispatcher then normalizes on [B] (normalization.normalize_rows) and writes each
+# [B, T] output once, instead of normalizing B x T tokens.
+def _rpp_baseline_rows(b: Batch, s: AdvantageSettings) -> Tensor:
+    return baseline_rows(b.rewards, b.group_index)
+
+
+def _group_rows(b: Batch, s: AdvantageSettings) -> Tensor:
+    return group_relative_rows(b.rewards, b.group_index, s.std_normalization)
+
+
 @dataclass(frozen=True)
 class EstimatorSpec:
     name: str
@@ -96,16 +110,18 @@ class EstimatorSpec:
     normalizer: str  # "population" (SPEC 6, mandatory) | "whiten" (SPEC 5, optional)
     policy_loss: str  # "ppo_clip" | "gspo" | "sapo"
     needs_group_index: bool = True
+    rows: Callable[[Batch, AdvantageSettings], Tensor] | None = None  # see _rpp_baseline_rows
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = {
     spec.name: spec
     for spec in (
         EstimatorSpec("reinforce_plus_plus", "reinforce_plus_plus", _rpp_raw, "population", "ppo_clip", needs_group_index=False),
-        EstimatorSpec("reinforce_plus_plus_baseline", "reinforce_plus_plus", _rpp_baseline_raw, "population", "ppo_clip"),
-        EstimatorSpec("grpo", "group_relative", _group_raw, "whiten", "ppo_clip"),
-        EstimatorSpec("gspo", "group_relative", _group_raw, "whiten", "gspo"),
-        EstimatorSpec("sapo", "group_relative", _group_raw, "whiten", "sapo"),
+        EstimatorSpec("reinforce_plus_plus_baseline", "reinforce_plus_plus", _rpp_baseline_raw, "population",
+                      "ppo_clip", rows=_rpp_baseline_rows),
+        EstimatorSpec("grpo", "group_relative", _group_raw, "whiten", "ppo_clip", rows=_group_rows),
+        EstimatorSpec("gspo", "group_relative", _group_raw, "whiten", "gspo", rows=_group_rows),
+        EstimatorSpec("sapo", "group_relative", _group_raw, "whiten", "sapo", rows=_group_rows),
     )
 }
 
@@ -159,6 +175,12 @@ def compute_advantages_and_returns(
                 raise ValueError(f"{name} [B, T] is required by reinforce_plus_plus with kl_coef != 0")
             check_like_mask(lp, m, name)
     dtype = compute_dtype(rewards, *((old_log_probs, ref_log_probs) if uses_kl else ()))
+    if spec.rows is not None:
+        batch = Batch(rewards, m, None, group_index, old_log_probs, ref_log_probs, dtype)
+        mode = "population" if spec.normalizer == "population" else (
+            "whiten" if settings.normalize_advantages else "none")
+        advantages, raw, stats = normalize_rows(spec.rows(batch, settings), m, dtype, mode=mode, group=group)
+        return AdvantageOutput(advantages, raw, stats, _rollout_metrics(rewards, stats, group))
     keep = keep_bits(m, dtype)
     batch = Batch(rewards, m, keep, group_index, old_log_probs, ref_log_probs, dtype)
 

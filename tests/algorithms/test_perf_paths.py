@@ -185,3 +185,32 @@ def test_row_counts():
     view = mask[:, ::3]  # strided rows
     assert torch.equal(row_counts(view), view.sum(dim=1))
     assert row_counts(mask).dtype == torch.int64
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("estimator,normalize", [("reinforce_plus_plus_baseline", True), ("grpo", True),
+                                                 ("grpo", False), ("sapo", True)])
+def test_per_response_dispatch_equals_token_normalization(dtype, estimator, normalize):
+    # The dispatcher normalizes per-response raw advantages on [B] weighted by L_i
+    # (normalization.normalize_rows); the public token-level functions must agree.
+    rng = np.random.default_rng(8)
+    B, T = 12, 30
+    mask = random_mask(rng, B, T, masked_rows=(3,))
+    rewards = torch.tensor(rng.normal(2.0, 1.0, size=B), dtype=dtype)
+    gi = torch.tensor(rng.integers(0, 4, size=B))
+    out = alg.compute_advantages_and_returns(alg.AdvantageSettings(estimator, normalize), rewards, mask,
+                                             group_index=gi)
+    if estimator == "reinforce_plus_plus_baseline":
+        raw = alg.reinforce_plus_plus_baseline_advantages(rewards, gi, mask)
+        adv, stats = alg.masked_population_normalize(raw, mask)
+    else:
+        raw = alg.group_relative_advantages(rewards, gi, mask)
+        adv = alg.masked_whiten(raw, mask) if normalize else raw
+        stats = None
+    tol = TOL[dtype] if dtype == torch.float64 else dict(rtol=1e-6, atol=1e-6)
+    assert torch.equal(out.returns, raw)
+    torch.testing.assert_close(out.advantages, adv, **tol)
+    assert_zero_outside(out.advantages, mask)
+    if stats is not None:
+        for field in ("mean", "var", "count", "zero_variance", "normalized_mean", "normalized_std"):
+            torch.testing.assert_close(getattr(out.stats, field), getattr(stats, field), rtol=1e-6, atol=1e-7)
