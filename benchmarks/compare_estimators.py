@@ -189,6 +189,17 @@ def tables(summary: dict) -> str:
             lines.append(f"| {label} | " + " | ".join(
                 fmt(arms[a]["aggregate"][key], spec) for a in arms) + " |")
         lines.append("")
+    if "timing" in summary:
+        t = summary["timing"]
+        lines += ["**Interleaved timing pass** (median over rounds of each run's median)", "",
+                  "| | " + " | ".join(f"`{a}`" for a in t) + " |", "|---|" + "---|" * len(t)]
+        for label, key, spec in (("step time (s)", "step_time_median_s", ".3f"),
+                                 ("rollout time (s)", "rollout_time_median_s", ".3f"),
+                                 ("train time (s)", "train_time_median_s", ".3f"),
+                                 ("generated tokens/s", "tokens_per_s_median", ".0f")):
+            lines.append(f"| {label} | " + " | ".join(
+                f"{t[a][key]:{spec}}" for a in t) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -201,6 +212,13 @@ def main() -> int:
     parser.add_argument("--summary", default="docs/reports/compare_estimators.json")
     parser.add_argument("--num-rollout", type=int, default=None,
                         help="default: the preset's; smaller only for a smoke test")
+    parser.add_argument("--num-steps-per-rollout", type=int, default=None,
+                        help="variant: N optimizer steps per rollout step (global batch = "
+                             "samples / N); outputs get the suffix _stepsN")
+    parser.add_argument("--timing-rounds", type=int, default=0,
+                        help="extra timing pass: R rounds of every arm, interleaved "
+                             "round-robin so load changes hit all arms alike")
+    parser.add_argument("--timing-steps", type=int, default=40)
     parser.add_argument("--skip-train", action="store_true",
                         help="only summarize and plot existing runs")
     args = parser.parse_args()
@@ -209,7 +227,14 @@ def main() -> int:
     from relax.plotting import plot_runs
 
     steps = args.num_rollout or BUILTIN_PRESET["num_rollout"]
-    budget = ["--num-rollout", str(steps)] if args.num_rollout else []
+    variant = []
+    suffix = ""
+    if args.num_steps_per_rollout:
+        variant = ["--num-steps-per-rollout", str(args.num_steps_per_rollout)]
+        suffix = f"_steps{args.num_steps_per_rollout}"
+        args.root += suffix
+        args.summary = args.summary.replace(".json", f"{suffix}.json")
+    budget = (["--num-rollout", str(steps)] if args.num_rollout else []) + variant
     walls_path = os.path.join(args.root, "wall_times.json")
     walls = {}
     if os.path.isfile(walls_path):
@@ -238,7 +263,7 @@ def main() -> int:
                 json.dump(walls, f, indent=2)
 
     summary = {
-        "preset": BUILTIN_PRESET, "num_rollout": steps, "seeds": args.seeds, "arm_flags": {a: ARMS[a] for a in args.arms},
+        "preset": BUILTIN_PRESET, "num_rollout": steps, "extra_flags": budget, "seeds": args.seeds, "arm_flags": {a: ARMS[a] for a in args.arms},
         "last_window": LAST, "eval_samples_per_prompt": EVAL_SAMPLES,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "torch": __import__("torch").__version__},
@@ -255,12 +280,42 @@ def main() -> int:
     os.makedirs(args.images, exist_ok=True)
     every_run = [d for seeds in run_dirs.values() for d in seeds.values()]
     for name, (panels, smooth) in IMAGES.items():
-        plot_runs(every_run, os.path.join(args.images, name), panels=panels, smooth=smooth,
+        if suffix and name == "advantages.png":
+            continue  # the variant changes the update, not the advantages
+        out = os.path.join(args.images, name.replace(".png", f"{suffix}.png"))
+        plot_runs(every_run, out, panels=panels, smooth=smooth,
                   title=f"built-in {BUILTIN_PRESET['builtin_task']} task, {len(args.seeds)} "
-                        f"seeds per arm "
+                        f"seeds per arm{' ' + ' '.join(variant) if variant else ''} "
                         f"(moving average over {smooth} steps)", dpi=70)
+    if args.timing_rounds:
+        summary["timing"] = timing_pass(args, variant)
+        with open(args.summary, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
     print(tables(summary))
     return 0
+
+
+def timing_pass(args, variant: list[str]) -> dict:
+    """Each arm ``--timing-steps`` steps, seed 42, ``--timing-rounds`` rounds interleaved
+    round-robin; the median over rounds of each run's median step time and tokens/s."""
+    per_arm = {arm: [] for arm in args.arms}
+    for r in range(args.timing_rounds):
+        for arm in args.arms:
+            run = os.path.join(args.root, "timing", f"{arm}-round{r}")
+            shutil.rmtree(run, ignore_errors=True)
+            print(f"[{time.strftime('%H:%M:%S')}] timing {arm} round {r}", flush=True)
+            relax("train", *ARMS[arm], *variant, "--num-rollout", str(args.timing_steps),
+                  "--seed", "42", "--output-dir", run, log=run + ".log")
+            warm = read_metrics(run)[1:]
+            per_arm[arm].append({
+                "step_time_median_s": statistics.median(x["perf/step_time"] for x in warm),
+                "rollout_time_median_s": statistics.median(x["perf/rollout_time"] for x in warm),
+                "train_time_median_s": statistics.median(x["perf/train_time"] for x in warm),
+                "tokens_per_s_median": statistics.median(
+                    x["perf/generated_tokens_per_s"] for x in warm),
+            })
+    return {arm: {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+            | {"rounds": rounds} for arm, rounds in per_arm.items()}
 
 
 if __name__ == "__main__":

@@ -142,8 +142,9 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
 
     ncols = min(3, len(drawn))
     nrows = -(-len(drawn) // ncols)
+    legend_cols = min(ncols, len(groups))
     # a header band (in inches) above the panels holds the title and the legend
-    header = 0.4 + 0.3 * bool(title)
+    header = 0.15 + 0.25 * -(-len(groups) // legend_cols) + 0.3 * bool(title)
     height = 2.9 * nrows + header
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, height), squeeze=False)
     colors = plt.get_cmap("tab10").colors
@@ -169,12 +170,11 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
     for ax in list(axes.flat)[len(drawn):]:
         ax.axis("off")
     handles = [plt.Line2D([], [], color=colors[g % len(colors)], lw=2) for g in range(len(groups))]
-    labels = [f"{est} ({len(m)} run{'s' if len(m) > 1 else ''}"
-              f"{', mean and min..max band' if len(m) > 1 else ''})"
+    labels = [f"{est} ({len(m)} runs: mean, min..max)" if len(m) > 1 else est
               for est, m in groups.items()]
     if title:
         fig.suptitle(title, fontsize=10, y=1 - 0.06 / height, va="top")
-    fig.legend(handles, labels, loc="upper center", ncol=min(3, len(labels)), fontsize=8,
+    fig.legend(handles, labels, loc="upper center", ncol=legend_cols, fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 1 - (0.3 * bool(title) + 0.02) / height))
     fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
