@@ -10,9 +10,17 @@ Three separate pieces, tested separately (STYLE principle 3):
   caller (the optimizer step's global count), so summing the per-micro-batch, per-rank
   values gives the whole-batch objective and the same gradient.
 
-Every input is sanitized with a boolean select before any arithmetic, so NaN or Inf stored
-at masked positions of log-probs or advantages reaches neither the loss nor the gradient
-that flows back into ``log_probs``. Nothing here reads a value back to the host.
+NaN or Inf stored at masked positions of log-probs or advantages reaches neither the loss
+nor the gradient that flows back into ``log_probs``: GSPO and SAPO select their inputs with
+a boolean select before any arithmetic; the PPO clip and the reductions compute elementwise
+and select the results bitwise (a masked position only ever reaches its own result). Nothing
+here reads a value back to the host.
+
+Speed: the PPO clip (:class:`_PPOClip`) and the reductions (:class:`_MaskedRowSum`) are
+``autograd.Function`` s with hand-written gradients that reuse their own buffers; the plain
+autograd composition allocates ~8 fresh [B, T] tensors (each costs about one copy in page
+faults on the CPU). ``benchmarks/bench_algorithms.py`` measures both; GSPO and SAPO still use
+plain autograd (not in the benchmark target, ~25-40x a copy forward+backward).
 """
 
 from __future__ import annotations
