@@ -129,3 +129,16 @@ def test_interval_saves_and_exact_resume(tmp_path):
         for key in ("rollout/raw_reward", "train/loss", "train/grad_norm", "train/kl_loss"):
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
     assert [r["rollout/step"] for r in read_metrics(tmp_path / "part")] == [1, 2, 3, 4]
+
+
+def test_reward_post_process_is_applied(tmp_path):
+    reward = write_reward(tmp_path)
+    post = write_reward(tmp_path, "import torch\ndef zero(rewards, group_index):\n"
+                        "    assert rewards.shape == group_index.shape\n"
+                        "    return torch.zeros_like(rewards)\n", "post.py")
+    cfg = make_config("--custom-rm-path", f"{reward}:parity", "--custom-reward-post-process-path",
+                      f"{post}:zero", "--num-rollout", "1", output_dir=tmp_path / "run")
+    _, history, moved = _fit(cfg)
+    # every reward is 0 after post-processing: zero advantages, no policy gradient
+    assert history[0]["rollout/raw_reward"] == 0.0 and history[0]["rollout/advantages"] == 0.0
+    assert history[0]["train/pg_loss"] == 0.0
