@@ -40,11 +40,19 @@ def check_save_dir(path: str | None) -> None:
         return
     if not os.path.isdir(path):
         raise InputError(f"--save {path}: exists and is not a directory")
-    if os.listdir(path) and not os.path.isfile(os.path.join(path, MARKER)):
+    if os.listdir(path) and not _is_relax_save(path):
         raise InputError(
             f"--save {path}: the directory is not empty and holds no Relax save "
             f"({MARKER} missing); choose an empty or new directory"
         )
+
+
+def _is_relax_save(path: str) -> bool:
+    """A final save, or a run that only got as far as its interval checkpoints."""
+    if os.path.isfile(os.path.join(path, MARKER)):
+        return True
+    return any(_STEP_DIR.match(d) and os.path.isfile(os.path.join(path, d, MARKER))
+               for d in os.listdir(path))
 
 
 def _state_dicts(model, optimizer, fsdp: bool):

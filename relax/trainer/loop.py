@@ -85,41 +85,61 @@ def _peak_memory_gb(device: torch.device) -> float:
 
 
 class Trainer:
+    """Holds the models, data and sinks of one run; ``fit()`` is the loop of the docstring."""
+
     def __init__(self, cfg, ctx, *, console: bool = True):
         self.cfg, self.ctx = cfg, ctx
         self.timer = Timer(ctx.device)
         if ctx.device.type == "cpu":
             _set_cpu_threads(tiny_model=cfg.hf_checkpoint is None)
-        # --- everything that can fail on bad input, before any model is loaded
+        # everything that can fail on bad input comes before any model is loaded
+        resume = self._check_paths()
+        self._build_data_and_rewards()
+        self._build_models(resume)
+        self.tracker = MetricTracker(ctx.group, ctx.device)
+        self.logger = build_logger(
+            is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
+            start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
+            wandb=cfg.use_wandb, config=vars(cfg),
+        )
+
+    def _check_paths(self) -> tuple[str, int] | None:
+        """Model directories, ``--save`` and ``--load``; returns the checkpoint to resume."""
+        cfg = self.cfg
         setup.check_model_paths(cfg)
         checkpoint.check_save_dir(cfg.save)
-        resume = None
-        if cfg.load:
-            if not os.path.isdir(cfg.load):
-                raise InputError(f"--load {cfg.load}: no such directory")
-            resume = checkpoint.latest_checkpoint(cfg.load)
-            if resume is None:
-                raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
-        samples = None
+        if not cfg.load:
+            return None
+        if not os.path.isdir(cfg.load):
+            raise InputError(f"--load {cfg.load}: no such directory")
+        resume = checkpoint.latest_checkpoint(cfg.load)
+        if resume is None:
+            raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
+        return resume
+
+    def _build_data_and_rewards(self) -> None:
+        cfg = self.cfg
+        samples = task = None
         if cfg.prompt_data:
             samples = load_prompt_data(cfg.prompt_data, cfg.input_key, cfg.label_key,
                                        need_label=cfg.custom_rm_path is None)
-        task = None
-        if samples is None:
+        else:
             from relax.rollout.tasks import get_task
 
             task = get_task(cfg.builtin_task)
-        rm_type = cfg.rm_type if (cfg.rm_type or samples is not None) else cfg.builtin_task
+        # a built-in task scores with its own reward unless told otherwise
+        rm_type = cfg.rm_type or (None if samples is not None else cfg.builtin_task)
         self.reward_fn, self.reward_name = build_reward_fn(cfg.custom_rm_path, rm_type)
-        self.post_process = (load_function(cfg.custom_reward_post_process_path,
-                                           "--custom-reward-post-process-path")
-                             if cfg.custom_reward_post_process_path else None)
-        self.custom_advantage = (load_function(cfg.custom_advantage_function_path,
-                                               "--custom-advantage-function-path")
-                                 if cfg.custom_advantage_function_path else None)
-        if cfg.rollout_batch_size % ctx.world_size:
+        self.post_process = self.custom_advantage = None
+        if cfg.custom_reward_post_process_path:
+            self.post_process = load_function(cfg.custom_reward_post_process_path,
+                                              "--custom-reward-post-process-path")
+        if cfg.custom_advantage_function_path:
+            self.custom_advantage = load_function(cfg.custom_advantage_function_path,
+                                                  "--custom-advantage-function-path")
+        if cfg.rollout_batch_size % self.ctx.world_size:
             raise InputError(f"--rollout-batch-size {cfg.rollout_batch_size}: not divisible by "
-                             f"the {ctx.world_size} data-parallel ranks")
+                             f"the {self.ctx.world_size} data-parallel ranks")
         self.source = PromptSource(batch_size=cfg.rollout_batch_size, seed=cfg.seed,
                                    samples=samples, task=task, shuffle=cfg.rollout_shuffle)
         self.total_steps = cfg.num_rollout or cfg.num_epoch * self.source.steps_per_epoch
@@ -129,11 +149,15 @@ class Trainer:
             std_normalization=not cfg.disable_grpo_std_normalization,
         )
         self.loss_settings = LossSettings.from_config(cfg)
-        # --- models
+
+    def _build_models(self, resume) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        setup.quiet_transformers()  # no download/shard progress bars between summary lines
         self.tokenizer = setup.load_tokenizer(cfg)
         policy = setup.load_policy(cfg, self.tokenizer, ctx.device,
                                    weights_dir=resume[0] if resume else None)
         self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)
+        # the reference is the initial weights (or --ref-load), also when resuming
         self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device)
                     if setup.needs_reference(cfg) else None)
         self.model = wrap_model(policy, ctx, fsdp=cfg.fsdp)
@@ -142,12 +166,6 @@ class Trainer:
         if resume:
             checkpoint.load_trainer_state(resume[0], self.model, self.optimizer, fsdp=cfg.fsdp)
             self.start_step = resume[1]
-        self.tracker = MetricTracker(ctx.group, ctx.device)
-        self.logger = build_logger(
-            is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
-            start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
-            wandb=cfg.use_wandb, config=vars(cfg),
-        )
 
     # ------------------------------------------------------------------ phases
     def sample_prompts(self, step: int):

@@ -17,7 +17,7 @@ import torch
 from relax.trainer.errors import InputError
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -44,7 +44,7 @@ def load_tokenizer(cfg):
         from relax.rollout.tiny_model import build_tokenizer
 
         return build_tokenizer()
-    _quiet_transformers()
+    quiet_transformers()
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint, local_files_only=True)
@@ -57,7 +57,7 @@ def load_tokenizer(cfg):
 
 
 def _from_pretrained(path: str, dtype: torch.dtype):
-    _quiet_transformers()
+    quiet_transformers()
     from transformers import AutoModelForCausalLM
 
     try:

@@ -66,6 +66,14 @@ def test_empty_dataset(tmp_path, capsys, no_model_load):
     assert "empty" in _error(_data_cfg(tmp_path, str(path)), capsys, 2)
 
 
+def test_interval_checkpoints_count_as_a_relax_save(tmp_path):
+    from relax.trainer.checkpoint import MARKER, check_save_dir
+
+    (tmp_path / "rollout_000003").mkdir(parents=True)
+    (tmp_path / "rollout_000003" / MARKER).write_text('{"rollout_step": 3}')
+    check_save_dir(str(tmp_path))  # a crashed run's --save DIR can be resumed into
+
+
 def test_foreign_save_dir_is_refused(tmp_path, capsys, no_model_load):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
