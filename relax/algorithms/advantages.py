@@ -18,6 +18,7 @@ from relax.algorithms._checks import (
     check_per_response,
     compute_dtype,
     keep_bits,
+    numpy_path,
     select_,
 )
 from relax.algorithms.scan import discounted_reverse_cumsum, new_scan_buffer
@@ -32,7 +33,7 @@ def last_valid_position(mask: Tensor) -> Tensor:
     B, T = mask.shape
     if T == 0:
         return torch.full((B,), -1, dtype=torch.long, device=mask.device)
-    if mask.device.type == "cpu":
+    if numpy_path(mask):
         m = mask.detach().numpy()
         last = (T - 1) - np.argmax(m[:, ::-1], axis=1)
         return torch.from_numpy(np.where(m.any(axis=1), last, -1).astype(np.int64))

@@ -32,6 +32,7 @@ from relax.algorithms._checks import (
     compute_dtype,
     count_true,
     keep_bits,
+    numpy_path,
     row_counts,
     select_,
     select_copy,
@@ -73,7 +74,7 @@ def f64_sum(x: Tensor, square: bool = False) -> Tensor:
     pairwise summation also makes sums of equal float32 values exact, so an all-equal batch
     normalizes to exact zeros. Elsewhere torch reduces on the device (no host sync)."""
     flat = x.detach().reshape(-1)
-    if flat.device.type != "cpu":
+    if not numpy_path(flat):
         return torch.sum(flat.square() if square else flat, dtype=torch.float64)
     a = flat.numpy()
     if square:

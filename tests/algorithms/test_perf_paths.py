@@ -214,3 +214,32 @@ def test_per_response_dispatch_equals_token_normalization(dtype, estimator, norm
     if stats is not None:
         for field in ("mean", "var", "count", "zero_variance", "normalized_mean", "normalized_std"):
             torch.testing.assert_close(getattr(out.stats, field), getattr(stats, field), rtol=1e-6, atol=1e-7)
+
+
+def test_torch_paths_equal_numpy_paths(monkeypatch):
+    # Accelerators run the torch branch of the helpers that take NumPy on the CPU; run both
+    # here on the same inputs (sentinels included) and require identical results.
+    from relax.algorithms import _checks
+
+    rng, lp, old, adv, mask = _batch(9, 6, 35, torch.float32, masked_rows=(2,))
+    lp, old, adv = (poison(x, mask, rng=rng) for x in (lp, old, adv))
+    rewards = torch.tensor(rng.normal(size=6), dtype=torch.float32)
+    gi = torch.tensor([0, 0, 1, 1, 2, 2])
+
+    def run():
+        leaf = lp.clone().requires_grad_(True)
+        pg, clipped = alg.ppo_clip_loss(leaf, old, adv, mask, eps_clip_c=3.0)
+        loss = alg.response_mean(pg, mask) + alg.token_mean(pg, mask)
+        loss.backward()
+        rpp = alg.compute_advantages_and_returns(alg.AdvantageSettings("reinforce_plus_plus", True, 0.9, 0.1),
+                                                 rewards, mask, old_log_probs=old, ref_log_probs=adv)
+        base = alg.compute_advantages_and_returns(alg.AdvantageSettings("reinforce_plus_plus_baseline", True),
+                                                  rewards, mask, group_index=gi)
+        return [pg, clipped, loss, leaf.grad, rpp.advantages, rpp.returns, base.advantages,
+                *rpp.metrics.values(), *base.metrics.values()]
+
+    fast = run()
+    monkeypatch.setattr(_checks, "NUMPY_ON_CPU", False)
+    device_path = run()
+    for a, b in zip(fast, device_path, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
