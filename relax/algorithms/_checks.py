@@ -6,6 +6,8 @@ value. Nothing here touches tensor *values*, so the checks never synchronise wit
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -124,6 +126,14 @@ def keep_bits(mask: Tensor, dtype: torch.dtype, *, out: Tensor | None = None, in
         return bits
     bits.copy_(mask)
     return bits.sub_(1) if invert else bits.neg_()
+
+
+def float_bits(value: float, dtype: torch.dtype) -> int:
+    """The IEEE bit pattern of ``value`` rounded to ``dtype`` (float32/float64), as a signed
+    int of that width: a constant for the bitwise selects, computed on the host from a
+    Python float (no tensor involved)."""
+    fmt, ifmt = ("<f", "<i") if dtype == torch.float32 else ("<d", "<q")
+    return struct.unpack(ifmt, struct.pack(fmt, value))[0]
 
 
 def select_(x: Tensor, keep: Tensor) -> Tensor:

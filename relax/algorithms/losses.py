@@ -11,16 +11,17 @@ Three separate pieces, tested separately (STYLE principle 3):
   values gives the whole-batch objective and the same gradient.
 
 NaN or Inf stored at masked positions of log-probs or advantages reaches neither the loss
-nor the gradient that flows back into ``log_probs``: GSPO and SAPO select their inputs with
-a boolean select before any arithmetic; the PPO clip and the reductions compute elementwise
-and select the results bitwise (a masked position only ever reaches its own result). Nothing
-here reads a value back to the host.
+nor the gradient that flows back into ``log_probs``: GSPO selects its inputs with a boolean
+select before any arithmetic (its ratio mixes the tokens of a row); the PPO clip, SAPO and
+the reductions compute elementwise and select the results bitwise (a masked position only
+ever reaches its own result). Nothing here reads a value back to the host.
 
-Speed: the PPO clip (:class:`_PPOClip`) and the reductions (:class:`_MaskedRowSum`) are
-``autograd.Function`` s with hand-written gradients that reuse their own buffers; the plain
-autograd composition allocates ~8 fresh [B, T] tensors (each costs about one copy in page
-faults on the CPU). ``benchmarks/bench_algorithms.py`` measures both; GSPO and SAPO still use
-plain autograd (not in the benchmark target, ~25-40x a copy forward+backward).
+Speed: the PPO clip (:class:`_PPOClip`), SAPO (:class:`_SAPO`) and the reductions
+(:class:`_MaskedRowSum`) are ``autograd.Function`` s with hand-written gradients that reuse
+their own buffers; the plain autograd composition allocates ~8-12 fresh [B, T] tensors (each
+costs about one copy in page faults on the CPU). GSPO still uses plain autograd (~30-40x a
+copy forward+backward; not in the benchmark target). Measured by
+``benchmarks/bench_algorithms.py``; the plain compositions live in the tests.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from relax.algorithms._checks import (
     check_like_mask,
     compute_dtype,
     count_true,
+    float_bits,
     keep_bits,
     masked_select,
     row_counts,
@@ -205,6 +207,47 @@ def gspo_loss(
     return _clip(seq_ratio.expand_as(lp), adv, m, eps_clip, eps_clip_high, None)
 
 
+class _SAPO(torch.autograd.Function):
+    """The SAPO gate of :func:`sapo_loss` with a hand-written gradient (why: see _PPOClip).
+
+        s = sigmoid(tau * (rho - 1)),  pg = -4 * s * A / tau
+        d pg / d log_probs = -4 * A * s * (1 - s) * rho     (the 1/tau cancels the chain's tau)
+
+    ``coef`` (the derivative, 0 outside the mask) is computed in the forward; the backward
+    is one multiply. As in _PPOClip every step is elementwise and the results are selected
+    bitwise at the end, so masked NaN/Inf reach nothing.
+    """
+
+    @staticmethod
+    def forward(ctx, lp, old, adv, mask, tau_pos, tau_neg):
+        dtype = lp.dtype
+        zero = torch.zeros((), dtype=dtype, device=lp.device)
+        rho = torch.sub(lp, old).exp_()
+        # tau by the sign of A, selected on the bit patterns (exact, no bool where):
+        # tau = tau_neg ^ (bits(A > 0) & (tau_pos ^ tau_neg)).
+        pos_bits, neg_bits = float_bits(tau_pos, dtype), float_bits(tau_neg, dtype)
+        tau = keep_bits(torch.gt(adv, 0), dtype)
+        tau.bitwise_and_(pos_bits ^ neg_bits).bitwise_xor_(neg_bits)
+        tau = tau.view(dtype)
+        gate = torch.sub(rho, 1).mul_(tau).sigmoid_()  # s
+        pg = torch.div(gate, tau, out=tau)
+        torch.addcmul(zero, pg, adv, value=-4, out=pg)  # -4 s A / tau
+        rho.mul_(gate)
+        torch.addcmul(rho, rho, gate, value=-1, out=rho)  # rho s - rho s^2 = rho s (1 - s)
+        coef = torch.addcmul(zero, rho, adv, value=-4, out=rho)
+        bits = keep_bits(mask, dtype, out=gate)
+        select_(pg, bits)
+        select_(coef, bits)
+        ctx.save_for_backward(coef)
+        return pg
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_pg):
+        (coef,) = ctx.saved_tensors
+        return grad_pg * coef, None, None, None, None, None
+
+
 def sapo_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
@@ -215,18 +258,15 @@ def sapo_loss(
     tau_neg: float = 1.05,
 ) -> Tensor:
     """SAPO soft gate per token: ``pg = -f(rho) * A``, ``f(rho) = 4 sigmoid(tau (rho - 1)) / tau``
-    with ``tau = tau_pos`` where ``A > 0`` else ``tau_neg`` (SPEC 7). Returns ``pg`` [B, T]."""
-    m, lp, old, adv = _sanitized(log_probs, old_log_probs, advantages, mask)
-    ratio = torch.exp(lp - old)
-    # Taus built in the compute dtype: a float32 1.05 would bias float64 results.
-    tau = torch.where(
-        adv > 0,
-        torch.tensor(tau_pos, dtype=ratio.dtype, device=ratio.device),
-        torch.tensor(tau_neg, dtype=ratio.dtype, device=ratio.device),
+    with ``tau = tau_pos`` where ``A > 0`` else ``tau_neg`` (SPEC 7). Returns ``pg`` [B, T].
+
+    Computed by :class:`_SAPO` (taus in the compute dtype: a float32 1.05 would bias
+    float64 results); gradient into ``log_probs`` only."""
+    m, dtype = _checked(log_probs, old_log_probs, advantages, mask)
+    return _SAPO.apply(
+        log_probs.to(dtype), old_log_probs.detach().to(dtype), advantages.detach().to(dtype), m,
+        float(tau_pos), float(tau_neg),
     )
-    gate = 4.0 * torch.sigmoid(tau * (ratio - 1.0)) / tau
-    pg = -gate * adv
-    return torch.where(m, pg, torch.zeros((), dtype=pg.dtype, device=pg.device))
 
 
 class _MaskedRowSum(torch.autograd.Function):

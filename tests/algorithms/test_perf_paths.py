@@ -45,6 +45,15 @@ def plain_ppo(lp, old, adv, mask, eps_clip=0.2, eps_clip_high=None, eps_clip_c=N
     return torch.where(mask, pg, zero), clipped & mask
 
 
+def plain_sapo(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    """SPEC 7 SAPO gate by autograd: select first, taus in the compute dtype."""
+    zero = torch.zeros((), dtype=lp.dtype)
+    lp, old, adv = (torch.where(mask, x, zero) for x in (lp, old, adv))
+    rho = torch.exp(lp - old)
+    tau = torch.where(adv > 0, torch.tensor(tau_pos, dtype=lp.dtype), torch.tensor(tau_neg, dtype=lp.dtype))
+    return torch.where(mask, -(4.0 * torch.sigmoid(tau * (rho - 1.0)) / tau) * adv, zero)
+
+
 def plain_response_mean(values, mask, num_responses=None):
     v = torch.where(mask, values, torch.zeros((), dtype=values.dtype))
     per_row = v.sum(dim=1) / mask.sum(dim=1).clamp(min=1).to(v.dtype)
@@ -243,3 +252,21 @@ def test_torch_paths_equal_numpy_paths(monkeypatch):
     device_path = run()
     for a, b in zip(fast, device_path, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("taus", [dict(), dict(tau_pos=0.7, tau_neg=1.3)])
+def test_sapo_function_equals_plain_autograd_and_reference(dtype, taus):
+    rng, lp, old, adv, mask = _batch(10, 6, 40, dtype)
+    pg = alg.sapo_loss(lp, old, adv, mask, **taus)
+    torch.testing.assert_close(pg, plain_sapo(lp, old, adv, mask, **taus), **TOL[dtype])
+    assert_ref(pg, ref.sapo_loss(lp, old, adv, mask, **taus), dtype)
+    loss, g = _grad(lambda x: alg.response_mean(alg.sapo_loss(x, old, adv, mask, **taus), mask), lp)
+    _, pgrad = _grad(lambda x: plain_response_mean(plain_sapo(x, old, adv, mask, **taus), mask), lp)
+    torch.testing.assert_close(g, pgrad, **TOL[dtype])
+    for sentinel in SENTINELS:
+        dirty = [poison(x, mask, sentinel) for x in (lp, old, adv)]
+        assert torch.equal(alg.sapo_loss(*dirty, mask, **taus), pg)
+        _, g_d = _grad(lambda x, d=dirty: alg.response_mean(alg.sapo_loss(x, *d[1:], mask, **taus), mask), dirty[0])
+        assert torch.equal(g_d, g)
+        assert_zero_outside(g_d, mask)
