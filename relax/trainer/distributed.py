@@ -133,6 +133,23 @@ def no_grad_sync(model: torch.nn.Module, skip: bool):
     return contextlib.nullcontext()
 
 
+def raise_together(error: Exception | None, ctx: DistContext) -> None:
+    """Raise on every rank when any rank failed, so none waits forever in a collective.
+
+    A rank-local failure (a reward function raising on this rank's samples) would otherwise
+    leave the other ranks blocked in their next all-reduce. One small MAX all-reduce per call.
+    """
+    if ctx.group is not None:
+        flag = torch.tensor([0 if error is None else 1], device=ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
+        if error is None and flag.item():
+            from relax.trainer.errors import RelaxError
+
+            raise RelaxError("another data-parallel rank failed; see its message")
+    if error is not None:
+        raise error
+
+
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     if ctx.group is not None:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=ctx.group)

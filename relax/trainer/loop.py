@@ -32,6 +32,7 @@ from relax.rollout.rewards import build_reward_fn, load_function, score
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
     init_distributed,
+    raise_together,
     reshard,
     shutdown_distributed,
     unwrap,
@@ -205,8 +206,13 @@ class Trainer:
         """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
         responses = self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
         base = self.ctx.rank * len(prompts)
-        values = score(self.reward_fn, prompts, responses, labels, name=self.reward_name,
-                       index_base=base)
+        values, error = None, None
+        try:
+            values = score(self.reward_fn, prompts, responses, labels, name=self.reward_name,
+                           index_base=base)
+        except RewardError as e:
+            error = e
+        raise_together(error, self.ctx)
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
         if self.post_process is not None:
             out = torch.as_tensor(self.post_process(rewards.clone(), group_index.clone()),

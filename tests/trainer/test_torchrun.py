@@ -43,3 +43,24 @@ def test_two_process_gloo_run(tmp_path, fsdp):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(save).config.model_type == "qwen3"
+
+
+def test_reward_failure_on_one_rank_stops_both(tmp_path):
+    reward = write_reward(tmp_path, "import os\ndef f(p, r, l):\n"
+                          "    if os.environ['RANK'] == '1':\n"
+                          "        raise RuntimeError('reward service down')\n"
+                          "    return [0.0] * len(p)\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "relax", "train", "--num-rollout", "2", "--rollout-batch-size", "2",
+           "--n-samples-per-prompt", "2", "--custom-rm-path", f"{reward}:f", "--device", "cpu",
+           "--output-dir", str(tmp_path / "run")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"a rank kept waiting after the other failed (hang):\n{e.stderr}")
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("relax train: error:")]
+    assert any("[rank 1] reward function" in x and "reward service down" in x for x in lines)
+    assert any("[rank 0] another data-parallel rank failed" in x for x in lines)
