@@ -10,6 +10,12 @@
         log(metrics); save(step)
 
 Launch: ``relax train [flags]`` or ``torchrun --nproc_per_node N -m relax train [flags]``.
+
+Metrics per rollout step (rank 0 writes ``OUTPUT_DIR/metrics.jsonl``): the SPEC section 10
+names, ``perf/step_time`` = ``perf/rollout_time`` (generate + reward) + ``perf/train_time``
+(log_prob + advantage + update) with each phase's own ``perf/<phase>_time`` (slowest rank),
+``perf/generated_tokens_per_s`` (global tokens / rollout time) and ``perf/peak_memory_gb``.
+Exit status of :func:`train`: 0, 2 for bad input, 1 for a failure during training.
 """
 
 from __future__ import annotations
@@ -268,8 +274,9 @@ class Trainer:
         self.tracker.add_ratio("rollout/response_length", mask.sum(), B)
         self.tracker.add_ratio("rollout/truncated", rollout.truncated.sum(), B)
         self.tracker.add_sum("perf/generated_tokens", mask.sum())
-        for name in ("step", "rollout", "train"):
-            self.tracker.add_max(f"perf/{name}_time", times.get(name, 0.0))
+        # the slowest rank sets the pace of a synchronous step
+        for name, seconds in times.items():
+            self.tracker.add_max(f"perf/{name}_time", seconds)
         self.tracker.add_max("perf/peak_memory_gb", _peak_memory_gb(self.ctx.device))
         metrics = self.tracker.reduce()
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
@@ -292,12 +299,17 @@ class Trainer:
             with t("step"):
                 prompts, labels, group_index = self.sample_prompts(step)
                 with t("rollout"):
-                    rollout = self.generate(prompts, step)
-                    rewards = self.score(prompts, labels, rollout, group_index)
+                    with t("generate"):
+                        rollout = self.generate(prompts, step)
+                    with t("reward"):
+                        rewards = self.score(prompts, labels, rollout, group_index)
                 with t("train"):
-                    exp = self.old_and_ref_log_probs(rollout)
-                    exp = self.advantages(exp, rewards, group_index)
-                    self.update(exp)
+                    with t("log_prob"):
+                        exp = self.old_and_ref_log_probs(rollout)
+                    with t("advantage"):
+                        exp = self.advantages(exp, rewards, group_index)
+                    with t("update"):
+                        self.update(exp)
             history.append(self.log(step + 1, rollout, t.pop()))
             if self.cfg.save and self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0:
                 self.save(step + 1, final=False)
