@@ -161,6 +161,9 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         setup.quiet_transformers()  # no download/shard progress bars between summary lines
         self.tokenizer = setup.load_tokenizer(cfg)
+        if cfg.apply_chat_template and not getattr(self.tokenizer, "chat_template", None):
+            raise InputError(f"--apply-chat-template: the tokenizer in {cfg.hf_checkpoint} has "
+                             "no chat template; remove the flag or use a chat model")
         policy = setup.load_policy(cfg, self.tokenizer, ctx.device,
                                    weights_dir=resume[0] if resume else None)
         self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)

@@ -120,3 +120,15 @@ def test_non_finite_loss_stops_before_the_step_and_keeps_the_save(tmp_path, caps
     msg = _error(bad, capsys, 1)
     assert "non-finite" in msg and "train/loss=nan" in msg
     assert _digest(save) == before
+
+
+def test_chat_template_missing(tmp_path, capsys):
+    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    build_tiny_model(tok, seed=0, num_hidden_layers=1).save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    cfg = make_config("--hf-checkpoint", str(tmp_path / "hf"), "--apply-chat-template",
+                      "--prompt-data", write_jsonl(tmp_path, [{"input": "x", "label": 1}] * 4),
+                      "--rm-type", "math", output_dir=tmp_path / "run")
+    assert "no chat template" in _error(cfg, capsys, 2)
