@@ -131,4 +131,5 @@ def test_chat_template_missing(tmp_path, capsys):
     cfg = make_config("--hf-checkpoint", str(tmp_path / "hf"), "--apply-chat-template",
                       "--prompt-data", write_jsonl(tmp_path, [{"input": "x", "label": 1}] * 4),
                       "--rm-type", "math", output_dir=tmp_path / "run")
+    capsys.readouterr()  # drop the test's own save_pretrained output
     assert "no chat template" in _error(cfg, capsys, 2)
