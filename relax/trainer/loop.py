@@ -326,12 +326,19 @@ class Trainer:
 
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     """Train as configured; return the metrics of each rollout step (raises RelaxError)."""
+    start = time.perf_counter()
     ctx = init_distributed(cfg.device)
     trainer = Trainer(cfg, ctx, console=console)
     try:
-        return trainer.fit()
+        history = trainer.fit()
     finally:
         trainer.close()
+    if ctx.is_main and console:
+        where = f"; model saved to {cfg.save}" if cfg.save else ""
+        print(f"relax train: {len(history)} rollout steps in {time.perf_counter() - start:.1f} s; "
+              f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}{where}",
+              file=sys.stderr)
+    return history
 
 
 def train(cfg) -> int:
