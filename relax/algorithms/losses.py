@@ -11,17 +11,17 @@ Three separate pieces, tested separately (STYLE principle 3):
   values gives the whole-batch objective and the same gradient.
 
 NaN or Inf stored at masked positions of log-probs or advantages reaches neither the loss
-nor the gradient that flows back into ``log_probs``: GSPO selects its inputs with a boolean
-select before any arithmetic (its ratio mixes the tokens of a row); the PPO clip, SAPO and
-the reductions compute elementwise and select the results bitwise (a masked position only
-ever reaches its own result). Nothing here reads a value back to the host.
+nor the gradient that flows back into ``log_probs``: every step is elementwise (or, for
+GSPO's sequence ratio, a row sum of already selected values) and the results are selected
+bitwise (SPEC 1: a boolean select, never a multiplication by the mask). Nothing here reads
+a value back to the host.
 
-Speed: the PPO clip (:class:`_PPOClip`), SAPO (:class:`_SAPO`) and the reductions
+Speed: each loss (:class:`_PPOClip`, :class:`_GSPO`, :class:`_SAPO`) and the reductions
 (:class:`_MaskedRowSum`) are ``autograd.Function`` s with hand-written gradients that reuse
-their own buffers; the plain autograd composition allocates ~8-12 fresh [B, T] tensors (each
-costs about one copy in page faults on the CPU). GSPO still uses plain autograd (~30-40x a
-copy forward+backward; not in the benchmark target). Measured by
-``benchmarks/bench_algorithms.py``; the plain compositions live in the tests.
+their own buffers; the plain autograd composition allocated ~8-12 fresh [B, T] tensors (each
+costs about one copy in page faults on the CPU). The tests compare every Function with the
+plain composition (kept there) and the float64 reference; ``benchmarks/bench_algorithms.py``
+measures them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from relax.algorithms._checks import (
     count_true,
     float_bits,
     keep_bits,
-    masked_select,
     row_counts,
     select_,
 )
@@ -49,36 +48,6 @@ def _checked(log_probs, old_log_probs, advantages, mask):
     check_like_mask(old_log_probs, m, "old_log_probs")
     check_like_mask(advantages, m, "advantages")
     return m, compute_dtype(log_probs, old_log_probs, advantages)
-
-
-def _sanitized(log_probs, old_log_probs, advantages, mask):
-    m, dtype = _checked(log_probs, old_log_probs, advantages, mask)
-    return (
-        m,
-        masked_select(log_probs, m, dtype),
-        masked_select(old_log_probs.detach(), m, dtype),
-        masked_select(advantages.detach(), m, dtype),
-    )
-
-
-def _clip(ratio: Tensor, adv: Tensor, m: Tensor, eps_clip: float, eps_clip_high, eps_clip_c):
-    """``max(-ratio*A, -clip(ratio, 1-eps_low, 1+eps_high)*A)``, optional dual clip.
-
-    Plain autograd composition; GSPO uses it (its ratio couples the tokens of a row). The
-    PPO loss runs the same formula in :class:`_PPOClip`; the tests compare the two."""
-    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
-    unclipped = -adv * ratio
-    clipped_obj = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
-    pg = torch.maximum(unclipped, clipped_obj)
-    clipped = clipped_obj > unclipped
-    if eps_clip_c is not None:
-        # Dual clip (for A < 0 only): bound the loss by -c * A.
-        dual = -eps_clip_c * adv
-        dual_active = (adv < 0) & (dual < pg)
-        pg = torch.where(dual_active, dual, pg)
-        clipped = clipped | dual_active
-    zero = torch.zeros((), dtype=pg.dtype, device=pg.device)
-    return torch.where(m, pg, zero), clipped & m
 
 
 def _check_dual(eps_clip_c) -> None:
@@ -187,6 +156,56 @@ def ppo_clip_loss(
     )
 
 
+class _GSPO(torch.autograd.Function):
+    """The GSPO loss of :func:`gspo_loss` with a hand-written gradient (why: see _PPOClip).
+
+    ``s_i`` depends on every valid token of row i: ``d s_i / d lp[i,u] = s_i * m[i,u] / L_i``.
+    Where the unclipped branch sets token t, ``pg_t = -A_t * s_i`` and ``d pg_t / d s_i *
+    s_i = pg_t``; elsewhere 0. So with ``coef = pg`` on valid unclipped tokens (0 elsewhere,
+    as in _PPOClip):
+
+        grad_lp[i,u] = m[i,u] / L_i * sum_t grad_pg[i,t] * coef[i,t]
+
+    a row reduction and a broadcast, both written into the coefficient buffer.
+    """
+
+    @staticmethod
+    def forward(ctx, lp, old, adv, mask, length, low, high):
+        # length: [B] valid tokens per row, clamped to >= 1, in the compute dtype.
+        dtype = lp.dtype
+        bits = keep_bits(mask, dtype)
+        diff = select_(torch.sub(lp, old), bits)  # masked log-ratios, +0.0 elsewhere
+        seq_ratio = torch.exp(diff.sum(dim=1) / length)  # s_i [B]; 1 for an empty row
+        unclipped = torch.mul(adv, (-seq_ratio)[:, None], out=diff)  # -A*s
+        pg = torch.mul(adv, (-seq_ratio.clamp(low, high))[:, None])  # -A*clip(s)
+        clipped = torch.gt(pg, unclipped)
+        torch.maximum(pg, unclipped, out=pg)
+        clipped.logical_and_(mask)
+        select_(pg, bits)
+        keep_bits(clipped, dtype, out=bits, invert=True)
+        coef = torch.bitwise_and(pg.view(bits.dtype), bits, out=diff.view(bits.dtype)).view(dtype)
+        ctx.save_for_backward(pg, clipped, mask, length)
+        ctx.coef = coef  # handed to the first backward, as in _PPOClip
+        ctx.mark_non_differentiable(clipped)
+        ctx.set_materialize_grads(False)
+        return pg, clipped
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_pg, _grad_clipped):
+        if grad_pg is None:
+            return (None,) * 7
+        pg, clipped, mask, length = ctx.saved_tensors
+        coef, ctx.coef = ctx.coef, None
+        if coef is None:  # a second backward (retain_graph=True): rebuild, see _PPOClip
+            coef = pg.masked_fill(clipped, 0.0)
+        row = coef.mul_(grad_pg).sum(dim=1) / length  # [B]
+        bits = keep_bits(mask, pg.dtype, out=coef)
+        row_bits = row.contiguous().view(bits.dtype)[:, None].expand_as(bits)
+        grad = torch.bitwise_and(row_bits, bits, out=bits).view(pg.dtype)
+        return grad, None, None, None, None, None, None
+
+
 def gspo_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
@@ -200,11 +219,15 @@ def gspo_loss(
     replaces ``rho`` on every valid token of response ``i``, then the PPO clip (SPEC 7).
 
     A fully masked response has ``s_i = 1`` and contributes 0. Returns ``(pg, clipped)``.
+    Computed by :class:`_GSPO`.
     """
-    m, lp, old, adv = _sanitized(log_probs, old_log_probs, advantages, mask)
-    length = m.sum(dim=1, keepdim=True).clamp(min=1).to(lp.dtype)
-    seq_ratio = torch.exp((lp - old).sum(dim=1, keepdim=True) / length)  # [B, 1]
-    return _clip(seq_ratio.expand_as(lp), adv, m, eps_clip, eps_clip_high, None)
+    m, dtype = _checked(log_probs, old_log_probs, advantages, mask)
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    length = row_counts(m).clamp(min=1).to(dtype)
+    return _GSPO.apply(
+        log_probs.to(dtype), old_log_probs.detach().to(dtype), advantages.detach().to(dtype), m, length,
+        1.0 - eps_clip, 1.0 + eps_high,
+    )
 
 
 class _SAPO(torch.autograd.Function):

@@ -45,6 +45,17 @@ def plain_ppo(lp, old, adv, mask, eps_clip=0.2, eps_clip_high=None, eps_clip_c=N
     return torch.where(mask, pg, zero), clipped & mask
 
 
+def plain_gspo(lp, old, adv, mask, eps_clip=0.2, eps_clip_high=None):
+    """SPEC 7 GSPO by autograd: the sequence ratio on every valid token, then the PPO clip."""
+    zero = torch.zeros((), dtype=lp.dtype)
+    lp, old, adv = (torch.where(mask, x, zero) for x in (lp, old, adv))
+    length = mask.sum(dim=1, keepdim=True).clamp(min=1).to(lp.dtype)
+    s = torch.exp((lp - old).sum(dim=1, keepdim=True) / length).expand_as(lp)
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    unclipped, bound = -adv * s, -adv * s.clamp(1 - eps_clip, 1 + high)
+    return torch.where(mask, torch.maximum(unclipped, bound), zero), (bound > unclipped) & mask
+
+
 def plain_sapo(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
     """SPEC 7 SAPO gate by autograd: select first, taus in the compute dtype."""
     zero = torch.zeros((), dtype=lp.dtype)
@@ -244,8 +255,11 @@ def test_torch_paths_equal_numpy_paths(monkeypatch):
                                                  rewards, mask, old_log_probs=old, ref_log_probs=adv)
         base = alg.compute_advantages_and_returns(alg.AdvantageSettings("reinforce_plus_plus_baseline", True),
                                                   rewards, mask, group_index=gi)
-        return [pg, clipped, loss, leaf.grad, rpp.advantages, rpp.returns, base.advantages,
-                *rpp.metrics.values(), *base.metrics.values()]
+        other = leaf.detach().clone().requires_grad_(True)
+        gspo, gclipped = alg.gspo_loss(other, old, adv, mask, eps_clip=0.2)
+        (alg.response_mean(gspo, mask) + alg.response_mean(alg.sapo_loss(other, old, adv, mask), mask)).backward()
+        return [pg, clipped, loss, leaf.grad, gspo, gclipped, other.grad, rpp.advantages, rpp.returns,
+                base.advantages, *rpp.metrics.values(), *base.metrics.values()]
 
     fast = run()
     monkeypatch.setattr(_checks, "NUMPY_ON_CPU", False)
@@ -270,3 +284,31 @@ def test_sapo_function_equals_plain_autograd_and_reference(dtype, taus):
         _, g_d = _grad(lambda x, d=dirty: alg.response_mean(alg.sapo_loss(x, *d[1:], mask, **taus), mask), dirty[0])
         assert torch.equal(g_d, g)
         assert_zero_outside(g_d, mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gspo_function_equals_plain_autograd_and_reference(dtype):
+    rng, lp, old, adv, mask = _batch(11, 8, 30, dtype, masked_rows=(1,))
+    lp = lp + torch.tensor(rng.normal(0, 0.4, size=(8, 1)), dtype=dtype)  # rows on both sides of the clip
+    kw = dict(eps_clip=0.1, eps_clip_high=0.15)
+    pg, clipped = alg.gspo_loss(lp, old, adv, mask, **kw)
+    ppg, pclipped = plain_gspo(lp, old, adv, mask, **kw)
+    torch.testing.assert_close(pg, ppg, **TOL[dtype])
+    assert torch.equal(clipped, pclipped) and clipped.any() and (mask & ~clipped).any()
+    assert_ref(pg, ref.gspo_loss(lp, old, adv, mask, **kw)[0], dtype)
+    loss, g = _grad(lambda x: alg.response_mean(alg.gspo_loss(x, old, adv, mask, **kw)[0], mask), lp)
+    _, pgrad = _grad(lambda x: plain_response_mean(plain_gspo(x, old, adv, mask, **kw)[0], mask), lp)
+    torch.testing.assert_close(g, pgrad, **TOL[dtype])
+    for sentinel in SENTINELS:
+        dirty = [poison(x, mask, sentinel) for x in (lp, old, adv)]
+        assert torch.equal(alg.gspo_loss(*dirty, mask, **kw)[0], pg)
+        _, g_d = _grad(lambda x, d=dirty: alg.response_mean(alg.gspo_loss(x, *d[1:], mask, **kw)[0], mask),
+                       dirty[0])
+        assert torch.equal(g_d, g)
+    # A second backward through the retained graph rebuilds the coefficient.
+    leaf = lp.clone().requires_grad_(True)
+    loss = alg.response_mean(alg.gspo_loss(leaf, old, adv, mask, **kw)[0], mask)
+    (g1,) = torch.autograd.grad(loss, leaf, retain_graph=True)
+    keep = g1.clone()
+    (g2,) = torch.autograd.grad(loss, leaf)
+    assert torch.equal(g1, keep) and torch.equal(g2, g1)
