@@ -75,21 +75,11 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     return torch.float32
 
 
-def masked_select(x: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """``x`` in ``dtype`` where ``mask``, exactly 0 elsewhere, differentiable.
-
-    A boolean select, never a multiplication: NaN or Inf stored at masked positions cannot
-    leak into valid results or into gradients (SPEC 1). Used where autograd flows (losses)."""
-    return torch.where(mask, x.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
-
-
 # Bitwise selection for the no-grad advantage path. ``torch.where`` with a bool condition
 # runs ~4x slower than a plain elementwise pass on the CPU; AND-ing the IEEE bit pattern
 # with an all-ones/all-zeros word is the same boolean select (exact; NaN and Inf become
 # +0.0, nothing is multiplied) at memory speed.
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
-
-
 _NP_INT_OF = {torch.int32: np.int32, torch.int64: np.int64}
 
 # Several helpers take a NumPy path for CPU tensors, where NumPy's vectorised byte and
