@@ -31,6 +31,7 @@ from collections import defaultdict
 import torch
 
 from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics import MetricTracker, build_logger
 from relax.rollout.data import PromptSource, format_prompt, load_prompt_data
 from relax.rollout.generate import generate, tokenize_prompts
@@ -102,6 +103,7 @@ class Trainer:
         # everything that can fail on bad input comes before any model is loaded
         resume = self._check_paths()
         self._build_data_and_rewards()
+        self.eval_sets = load_eval_sets(cfg)  # a bad evaluation file fails here too
         self._build_models(resume)
         self.tracker = MetricTracker(ctx.group, ctx.device)
         self.logger = build_logger(
@@ -271,7 +273,13 @@ class Trainer:
             for name, value in values.items():
                 self.tracker.add_global(name, value)
 
-    def log(self, step: int, rollout, times: dict[str, float]) -> dict[str, float]:
+    def evaluate(self, step: int) -> dict[str, float]:
+        """``eval/<set>/...`` metrics when ``--eval-interval`` divides ``step``, else ``{}``."""
+        return maybe_evaluate(self.cfg, step, self.model, self.tokenizer, self.ctx.device,
+                              group=self.ctx.group, eval_sets=self.eval_sets)
+
+    def log(self, step: int, rollout, times: dict[str, float],
+            extra: dict[str, float] | None = None) -> dict[str, float]:
         mask = rollout.response_mask
         B = mask.shape[0]
         self.tracker.add_ratio("rollout/response_length", mask.sum(), B)
@@ -284,6 +292,7 @@ class Trainer:
         metrics = self.tracker.reduce()
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
             metrics["perf/rollout_time"], 1e-9)
+        metrics.update(extra or {})
         self.logger.log(step, metrics)
         return metrics
 
@@ -313,7 +322,9 @@ class Trainer:
                         exp = self.advantages(exp, rewards, group_index)
                     with t("update"):
                         self.update(exp)
-            history.append(self.log(step + 1, rollout, t.pop()))
+            with t("eval"):
+                evaluation = self.evaluate(step + 1)
+            history.append(self.log(step + 1, rollout, t.pop(), evaluation))
             if self.cfg.save and self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0:
                 self.save(step + 1, final=False)
         if self.cfg.save:

@@ -1,21 +1,15 @@
 """relax train --eval-interval logs eval/<name>/... rows: the trainer calls maybe_evaluate.
 
-The hook lives in relax.eval; the trainer (relax/trainer/loop.py) owns the call. Until the
-call is wired this test is an expected failure; strict, so it turns red the moment the
-wiring lands and the marker must go.
+The hook lives in relax.eval; the trainer (relax/trainer/loop.py) owns the call.
 """
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
 from relax.config import parse_train_config
 
 
-@pytest.mark.xfail(strict=True, reason="the trainer does not call relax.eval.maybe_evaluate "
-                   "yet (wiring belongs to relax/trainer/loop.py)")
 def test_eval_metrics_reach_metrics_jsonl(tmp_path):
     from relax.trainer.loop import run
 
