@@ -98,15 +98,17 @@ def keep_bits(mask: Tensor, dtype: torch.dtype, *, out: Tensor | None = None, in
     (where ``~mask`` with ``invert``).
 
     ``out``: a [B, T] tensor of ``dtype`` (or of the matching integer type) to write into,
-    reusing its memory; a new tensor otherwise. On the CPU one NumPy pass widens the bytes
-    with the sign (``-int8(mask)``, or ``int8(mask) - 1``); torch's bool-to-int copy plus a
-    negation measured 3-8x slower there."""
+    reusing its memory; a new tensor otherwise. Into ``out`` on the CPU, one NumPy pass
+    widens the bytes with the sign (``-int8(mask)``, or ``int8(mask) - 1``); torch's
+    bool-to-int copy plus a negation measured 3-8x slower there. A new tensor is written by
+    torch instead: its first touch costs page faults, which torch's threads share and
+    NumPy's single thread would take alone (measured ~1.3x slower that way)."""
     int_dtype = _INT_OF[dtype]
     if out is None:
         bits = torch.empty(mask.shape, dtype=int_dtype, device=mask.device)
     else:
         bits = out.view(int_dtype)
-    if numpy_path(mask):
+    if out is not None and numpy_path(mask):
         flags = mask.detach().numpy().view(np.int8)
         target = bits.numpy()
         if invert:

@@ -172,7 +172,7 @@ def broadcast_masked(per_response: Tensor, mask: Tensor, dtype: torch.dtype) -> 
     """[B] values broadcast over the valid tokens of a bool [B, T] mask, +0.0 elsewhere.
 
     Two passes into one new buffer: the mask's select bits, then AND with each row's bits."""
-    out = keep_bits(mask, dtype, out=torch.empty(mask.shape, dtype=dtype, device=mask.device))
+    out = keep_bits(mask, dtype)
     row_bits = per_response.to(dtype).contiguous().view(out.dtype)
     torch.bitwise_and(out, row_bits[:, None].expand_as(out), out=out)
     return out.view(dtype)
