@@ -1,10 +1,11 @@
 """Evaluation inside ``relax train`` (``--eval-interval``) and the ``relax eval`` command.
 
-The trainer calls, once per rollout step and on every rank (evaluation is a collective under
-data parallelism), after the update and before the step's metrics are written::
+The trainer (``Trainer.evaluate`` in ``relax/trainer/loop.py``) calls, once per rollout step
+and on every rank (evaluation is a collective under data parallelism), after the update and
+before the step's metrics are written::
 
-    metrics.update(maybe_evaluate(cfg, step, self.model, self.tokenizer, self.ctx.device,
-                                  group=self.ctx.group, eval_sets=self.eval_sets))
+    maybe_evaluate(cfg, step, self.model, self.tokenizer, self.ctx.device,
+                   group=self.ctx.group, eval_sets=self.eval_sets)
 
 where ``step`` is the 1-based number of finished rollout steps and ``self.eval_sets =
 load_eval_sets(cfg)`` was built in ``Trainer.__init__`` (so a bad evaluation file fails
@@ -120,7 +121,13 @@ def run_eval_command(cfg) -> int:
 
         device = pick_device(cfg.device, 0)
         cfg.hf_checkpoint = cfg.checkpoint  # what the model loaders read
+        setup.quiet_transformers()
         tokenizer = setup.load_tokenizer(cfg)
+        if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+            from relax.trainer.errors import InputError
+
+            raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
+                             "chat template; remove the flag or evaluate a chat model")
         model = setup.load_policy(cfg, tokenizer, device).eval()
         if device.type == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)

@@ -64,6 +64,7 @@ def test_data_file_names_the_metrics(tiny_checkpoint, tmp_path):
     (["CKPT", "--eval-top-p", "0"], "--eval-top-p"),
     (["CKPT", "--n-samples-per-eval-prompt", "0"], "--n-samples-per-eval-prompt"),
     (["CKPT", "--eval-interval", "2"], "unknown flag"),
+    (["CKPT", "--apply-chat-template"], "no chat template"),
     ([], "CHECKPOINT"),
 ])
 def test_rejections_are_one_line(tmp_path, tiny_checkpoint, args, needle):
