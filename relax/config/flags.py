@@ -241,6 +241,16 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
         help="Default: only at the end. Rollout steps between checkpoints; needs --save.")
     add("--load", type=text, default=None,
         help="Default none. Checkpoint directory to resume from.")
+    add("--keep-last", type=integer, default=None,
+        help="Default: keep all. Keep only the newest K interval checkpoints; needs --save.")
+    add("--reward-timeout", type=finite_float, default=30.0,
+        help="Default 30. Seconds per sample a reward function may take (docs/reliability.md).")
+    add("--reward-error-policy", choices=("raise", "zero"), default="raise",
+        help="Default raise. A reward that raises, times out or is NaN/Inf: stop with an error "
+             "naming the sample, or score it 0 and count it in rollout/reward_errors.")
+    add("--distributed-timeout-minutes", type=finite_float, default=10.0,
+        help="Default 10. Collective timeout: a rank that waits longer for its peers exits "
+             "with an error.")
     switch("--use-tensorboard", "Default off. Also write TensorBoard event files.")
     switch("--use-wandb", "Default off. Also log to Weights & Biases (needs wandb).")
     switch("--dry-run", "Default off. Validate, print the resolved configuration as JSON, "

@@ -117,6 +117,9 @@ _RANGES = {
     "clip_grad": (lambda v: v > 0.0, "must be > 0 (gradient-norm clip); the default is 1.0"),
     "seed": (lambda v: 0 <= v < 2**32, "must lie in [0, 2**32)"),
     "save_interval": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
+    "keep_last": (lambda v: v is None or v >= 1, "must be >= 1 checkpoints"),
+    "reward_timeout": (lambda v: v > 0.0, "must be > 0 seconds; the default is 30"),
+    "distributed_timeout_minutes": (lambda v: v > 0.0, "must be > 0 minutes; the default is 10"),
 }
 
 
@@ -322,6 +325,8 @@ def _check_run(ns: Namespace, explicit: set[str]) -> None:
                     "passes over --prompt-data")
     if ns.save_interval is not None and ns.save is None:
         _reject(ns, "save_interval", "nothing is saved without --save DIR; add --save")
+    if ns.keep_last is not None and ns.save is None:
+        _reject(ns, "keep_last", "nothing is saved without --save DIR; add --save")
     for dest in ("save", "output_dir"):
         value = getattr(ns, dest)
         if value is not None and os.path.exists(value) and not os.path.isdir(value):
