@@ -24,23 +24,72 @@ class PromptSample:
     source: str  # "file:line" (or "task:step") for error messages
 
 
+def _keys(row: dict) -> str:
+    keys = sorted(map(str, row))
+    return repr(keys[:10])[:-1] + (", ...]" if len(keys) > 10 else "]")
+
+
+def _check_prompt(prompt, where: str, input_key: str):
+    """A non-blank string, or a non-empty list of chat messages with string contents."""
+    what = f"{where}: key {input_key!r}"
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InputError(f"{what} is an empty prompt")
+        return
+    if not isinstance(prompt, list):
+        raise InputError(f"{what} must be a non-empty string or message list, got "
+                         f"{type(prompt).__name__}")
+    if not prompt:
+        raise InputError(f"{what} is an empty message list")
+    for j, msg in enumerate(prompt):
+        if not (isinstance(msg, dict) and isinstance(msg.get("content"), str)
+                and isinstance(msg.get("role", ""), str)):
+            raise InputError(f"{what}: message {j} must be an object with string 'role' and "
+                             "'content'")
+    if not any(m["content"].strip() for m in prompt):
+        raise InputError(f"{what} is an empty prompt (every message content is blank)")
+
+
 def _check_row(row, where: str, input_key: str, label_key: str, need_label: bool):
     if not isinstance(row, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if input_key not in row:
-        raise InputError(f"{where}: missing key {input_key!r} (--input-key); keys: {sorted(row)}")
-    prompt = row[input_key]
-    if not (isinstance(prompt, str) or isinstance(prompt, list)) or not prompt:
-        raise InputError(f"{where}: key {input_key!r} must be a non-empty string or message list")
+        raise InputError(f"{where}: missing key {input_key!r} (--input-key); keys: {_keys(row)}")
+    _check_prompt(row[input_key], where, input_key)
     if need_label and label_key not in row:
-        raise InputError(f"{where}: missing key {label_key!r} (--label-key); keys: {sorted(row)}")
-    return PromptSample(prompt, row.get(label_key), where)
+        raise InputError(f"{where}: missing key {label_key!r} (--label-key); keys: {_keys(row)}")
+    if need_label and row[label_key] is None:
+        raise InputError(f"{where}: key {label_key!r} (--label-key) is null")
+    return PromptSample(row[input_key], row.get(label_key), where)
+
+
+def _jsonl_rows(path: str):
+    """(line number, parsed row) of every non-blank line; errors name ``path:line``."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            except RecursionError:
+                raise InputError(f"{path}:{lineno}: JSON nested too deeply") from None
 
 
 def load_prompt_data(
     path: str, input_key: str, label_key: str, *, need_label: bool = True
 ) -> list[PromptSample]:
-    """Read every row of a ``.jsonl`` (one JSON object a line) or ``.parquet`` file."""
+    """Read every row of a ``.jsonl`` (one JSON object a line) or ``.parquet`` file.
+
+    Every failure is an :class:`InputError` naming ``file:line`` (``file:row N`` for parquet)
+    and, where it applies, the key: invalid UTF-8 or JSON, a row that is not an object, a
+    missing key, a prompt that is not a string or message list, an empty prompt, a null label.
+    """
     if not os.path.isfile(path):
         raise InputError(f"--prompt-data {path}: no such file")
     samples = []
@@ -50,22 +99,39 @@ def load_prompt_data(
         try:
             rows = pq.read_table(path).to_pylist()
         except Exception as e:
-            raise InputError(f"--prompt-data {path}: not a readable parquet file: {e}") from e
+            raise InputError(f"--prompt-data {path}: not a readable parquet file: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         for i, row in enumerate(rows):
             samples.append(_check_row(row, f"{path}:row {i + 1}", input_key, label_key, need_label))
     else:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-                samples.append(_check_row(row, f"{path}:{lineno}", input_key, label_key, need_label))
+        for lineno, row in _jsonl_rows(path):
+            samples.append(_check_row(row, f"{path}:{lineno}", input_key, label_key, need_label))
     if not samples:
         raise InputError(f"--prompt-data {path}: the dataset is empty")
     return samples
+
+
+def check_prompt_lengths(samples, texts: list[str], count_tokens, *, max_response: int,
+                         context: int | None) -> None:
+    """Every prompt must tokenize to something and fit the model context with a full response.
+
+    ``texts`` are the formatted prompts of ``samples`` (same order); ``count_tokens(text)``
+    gives a prompt's token count. Prompts are never truncated silently: a prompt that does not
+    fit is an error naming its ``file:line`` and how many prompts do not fit.
+    """
+    too_long = []
+    for sample, text in zip(samples, texts, strict=True):
+        n = count_tokens(text)
+        if n == 0:
+            raise InputError(f"{sample.source}: the prompt tokenizes to nothing")
+        if context is not None and n + max_response > context:
+            too_long.append((sample, n))
+    if too_long:
+        sample, n = too_long[0]
+        raise InputError(
+            f"{sample.source}: prompt of {n} tokens + --rollout-max-response-len {max_response} "
+            f"exceeds the model context of {context} tokens ({len(too_long)} of {len(samples)} "
+            "prompts do not fit); shorten or drop them, or lower --rollout-max-response-len")
 
 
 class PromptSource:
@@ -83,6 +149,13 @@ class PromptSource:
     @property
     def steps_per_epoch(self) -> int | None:
         return None if self.samples is None else len(self.samples) // self.batch_size
+
+    def position(self, step: int) -> dict[str, int]:
+        """Data position before rollout ``step``: epoch and prompts consumed in it."""
+        if self.samples is None:
+            return {"epoch": 0, "index": step * self.batch_size}
+        epoch, k = divmod(step, self.steps_per_epoch)
+        return {"epoch": epoch, "index": k * self.batch_size}
 
     def batch(self, step: int) -> list[PromptSample]:
         """The ``batch_size`` prompts of rollout ``step`` (0-based)."""

@@ -49,7 +49,7 @@ def test_parquet_missing_key_names_row(tmp_path):
          r"data.jsonl:2: missing key 'input' \(--input-key\)"),
         (['{"input": "a"}'], r"data.jsonl:1: missing key 'label' \(--label-key\)"),
         (['[1, 2]'], r"data.jsonl:1: expected a JSON object"),
-        (['{"input": "", "label": 1}'], r"data.jsonl:1: key 'input' must be a non-empty"),
+        (['{"input": "", "label": 1}'], r"data.jsonl:1: key 'input' is an empty prompt"),
     ],
 )
 def test_bad_rows(tmp_path, lines, needle):
