@@ -75,12 +75,18 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     return torch.float32
 
 
-# Bitwise selection for the no-grad advantage path. ``torch.where`` with a bool condition
-# runs ~4x slower than a plain elementwise pass on the CPU; AND-ing the IEEE bit pattern
-# with an all-ones/all-zeros word is the same boolean select (exact; NaN and Inf become
-# +0.0, nothing is multiplied) at memory speed.
+# Bitwise selection. ``torch.where`` with a bool condition runs ~4x slower than a plain
+# elementwise pass on the CPU; AND-ing the IEEE bit pattern with an all-ones/all-zeros word
+# is the same boolean select (exact; NaN and Inf become +0.0, nothing is multiplied) at
+# memory speed. The selects take "keep" words from keep_bits:
+#
+# * on the CPU (NumPy path): int8, -1 (all ones) or 0, one byte per token. NumPy ANDs them
+#   into float32/float64 bit patterns with a sign-extending cast on the fly, as fast as an
+#   AND of equal widths, and the mask costs 8 MB instead of 32 at 1024 x 8192 (torch's
+#   mixed-width AND measured ~3x slower than NumPy's, so torch never sees them);
+# * elsewhere (torch path, what accelerators run): the float's width (int32 / int64).
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
-_NP_INT_OF = {torch.int32: np.int32, torch.int64: np.int64}
+_NP_INT_OF = {torch.float32: np.int32, torch.float64: np.int64}
 
 # Several helpers take a NumPy path for CPU tensors, where NumPy's vectorised byte and
 # integer loops beat torch's (measured in each docstring). The torch path is what
@@ -93,29 +99,14 @@ def numpy_path(t: Tensor) -> bool:
     return NUMPY_ON_CPU and t.device.type == "cpu"
 
 
-def keep_bits(mask: Tensor, dtype: torch.dtype, *, out: Tensor | None = None, invert: bool = False) -> Tensor:
-    """Integer tensor of ``dtype``'s width: all ones where ``mask`` (bool [B, T]), 0 elsewhere
-    (where ``~mask`` with ``invert``).
-
-    ``out``: a [B, T] tensor of ``dtype`` (or of the matching integer type) to write into,
-    reusing its memory; a new tensor otherwise. Into ``out`` on the CPU, one NumPy pass
-    widens the bytes with the sign (``-int8(mask)``, or ``int8(mask) - 1``); torch's
-    bool-to-int copy plus a negation measured 3-8x slower there. A new tensor is written by
-    torch instead: its first touch costs page faults, which torch's threads share and
-    NumPy's single thread would take alone (measured ~1.3x slower that way)."""
-    int_dtype = _INT_OF[dtype]
-    if out is None:
-        bits = torch.empty(mask.shape, dtype=int_dtype, device=mask.device)
-    else:
-        bits = out.view(int_dtype)
-    if out is not None and numpy_path(mask):
+def keep_bits(mask: Tensor, dtype: torch.dtype, *, invert: bool = False) -> Tensor:
+    """Keep words for selecting ``dtype`` values: all ones where ``mask`` (bool [B, T]),
+    0 elsewhere (where ``~mask`` with ``invert``). int8 on the NumPy path (one pass over
+    the mask bytes: ``-int8(mask)`` or ``int8(mask) - 1``), else ``dtype``'s integer width."""
+    if numpy_path(mask):
         flags = mask.detach().numpy().view(np.int8)
-        target = bits.numpy()
-        if invert:
-            np.subtract(flags, 1, dtype=_NP_INT_OF[int_dtype], out=target)
-        else:
-            np.negative(flags, dtype=_NP_INT_OF[int_dtype], out=target)
-        return bits
+        return torch.from_numpy(np.subtract(flags, 1) if invert else np.negative(flags))
+    bits = torch.empty(mask.shape, dtype=_INT_OF[dtype], device=mask.device)
     bits.copy_(mask)
     return bits.sub_(1) if invert else bits.neg_()
 
@@ -128,20 +119,37 @@ def float_bits(value: float, dtype: torch.dtype) -> int:
     return struct.unpack(ifmt, struct.pack(fmt, value))[0]
 
 
+def select_into(x: Tensor, keep: Tensor, out: Tensor) -> Tensor:
+    """``out = x where keep else +0.0`` for float tensors ``x``/``out`` of one dtype
+    (``out`` may be ``x``; ``x`` may also be a [B, 1] column broadcast over the rows).
+    Returns ``out``. No autograd."""
+    if keep.dtype == torch.int8:  # NumPy path, see above
+        np_int = _NP_INT_OF[out.dtype]
+        np.bitwise_and(x.detach().numpy().view(np_int), keep.numpy(), out=out.detach().numpy().view(np_int),
+                       dtype=np_int, casting="unsafe")
+        return out
+    int_dtype = _INT_OF[out.dtype]
+    torch.bitwise_and(x.detach().view(int_dtype).expand_as(keep), keep, out=out.view(int_dtype))
+    return out
+
+
 def select_(x: Tensor, keep: Tensor) -> Tensor:
     """In place: keep ``x`` where ``keep`` is all ones, set +0.0 elsewhere. Returns ``x``."""
-    x.view(keep.dtype).bitwise_and_(keep)
-    return x
+    return select_into(x, keep, x)
 
 
 def select_copy(x: Tensor, keep: Tensor, dtype: torch.dtype) -> Tensor:
-    """A new ``dtype`` tensor equal to ``x`` where ``keep``, +0.0 elsewhere (no autograd)."""
-    x = x.detach()
-    if x.dtype == dtype:
-        out = torch.empty(x.shape, dtype=dtype, device=x.device)
-        torch.bitwise_and(x.view(keep.dtype), keep, out=out.view(keep.dtype))
-        return out
-    return select_(x.to(dtype), keep)
+    """A new contiguous ``dtype`` tensor equal to ``x`` where ``keep``, +0.0 elsewhere.
+
+    The copy is made by torch (a fresh buffer's page faults spread over its threads), the
+    select runs in place."""
+    return select_(x.detach().to(dtype, copy=True, memory_format=torch.contiguous_format), keep)
+
+
+def select_rows(rows: Tensor, keep: Tensor) -> Tensor:
+    """A new [B, T] tensor: ``rows[i]`` ([B], float) where ``keep``, +0.0 elsewhere."""
+    out = rows[:, None].expand(keep.shape).contiguous()  # torch writes (and faults) the buffer
+    return select_(out, keep)
 
 
 def row_counts(mask: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ from relax.algorithms._checks import (
     keep_bits,
     numpy_path,
     select_,
+    select_rows,
 )
 from relax.algorithms.scan import discounted_reverse_cumsum, new_scan_buffer
 
@@ -67,7 +68,7 @@ def reinforce_plus_plus_returns(
         check_like_mask(ref_log_probs, m, "ref_log_probs")
     dtype = compute_dtype(rewards, old_log_probs, ref_log_probs)
     G, _ = rpp_returns_masked(
-        rewards, old_log_probs, ref_log_probs, m, keep_bits(m, dtype), kl_coef=kl_coef, gamma=gamma
+        rewards, old_log_probs, ref_log_probs, m, keep_bits(m, dtype), kl_coef=kl_coef, gamma=gamma, dtype=dtype
     )
     return G
 
@@ -81,6 +82,7 @@ def rpp_returns_masked(
     *,
     kl_coef: float,
     gamma: float,
+    dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`reinforce_plus_plus_returns` on checked inputs, with the mask's select bits
     (``keep_bits(m, dtype)``) passed in so the dispatcher computes them once.
@@ -92,7 +94,6 @@ def rpp_returns_masked(
         raise ValueError(f"gamma={gamma!r} must lie in (0, 1]")
     if kl_coef < 0:
         raise ValueError(f"kl_coef={kl_coef!r} must be >= 0")
-    dtype = torch.float64 if keep.dtype == torch.int64 else torch.float32
     B, T = m.shape
 
     # r is written straight into the (zero-tailed) scan buffer: no extra padding copy.
@@ -169,13 +170,8 @@ def group_relative_rows(rewards: Tensor, group_index: Tensor, std_normalization:
 
 
 def broadcast_masked(per_response: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """[B] values broadcast over the valid tokens of a bool [B, T] mask, +0.0 elsewhere.
-
-    Two passes into one new buffer: the mask's select bits, then AND with each row's bits."""
-    out = keep_bits(mask, dtype)
-    row_bits = per_response.to(dtype).contiguous().view(out.dtype)
-    torch.bitwise_and(out, row_bits[:, None].expand_as(out), out=out)
-    return out.view(dtype)
+    """[B] values broadcast over the valid tokens of a bool [B, T] mask, +0.0 elsewhere."""
+    return select_rows(per_response.to(dtype), keep_bits(mask, dtype))
 
 
 def _group_mean_std(

@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from relax.algorithms._checks import (
+    _INT_OF,
     as_bool_mask,
     check_like_mask,
     compute_dtype,
@@ -39,6 +40,8 @@ from relax.algorithms._checks import (
     keep_bits,
     row_counts,
     select_,
+    select_copy,
+    select_into,
 )
 
 
@@ -94,11 +97,9 @@ class _PPOClip(torch.autograd.Function):
             torch.where(dual, scratch, pg, out=pg)
             clipped.logical_or_(dual)
         clipped.logical_and_(mask)
-        # scratch becomes the select bits, then the gradient coefficient (no new buffer).
-        bits = keep_bits(mask, pg.dtype, out=scratch)
-        select_(pg, bits)
-        keep_bits(clipped, pg.dtype, out=bits, invert=True)
-        coef = torch.bitwise_and(pg.view(bits.dtype), bits, out=bits).view(pg.dtype)
+        select_(pg, keep_bits(mask, pg.dtype))
+        # scratch becomes the gradient coefficient (no new buffer).
+        coef = select_into(pg, keep_bits(clipped, pg.dtype, invert=True), out=scratch)
         ctx.save_for_backward(pg, clipped)
         ctx.coef = coef  # handed to the first backward, see there
         ctx.mark_non_differentiable(clipped)
@@ -173,17 +174,16 @@ class _GSPO(torch.autograd.Function):
     def forward(ctx, lp, old, adv, mask, length, low, high):
         # length: [B] valid tokens per row, clamped to >= 1, in the compute dtype.
         dtype = lp.dtype
-        bits = keep_bits(mask, dtype)
-        diff = select_(torch.sub(lp, old), bits)  # masked log-ratios, +0.0 elsewhere
+        keep = keep_bits(mask, dtype)
+        diff = select_(torch.sub(lp, old), keep)  # masked log-ratios, +0.0 elsewhere
         seq_ratio = torch.exp(diff.sum(dim=1) / length)  # s_i [B]; 1 for an empty row
         unclipped = torch.mul(adv, (-seq_ratio)[:, None], out=diff)  # -A*s
         pg = torch.mul(adv, (-seq_ratio.clamp(low, high))[:, None])  # -A*clip(s)
         clipped = torch.gt(pg, unclipped)
         torch.maximum(pg, unclipped, out=pg)
         clipped.logical_and_(mask)
-        select_(pg, bits)
-        keep_bits(clipped, dtype, out=bits, invert=True)
-        coef = torch.bitwise_and(pg.view(bits.dtype), bits, out=diff.view(bits.dtype)).view(dtype)
+        select_(pg, keep)
+        coef = select_into(pg, keep_bits(clipped, dtype, invert=True), out=diff)
         ctx.save_for_backward(pg, clipped, mask, length)
         ctx.coef = coef  # handed to the first backward, as in _PPOClip
         ctx.mark_non_differentiable(clipped)
@@ -200,9 +200,7 @@ class _GSPO(torch.autograd.Function):
         if coef is None:  # a second backward (retain_graph=True): rebuild, see _PPOClip
             coef = pg.masked_fill(clipped, 0.0)
         row = coef.mul_(grad_pg).sum(dim=1) / length  # [B]
-        bits = keep_bits(mask, pg.dtype, out=coef)
-        row_bits = row.contiguous().view(bits.dtype)[:, None].expand_as(bits)
-        grad = torch.bitwise_and(row_bits, bits, out=bits).view(pg.dtype)
+        grad = select_into(row[:, None], keep_bits(mask, pg.dtype), out=coef)
         return grad, None, None, None, None, None, None
 
 
@@ -249,18 +247,18 @@ class _SAPO(torch.autograd.Function):
         # tau by the sign of A, selected on the bit patterns (exact, no bool where):
         # tau = tau_neg ^ (bits(A > 0) & (tau_pos ^ tau_neg)).
         pos_bits, neg_bits = float_bits(tau_pos, dtype), float_bits(tau_neg, dtype)
-        tau = keep_bits(torch.gt(adv, 0), dtype)
-        tau.bitwise_and_(pos_bits ^ neg_bits).bitwise_xor_(neg_bits)
-        tau = tau.view(dtype)
+        tau_bits = torch.full(lp.shape, pos_bits ^ neg_bits, dtype=_INT_OF[dtype], device=lp.device)
+        select_(tau_bits.view(dtype), keep_bits(torch.gt(adv, 0), dtype))
+        tau = tau_bits.bitwise_xor_(neg_bits).view(dtype)
         gate = torch.sub(rho, 1).mul_(tau).sigmoid_()  # s
         pg = torch.div(gate, tau, out=tau)
         torch.addcmul(zero, pg, adv, value=-4, out=pg)  # -4 s A / tau
         rho.mul_(gate)
         torch.addcmul(rho, rho, gate, value=-1, out=rho)  # rho s - rho s^2 = rho s (1 - s)
         coef = torch.addcmul(zero, rho, adv, value=-4, out=rho)
-        bits = keep_bits(mask, dtype, out=gate)
-        select_(pg, bits)
-        select_(coef, bits)
+        keep = keep_bits(mask, dtype)
+        select_(pg, keep)
+        select_(coef, keep)
         ctx.save_for_backward(coef)
         return pg
 
@@ -299,15 +297,14 @@ class _MaskedRowSum(torch.autograd.Function):
     (all 1). The shared kernel of :func:`response_mean` and :func:`token_mean`.
 
     Why a Function: ``torch.where`` with a bool condition costs ~1.5 copies per call on
-    the CPU, a bitwise AND with the mask's select bits ~0.2. The forward's bits buffer is
-    handed to the backward, which rebuilds the bits in it and writes the gradient
-    ``grad / divisor_i`` (valid tokens; +0.0 elsewhere) there: one allocation in all.
+    the CPU, a bitwise AND with the mask's keep words ~0.2. The forward's selected copy is
+    handed to the backward, which writes the gradient ``grad / divisor_i`` (valid tokens;
+    +0.0 elsewhere) into it: one [B, T] allocation in all.
     """
 
     @staticmethod
     def forward(ctx, values, mask, divisor):
-        bits = keep_bits(mask, values.dtype)
-        picked = torch.bitwise_and(values.view(bits.dtype), bits, out=bits).view(values.dtype)
+        picked = select_copy(values, keep_bits(mask, values.dtype), values.dtype)
         rows = picked.sum(dim=1)
         if divisor is not None:
             rows = rows / divisor
@@ -322,10 +319,8 @@ class _MaskedRowSum(torch.autograd.Function):
         buffer, ctx.buffer = ctx.buffer, None  # the first backward takes the buffer
         if buffer is None:  # a second backward (retain_graph=True): the first one owns it
             buffer = torch.empty(mask.shape, dtype=grad.dtype, device=grad.device)
-        bits = keep_bits(mask, grad.dtype, out=buffer)
         scale = grad.expand(mask.shape[0]) if ctx.divisor is None else grad / ctx.divisor
-        row_grad = scale.contiguous().view(bits.dtype)[:, None].expand_as(bits)
-        return torch.bitwise_and(row_grad, bits, out=bits).view(grad.dtype), None, None
+        return select_into(scale.contiguous()[:, None], keep_bits(mask, grad.dtype), out=buffer), None, None
 
 
 def response_mean(values: Tensor, mask: Tensor, *, num_responses: int | Tensor | None = None) -> Tensor:

@@ -78,7 +78,8 @@ class Batch:
 # scratch buffer, when there is one, receives the advantages instead of a new allocation.
 def _rpp_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
     return rpp_returns_masked(
-        b.rewards, b.old_log_probs, b.ref_log_probs, b.mask, b.keep, kl_coef=s.kl_coef, gamma=s.gamma
+        b.rewards, b.old_log_probs, b.ref_log_probs, b.mask, b.keep, kl_coef=s.kl_coef, gamma=s.gamma,
+        dtype=b.dtype,
     )
 
 
