@@ -3,8 +3,10 @@
 Every reward function has the signature
 ``function(prompts: list[str], responses: list[str], labels: list) -> list[float]``.
 User functions are named ``module:function`` (importable module) or ``path/file.py:function``.
-:func:`score` checks what comes back: a function that raises, returns the wrong number of values
-or a NaN/Inf is an error naming the sample and the start of its prompt, never a silent zero.
+:func:`score_with_errors` runs it under a per-sample time limit (``--reward-timeout``) and checks
+what comes back: a function that raises, times out, returns the wrong number of values or a
+NaN/Inf is an error naming the sample and the start of its prompt, or -- only with
+``--reward-error-policy zero`` -- a 0.0 reported in a message and counted, never a silent zero.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib
 import importlib.util
 import math
 import os
+import threading
 from collections.abc import Callable
 
 from relax.trainer.errors import InputError, RewardError
@@ -66,7 +69,50 @@ def _describe(i: int, prompts: list[str], index_base: int) -> str:
     return f"sample {index_base + i} (prompt {head!r}{'...' if len(prompts[i]) > 60 else ''})"
 
 
-def score(
+class _Timeout(Exception):
+    pass
+
+
+def _call(fn: RewardFn, args: tuple, timeout: float | None):
+    """``fn(*args)``, waiting at most ``timeout`` seconds (None: no limit).
+
+    The call runs on a daemon thread; a call that runs over is abandoned, not stopped (Python
+    cannot stop a thread), so a reward that may block forever should bound its own I/O.
+    """
+    if timeout is None:
+        return fn(*args)
+    box: dict = {}
+    done = threading.Event()
+
+    def target():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, daemon=True, name="relax-reward").start()
+    if not done.wait(timeout):
+        raise _Timeout
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _as_floats(values, n: int, name: str, where: str) -> list[float]:
+    """``values`` as n floats, or a RewardError saying what is wrong (not yet the NaN check)."""
+    try:
+        values = [float(v) for v in values]
+    except (TypeError, ValueError) as e:
+        raise RewardError(f"reward function {name} must return a list of floats: {e}") from e
+    if len(values) != n:
+        raise RewardError(f"reward function {name} returned {len(values)} values for {n} "
+                          f"samples ({where})")
+    return values
+
+
+def score_with_errors(
     fn: RewardFn,
     prompts: list[str],
     responses: list[str],
@@ -74,36 +120,79 @@ def score(
     *,
     name: str = "reward",
     index_base: int = 0,
-) -> list[float]:
-    """Call ``fn`` on the batch and validate the result; ``index_base`` offsets sample numbers."""
+    timeout: float | None = None,
+    policy: str = "raise",
+) -> tuple[list[float], list[str]]:
+    """Rewards of a batch and the messages of the samples that failed.
+
+    ``timeout`` is seconds per sample: the batch call may take ``timeout * len(prompts)``.
+    When it raises, runs over, or returns the wrong count or non-numbers, each sample is
+    scored alone (``timeout`` each) to find the failing ones. A failing sample -- it raises,
+    times out, or is NaN/Inf -- is a :class:`RewardError` naming it (``policy="raise"``), or
+    (``policy="zero"``) scores 0.0 and gets one message in the returned list.
+    """
+    n = len(prompts)
+    batch_limit = None if timeout is None else timeout * max(n, 1)
+    where = f"samples {index_base}..{index_base + n - 1}"
+    batch_error = None
     try:
-        values = fn(prompts, responses, labels)
-    except Exception as batch_error:
-        # Find the sample that fails by itself, so the message can name it.
-        for i in range(len(prompts)):
-            try:
-                fn(prompts[i : i + 1], responses[i : i + 1], labels[i : i + 1])
-            except Exception as e:
-                raise RewardError(
-                    f"reward function {name} raised on {_describe(i, prompts, index_base)}: "
-                    f"{type(e).__name__}: {e}"
-                ) from e
-        raise RewardError(
-            f"reward function {name} raised on a batch of {len(prompts)} samples starting at "
-            f"sample {index_base}: {type(batch_error).__name__}: {batch_error}"
-        ) from batch_error
-    try:
-        values = [float(v) for v in values]
-    except (TypeError, ValueError) as e:
-        raise RewardError(f"reward function {name} must return a list of floats: {e}") from e
-    if len(values) != len(prompts):
-        raise RewardError(
-            f"reward function {name} returned {len(values)} values for {len(prompts)} samples "
-            f"(samples {index_base}..{index_base + len(prompts) - 1})"
-        )
-    for i, v in enumerate(values):
-        if not math.isfinite(v):
-            raise RewardError(
-                f"reward function {name} returned {v} for {_describe(i, prompts, index_base)}"
-            )
+        values = _call(fn, (prompts, responses, labels), batch_limit)
+        values = _as_floats(values, n, name, where)
+    except _Timeout:
+        batch_error = RewardError(
+            f"reward function {name} did not return within {batch_limit:g} s for a batch of "
+            f"{n} samples ({where}; --reward-timeout {timeout:g} s per sample)")
+    except RewardError as e:  # wrong count or not numbers: a bug of the whole batch
+        if policy == "raise":
+            raise
+        batch_error = e
+    except Exception as e:
+        batch_error = RewardError(
+            f"reward function {name} raised on a batch of {n} samples starting at sample "
+            f"{index_base}: {type(e).__name__}: {e}")
+        batch_error.__cause__ = e
+    if batch_error is None:
+        errors = []
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                msg = f"reward function {name} returned {v} for {_describe(i, prompts, index_base)}"
+                if policy == "raise":
+                    raise RewardError(msg)
+                errors.append(msg)
+                values[i] = 0.0
+        return values, errors
+    # Score the samples one by one, so a message can name the failing one.
+    values, errors = [], []
+    for i in range(n):
+        one = (prompts[i : i + 1], responses[i : i + 1], labels[i : i + 1])
+        msg = None
+        try:
+            (v,) = _as_floats(_call(fn, one, timeout), 1, name, f"sample {index_base + i}")
+            if not math.isfinite(v):
+                msg = f"reward function {name} returned {v} for {_describe(i, prompts, index_base)}"
+        except _Timeout:
+            msg = (f"reward function {name} timed out after {timeout:g} s (--reward-timeout) on "
+                   f"{_describe(i, prompts, index_base)}")
+        except RewardError as e:
+            msg = f"{e} on {_describe(i, prompts, index_base)}"
+        except Exception as e:
+            msg = (f"reward function {name} raised on {_describe(i, prompts, index_base)}: "
+                   f"{type(e).__name__}: {e}")
+        if msg is not None:
+            msg = " ".join(msg.split())  # one line, whatever the exception text holds
+            if policy == "raise":
+                raise RewardError(msg) from batch_error.__cause__
+            errors.append(msg)
+            v = 0.0
+        values.append(v)
+    if not errors and policy == "raise":
+        raise batch_error  # every sample passes alone: the batch as a whole is the problem
+    return values, errors
+
+
+def score(fn: RewardFn, prompts: list[str], responses: list[str], labels: list, *,
+          name: str = "reward", index_base: int = 0, timeout: float | None = None) -> list[float]:
+    """Validated rewards of a batch; any failure is a :class:`RewardError` naming the sample."""
+    values, _ = score_with_errors(fn, prompts, responses, labels, name=name,
+                                  index_base=index_base, timeout=timeout, policy="raise")
     return values

@@ -5,7 +5,14 @@ returns the process exit status. Heavy imports happen inside, so ``import relax.
 cheap.
 """
 
-from relax.trainer.errors import InputError, NonFiniteError, RelaxError, RewardError
+from relax.trainer.errors import (
+    InputError,
+    Interrupted,
+    NonFiniteError,
+    PeerFailure,
+    RelaxError,
+    RewardError,
+)
 
 
 def train(cfg) -> int:
@@ -14,4 +21,5 @@ def train(cfg) -> int:
     return _train(cfg)
 
 
-__all__ = ["InputError", "NonFiniteError", "RelaxError", "RewardError", "train"]
+__all__ = ["InputError", "Interrupted", "NonFiniteError", "PeerFailure", "RelaxError",
+           "RewardError", "train"]

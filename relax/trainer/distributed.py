@@ -11,6 +11,7 @@ micro-batch size and the world size.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -41,8 +42,12 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init_distributed(device_choice: str) -> DistContext:
-    """Join the torchrun process group when ``WORLD_SIZE`` > 1 (Gloo on CPU, NCCL on GPU)."""
+def init_distributed(device_choice: str, timeout_minutes: float | None = None) -> DistContext:
+    """Join the torchrun process group when ``WORLD_SIZE`` > 1 (Gloo on CPU, NCCL on GPU).
+
+    ``timeout_minutes`` (``--distributed-timeout-minutes``) bounds every collective: a rank
+    whose peer died or hangs raises instead of waiting forever (docs/reliability.md).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_choice, local_rank)
@@ -53,13 +58,31 @@ def init_distributed(device_choice: str) -> DistContext:
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
+        if timeout_minutes is not None:
+            kwargs["timeout"] = datetime.timedelta(minutes=timeout_minutes)
         dist.init_process_group(backend=backend, **kwargs)
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.group.WORLD)
 
 
-def shutdown_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown_distributed(*, peer_failed: bool = False) -> None:
+    """Leave the process group; after a peer failure only abort locally (no handshake with
+    ranks that may be dead, which could block)."""
+    if not dist.is_initialized():
+        return
+    if peer_failed:
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._abort_process_group()  # private, absent in some versions
+        return
+    dist.destroy_process_group()
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """A collective that failed because another rank died, hung or lost its connection."""
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(
+        k in text for k in ("gloo", "nccl", "connection", "timed out", "timeout", "peer"))
 
 
 def _allreduce_sum_hook(process_group, bucket):

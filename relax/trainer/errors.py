@@ -6,8 +6,9 @@
 - 2 for bad input found before training starts (missing model directory or data file, a
   malformed data row, an empty dataset, an unusable ``--save`` directory) -- the same status as a
   rejected configuration;
-- 1 for a failure during training (a reward function that raises or returns bad values, a
-  non-finite loss or gradient norm).
+- 1 for a failure during training (a reward function that raises, times out or returns bad
+  values, a non-finite loss or gradient norm, a data-parallel peer that died or hangs);
+- 128 + the signal number (143 SIGTERM, 130 SIGINT) when a signal stopped the run.
 """
 
 from __future__ import annotations
@@ -31,3 +32,15 @@ class RewardError(RelaxError):
 
 class NonFiniteError(RelaxError):
     """A non-finite loss or gradient norm; raised before the optimizer step."""
+
+
+class PeerFailure(RelaxError):
+    """A collective failed: another rank died, hung past the timeout or lost its connection."""
+
+
+class Interrupted(RelaxError):
+    """SIGTERM / SIGINT stopped the run (after a checkpoint when ``--save`` is set)."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)

@@ -7,7 +7,7 @@
         exp       = old_and_ref_log_probs(...)    training model / frozen reference, no autograd
         exp       = advantages(exp, rewards)      compute_advantages_and_returns over the DP group
         history   = update(exp)                   --num-steps-per-rollout AdamW steps (SPEC 7)
-        log(metrics); save(step)
+        log(metrics); save(step); stop here if SIGTERM/SIGINT arrived
 
 Launch: ``relax train [flags]`` or ``torchrun --nproc_per_node N -m relax train [flags]``.
 
@@ -15,7 +15,9 @@ Metrics per rollout step (rank 0 writes ``OUTPUT_DIR/metrics.jsonl``): the SPEC 
 names, ``perf/step_time`` = ``perf/rollout_time`` (generate + reward) + ``perf/train_time``
 (log_prob + advantage + update) with each phase's own ``perf/<phase>_time`` (slowest rank),
 ``perf/generated_tokens_per_s`` (global tokens / rollout time) and ``perf/peak_memory_gb``.
-Exit status of :func:`train`: 0, 2 for bad input, 1 for a failure during training.
+Exit status of :func:`train`: 0, 2 for bad input, 1 for a failure during training, 128 + the
+signal number when SIGTERM/SIGINT stopped the run (after a checkpoint with ``--save``).
+Guarantees and the tests behind them: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import contextlib
 import hashlib
 import os
 import resource
+import signal
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -33,19 +37,26 @@ import torch
 from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
 from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics import MetricTracker, build_logger
-from relax.rollout.data import PromptSource, format_prompt, load_prompt_data
+from relax.rollout.data import (
+    PromptSource,
+    check_prompt_lengths,
+    format_prompt,
+    load_prompt_data,
+)
 from relax.rollout.generate import generate, tokenize_prompts
-from relax.rollout.rewards import build_reward_fn, load_function, score
+from relax.rollout.rewards import build_reward_fn, load_function, score_with_errors
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
+    all_reduce_max,
     init_distributed,
+    is_peer_failure,
     raise_together,
     reshard,
     shutdown_distributed,
     unwrap,
     wrap_model,
 )
-from relax.trainer.errors import InputError, RelaxError, RewardError
+from relax.trainer.errors import InputError, Interrupted, PeerFailure, RelaxError, RewardError
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
 from relax.trainer.update import LossSettings, train_on_rollout
 
@@ -92,11 +103,44 @@ def _peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
 
 
+class StopRequest:
+    """SIGTERM / SIGINT: the first one asks the loop to stop after the current rollout step
+    (and save with ``--save``); a second one stops at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            raise Interrupted(signum, f"stopped at once by a second {name}; the newest "
+                              "checkpoint (if any) is the last complete one")
+        self.signum = signum
+        # os.write: print() inside a handler can hit a reentrant buffered-stream error
+        os.write(2, f"relax train: received {name}: finishing the current rollout step, then "
+                 "stopping (send it again to stop at once)\n".encode())
+
+
 class Trainer:
     """Holds the models, data and sinks of one run; ``fit()`` is the loop of the docstring."""
 
-    def __init__(self, cfg, ctx, *, console: bool = True):
+    def __init__(self, cfg, ctx, *, console: bool = True, stop: StopRequest | None = None):
         self.cfg, self.ctx = cfg, ctx
+        self.stop = stop or StopRequest()
         self.timer = Timer(ctx.device)
         if ctx.device.type == "cpu":
             _set_cpu_threads(tiny_model=cfg.hf_checkpoint is None)
@@ -105,6 +149,8 @@ class Trainer:
         self._build_data_and_rewards()
         self.eval_sets = load_eval_sets(cfg)  # a bad evaluation file fails here too
         self._build_models(resume)
+        if ctx.is_main:
+            checkpoint.remove_stale_temps(cfg.save)
         self.tracker = MetricTracker(ctx.group, ctx.device)
         self.logger = build_logger(
             is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
@@ -136,6 +182,7 @@ class Trainer:
             from relax.rollout.tasks import get_task
 
             task = get_task(cfg.builtin_task)
+        self.samples = samples
         # a built-in task scores with its own reward unless told otherwise
         rm_type = cfg.rm_type or (None if samples is not None else cfg.builtin_task)
         self.reward_fn, self.reward_name = build_reward_fn(cfg.custom_rm_path, rm_type)
@@ -169,15 +216,46 @@ class Trainer:
         policy = setup.load_policy(cfg, self.tokenizer, ctx.device,
                                    weights_dir=resume[0] if resume else None)
         self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)
+        self._check_prompt_lengths(policy)
         # the reference is the initial weights (or --ref-load), also when resuming
         self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device)
                     if setup.needs_reference(cfg) else None)
         self.model = wrap_model(policy, ctx, fsdp=cfg.fsdp)
         self.optimizer = setup.build_optimizer(self.model, cfg)
-        self.start_step = 0
+        self.start_step, self.resumed_from = 0, None
         if resume:
-            checkpoint.load_trainer_state(resume[0], self.model, self.optimizer, fsdp=cfg.fsdp)
-            self.start_step = resume[1]
+            progress = checkpoint.load_trainer_state(resume[0], self.model, self.optimizer,
+                                                     fsdp=cfg.fsdp, ctx=ctx)
+            self.start_step, self.resumed_from = resume[1], resume[0]
+            self._check_progress(progress)
+
+    def _check_prompt_lengths(self, policy) -> None:
+        """Data-file prompts must fit the model context with a full response (else file:line)."""
+        if self.samples is None:
+            return
+        cfg = self.cfg
+        texts = [format_prompt(self.tokenizer, s.prompt, apply_chat_template=cfg.
+                               apply_chat_template, system_prompt=cfg.system_prompt)
+                 for s in self.samples]
+        lengths = {t: len(ids) for t, ids in zip(
+            texts, self.tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True)}
+        check_prompt_lengths(self.samples, texts, lengths.__getitem__,
+                             max_response=cfg.rollout_max_response_len,
+                             context=getattr(policy.config, "max_position_embeddings", None))
+
+    def _check_progress(self, progress: dict) -> None:
+        """Say where the resumed run stands; warn when the data position no longer matches."""
+        if not self.ctx.is_main:
+            return
+        step = self.start_step
+        saved, now = progress.get("data"), self.source.position(step)
+        print(f"relax train: resuming from {self.resumed_from} at rollout step {step} "
+              f"(data epoch {now['epoch']}, prompt {now['index']} of the epoch)",
+              file=sys.stderr)
+        if saved is not None and saved != now:
+            print(f"relax train: warning: the checkpoint was at data position {saved}, this "
+                  f"configuration puts step {step} at {now} (--rollout-batch-size or the data "
+                  "changed?); the run is no longer an exact continuation", file=sys.stderr)
 
     # ------------------------------------------------------------------ phases
     def sample_prompts(self, step: int):
@@ -217,13 +295,21 @@ class Trainer:
         """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
         responses = self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
         base = self.ctx.rank * len(prompts)
-        values, error = None, None
+        values, error, failures = None, None, []
         try:
-            values = score(self.reward_fn, prompts, responses, labels, name=self.reward_name,
-                           index_base=base)
+            values, failures = score_with_errors(
+                self.reward_fn, prompts, responses, labels, name=self.reward_name,
+                index_base=base, timeout=self.cfg.reward_timeout,
+                policy=self.cfg.reward_error_policy)
         except RewardError as e:
             error = e
         raise_together(error, self.ctx)
+        # --reward-error-policy zero: counted in rollout/reward_errors and printed, never silent
+        self.tracker.add_sum("rollout/reward_errors", len(failures))
+        prefix = f"[rank {self.ctx.rank}] " if self.ctx.world_size > 1 else ""
+        for message in failures:
+            print(f"relax train: warning: {prefix}{message}; scored 0 (--reward-error-policy "
+                  "zero)", file=sys.stderr)
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
         if self.post_process is not None:
             out = torch.as_tensor(self.post_process(rewards.clone(), group_index.clone()),
@@ -296,17 +382,54 @@ class Trainer:
         self.logger.log(step, metrics)
         return metrics
 
-    def save(self, step: int, *, final: bool) -> None:
-        checkpoint.save_checkpoint(
+    def save(self, step: int, *, final: bool) -> str:
+        progress = {
+            "rollout_step": step,
+            "data": self.source.position(step),
+            # metrics.jsonl holds the rows of steps 1..step when this checkpoint is taken;
+            # rows a crashed run wrote after it are superseded by the resumed run's rows
+            "metrics": {"last_step": step, "file": "metrics.jsonl"},
+            "world_size": self.ctx.world_size,
+            "seed": self.cfg.seed,
+        }
+        self.saved_step = step
+        return checkpoint.save_checkpoint(
             self.cfg.save, model=self.model, optimizer=self.optimizer, tokenizer=self.tokenizer,
-            step=step, ctx=self.ctx, fsdp=self.cfg.fsdp, final=final,
+            step=step, ctx=self.ctx, fsdp=self.cfg.fsdp, final=final, progress=progress,
             extra={"advantage_estimator": self.cfg.advantage_estimator},
+            keep_last=self.cfg.keep_last,
         )
+
+    def stop_requested(self) -> bool:
+        """Whether any rank got SIGTERM/SIGINT; ranks agree, so all stop at the same step."""
+        flag = self.stop.signum is not None
+        if self.ctx.group is None:
+            return flag
+        flag_t = torch.tensor([float(self.stop.signum or 0)], device=self.ctx.device)
+        signum = int(all_reduce_max(flag_t, self.ctx).item())
+        if signum and self.stop.signum is None:
+            self.stop.signum = signum
+        return bool(signum)
+
+    def stop_now(self, step: int) -> None:
+        """Checkpoint (with ``--save``) after the completed ``step`` and raise Interrupted."""
+        signum = self.stop.signum
+        where = ""
+        if self.cfg.save and step > self.start_step:
+            path = (os.path.join(self.cfg.save, f"rollout_{step:06d}")
+                    if self.saved_step == step else self.save(step, final=False))
+            where = f"; checkpoint {path}; continue with --load {self.cfg.save}"
+        elif self.cfg.save:
+            where = "; no new step to save"
+        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after rollout step "
+                          f"{step} of {self.total_steps}{where}")
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, float]]:
-        history = []
+        history, self.saved_step = [], None
         for step in range(self.start_step, self.total_steps):
+            if self.stop_requested():
+                self.stop_now(step)
             t = self.timer
             with t("step"):
                 prompts, labels, group_index = self.sample_prompts(step)
@@ -338,12 +461,26 @@ class Trainer:
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     """Train as configured; return the metrics of each rollout step (raises RelaxError)."""
     start = time.perf_counter()
-    ctx = init_distributed(cfg.device)
-    trainer = Trainer(cfg, ctx, console=console)
+    stop = StopRequest()
+    stop.install()
     try:
-        history = trainer.fit()
+        ctx = init_distributed(cfg.device, getattr(cfg, "distributed_timeout_minutes", None))
+        trainer = Trainer(cfg, ctx, console=console, stop=stop)
+        try:
+            history = trainer.fit()
+        finally:
+            trainer.close()
+    except RelaxError:
+        raise
+    except Exception as e:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and is_peer_failure(e):
+            raise PeerFailure(
+                f"a collective failed, another rank died or stopped answering within "
+                f"--distributed-timeout-minutes {cfg.distributed_timeout_minutes:g}: "
+                f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+        raise
     finally:
-        trainer.close()
+        stop.restore()
     if ctx.is_main and console:
         where = f"; model saved to {cfg.save}" if cfg.save else ""
         print(f"relax train: {len(history)} rollout steps in {time.perf_counter() - start:.1f} s; "
@@ -355,13 +492,15 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
 def train(cfg) -> int:
     """``relax train``: exit status 0, or print one ``relax train: error:`` line and return
     the error's status (2 bad input, 1 failure during training)."""
+    peer_failed = False
     try:
         run(cfg)
         return 0
     except RelaxError as e:
+        peer_failed = isinstance(e, PeerFailure)
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        print(f"relax train: error: {prefix}{e}", file=sys.stderr)
+        print(f"relax train: error: {prefix}{e}", file=sys.stderr, flush=True)
         return e.exit_code
     finally:
-        shutdown_distributed()
+        shutdown_distributed(peer_failed=peer_failed)
