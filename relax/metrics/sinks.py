@@ -12,10 +12,17 @@ import sys
 
 
 class JsonlSink:
-    """``metrics.jsonl``: one JSON object per rollout step, with ``rollout/step``."""
+    """``metrics.jsonl``: one JSON object per rollout step, with ``rollout/step``.
+
+    A resumed run appends to the file. Steps redone after a crash (those after the checkpoint
+    the run resumed from) then appear twice: readers keep the LAST row of each step
+    (:func:`final_view`, ``relax plot``). A line torn by a kill in the middle of a write is cut
+    off when the file is reopened (it is always a step the resumed run writes again).
+    """
 
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        _drop_torn_line(path)
         self._f = open(path, "a", encoding="utf-8")  # append: a resumed run continues the file
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -27,6 +34,42 @@ class JsonlSink:
 
     def close(self) -> None:
         self._f.close()
+
+
+def _drop_torn_line(path: str) -> None:
+    """Cut a last line without its newline (a write interrupted by a kill)."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        data = f.seek(0) or f.read()
+        keep = data.rfind(b"\n") + 1
+        f.truncate(keep)
+    print(f"relax train: warning: {path}: dropped a torn last line of {len(data) - keep} bytes "
+          "(the run was killed while writing it)", file=sys.stderr)
+
+
+def final_view(rows: list[dict]) -> list[dict]:
+    """One row per ``rollout/step``, the last one written, in step order.
+
+    After a resume, ``metrics.jsonl`` may hold a step twice: first from the interrupted run
+    (written after its last checkpoint), then from the resumed run, which redid it. The later
+    row is the one the final model's history went through.
+    """
+    last = {}
+    for row in rows:
+        last[int(row["rollout/step"])] = row
+    return [last[s] for s in sorted(last)]
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The final view of a ``metrics.jsonl`` (``path`` is the file or its run directory)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    with open(path, encoding="utf-8") as f:
+        return final_view([json.loads(line) for line in f if line.strip()])
 
 
 class TensorBoardSink:

@@ -203,14 +203,15 @@ def _candidates(load_dir: str) -> list[tuple[int, str]]:
         m = _STEP_DIR.match(d)
         if m and os.path.isdir(os.path.join(load_dir, d)):
             found.append((int(m.group(1)), os.path.join(load_dir, d)))
-    if os.path.exists(os.path.join(load_dir, MARKER)):
+    if any(os.path.exists(os.path.join(load_dir, f)) for f in (MARKER, STATE)):
         try:
             with open(os.path.join(load_dir, MARKER), encoding="utf-8") as f:
                 step = int(json.load(f)["rollout_step"])
         except (OSError, ValueError, KeyError, TypeError):
             step = 1 << 62  # try it first, so its rejection is reported
         found.append((step, load_dir))
-    return sorted(found, reverse=True)
+    # newest first; at equal steps the final save in DIR itself before rollout_N
+    return sorted(found, key=lambda c: (c[0], c[1] == load_dir), reverse=True)
 
 
 def latest_checkpoint(load_dir: str, *, report: bool = True) -> tuple[str, int] | None:

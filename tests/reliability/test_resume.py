@@ -1,0 +1,168 @@
+"""Crash-safe checkpoints and exact resume (docs/reliability.md, issue 7 items 1, 2, 7).
+
+The main test kills ``relax train`` with SIGKILL inside rollout step 4 of 6 (after the
+checkpoint of step 3), plants a truncated checkpoint for step 4, resumes, and requires every
+metric of steps 4-6 to equal an uninterrupted run within 1e-6.
+"""
+
+import json
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+
+from relax.metrics.sinks import read_metrics
+from relax.trainer import checkpoint
+from relax.trainer.distributed import init_distributed
+from relax.trainer.errors import InputError
+from relax.trainer.loop import Trainer
+from tests.reliability.helpers import (
+    BASELINE,
+    SMALL,
+    deterministic,
+    finish,
+    gate_env,
+    read_rows,
+    start_train,
+    wait_for_file,
+    write_gate_reward,
+)
+from tests.trainer.helpers import make_config
+
+
+def _fit(cfg):
+    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
+    try:
+        return trainer, trainer.fit()
+    finally:
+        trainer.close()
+
+
+def _assert_same(got: dict, want: dict, step: int) -> None:
+    got, want = deterministic(got), deterministic(want)
+    assert sorted(got) == sorted(want), step
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-6), (step, key)
+
+
+def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, capsys):
+    reward = write_gate_reward(tmp_path)
+    save, out = tmp_path / "save", tmp_path / "run"
+    flags = [*SMALL, *BASELINE, "--custom-rm-path", reward, "--num-rollout", "6", "--seed", "7"]
+    # gate at the 4th reward call: steps 1-3 and their checkpoints are complete
+    proc = start_train([*flags, "--save", str(save), "--save-interval", "1", "--keep-last", "2",
+                        "--output-dir", str(out)], gate_env(tmp_path, at=4))
+    wait_for_file(tmp_path / "gate_ready", proc)
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    assert proc.returncode == -signal.SIGKILL
+    # --keep-last 2: only the two newest interval checkpoints remain
+    assert sorted(p.name for p in save.iterdir()) == ["rollout_000002", "rollout_000003"]
+    assert [r["rollout/step"] for r in read_rows(out)] == [1, 2, 3]
+
+    # a checkpoint of step 4 whose weights file was cut short (a disk that filled up, a copy
+    # interrupted half way): it must be skipped with a message, never loaded
+    bad = save / "rollout_000004"
+    shutil.copytree(save / "rollout_000003", bad)
+    meta = json.loads((bad / checkpoint.MARKER).read_text())
+    meta["rollout_step"] = 4
+    (bad / checkpoint.MARKER).write_text(json.dumps(meta))
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    resumed_cfg = make_config(*flags, "--load", str(save), "--save", str(save),
+                              "--save-interval", "1", "--keep-last", "2", tiny=False,
+                              output_dir=out)
+    trainer, tail = _fit(resumed_cfg)
+    err = capsys.readouterr().err
+    assert "skipping checkpoint" in err and "rollout_000004: model.safetensors has" in err
+    assert trainer.start_step == 3 and len(tail) == 3
+
+    _, full = _fit(make_config(*flags, tiny=False, output_dir=tmp_path / "full"))
+    for step, (got, want) in enumerate(zip(tail, full[3:], strict=True), start=4):
+        _assert_same(got, want, step)
+    # metrics.jsonl continued: each step once in the final view, equal to the full run's rows
+    rows = read_metrics(str(out))
+    assert [r["rollout/step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    full_rows = read_metrics(str(tmp_path / "full"))
+    for step, (got, want) in enumerate(zip(rows, full_rows, strict=True), start=1):
+        _assert_same(got, want, step)
+    # the planted step-4 checkpoint was replaced by a complete one, then pruned by --keep-last
+    assert sorted(p.name for p in save.iterdir() if p.name.startswith("rollout")) == [
+        "rollout_000005", "rollout_000006"]
+    assert checkpoint.verify_checkpoint(str(save / "rollout_000006")) == (6, None)
+
+
+def _tiny_checkpoint(tmp_path, steps=2):
+    reward = write_gate_reward(tmp_path)
+    cfg = make_config(*SMALL, "--custom-rm-path", reward, "--num-rollout", str(steps),
+                      "--save", str(tmp_path / "save"), "--save-interval", "1", tiny=False,
+                      output_dir=tmp_path / "run")
+    _fit(cfg)
+    return tmp_path / "save"
+
+
+def test_partial_and_tampered_checkpoints_are_never_loaded(tmp_path, capsys):
+    save = _tiny_checkpoint(tmp_path)
+    assert checkpoint.latest_checkpoint(str(save)) == (str(save), 2)  # the final save
+    # no manifest: an interrupted final save
+    (save / checkpoint.MARKER).unlink()
+    assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000002"), 2)
+    # a flipped byte of the optimizer state, same size: caught by the checksum
+    state = save / "rollout_000002" / checkpoint.STATE
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000001"), 1)
+    err = capsys.readouterr().err
+    assert "no relax_save.json" in err and "trainer_state.pt fails its SHA-256" in err
+    # a leftover temporary directory of a killed save is not a checkpoint candidate
+    shutil.copytree(save / "rollout_000001", save / ".tmp-3-999")
+    assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000001"), 1)
+    shutil.rmtree(save / "rollout_000001")
+    assert checkpoint.latest_checkpoint(str(save)) is None
+
+
+def test_loaded_state_is_safe(tmp_path):
+    """Weights only from safetensors; trainer_state.pt only through weights_only=True."""
+    save = _tiny_checkpoint(tmp_path, steps=1)
+    ckpt = save / "rollout_000001"
+    meta = json.loads((ckpt / checkpoint.MARKER).read_text())
+    assert "model.safetensors" in meta["files"]
+    assert not [p for p in ckpt.iterdir() if p.suffix == ".bin"]
+
+    class Payload:  # unpickling this would run code; weights_only must refuse it
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"optimizer": Payload(), "rng": [], "progress": {}}, ckpt / checkpoint.STATE)
+    from relax.trainer.distributed import DistContext
+
+    ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
+    with pytest.raises(InputError, match="cannot read trainer_state.pt"):
+        checkpoint.load_trainer_state(str(ckpt), torch.nn.Linear(1, 1), None, fsdp=False, ctx=ctx)
+
+
+def test_rng_state_round_trip_covers_python_numpy_torch():
+    import random
+
+    import numpy as np
+
+    state = checkpoint.rng_state()
+    draws = (random.random(), np.random.rand(), torch.rand(1).item())
+    checkpoint.set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
+
+
+def test_torn_metrics_line_is_dropped_on_reopen(tmp_path, capsys):
+    from relax.metrics.sinks import JsonlSink
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"rollout/step": 1, "a": 1.0}\n{"rollout/step": 2, "a"')
+    sink = JsonlSink(str(path))
+    sink.log(2, {"a": 2.0})
+    sink.close()
+    assert [r["a"] for r in read_metrics(str(path))] == [1.0, 2.0]
+    assert "dropped a torn last line" in capsys.readouterr().err
