@@ -31,6 +31,8 @@ def rows(offset, steps=6, kl=False):
                "train/ppo_kl": 0.0, "perf/generated_tokens_per_s": 100.0 * s}
         if kl:
             row["train/kl_loss"] = 0.01 * s
+        if s % 3 == 0:  # evaluation rows are sparse
+            row.update({"eval/copy/pass@1": 0.1 * s, "eval/copy/mean_reward": 0.2 * s})
         out.append(row)
     return out
 
@@ -77,6 +79,10 @@ def test_relax_plot_writes_a_png(tmp_path):
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert "kl_loss" in stdout and "clipfrac" not in stdout  # only panels with data
+    assert "eval" in stdout.split("panels: ")[1]
+    groups = group_runs([load_run(p) for p in runs])
+    steps, mean, _, _ = group_curve(groups["grpo"], "eval/copy/pass@1")
+    assert steps.tolist() == [3, 6] and mean.tolist() == pytest.approx([0.3, 0.6])
     drawn = plot_runs(runs[:2], str(tmp_path / "two.png"), panels=["reward", "kl_loss"])
     assert drawn == ["reward", "kl_loss"]  # asked for: drawn even without data
 
