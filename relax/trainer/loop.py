@@ -475,8 +475,9 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     except Exception as e:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and is_peer_failure(e):
             raise PeerFailure(
-                f"a collective failed, another rank died or stopped answering within "
-                f"--distributed-timeout-minutes {cfg.distributed_timeout_minutes:g}: "
+                "a collective failed: another data-parallel rank died or did not answer "
+                f"within --distributed-timeout-minutes {cfg.distributed_timeout_minutes:g} "
+                "(see its own message): "
                 f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
         raise
     finally:

@@ -96,3 +96,48 @@ def read_rows(output_dir) -> list[dict]:
 def deterministic(row: dict) -> dict:
     """The metrics a resumed run must reproduce: everything but wall times and memory."""
     return {k: v for k, v in row.items() if not k.startswith("perf/")}
+
+
+class Child:
+    """A ``relax train`` subprocess whose stderr is read by a thread, so a test can wait for a
+    line with a deadline instead of blocking on a pipe."""
+
+    def __init__(self, args: list[str], env: dict):
+        import threading
+
+        self.proc = start_train(args, env)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for_line(self, needle: str, timeout: float = 60.0) -> float:
+        """Poll the collected lines; returns the monotonic time the line was seen."""
+        deadline = time.monotonic() + timeout
+        while not any(needle in x for x in self.lines):
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                raise AssertionError(f"exited before printing {needle!r}:\n" +
+                                     "\n".join(self.lines[-30:]))
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"{needle!r} not printed within {timeout} s")
+            time.sleep(0.01)
+        return time.monotonic()
+
+    def finish(self, timeout: float = 60.0) -> int:
+        """Exit status; a child still running at the deadline is a hang (killed, failed)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"did not exit within {timeout} s (hang):\n" +
+                                 "\n".join(self.lines[-30:])) from e
+        self._reader.join(timeout=10)
+        return self.proc.returncode
+
+    def errors(self) -> list[str]:
+        return [x for x in self.lines if x.startswith("relax train: error:")]
