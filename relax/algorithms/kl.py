@@ -10,7 +10,10 @@
 | ``low_var_kl`` | ``k3`` clamped to ``[-10, 10]``  |
 
 The estimators are unmasked token maps; callers reduce them with a mask
-(:func:`relax.algorithms.losses.response_mean`), which selects with ``torch.where``.
+(:func:`relax.algorithms.losses.response_mean`), which selects valid tokens with a boolean
+(bitwise) select, so values at masked positions never reach the reduced loss. Its gradient
+flows back only through valid positions, but a NaN/Inf stored in ``logp_base`` at a masked
+position still makes ``0 * NaN`` in the k2/k3 backward: callers sanitize ``logp_base`` first.
 """
 
 from __future__ import annotations
