@@ -72,6 +72,8 @@ def test_each_arm_dry_runs_with_its_spec_flags_at_one_budget(setup, algo):
     assert cfg["prompt_data"] == str(setup / "train.jsonl")
     assert cfg["eval_prompt_data"] == [["gsm8k", str(setup / "test.jsonl")]]
     assert cfg["output_dir"] == f"runs/qwen3-0.6B-gsm8k/{algo}-seed42"
+    # the math reward reads the last \boxed{} answer; the prompt asks for it verbatim
+    assert cfg["system_prompt"].endswith("final answer within \\boxed{}.")
 
 
 def test_environment_overrides_and_errors(setup):
