@@ -140,20 +140,41 @@ def population_normalize_clean(
     goes into ``x`` (``inplace``), into ``out``, or into a new tensor."""
     out = x if inplace else (torch.empty_like(x) if out is None else out)
     d, n, mean, m2, shift_error = centred_moments(x, m, keep, group, out=out)
-    torch._assert_async(n > 0, "masked_population_normalize: the global mask has no valid token (N = 0)")
-    var = m2 / n.clamp(min=1.0)
-    denom_var = var.clamp(min=var_floor)  # a floor on the variance, not sqrt(var) + eps
-    inv_std = torch.rsqrt(denom_var)
+    inv_std = scale_of("population", n, m2, var_floor=var_floor)
     d.mul_(inv_std.to(d.dtype))  # masked positions stay 0
-    stats = NormalizationStats(
+    return d, _stats(n, mean, m2, var_floor, inv_std, normalized_mean=-shift_error * inv_std)
+
+
+def scale_of(mode: str, n: Tensor, m2: Tensor, *, var_floor: float = 1e-8, eps: float = 1e-8) -> Tensor:
+    """The factor each normalizer multiplies the centred values by (0-d float64).
+
+    ``n`` the global valid-token count, ``m2`` the global sum of squared deviations.
+
+    * ``"population"`` (REINFORCE++, SPEC 6): ``rsqrt(max(m2 / N, var_floor))`` -- a floor
+      on the population variance, not ``sqrt(var) + eps``; an empty global mask fails here
+      on every rank (``torch._assert_async``, after the collectives, so none hangs).
+    * ``"whiten"`` (group-relative family, SPEC 5): ``rsqrt(m2 / (N - 1) + eps)``, Bessel
+      variance, 0 for N = 1.
+    """
+    if mode == "population":
+        torch._assert_async(n > 0, "masked_population_normalize: the global mask has no valid token (N = 0)")
+        return torch.rsqrt((m2 / n.clamp(min=1.0)).clamp(min=var_floor))
+    sample_var = torch.where(n > 1, m2 / (n - 1).clamp(min=1.0), torch.zeros_like(m2))
+    return torch.rsqrt(sample_var + eps)
+
+
+def _stats(n, mean, m2, var_floor, inv_std=None, normalized_mean=None) -> NormalizationStats:
+    """The stats object from the global moments; the output's moments follow by linearity
+    (``inv_std=None``: no normalization, output = raw values)."""
+    var = m2 / n.clamp(min=1.0)
+    return NormalizationStats(
         mean=mean,
         var=var,
         count=n.to(torch.int64),
         zero_variance=var < var_floor,
-        normalized_mean=-shift_error * inv_std,
-        normalized_std=torch.sqrt(var / denom_var),
+        normalized_mean=mean if inv_std is None else normalized_mean,
+        normalized_std=torch.sqrt(var) if inv_std is None else torch.sqrt(var) * inv_std,
     )
-    return d, stats
 
 
 def masked_whiten(values: Tensor, mask: Tensor, *, group=None, eps: float = 1e-8) -> Tensor:
@@ -179,19 +200,9 @@ def whiten_clean(
     only decides ``zero_variance``)."""
     out = x if inplace else (torch.empty_like(x) if out is None else out)
     d, n, mean, m2, shift_error = centred_moments(x, m, keep, group, out=out)
-    sample_var = torch.where(n > 1, m2 / (n - 1).clamp(min=1.0), torch.zeros_like(m2))
-    inv_std = torch.rsqrt(sample_var + eps)
+    inv_std = scale_of("whiten", n, m2, eps=eps)
     d.mul_(inv_std.to(d.dtype))
-    var = m2 / n.clamp(min=1.0)
-    stats = NormalizationStats(
-        mean=mean,
-        var=var,
-        count=n.to(torch.int64),
-        zero_variance=var < var_floor,
-        normalized_mean=-shift_error * inv_std,
-        normalized_std=torch.sqrt(var) * inv_std,
-    )
-    return d, stats
+    return d, _stats(n, mean, m2, var_floor, inv_std, normalized_mean=-shift_error * inv_std)
 
 
 def moments_clean(
@@ -201,15 +212,7 @@ def moments_clean(
     raw and "normalized" fields coincide. For metrics when no normalization is requested.
     ``out`` is scratch space for the deviations (allocated when ``None``)."""
     _, n, mean, m2, _ = centred_moments(x, m, keep, group, out=torch.empty_like(x) if out is None else out)
-    var = m2 / n.clamp(min=1.0)
-    return NormalizationStats(
-        mean=mean,
-        var=var,
-        count=n.to(torch.int64),
-        zero_variance=var < var_floor,
-        normalized_mean=mean,
-        normalized_std=torch.sqrt(var),
-    )
+    return _stats(n, mean, m2, var_floor)
 
 
 def normalize_rows(
@@ -233,27 +236,11 @@ def normalize_rows(
     mean = total / n.clamp(min=1.0)
     second = (counts * (rows - mean).square()).sum().reshape(1)
     _all_reduce(second, group)
-    var = second[0] / n.clamp(min=1.0)
+    m2 = second[0]
     raw = broadcast_masked(rows, m, dtype)
     if mode == "none":
-        return raw, raw, NormalizationStats(
-            mean=mean, var=var, count=n.to(torch.int64), zero_variance=var < var_floor,
-            normalized_mean=mean, normalized_std=torch.sqrt(var),
-        )
-    if mode == "population":
-        torch._assert_async(n > 0, "masked_population_normalize: the global mask has no valid token (N = 0)")
-        inv_std = torch.rsqrt(var.clamp(min=var_floor))  # a floor on the variance
-    else:  # whiten: Bessel variance, N = 1 gives 0
-        sample_var = torch.where(n > 1, second[0] / (n - 1).clamp(min=1.0), torch.zeros_like(var))
-        inv_std = torch.rsqrt(sample_var + eps)
+        return raw, raw, _stats(n, mean, m2, var_floor)
+    inv_std = scale_of(mode, n, m2, var_floor=var_floor, eps=eps)
     advantages = broadcast_masked((rows - mean) * inv_std, m, dtype)
-    stats = NormalizationStats(
-        mean=mean,
-        var=var,
-        count=n.to(torch.int64),
-        zero_variance=var < var_floor,
-        # The output's moments by linearity (centred in float64, so its mean is 0).
-        normalized_mean=torch.zeros_like(mean),
-        normalized_std=torch.sqrt(var) * inv_std,
-    )
-    return advantages, raw, stats
+    # centred in float64 before the cast, so the output's mean is 0 by linearity
+    return advantages, raw, _stats(n, mean, m2, var_floor, inv_std, torch.zeros_like(mean))
