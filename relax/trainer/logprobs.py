@@ -58,12 +58,15 @@ def _autocast(device: torch.device):
 
 
 def response_log_probs(
-    model, batch: Experience, *, temperature: float = 1.0, with_entropy: bool = False
+    model, batch: Experience, *, temperature: float = 1.0, with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(a_t | context) [B, T] float32 and, on request, the entropy [B, T].
 
     Logits are divided by the sampling temperature so that the ratio compares the same
-    distribution the responses were drawn from.
+    distribution the responses were drawn from. ``entropy_grad=False`` computes the entropy
+    outside autograd (a metric only): no [B, T, V] softmax is kept for a backward that never
+    comes.
     """
     T = batch.response_mask.shape[1]
     with _autocast(batch.input_ids.device):
@@ -83,8 +86,8 @@ def response_log_probs(
     log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
     entropy = None
     if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = log_z - (probs * logits).sum(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return log_probs, entropy
 
 

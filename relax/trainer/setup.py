@@ -99,6 +99,38 @@ def needs_reference(cfg) -> bool:
     return shaping or cfg.use_kl_loss
 
 
+def needs_old_log_probs(cfg) -> bool:
+    """Whether the rollout step needs its own no-grad pass for pi_old (SPEC 7 ratio).
+
+    Not needed when one optimizer step covers the whole rollout (``--num-steps-per-rollout``
+    1): every micro-batch of that step runs before ``optimizer.step()``, so the policy of the
+    update *is* the policy that pi_old denotes, and ``update.micro_batch_loss`` uses its own
+    log-probs, detached (ratio exactly 1, gradient of log pi). Still needed when a later
+    optimizer step sees a moved policy, and for REINFORCE++ k1 reward shaping, whose returns
+    read pi_old before any update (SPEC 3).
+    """
+    shaping = cfg.advantage_estimator == "reinforce_plus_plus" and cfg.kl_coef > 0
+    return shaping or cfg.num_steps_per_rollout > 1
+
+
+# Below this many parameters a CPU matrix product is too small for two threads to pay for
+# their hand-offs; on a busy 2-core machine one thread was up to 10x faster (docs/performance.md,
+# issue 6). Above it the host's cores are split between the local ranks.
+SMALL_MODEL_PARAMETERS = 20_000_000
+
+
+def cpu_threads(model, *, cpu_count: int | None = None, local_world_size: int = 1,
+                environ=None) -> int:
+    """Intra-op threads for CPU training of ``model``: ``OMP_NUM_THREADS`` when the user set
+    it, one for a small model, else the cores divided between the local ranks."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OMP_NUM_THREADS", "").strip().isdigit():
+        return max(1, int(environ["OMP_NUM_THREADS"]))
+    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
+        return 1
+    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_world_size))
+
+
 def eos_token_ids(tokenizer, model) -> list[int]:
     ids = {tokenizer.eos_token_id}
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -63,8 +63,13 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     """
     mask = mb.response_mask
     log_probs, entropy = response_log_probs(
-        model, mb, temperature=s.temperature, with_entropy=True
+        model, mb, temperature=s.temperature, with_entropy=True,
+        entropy_grad=bool(s.entropy_coef),
     )
+    # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
+    # step per rollout, see ``setup.needs_old_log_probs``), so pi_old = pi_theta before the step
+    # and the ratio is exactly 1 with the gradient of log pi_theta.
+    old_log_probs = log_probs.detach() if mb.old_log_probs is None else mb.old_log_probs
 
     def reduce(values):
         if s.per_token:
@@ -72,19 +77,19 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
         return response_mean(values, mask, num_responses=num_responses)
 
     pg, clipped = compute_policy_loss(
-        s.estimator, log_probs, mb.old_log_probs, mb.advantages, mask,
+        s.estimator, log_probs, old_log_probs, mb.advantages, mask,
         eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high, eps_clip_c=s.eps_clip_c,
         tau_pos=s.tau_pos, tau_neg=s.tau_neg,
     )
     pg_loss = reduce(pg)
-    entropy_term = reduce(entropy if s.entropy_coef else entropy.detach())
+    entropy_term = reduce(entropy)
     loss = pg_loss - s.entropy_coef * entropy_term if s.entropy_coef else pg_loss
     kl_loss = None
     if s.use_kl_loss:
         kl_loss = reduce(approx_kl(log_probs, mb.ref_log_probs, s.kl_loss_type))
         loss = loss + s.kl_loss_coef * kl_loss
     with torch.no_grad():
-        stats = [loss, pg_loss, reduce(clipped.float()), reduce(mb.old_log_probs - log_probs),
+        stats = [loss, pg_loss, reduce(clipped.float()), reduce(old_log_probs - log_probs),
                  entropy_term]
         if kl_loss is not None:
             stats.append(kl_loss)
@@ -109,6 +114,11 @@ def train_on_rollout(
         raise ValueError(
             f"local batch {len(exp)} is not whole optimizer steps of {local_step} samples in "
             f"micro-batches of {micro_batch_size}"
+        )
+    if exp.old_log_probs is None and len(exp) != local_step:
+        raise ValueError(
+            f"old log-probs are required: {len(exp) // local_step} optimizer steps per rollout "
+            "step, and every step after the first sees a moved policy"
         )
     params = [p for p in model.parameters() if p.requires_grad]
     history = []

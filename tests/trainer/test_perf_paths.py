@@ -1,0 +1,105 @@
+"""The fast paths of issue 6 keep the semantics: no old-log-prob pass with one optimizer step
+per rollout, the entropy metric outside autograd, the CPU thread rule."""
+
+import copy
+
+import pytest
+import torch
+
+from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer import setup
+from relax.trainer.distributed import DistContext
+from relax.trainer.logprobs import batched_log_probs, response_log_probs
+from relax.trainer.update import LossSettings, micro_batch_loss, train_on_rollout
+from tests.trainer.helpers import make_config
+from tests.trainer.workers import B, T, fixed_experience
+
+CTX = DistContext(0, 1, 0, torch.device("cpu"), None)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(build_tokenizer(), seed=5)
+
+
+def test_log_probs_and_entropy_against_a_float64_log_softmax(model):
+    exp = fixed_experience(model)
+    temperature = 0.7
+    logp, entropy = response_log_probs(model, exp, temperature=temperature, with_entropy=True,
+                                       entropy_grad=False)
+    with torch.no_grad():
+        logits = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                       position_ids=exp.position_ids).logits[:, -T - 1:-1].double()
+    ref = torch.log_softmax(logits / temperature, -1)
+    ref_logp = ref.gather(-1, exp.input_ids[:, -T:, None]).squeeze(-1)
+    ref_entropy = -(ref.exp() * ref).sum(-1)
+    torch.testing.assert_close(logp.double(), ref_logp, atol=2e-6, rtol=0)
+    torch.testing.assert_close(entropy.double(), ref_entropy, atol=2e-6, rtol=0)
+    # the log-probs carry the gradient; the metric-only entropy does not
+    assert logp.requires_grad and not entropy.requires_grad
+    _, with_grad = response_log_probs(model, exp, with_entropy=True, entropy_grad=True)
+    assert with_grad.requires_grad
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "sapo"])
+def test_first_step_without_old_pass_equals_the_recomputed_old(model, estimator):
+    """One optimizer step per rollout: using the update's own detached log-probs as pi_old
+    gives the loss, metrics and gradient of a separate no-grad pass (up to rounding)."""
+    exp = fixed_experience(model)
+    exp.old_log_probs = batched_log_probs(model, exp, micro_batch_size=B, temperature=1.0)
+    s = LossSettings(estimator=estimator, use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.1)
+    results = []
+    for old in (exp.old_log_probs, None):
+        model.zero_grad(set_to_none=True)
+        mb = copy.copy(exp)
+        mb.old_log_probs = old
+        loss, stats = micro_batch_loss(model, mb, s, num_responses=B, num_tokens=None)
+        loss.backward()
+        results.append((loss.detach(), stats, [p.grad.clone() for p in model.parameters()]))
+    (loss_a, stats_a, grads_a), (loss_b, stats_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(stats_b, stats_a, atol=1e-6, rtol=1e-5)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+    names = s.metric_names
+    assert stats_b[names.index("train/ppo_kl")] == 0.0
+    assert stats_b[names.index("train/pg_clipfrac")] == 0.0
+    assert loss_a != 0.0  # the comparison is not between two zeros
+
+
+def test_old_log_probs_required_for_a_second_optimizer_step(model):
+    exp = fixed_experience(model)
+    exp.old_log_probs = None
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with pytest.raises(ValueError, match="old log-probs are required: 2 optimizer steps"):
+        train_on_rollout(model, opt, exp, LossSettings(estimator="grpo"), CTX,
+                         global_batch_size=B // 2, micro_batch_size=B // 2, clip_grad=1.0)
+
+
+def test_needs_old_log_probs(tmp_path):
+    def cfg(*flags):
+        return make_config(*flags, output_dir=tmp_path)
+
+    assert not setup.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
+    assert not setup.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
+                                             "--kl-loss-type", "k3", "--kl-loss-coef", "0.1"))
+    assert setup.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
+                                         "--num-steps-per-rollout", "2"))
+    # REINFORCE++ k1 shaping reads pi_old in the returns, before any update
+    assert setup.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+                                         "--normalize-advantages", "--kl-coef", "0.01",
+                                         "--kl-loss-type", "k1"))
+    assert not setup.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+                                             "--normalize-advantages", "--kl-coef", "0"))
+
+
+def test_cpu_threads(model):
+    small = model
+    big = torch.nn.Linear(1, 1)
+    big.register_buffer("unused", torch.zeros(1))
+    big.weight = torch.nn.Parameter(torch.empty(setup.SMALL_MODEL_PARAMETERS, 1, device="meta"))
+    assert setup.cpu_threads(small, cpu_count=16, environ={}) == 1
+    assert setup.cpu_threads(big, cpu_count=16, local_world_size=4, environ={}) == 4
+    assert setup.cpu_threads(big, cpu_count=2, local_world_size=4, environ={}) == 1
+    assert setup.cpu_threads(small, cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
+    assert setup.cpu_threads(big, cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
