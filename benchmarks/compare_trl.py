@@ -1,0 +1,309 @@
+"""Relax vs TRL's ``GRPOTrainer``: the same GRPO step, timed side by side on the CPU (issue 6).
+
+Not part of the test suite. Needs the ``bench`` extra (``pip install -e ".[bench]"
+torch==2.13.0``). Writes its models, data and runs under ``--workdir``::
+
+    .venv/bin/python benchmarks/compare_trl.py                   # timing + 20-step rewards
+    .venv/bin/python benchmarks/compare_trl.py --skip-reward     # timing only
+
+The same work for both (issue 6):
+
+* the same tiny Qwen3 saved to a local directory by ``relax.rollout.tiny_model`` (sizes
+  ``h64``: hidden 64 / 2 layers, ``h256``: hidden 256 / 4 layers), the same character
+  tokenizer, the same prompts (a jsonl of ``copy``-task prompts, read in order) and the same
+  reward (``relax.rollout.tasks.CopyTask.reward``);
+* per step 8 prompts x 8 samples, at most 32 new tokens, temperature 1, one AdamW step over all
+  64 samples in one micro-batch, lr constant, clip-grad 1.0, eps-clip 0.2;
+* GRPO with group std scaling and a per-response-mean loss: Relax ``--advantage-estimator grpo``
+  (response mean is its default), TRL ``loss_type="grpo"``, ``scale_rewards="group"``;
+* setting ``nokl``: no reference; setting ``kl``: a k3 reference KL loss of weight ``--beta``
+  (Relax ``--use-kl-loss --kl-loss-type k3 --kl-loss-coef BETA``, TRL ``beta=BETA``, whose
+  per-token KL is the k3 estimator).
+
+Timing: each trainer runs as its own process, from the outside, for ``--k1`` and for ``--k2``
+steps; per-step time = (wall(K2) - wall(K1)) / (K2 - K1), so imports, model loading and
+start-up cancel. Runs alternate Relax, TRL, Relax, TRL, ... (load from other processes hits
+both alike); the table gives medians over ``--repeats`` (K1, K2) pairs. Generated tokens/s =
+mean response length x 64 / per-step time (the response lengths of the K2 runs). Peak RSS is
+the child's ``ru_maxrss`` from ``os.wait4`` (max over the K2 runs). Final reward: the mean of
+the last 5 of ``--reward-steps`` steps, per seed, then the mean over seeds.
+
+Threads: each trainer keeps its own default (Relax: one intra-op thread per local rank's share
+of the cores for a ``--hf-checkpoint`` model; TRL: torch's default); ``--threads N`` forces
+``OMP_NUM_THREADS=N`` for both (Relax still sets its own count inside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = {
+    "h64": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "h256": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+}
+PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 32
+MODEL_SEED = 7
+LAST = 5  # final reward = mean of the last LAST steps
+
+
+# ---------------------------------------------------------------------------- preparation
+def prepare(workdir: str, size: str, max_steps: int) -> tuple[str, str]:
+    """Save the tiny model + tokenizer of ``size`` and ``max_steps`` x 8 copy prompts."""
+    from relax.rollout.tasks import CopyTask
+    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+
+    model_dir = os.path.join(workdir, f"model-{size}")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        tok = build_tokenizer()
+        build_tiny_model(tok, seed=MODEL_SEED, **SIZES[size]).save_pretrained(model_dir)
+        tok.save_pretrained(model_dir)
+    data = os.path.join(workdir, f"prompts-{max_steps * PROMPTS}.jsonl")
+    if not os.path.isfile(data):
+        rng, task = random.Random(0), CopyTask()
+        with open(data, "w", encoding="utf-8") as f:
+            for _ in range(max_steps * PROMPTS):
+                prompt, label = task.sample(rng)
+                f.write(json.dumps({"input": prompt, "label": label}) + "\n")
+    return model_dir, data
+
+
+# ---------------------------------------------------------------------------- the two runs
+def relax_command(model_dir, data, steps, out, *, beta, lr, seed) -> list[str]:
+    cmd = [sys.executable, "-m", "relax", "train", "--hf-checkpoint", model_dir,
+           "--prompt-data", data, "--rm-type", "copy", "--advantage-estimator", "grpo",
+           "--rollout-batch-size", str(PROMPTS), "--n-samples-per-prompt", str(SAMPLES),
+           "--rollout-max-response-len", str(NEW_TOKENS), "--rollout-temperature", "1.0",
+           "--num-rollout", str(steps), "--lr", str(lr), "--clip-grad", "1.0",
+           "--eps-clip", "0.2", "--adam-beta1", "0.9", "--adam-beta2", "0.999",
+           "--weight-decay", "0", "--seed", str(seed), "--device", "cpu", "--output-dir", out]
+    if beta:
+        cmd += ["--use-kl-loss", "--kl-loss-type", "k3", "--kl-loss-coef", str(beta)]
+    return cmd
+
+
+def trl_command(model_dir, data, steps, out, *, beta, lr, seed) -> list[str]:
+    return [sys.executable, os.path.abspath(__file__), "_trl", "--model", model_dir,
+            "--data", data, "--steps", str(steps), "--out", out, "--beta", str(beta),
+            "--lr", str(lr), "--seed", str(seed)]
+
+
+def trl_child(a) -> None:
+    """The TRL side, in its own process: GRPOTrainer on the same model, data and reward."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOConfig, GRPOTrainer
+
+    from relax.rollout.tasks import CopyTask
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    with open(a.data, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    dataset = Dataset.from_list([{"prompt": r["input"], "label": r["label"]} for r in rows])
+    task = CopyTask()
+
+    def copy_reward(prompts, completions, label, **_):
+        return task.reward(prompts, completions, label)
+
+    args = GRPOConfig(
+        output_dir=a.out, use_cpu=True, bf16=False, seed=a.seed, report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=a.steps,
+        per_device_train_batch_size=PROMPTS * SAMPLES, gradient_accumulation_steps=1,
+        steps_per_generation=1, num_iterations=1, num_generations=SAMPLES,
+        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
+        loss_type="grpo", scale_rewards="group", beta=a.beta, epsilon=0.2,
+        learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0,
+        shuffle_dataset=False, dataloader_num_workers=0, log_completions=False,
+    )
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(a.model)
+    trainer = GRPOTrainer(model=model, reward_funcs=copy_reward, args=args,
+                          train_dataset=dataset, processing_class=tok)
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "reward" in h]
+    with open(os.path.join(a.out, "metrics.jsonl"), "w", encoding="utf-8") as f:
+        for h in steps:
+            f.write(json.dumps({"reward": h["reward"],
+                                "response_length": h.get("completions/mean_length")}) + "\n")
+
+
+def relax_metrics(out) -> list[dict]:
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return [{"reward": r["rollout/raw_reward"], "response_length": r["rollout/response_length"]}
+            for r in rows]
+
+
+def trl_metrics(out) -> list[dict]:
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def run_child(cmd: list[str], log: str, env) -> tuple[float, float]:
+    """Run to completion; return (wall seconds, peak RSS in MiB of the child)."""
+    with open(log, "w", encoding="utf-8") as f:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        with open(log, encoding="utf-8") as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
+    return wall, usage.ru_maxrss / 1024
+
+
+SIDES = {"relax": (relax_command, relax_metrics), "trl": (trl_command, trl_metrics)}
+
+
+def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
+    model_dir, data = prepare(workdir, size, max(a.k2, a.reward_steps))
+    out = os.path.join(workdir, "runs", f"{side}-{size}-{setting}-{steps}-{tag}")
+    os.makedirs(out, exist_ok=True)
+    command, metrics = SIDES[side]
+    beta = a.beta if setting == "kl" else 0.0
+    wall, rss = run_child(command(model_dir, data, steps, out, beta=beta, lr=a.lr, seed=seed),
+                          os.path.join(out, "log.txt"), env)
+    return wall, rss, metrics(out)
+
+
+# ---------------------------------------------------------------------------- the table
+def timing(a, env) -> list[dict]:
+    rows = []
+    for size in a.sizes:
+        for setting in a.settings:
+            per_step = {s: [] for s in SIDES}
+            rss = {s: [] for s in SIDES}
+            length = {s: [] for s in SIDES}
+            for rep in range(a.repeats):
+                walls = {s: {} for s in SIDES}
+                for steps in (a.k1, a.k2):  # A, B, A, B
+                    for side in SIDES:
+                        wall, peak, m = run_side(side, a.workdir, size, setting, steps,
+                                                 f"r{rep}", a, env, a.seed)
+                        walls[side][steps] = wall
+                        if steps == a.k2:
+                            rss[side].append(peak)
+                            length[side].extend(r["response_length"] for r in m)
+                for side in SIDES:
+                    per_step[side].append((walls[side][a.k2] - walls[side][a.k1])
+                                          / (a.k2 - a.k1))
+                print(f"  {size} {setting} repeat {rep}: " + ", ".join(
+                    f"{s} {per_step[s][-1]:.3f} s/step" for s in SIDES), flush=True)
+            row = {"size": size, "setting": setting}
+            for side in SIDES:
+                t = statistics.median(per_step[side])
+                row[side] = {"per_step_s": t, "all_s": per_step[side],
+                             "tokens_per_s": statistics.mean(length[side]) * PROMPTS * SAMPLES / t,
+                             "peak_rss_mib": max(rss[side])}
+            row["ratio"] = row["relax"]["per_step_s"] / row["trl"]["per_step_s"]
+            row["ratios"] = [r / t for r, t in zip(per_step["relax"], per_step["trl"],
+                                                   strict=True)]
+            rows.append(row)
+    return rows
+
+
+def rewards(a, env) -> list[dict]:
+    out = []
+    for size in a.sizes:
+        for setting in a.settings:
+            row = {"size": size, "setting": setting}
+            for side in SIDES:
+                finals = []
+                for seed in a.reward_seeds:
+                    _, _, m = run_side(side, a.workdir, size, setting, a.reward_steps,
+                                       f"reward-s{seed}", a, env, seed)
+                    finals.append(statistics.mean(r["reward"] for r in m[-LAST:]))
+                row[side] = {"final_reward": statistics.mean(finals), "per_seed": finals}
+            print(f"  {size} {setting}: " + ", ".join(
+                f"{s} {row[s]['final_reward']:.3f} {row[s]['per_seed']}" for s in SIDES),
+                flush=True)
+            out.append(row)
+    return out
+
+
+def markdown(rows, reward_rows) -> str:
+    lines = ["| size | setting | relax s/step | TRL s/step | relax/TRL | relax tok/s | TRL tok/s "
+             "| relax peak RSS MiB | TRL peak RSS MiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        x, t = r["relax"], r["trl"]
+        lines.append(f"| {r['size']} | {r['setting']} | {x['per_step_s']:.3f} | "
+                     f"{t['per_step_s']:.3f} | {r['ratio']:.2f} | {x['tokens_per_s']:.0f} | "
+                     f"{t['tokens_per_s']:.0f} | {x['peak_rss_mib']:.0f} | "
+                     f"{t['peak_rss_mib']:.0f} |")
+    if reward_rows:
+        lines += ["", "| size | setting | relax final reward | TRL final reward |", "|---|---|---:|---:|"]
+        for r in reward_rows:
+            lines.append(f"| {r['size']} | {r['setting']} | "
+                         f"{r['relax']['final_reward']:.3f} ({', '.join(f'{v:.3f}' for v in r['relax']['per_seed'])}) | "
+                         f"{r['trl']['final_reward']:.3f} ({', '.join(f'{v:.3f}' for v in r['trl']['per_seed'])}) |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["_trl"]:
+        p = argparse.ArgumentParser()
+        for name in ("--model", "--data", "--out"):
+            p.add_argument(name, required=True)
+        p.add_argument("--steps", type=int, required=True)
+        p.add_argument("--beta", type=float, default=0.0)
+        p.add_argument("--lr", type=float, required=True)
+        p.add_argument("--seed", type=int, default=0)
+        return trl_child(p.parse_args(argv[1:]))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", default="/tmp/relax-vs-trl")
+    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--settings", nargs="+", default=["nokl", "kl"], choices=["nokl", "kl"])
+    p.add_argument("--k1", type=int, default=2)
+    p.add_argument("--k2", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--reward-steps", type=int, default=20)
+    p.add_argument("--reward-seeds", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--skip-reward", action="store_true")
+    p.add_argument("--skip-timing", action="store_true")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--summary", default=None, help="write the results as JSON here")
+    a = p.parse_args(argv)
+    if a.k2 <= a.k1:
+        p.error("--k2 must be larger than --k1")
+    os.makedirs(a.workdir, exist_ok=True)
+    env = dict(os.environ)
+    if a.threads:
+        env["OMP_NUM_THREADS"] = str(a.threads)
+    import torch
+    import transformers
+    import trl
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__}, transformers {transformers.__version__}, trl "
+          f"{trl.__version__}, Python {platform.python_version()}", flush=True)
+    rows = [] if a.skip_timing else timing(a, env)
+    reward_rows = [] if a.skip_reward else rewards(a, env)
+    print(markdown(rows, reward_rows))
+    if a.summary:
+        with open(a.summary, "w", encoding="utf-8") as f:
+            json.dump({"timing": rows, "reward": reward_rows, "args": vars(a)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
