@@ -185,6 +185,11 @@ def verify_checkpoint(path: str) -> tuple[int | None, str | None]:
         return None, f"{MARKER} lists no files (written by an older Relax?)"
     if STATE not in files or not any(w in files for w in _SAFE_WEIGHTS):
         return None, f"{MARKER} lists no {STATE} or safetensors weights"
+    # a pickled weight file the manifest does not list could be picked up by a model loader
+    stray = [n for n in os.listdir(path) if n not in files and n != MARKER
+             and n.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))]
+    if stray:
+        return None, f"unlisted pickle file {sorted(stray)[0]} (only safetensors weights load)"
     for name, want in sorted(files.items()):
         file = os.path.join(path, name)
         if os.path.basename(name) != name or not os.path.isfile(file):

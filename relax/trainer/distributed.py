@@ -65,15 +65,12 @@ def init_distributed(device_choice: str, timeout_minutes: float | None = None) -
 
 
 def shutdown_distributed(*, peer_failed: bool = False) -> None:
-    """Leave the process group; after a peer failure only abort locally (no handshake with
-    ranks that may be dead, which could block)."""
-    if not dist.is_initialized():
-        return
-    if peer_failed:
-        with contextlib.suppress(Exception):
-            dist.distributed_c10d._abort_process_group()  # private, absent in some versions
-        return
-    dist.destroy_process_group()
+    """Leave the process group. After a peer failure the group is broken: destroying it would
+    talk to dead ranks, and its threads abort the interpreter at exit ("terminate called
+    without an active exception", measured about one run in three with Gloo), so the caller
+    ends the process with ``os._exit`` instead (see ``relax.trainer.loop.train``)."""
+    if dist.is_initialized() and not peer_failed:
+        dist.destroy_process_group()
 
 
 def is_peer_failure(error: BaseException) -> bool:

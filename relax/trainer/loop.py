@@ -28,7 +28,6 @@ import os
 import resource
 import signal
 import sys
-import threading
 import time
 from collections import defaultdict
 
@@ -58,6 +57,7 @@ from relax.trainer.distributed import (
 )
 from relax.trainer.errors import InputError, Interrupted, PeerFailure, RelaxError, RewardError
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
+from relax.trainer.signals import StopRequest
 from relax.trainer.update import LossSettings, train_on_rollout
 
 
@@ -101,38 +101,6 @@ def _peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
-
-
-class StopRequest:
-    """SIGTERM / SIGINT: the first one asks the loop to stop after the current rollout step
-    (and save with ``--save``); a second one stops at once."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def _handle(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.signum is not None:
-            raise Interrupted(signum, f"stopped at once by a second {name}; the newest "
-                              "checkpoint (if any) is the last complete one")
-        self.signum = signum
-        # os.write: print() inside a handler can hit a reentrant buffered-stream error
-        os.write(2, f"relax train: received {name}: finishing the current rollout step, then "
-                 "stopping (send it again to stop at once)\n".encode())
 
 
 class Trainer:
@@ -502,6 +470,11 @@ def train(cfg) -> int:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
         print(f"relax train: error: {prefix}{e}", file=sys.stderr, flush=True)
+        if peer_failed:
+            # the broken process group cannot be torn down cleanly (see shutdown_distributed):
+            # leave now with the error's status; metrics and checkpoints are already on disk
+            sys.stdout.flush()
+            os._exit(e.exit_code)
         return e.exit_code
     finally:
         shutdown_distributed(peer_failed=peer_failed)

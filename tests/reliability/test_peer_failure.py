@@ -40,7 +40,7 @@ def test_killed_rank_makes_the_survivor_exit_with_an_error(tmp_path):
     assert status == 1, rank0.lines[-20:]
     (line,) = rank0.errors()
     assert line.startswith("relax train: error: [rank 0] a collective failed: another "), line
-    assert "Connection closed by peer" in line or "timed out" in line.lower(), line
+    assert "RuntimeError: " in line and "gloo" in line, line  # the backend's own reason
 
 
 def test_hung_rank_makes_the_survivor_time_out(tmp_path):

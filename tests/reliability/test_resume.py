@@ -132,6 +132,11 @@ def test_loaded_state_is_safe(tmp_path):
     meta = json.loads((ckpt / checkpoint.MARKER).read_text())
     assert "model.safetensors" in meta["files"]
     assert not [p for p in ckpt.iterdir() if p.suffix == ".bin"]
+    # a planted pickle weight file (which a model loader might pick up) voids the checkpoint
+    (ckpt / "pytorch_model.bin").write_bytes(b"not listed in the manifest")
+    assert checkpoint.verify_checkpoint(str(ckpt)) == (
+        None, "unlisted pickle file pytorch_model.bin (only safetensors weights load)")
+    (ckpt / "pytorch_model.bin").unlink()
 
     class Payload:  # unpickling this would run code; weights_only must refuse it
         def __reduce__(self):

@@ -9,7 +9,8 @@ import pytest
 from relax.trainer import checkpoint
 from relax.trainer.distributed import init_distributed
 from relax.trainer.errors import Interrupted
-from relax.trainer.loop import StopRequest, Trainer
+from relax.trainer.loop import Trainer
+from relax.trainer.signals import StopRequest
 from tests.reliability.helpers import (
     SMALL,
     Child,
