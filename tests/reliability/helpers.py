@@ -141,3 +141,26 @@ class Child:
 
     def errors(self) -> list[str]:
         return [x for x in self.lines if x.startswith("relax train: error:")]
+
+
+def start_ranks(args: list[str], env: dict, world: int = 2) -> list[Child]:
+    """``relax train`` as ``world`` Gloo ranks on 127.0.0.1, started without torchrun."""
+    from tests.distributed_utils import free_port
+
+    port = str(free_port())
+    children = []
+    for rank in range(world):
+        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port}
+        children.append(Child(args, rank_env))
+    return children
+
+
+def finish_all(children: list[Child], timeout: float = 90.0) -> list[int]:
+    try:
+        return [c.finish(timeout) for c in children]
+    finally:
+        for c in children:
+            if c.proc.poll() is None:
+                c.proc.kill()

@@ -2,32 +2,36 @@
 (docs/reliability.md, issue 7 item 4). Two real Gloo processes started without torchrun (whose
 agent would kill the survivor itself, hiding what the trainer does)."""
 
+import os
+import shutil
 import signal
 import time
 
-from tests.distributed_utils import free_port
-from tests.reliability.helpers import SMALL, Child, gate_env, write_gate_reward
+import pytest
+
+from tests.reliability.helpers import (
+    BASELINE,
+    SMALL,
+    deterministic,
+    finish_all,
+    gate_env,
+    read_rows,
+    start_ranks,
+    wait_for_file,
+    write_gate_reward,
+)
 
 
 def _ranks(tmp_path, *, timeout_minutes: str):
-    port = str(free_port())
     args = [*SMALL, "--custom-rm-path", write_gate_reward(tmp_path), "--num-rollout", "4",
             "--output-dir", str(tmp_path / "run"), "--distributed-timeout-minutes",
             timeout_minutes, "--reward-timeout", "100"]
-    children = []
-    for rank in (0, 1):
-        env = gate_env(tmp_path, at=2, rank=1)  # rank 1 blocks inside step 2's reward
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        children.append(Child(args, env))
-    return children
+    return start_ranks(args, gate_env(tmp_path, at=2, rank=1))  # rank 1 blocks in step 2
 
 
 def test_killed_rank_makes_the_survivor_exit_with_an_error(tmp_path):
     rank0, rank1 = _ranks(tmp_path, timeout_minutes="1")
     try:
-        from tests.reliability.helpers import wait_for_file
-
         wait_for_file(tmp_path / "gate_ready", rank1.proc)
         killed = time.monotonic()
         rank1.proc.send_signal(signal.SIGKILL)
@@ -47,8 +51,6 @@ def test_hung_rank_makes_the_survivor_time_out(tmp_path):
     # rank 1 stays alive but never reaches the next collective: only the timeout can help
     rank0, rank1 = _ranks(tmp_path, timeout_minutes="0.1")
     try:
-        from tests.reliability.helpers import wait_for_file
-
         wait_for_file(tmp_path / "gate_ready", rank1.proc)
         hung = time.monotonic()
         status = rank0.finish(timeout=90)
@@ -60,3 +62,30 @@ def test_hung_rank_makes_the_survivor_time_out(tmp_path):
     assert status == 1, rank0.lines[-20:]
     (line,) = rank0.errors()
     assert "--distributed-timeout-minutes 0.1" in line, line
+
+
+def test_two_rank_resume_equals_an_uninterrupted_run(tmp_path):
+    """Per-rank state (RNG states gathered from both ranks, DDP optimizer state) survives a
+    resume: step 3 resumed from the step-2 checkpoint equals step 3 of the full run."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # no gate: the reward never waits
+    flags = [*SMALL, *BASELINE, "--custom-rm-path", write_gate_reward(tmp_path),
+             "--rollout-batch-size", "4", "--num-rollout", "3",
+             "--global-batch-size", "4"]  # two AdamW steps per rollout: the second reads the
+                                          # restored optimizer state
+    save = tmp_path / "save"
+    full = start_ranks([*flags, "--save", str(save), "--save-interval", "1", "--output-dir",
+                        str(tmp_path / "full")], env)
+    assert finish_all(full) == [0, 0], full[0].lines[-20:] + full[1].lines[-20:]
+    for stale in (save / "rollout_000003", save / "relax_save.json"):  # resume from step 2
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    resumed = start_ranks([*flags, "--load", str(save), "--output-dir",
+                           str(tmp_path / "resumed")], env)
+    assert finish_all(resumed) == [0, 0], resumed[0].lines[-20:] + resumed[1].lines[-20:]
+    assert any("resuming from" in x and "rollout_000002" in x for x in resumed[0].lines)
+    (got,) = read_rows(tmp_path / "resumed")
+    want = read_rows(tmp_path / "full")[2]
+    assert got["rollout/step"] == want["rollout/step"] == 3
+    got, want = deterministic(got), deterministic(want)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
