@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import resource
 import signal
@@ -101,6 +102,20 @@ def _peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
+
+
+def _rows_after(path: str, step: int) -> int:
+    """Rows of ``metrics.jsonl`` for steps after ``step`` (0 when there is no file)."""
+    if not os.path.isfile(path):
+        return 0
+    count = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                count += int(json.loads(line)["rollout/step"]) > step
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line; the sink cuts it when it opens the file
+    return count
 
 
 class Trainer:
@@ -220,6 +235,12 @@ class Trainer:
         print(f"relax train: resuming from {self.resumed_from} at rollout step {step} "
               f"(data epoch {now['epoch']}, prompt {now['index']} of the epoch)",
               file=sys.stderr)
+        stale = _rows_after(os.path.join(self.cfg.output_dir, "metrics.jsonl"), step)
+        if stale:
+            print(f"relax train: {os.path.join(self.cfg.output_dir, 'metrics.jsonl')} holds "
+                  f"{stale} rows of steps after {step} from the interrupted run; the rows this "
+                  "run appends supersede them (readers keep the last row of each step)",
+                  file=sys.stderr)
         if saved is not None and saved != now:
             print(f"relax train: warning: the checkpoint was at data position {saved}, this "
                   f"configuration puts step {step} at {now} (--rollout-batch-size or the data "
@@ -275,9 +296,12 @@ class Trainer:
         # --reward-error-policy zero: counted in rollout/reward_errors and printed, never silent
         self.tracker.add_sum("rollout/reward_errors", len(failures))
         prefix = f"[rank {self.ctx.rank}] " if self.ctx.world_size > 1 else ""
-        for message in failures:
+        for message in failures[:5]:  # a reward service that is down would flood the log
             print(f"relax train: warning: {prefix}{message}; scored 0 (--reward-error-policy "
                   "zero)", file=sys.stderr)
+        if len(failures) > 5:
+            print(f"relax train: warning: {prefix}{len(failures) - 5} more samples scored 0 in "
+                  "this step (rollout/reward_errors counts them all)", file=sys.stderr)
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
         if self.post_process is not None:
             out = torch.as_tensor(self.post_process(rewards.clone(), group_index.clone()),

@@ -72,6 +72,11 @@ def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, caps
     weights = bad / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
+    # and a row for step 4, as if the run had logged step 4 and died before checkpointing it
+    rows = read_rows(out)
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({**rows[-1], "rollout/step": 4}) + "\n")
+
     resumed_cfg = make_config(*flags, "--load", str(save), "--save", str(save),
                               "--save-interval", "1", "--keep-last", "2", tiny=False,
                               output_dir=out)
@@ -79,11 +84,14 @@ def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, caps
     err = capsys.readouterr().err
     assert "skipping checkpoint" in err and "rollout_000004: model.safetensors has" in err
     assert trainer.start_step == 3 and len(tail) == 3
+    assert "holds 1 rows of steps after 3 from the interrupted run" in err
 
     _, full = _fit(make_config(*flags, tiny=False, output_dir=tmp_path / "full"))
     for step, (got, want) in enumerate(zip(tail, full[3:], strict=True), start=4):
         _assert_same(got, want, step)
-    # metrics.jsonl continued: each step once in the final view, equal to the full run's rows
+    # metrics.jsonl continued: step 4 is in the file twice, once in the final view, and the
+    # final view equals the uninterrupted run's rows
+    assert [r["rollout/step"] for r in read_rows(out)] == [1, 2, 3, 4, 4, 5, 6]
     rows = read_metrics(str(out))
     assert [r["rollout/step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     full_rows = read_metrics(str(tmp_path / "full"))
