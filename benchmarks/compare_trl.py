@@ -26,7 +26,8 @@ start-up cancel. Runs alternate Relax, TRL, Relax, TRL, ... (load from other pro
 both alike); the table gives medians over ``--repeats`` (K1, K2) pairs. Generated tokens/s =
 mean response length x 64 / per-step time (the response lengths of the K2 runs). Peak RSS is
 the child's ``ru_maxrss`` from ``os.wait4`` (max over the K2 runs). Final reward: the mean of
-the last 5 of ``--reward-steps`` steps, per seed, then the mean over seeds.
+the last 5 of ``--reward-steps`` steps, per seed, then the mean over seeds (these runs use
+``OMP_NUM_THREADS=1`` for both sides).
 
 Threads: each trainer keeps its own default (Relax: one intra-op thread per local rank's share
 of the cores for a ``--hf-checkpoint`` model; TRL: torch's default); ``--threads N`` forces
@@ -171,7 +172,7 @@ SIDES = {"relax": (relax_command, relax_metrics), "trl": (trl_command, trl_metri
 
 
 def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
-    model_dir, data = prepare(workdir, size, max(a.k2, a.reward_steps))
+    model_dir, data = prepare(workdir, size, max(*a.k2, a.reward_steps))
     out = os.path.join(workdir, "runs", f"{side}-{size}-{setting}-{steps}-{tag}")
     os.makedirs(out, exist_ok=True)
     command, metrics = SIDES[side]
@@ -189,19 +190,19 @@ def timing(a, env) -> list[dict]:
             per_step = {s: [] for s in SIDES}
             rss = {s: [] for s in SIDES}
             length = {s: [] for s in SIDES}
+            k2 = a.k2[a.sizes.index(size) if len(a.k2) > 1 else 0]
             for rep in range(a.repeats):
                 walls = {s: {} for s in SIDES}
-                for steps in (a.k1, a.k2):  # A, B, A, B
+                for steps in (a.k1, k2):  # A, B, A, B
                     for side in SIDES:
                         wall, peak, m = run_side(side, a.workdir, size, setting, steps,
                                                  f"r{rep}", a, env, a.seed)
                         walls[side][steps] = wall
-                        if steps == a.k2:
+                        if steps == k2:
                             rss[side].append(peak)
                             length[side].extend(r["response_length"] for r in m)
                 for side in SIDES:
-                    per_step[side].append((walls[side][a.k2] - walls[side][a.k1])
-                                          / (a.k2 - a.k1))
+                    per_step[side].append((walls[side][k2] - walls[side][a.k1]) / (k2 - a.k1))
                 print(f"  {size} {setting} repeat {rep}: " + ", ".join(
                     f"{s} {per_step[s][-1]:.3f} s/step" for s in SIDES), flush=True)
             row = {"size": size, "setting": setting}
@@ -218,6 +219,8 @@ def timing(a, env) -> list[dict]:
 
 
 def rewards(a, env) -> list[dict]:
+    # one thread for both: the reward curve does not depend on speed, and this is the fastest
+    env = {**env, "OMP_NUM_THREADS": "1"}
     out = []
     for size in a.sizes:
         for setting in a.settings:
@@ -272,7 +275,9 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--settings", nargs="+", default=["nokl", "kl"], choices=["nokl", "kl"])
     p.add_argument("--k1", type=int, default=2)
-    p.add_argument("--k2", type=int, default=6)
+    p.add_argument("--k2", type=int, nargs="+", default=[22, 10],
+                   help="long-run steps, one per --sizes entry (or one for all): the difference "
+                        "must dwarf the start-up noise (~1 s)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -284,8 +289,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--summary", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
-    if a.k2 <= a.k1:
-        p.error("--k2 must be larger than --k1")
+    if min(a.k2) <= a.k1 or len(a.k2) not in (1, len(a.sizes)):
+        p.error("--k2: one value, or one per --sizes entry, each larger than --k1")
     os.makedirs(a.workdir, exist_ok=True)
     env = dict(os.environ)
     if a.threads:
@@ -298,6 +303,9 @@ def main(argv=None) -> None:
           f"torch {torch.__version__}, transformers {transformers.__version__}, trl "
           f"{trl.__version__}, Python {platform.python_version()}", flush=True)
     rows = [] if a.skip_timing else timing(a, env)
+    if rows and a.summary:
+        with open(a.summary, "w", encoding="utf-8") as f:
+            json.dump({"timing": rows, "args": vars(a)}, f, indent=1)
     reward_rows = [] if a.skip_reward else rewards(a, env)
     print(markdown(rows, reward_rows))
     if a.summary:
