@@ -73,6 +73,15 @@ class _Timeout(Exception):
     pass
 
 
+class _Raised(Exception):
+    """The reward function itself raised ``error`` (as opposed to what happens while waiting
+    for it: a signal handler's exception must pass through, not become a reward error)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _call(fn: RewardFn, args: tuple, timeout: float | None):
     """``fn(*args)``, waiting at most ``timeout`` seconds (None: no limit).
 
@@ -80,14 +89,17 @@ def _call(fn: RewardFn, args: tuple, timeout: float | None):
     cannot stop a thread), so a reward that may block forever should bound its own I/O.
     """
     if timeout is None:
-        return fn(*args)
+        try:
+            return fn(*args)
+        except Exception as e:
+            raise _Raised(e) from e
     box: dict = {}
     done = threading.Event()
 
     def target():
         try:
             box["value"] = fn(*args)
-        except BaseException as e:  # handed to the caller's thread
+        except Exception as e:  # handed to the caller's thread
             box["error"] = e
         finally:
             done.set()
@@ -96,7 +108,7 @@ def _call(fn: RewardFn, args: tuple, timeout: float | None):
     if not done.wait(timeout):
         raise _Timeout
     if "error" in box:
-        raise box["error"]
+        raise _Raised(box["error"]) from box["error"]
     return box["value"]
 
 
@@ -146,7 +158,8 @@ def score_with_errors(
         if policy == "raise":
             raise
         batch_error = e
-    except Exception as e:
+    except _Raised as raised:
+        e = raised.error
         batch_error = RewardError(
             f"reward function {name} raised on a batch of {n} samples starting at sample "
             f"{index_base}: {type(e).__name__}: {e}")
@@ -175,7 +188,8 @@ def score_with_errors(
                    f"{_describe(i, prompts, index_base)}")
         except RewardError as e:
             msg = f"{e} on {_describe(i, prompts, index_base)}"
-        except Exception as e:
+        except _Raised as raised:
+            e = raised.error
             msg = (f"reward function {name} raised on {_describe(i, prompts, index_base)}: "
                    f"{type(e).__name__}: {e}")
         if msg is not None:

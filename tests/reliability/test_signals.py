@@ -62,3 +62,31 @@ def test_sigint_in_process_stops_after_the_step_with_a_checkpoint(tmp_path):
     assert e.value.exit_code == 130
     assert checkpoint.latest_checkpoint(str(tmp_path / "save"))[1] == 1
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_second_signal_stops_at_once_even_while_a_reward_runs(tmp_path):
+    # the reward (on its worker thread) sends SIGINT, waits until the handler has taken it,
+    # then sends another: the second must interrupt the step, not become a reward error
+    reward = write_reward(tmp_path, "import os, signal, time\n"
+                          "def f(p, r, l):\n"
+                          "    stop = signal.getsignal(signal.SIGINT).__self__\n"
+                          "    os.kill(os.getpid(), signal.SIGINT)\n"
+                          "    deadline = time.monotonic() + 30\n"
+                          "    while stop.signum is None and time.monotonic() < deadline:\n"
+                          "        time.sleep(0.001)\n"
+                          "    os.kill(os.getpid(), signal.SIGINT)\n"
+                          "    time.sleep(0.2)  # the handler raises in the main thread meanwhile\n"
+                          "    return [0.5] * len(p)\n", "twice.py")
+    cfg = make_config(*SMALL, "--custom-rm-path", f"{reward}:f", "--num-rollout", "3",
+                      "--save", str(tmp_path / "save"), tiny=False, output_dir=tmp_path / "run")
+    stop = StopRequest()
+    stop.install()
+    try:
+        trainer = Trainer(cfg, init_distributed("cpu"), console=False, stop=stop)
+        with pytest.raises(Interrupted, match="stopped at once by a second SIGINT") as e:
+            trainer.fit()
+        trainer.close()
+    finally:
+        stop.restore()
+    assert e.value.exit_code == 130
+    assert not (tmp_path / "save").exists()  # no step completed, nothing half written
