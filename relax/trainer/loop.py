@@ -150,7 +150,7 @@ class Trainer:
             return None
         if not os.path.isdir(cfg.load):
             raise InputError(f"--load {cfg.load}: no such directory")
-        resume = checkpoint.latest_checkpoint(cfg.load)
+        resume = checkpoint.latest_checkpoint(cfg.load, report=self.ctx.is_main)
         if resume is None:
             raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
         return resume
