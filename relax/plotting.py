@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 # panel -> (title, [(metric, linestyle)]); two series in a panel differ by line style
@@ -66,19 +67,26 @@ def load_run(path: str) -> Run:
             raise PlotError(f"{config_path}: not a JSON object ({e})") from None
     run = Run(path, str(estimator))
     with open(metrics_path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+        lines = f.readlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            step = int(row["rollout/step"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            if lineno == len(lines) and not line.endswith("\n"):
+                # A run killed mid-write leaves an unterminated last line; the trainer cuts it
+                # off on resume, and a plot of the killed run skips it the same way.
+                print(f"relax plot: warning: {metrics_path}:{lineno}: skipping the torn last "
+                      "line of an interrupted run", file=sys.stderr)
                 continue
-            try:
-                row = json.loads(line)
-                step = int(row["rollout/step"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise PlotError(f"{metrics_path}:{lineno}: expected a JSON object with "
-                                "rollout/step") from None
-            for key, value in row.items():
-                if key == "rollout/step" or not (value is None or isinstance(value, (int, float))):
-                    continue
-                run.series.setdefault(key, {})[step] = math.nan if value is None else float(value)
+            raise PlotError(f"{metrics_path}:{lineno}: expected a JSON object with "
+                            "rollout/step") from None
+        for key, value in row.items():
+            if key == "rollout/step" or not (value is None or isinstance(value, (int, float))):
+                continue
+            run.series.setdefault(key, {})[step] = math.nan if value is None else float(value)
     if not run.series:
         raise PlotError(f"{metrics_path}: no metrics in it")
     return run

@@ -69,6 +69,19 @@ def test_resumed_rows_win_and_null_is_nan(tmp_path):
     assert run.series["rollout/raw_reward"][3] == pytest.approx(0.3)
 
 
+def test_torn_last_line_of_a_killed_run_is_skipped_but_a_bad_middle_line_is_an_error(tmp_path):
+    path = tmp_path / "killed"
+    write_run(path, "grpo", rows(0.0, steps=3))
+    with open(path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"rollout/step": 4, "rollout/raw_')  # killed mid-write: no newline
+    run = load_run(str(path))
+    assert sorted(run.series["rollout/raw_reward"]) == [1, 2, 3]
+    with open(path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write("\n" + json.dumps(rows(0.0, steps=5)[4]) + "\n")  # the torn line is now inside
+    with pytest.raises(PlotError, match=r"metrics.jsonl:4:"):
+        load_run(str(path))
+
+
 def test_relax_plot_writes_a_png(tmp_path):
     runs = [write_run(tmp_path / n, e, rows(o, kl=k)) for n, e, o, k in (
         ("g1", "grpo", 0.0, False), ("g2", "grpo", 0.2, False),
