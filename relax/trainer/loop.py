@@ -22,15 +22,10 @@ Guarantees and the tests behind them: docs/reliability.md.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
-import resource
 import signal
 import sys
 import time
-from collections import defaultdict
 
 import torch
 
@@ -58,64 +53,9 @@ from relax.trainer.distributed import (
 )
 from relax.trainer.errors import InputError, Interrupted, PeerFailure, RelaxError, RewardError
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
+from relax.trainer.runtime import Timer, peak_memory_gb, rows_after, seed_for
 from relax.trainer.signals import StopRequest
 from relax.trainer.update import LossSettings, train_on_rollout
-
-
-def _seed_for(*parts) -> int:
-    """A 63-bit seed from (seed, rank, step, ...): independent streams without collisions."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def _set_cpu_threads(tiny_model: bool) -> None:
-    """Intra-op threads for CPU training.
-
-    The built-in model's matrices are so small that thread hand-offs cost more than they
-    save: on a busy 2-core machine 30 rollout steps took 2.5 s with one thread and 22-37 s
-    with two. Larger models split the host's cores between the local ranks.
-    """
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    torch.set_num_threads(1 if tiny_model else max(1, (os.cpu_count() or 1) // local))
-
-
-class Timer:
-    """Wall time per named phase, summed within a rollout step."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.totals = device, defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # kernels are asynchronous
-        self.totals[name] += time.perf_counter() - start
-
-    def pop(self) -> dict[str, float]:
-        out, self.totals = dict(self.totals), defaultdict(float)
-        return out
-
-
-def _peak_memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
-
-
-def _rows_after(path: str, step: int) -> int:
-    """Rows of ``metrics.jsonl`` for steps after ``step`` (0 when there is no file)."""
-    if not os.path.isfile(path):
-        return 0
-    count = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                count += int(json.loads(line)["rollout/step"]) > step
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn line; the sink cuts it when it opens the file
-    return count
 
 
 class Trainer:
@@ -125,13 +65,15 @@ class Trainer:
         self.cfg, self.ctx = cfg, ctx
         self.stop = stop or StopRequest()
         self.timer = Timer(ctx.device)
-        if ctx.device.type == "cpu":
-            _set_cpu_threads(tiny_model=cfg.hf_checkpoint is None)
         # everything that can fail on bad input comes before any model is loaded
         resume = self._check_paths()
         self._build_data_and_rewards()
         self.eval_sets = load_eval_sets(cfg)  # a bad evaluation file fails here too
         self._build_models(resume)
+        if ctx.device.type == "cpu":
+            # the thread count fits the model actually loaded (setup.cpu_threads)
+            torch.set_num_threads(setup.cpu_threads(
+                unwrap(self.model), local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.save)
         self.tracker = MetricTracker(ctx.group, ctx.device)
@@ -235,7 +177,7 @@ class Trainer:
         print(f"relax train: resuming from {self.resumed_from} at rollout step {step} "
               f"(data epoch {now['epoch']}, prompt {now['index']} of the epoch)",
               file=sys.stderr)
-        stale = _rows_after(os.path.join(self.cfg.output_dir, "metrics.jsonl"), step)
+        stale = rows_after(os.path.join(self.cfg.output_dir, "metrics.jsonl"), step)
         if stale:
             print(f"relax train: {os.path.join(self.cfg.output_dir, 'metrics.jsonl')} holds "
                   f"{stale} rows of steps after {step} from the interrupted run; the rows this "
@@ -263,7 +205,7 @@ class Trainer:
     def generate(self, prompts: list[str], step: int):
         ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
         generator = torch.Generator(self.ctx.device)
-        generator.manual_seed(_seed_for(self.cfg.seed, "rollout", self.ctx.rank, step))
+        generator.manual_seed(seed_for(self.cfg.seed, "rollout", self.ctx.rank, step))
         model = unwrap(self.model)
         model.eval()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.ctx.device.type == "cuda"):
@@ -315,10 +257,11 @@ class Trainer:
     def old_and_ref_log_probs(self, rollout):
         exp = experience_from_rollout(rollout)
         mbs, temp = self.cfg.micro_batch_size, self.cfg.rollout_temperature
-        exp.old_log_probs = batched_log_probs(unwrap(self.model), exp, micro_batch_size=mbs,
-                                              temperature=temp, inference_mode=not self.cfg.fsdp)
-        if self.cfg.fsdp:
-            reshard(self.model)
+        if setup.needs_old_log_probs(self.cfg):  # else the update uses its own (setup.py)
+            exp.old_log_probs = batched_log_probs(unwrap(self.model), exp, micro_batch_size=mbs,
+                                                  temperature=temp, inference_mode=not self.cfg.fsdp)
+            if self.cfg.fsdp:
+                reshard(self.model)
         if self.ref is not None:
             exp.ref_log_probs = batched_log_probs(self.ref, exp, micro_batch_size=mbs,
                                                   temperature=temp)
@@ -366,7 +309,7 @@ class Trainer:
         # the slowest rank sets the pace of a synchronous step
         for name, seconds in times.items():
             self.tracker.add_max(f"perf/{name}_time", seconds)
-        self.tracker.add_max("perf/peak_memory_gb", _peak_memory_gb(self.ctx.device))
+        self.tracker.add_max("perf/peak_memory_gb", peak_memory_gb(self.ctx.device))
         metrics = self.tracker.reduce()
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
             metrics["perf/rollout_time"], 1e-9)

@@ -1,0 +1,58 @@
+"""Small run-time helpers of the training loop: seeds, phase timing, memory, metrics rows."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import resource
+import time
+from collections import defaultdict
+
+import torch
+
+
+def seed_for(*parts) -> int:
+    """A 63-bit seed from (seed, rank, step, ...): independent streams without collisions."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class Timer:
+    """Wall time per named phase, summed within a rollout step."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.totals = device, defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # kernels are asynchronous
+        self.totals[name] += time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        out, self.totals = dict(self.totals), defaultdict(float)
+        return out
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
+
+
+def rows_after(path: str, step: int) -> int:
+    """Rows of ``metrics.jsonl`` for steps after ``step`` (0 when there is no file)."""
+    if not os.path.isfile(path):
+        return 0
+    count = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                count += int(json.loads(line)["rollout/step"]) > step
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line; the sink cuts it when it opens the file
+    return count
