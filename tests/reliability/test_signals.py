@@ -42,6 +42,20 @@ def test_sigterm_mid_step_finishes_the_step_saves_and_exits_143(tmp_path):
     assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000002"), 2)
 
 
+def fit_until_interrupted(cfg, match: str) -> Interrupted:
+    """Train in this process with the signal handlers installed; return the Interrupted."""
+    stop = StopRequest()
+    stop.install()
+    try:
+        trainer = Trainer(cfg, init_distributed("cpu"), console=False, stop=stop)
+        with pytest.raises(Interrupted, match=match) as e:
+            trainer.fit()
+        trainer.close()
+    finally:
+        stop.restore()
+    return e.value
+
+
 def test_sigint_in_process_stops_after_the_step_with_a_checkpoint(tmp_path):
     # the reward interrupts its own process during step 1, like Ctrl-C at the terminal
     reward = write_reward(tmp_path, "import os, signal\ncalls = []\n"
@@ -50,16 +64,8 @@ def test_sigint_in_process_stops_after_the_step_with_a_checkpoint(tmp_path):
                           "    return [0.5] * len(p)\n", "sigint_reward.py")
     cfg = make_config(*SMALL, "--custom-rm-path", f"{reward}:f", "--num-rollout", "3",
                       "--save", str(tmp_path / "save"), tiny=False, output_dir=tmp_path / "run")
-    stop = StopRequest()
-    stop.install()
-    try:
-        trainer = Trainer(cfg, init_distributed("cpu"), console=False, stop=stop)
-        with pytest.raises(Interrupted, match="stopped by SIGINT after rollout step 1 of 3") as e:
-            trainer.fit()
-        trainer.close()
-    finally:
-        stop.restore()
-    assert e.value.exit_code == 130
+    error = fit_until_interrupted(cfg, "stopped by SIGINT after rollout step 1 of 3")
+    assert error.exit_code == 130
     assert checkpoint.latest_checkpoint(str(tmp_path / "save"))[1] == 1
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
 
@@ -79,14 +85,6 @@ def test_second_signal_stops_at_once_even_while_a_reward_runs(tmp_path):
                           "    return [0.5] * len(p)\n", "twice.py")
     cfg = make_config(*SMALL, "--custom-rm-path", f"{reward}:f", "--num-rollout", "3",
                       "--save", str(tmp_path / "save"), tiny=False, output_dir=tmp_path / "run")
-    stop = StopRequest()
-    stop.install()
-    try:
-        trainer = Trainer(cfg, init_distributed("cpu"), console=False, stop=stop)
-        with pytest.raises(Interrupted, match="stopped at once by a second SIGINT") as e:
-            trainer.fit()
-        trainer.close()
-    finally:
-        stop.restore()
-    assert e.value.exit_code == 130
+    error = fit_until_interrupted(cfg, "stopped at once by a second SIGINT")
+    assert error.exit_code == 130
     assert not (tmp_path / "save").exists()  # no step completed, nothing half written
