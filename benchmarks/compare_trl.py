@@ -13,7 +13,9 @@ The same work for both (issue 6):
   tokenizer, the same prompts (a jsonl of ``copy``-task prompts, read in order) and the same
   reward (``relax.rollout.tasks.CopyTask.reward``);
 * per step 8 prompts x 8 samples, at most 32 new tokens, temperature 1, one AdamW step over all
-  64 samples in one micro-batch, lr constant, clip-grad 1.0, eps-clip 0.2;
+  64 samples, lr constant, clip-grad 1.0, eps-clip 0.2 (TRL: one pass with activation
+  checkpointing, its default; Relax: ``--micro-batch-size`` samples per pass, 64 at h64 and 16
+  at h256 by default -- the same gradient, SPEC 7, with a quarter of the activations alive);
 * GRPO with group std scaling and a per-response-mean loss: Relax ``--advantage-estimator grpo``
   (response mean is its default), TRL ``loss_type="grpo"``, ``scale_rewards="group"``;
 * setting ``nokl``: no reference; setting ``kl``: a k3 reference KL loss of weight ``--beta``
@@ -79,7 +81,8 @@ def prepare(workdir: str, size: str, max_steps: int) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------- the two runs
-def relax_command(model_dir, data, steps, out, *, beta, lr, seed) -> list[str]:
+def relax_command(model_dir, data, steps, out, *, beta, lr, seed, micro_batch_size=None
+                  ) -> list[str]:
     cmd = [sys.executable, "-m", "relax", "train", "--hf-checkpoint", model_dir,
            "--prompt-data", data, "--rm-type", "copy", "--advantage-estimator", "grpo",
            "--rollout-batch-size", str(PROMPTS), "--n-samples-per-prompt", str(SAMPLES),
@@ -87,12 +90,15 @@ def relax_command(model_dir, data, steps, out, *, beta, lr, seed) -> list[str]:
            "--num-rollout", str(steps), "--lr", str(lr), "--clip-grad", "1.0",
            "--eps-clip", "0.2", "--adam-beta1", "0.9", "--adam-beta2", "0.999",
            "--weight-decay", "0", "--seed", str(seed), "--device", "cpu", "--output-dir", out]
+    if micro_batch_size:
+        cmd += ["--micro-batch-size", str(micro_batch_size)]
     if beta:
         cmd += ["--use-kl-loss", "--kl-loss-type", "k3", "--kl-loss-coef", str(beta)]
     return cmd
 
 
-def trl_command(model_dir, data, steps, out, *, beta, lr, seed) -> list[str]:
+def trl_command(model_dir, data, steps, out, *, beta, lr, seed, micro_batch_size=None
+                ) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "_trl", "--model", model_dir,
             "--data", data, "--steps", str(steps), "--out", out, "--beta", str(beta),
             "--lr", str(lr), "--seed", str(seed)]
@@ -177,8 +183,10 @@ def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
     os.makedirs(out, exist_ok=True)
     command, metrics = SIDES[side]
     beta = a.beta if setting == "kl" else 0.0
-    wall, rss = run_child(command(model_dir, data, steps, out, beta=beta, lr=a.lr, seed=seed),
-                          os.path.join(out, "log.txt"), env)
+    mbs = a.micro_batch_size[a.sizes.index(size) if len(a.micro_batch_size) > 1 else 0]
+    cmd = command(model_dir, data, steps, out, beta=beta, lr=a.lr, seed=seed,
+                  micro_batch_size=mbs)
+    wall, rss = run_child(cmd, os.path.join(out, "log.txt"), env)
     return wall, rss, metrics(out)
 
 
@@ -287,10 +295,18 @@ def main(argv=None) -> None:
     p.add_argument("--skip-reward", action="store_true")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--micro-batch-size", type=int, nargs="+", default=[64, 16],
+                   help="Relax's --micro-batch-size, one per --sizes entry (or one for all): its "
+                        "memory knob, the counterpart of TRL's default activation checkpointing "
+                        "(the gradient does not depend on it, SPEC 7)")
     p.add_argument("--summary", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
     if min(a.k2) <= a.k1 or len(a.k2) not in (1, len(a.sizes)):
         p.error("--k2: one value, or one per --sizes entry, each larger than --k1")
+    if len(a.micro_batch_size) not in (1, len(a.sizes)) or any(
+            m < 1 or (PROMPTS * SAMPLES) % m for m in a.micro_batch_size):
+        p.error(f"--micro-batch-size: one value, or one per --sizes entry, each dividing "
+                f"{PROMPTS * SAMPLES}")
     os.makedirs(a.workdir, exist_ok=True)
     env = dict(os.environ)
     if a.threads:
