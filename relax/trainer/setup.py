@@ -114,9 +114,11 @@ def needs_old_log_probs(cfg) -> bool:
 
 
 # Below this many parameters a CPU matrix product is too small for two threads to pay for
-# their hand-offs; on a busy 2-core machine one thread was up to 10x faster (docs/performance.md,
-# issue 6). Above it the host's cores are split between the local ranks.
-SMALL_MODEL_PARAMETERS = 20_000_000
+# their hand-offs: the built-in 0.1M-parameter model ran up to 10x faster on one thread on a
+# busy 2-core machine. At 3.2M parameters two threads already won on a quiet machine
+# (0.72 vs 0.99 s per step; docs/performance.md, issue 6), so above this the host's cores
+# are split between the local ranks.
+SMALL_MODEL_PARAMETERS = 1_000_000
 
 
 def cpu_threads(model, *, cpu_count: int | None = None, local_world_size: int = 1,
