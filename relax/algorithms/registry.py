@@ -1,8 +1,9 @@
 """The estimator name table and the production dispatcher (SPEC sections 3-7, 10, 13).
 
-Adding an estimator is one :data:`ESTIMATORS` entry plus pure functions: ``raw`` turns a
-rollout batch into raw advantages (and the reported returns), ``normalizer`` names the
-global normalization, ``policy_loss`` the per-token loss.
+Adding an estimator is one :data:`ESTIMATORS` entry plus pure functions: ``tokens`` (a
+[B, T] raw advantage) or ``rows`` (one raw value per response) turns a rollout batch into
+raw advantages (also the reported returns), ``normalizer`` names the global normalization,
+``policy_loss`` the per-token loss.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from relax.algorithms._checks import (
 )
 from relax.algorithms.advantages import (
     baseline_rows,
-    group_relative_advantages,
     group_relative_rows,
-    reinforce_plus_plus_baseline_advantages,
     rpp_returns_masked,
 )
 from relax.algorithms.losses import gspo_loss, ppo_clip_loss, sapo_loss
@@ -83,15 +82,6 @@ def _rpp_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
     )
 
 
-def _rpp_baseline_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
-    return reinforce_plus_plus_baseline_advantages(b.rewards, b.group_index, b.mask), None
-
-
-def _group_raw(b: Batch, s: AdvantageSettings) -> tuple[Tensor, Tensor | None]:
-    adv = group_relative_advantages(b.rewards, b.group_index, b.mask, std_normalization=s.std_normalization)
-    return adv, None
-
-
 # Per-response estimators also give their raw advantage as one float64 value per response
 # [B]; the dispatcher then normalizes on [B] (normalization.normalize_rows) and writes each
 # [B, T] output once, instead of normalizing B x T tokens.
@@ -107,22 +97,25 @@ def _group_rows(b: Batch, s: AdvantageSettings) -> Tensor:
 class EstimatorSpec:
     name: str
     family: str  # "reinforce_plus_plus" | "group_relative"
-    raw: Callable[[Batch, AdvantageSettings], tuple[Tensor, Tensor | None]]
     normalizer: str  # "population" (SPEC 6, mandatory) | "whiten" (SPEC 5, optional)
     policy_loss: str  # "ppo_clip" | "gspo" | "sapo"
+    # Exactly one of: ``tokens`` (raw [B, T] and a scratch buffer, see _rpp_raw) or ``rows``
+    # (one float64 value per response [B], see _rpp_baseline_rows).
+    tokens: Callable[[Batch, AdvantageSettings], tuple[Tensor, Tensor | None]] | None = None
+    rows: Callable[[Batch, AdvantageSettings], Tensor] | None = None
     needs_group_index: bool = True
-    rows: Callable[[Batch, AdvantageSettings], Tensor] | None = None  # see _rpp_baseline_rows
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = {
     spec.name: spec
     for spec in (
-        EstimatorSpec("reinforce_plus_plus", "reinforce_plus_plus", _rpp_raw, "population", "ppo_clip", needs_group_index=False),
-        EstimatorSpec("reinforce_plus_plus_baseline", "reinforce_plus_plus", _rpp_baseline_raw, "population",
+        EstimatorSpec("reinforce_plus_plus", "reinforce_plus_plus", "population", "ppo_clip",
+                      tokens=_rpp_raw, needs_group_index=False),
+        EstimatorSpec("reinforce_plus_plus_baseline", "reinforce_plus_plus", "population",
                       "ppo_clip", rows=_rpp_baseline_rows),
-        EstimatorSpec("grpo", "group_relative", _group_raw, "whiten", "ppo_clip", rows=_group_rows),
-        EstimatorSpec("gspo", "group_relative", _group_raw, "whiten", "gspo", rows=_group_rows),
-        EstimatorSpec("sapo", "group_relative", _group_raw, "whiten", "sapo", rows=_group_rows),
+        EstimatorSpec("grpo", "group_relative", "whiten", "ppo_clip", rows=_group_rows),
+        EstimatorSpec("gspo", "group_relative", "whiten", "gspo", rows=_group_rows),
+        EstimatorSpec("sapo", "group_relative", "whiten", "sapo", rows=_group_rows),
     )
 }
 
@@ -176,20 +169,20 @@ def compute_advantages_and_returns(
                 raise ValueError(f"{name} [B, T] is required by reinforce_plus_plus with kl_coef != 0")
             check_like_mask(lp, m, name)
     dtype = compute_dtype(rewards, *((old_log_probs, ref_log_probs) if uses_kl else ()))
+    # population: always (SPEC 6); whiten: on request (SPEC 5); none: moments for metrics only
+    mode = "population" if spec.normalizer == "population" else (
+        "whiten" if settings.normalize_advantages else "none")
     if spec.rows is not None:
         batch = Batch(rewards, m, None, group_index, old_log_probs, ref_log_probs, dtype)
-        mode = "population" if spec.normalizer == "population" else (
-            "whiten" if settings.normalize_advantages else "none")
         advantages, raw, stats = normalize_rows(spec.rows(batch, settings), m, dtype, mode=mode, group=group)
         return AdvantageOutput(advantages, raw, stats, _rollout_metrics(rewards, stats, group))
     keep = keep_bits(m, dtype)
     batch = Batch(rewards, m, keep, group_index, old_log_probs, ref_log_probs, dtype)
-
-    raw, scratch = spec.raw(batch, settings)  # raw: 0 outside the mask
+    raw, scratch = spec.tokens(batch, settings)  # raw: 0 outside the mask
     raw = raw.to(dtype)
-    if spec.normalizer == "population":
+    if mode == "population":
         advantages, stats = population_normalize_clean(raw, m, keep, group=group, out=scratch)
-    elif settings.normalize_advantages:
+    elif mode == "whiten":
         advantages, stats = whiten_clean(raw, m, keep, group=group, out=scratch)
     else:
         advantages, stats = raw, moments_clean(raw, m, keep, group=group, out=scratch)
