@@ -11,6 +11,7 @@ training before ``optimizer.step()``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -145,7 +146,7 @@ def train_on_rollout(
         stats = all_reduce_sum(stats, ctx)
         values = dict(zip(s.metric_names, stats.tolist(), strict=True))
         values["train/grad_norm"] = float(grad_norm)
-        bad = {k: v for k, v in values.items() if not torch.isfinite(torch.tensor(v))}
+        bad = {k: v for k, v in values.items() if not math.isfinite(v)}
         if "train/loss" in bad or "train/grad_norm" in bad:
             raise NonFiniteError(
                 f"non-finite training values at optimizer step {len(history) + 1} of this "
