@@ -131,3 +131,23 @@ def test_seeded_sampling_is_reproducible(tok, model):
     runs = [generate(model, ids, mask, max_new_tokens=5, eos_token_ids=[EOS], pad_token_id=PAD,
                      generator=torch.Generator().manual_seed(9)).response_ids for _ in range(2)]
     assert torch.equal(*runs)
+
+
+def test_draw_follows_the_distribution_and_never_draws_a_zero():
+    """Inverse-CDF draws: empirical frequencies of 200k draws match the probabilities (the
+    largest deviation is ~4 binomial standard errors at most), zero-mass entries never appear,
+    and a row with one nonzero entry always draws it."""
+    from relax.rollout.generate import draw
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
+    n = 200_000
+    got = draw(probs.expand(n, -1), torch.Generator().manual_seed(4))
+    freq = torch.bincount(got, minlength=7).double() / n
+    se = (probs.double() * (1 - probs.double()) / n).sqrt()
+    assert ((freq - probs.double()).abs() <= 4 * se + 1e-12).all(), freq
+    assert freq[probs == 0].sum() == 0
+    last = torch.zeros(3, 5)
+    last[:, 4] = 1.0  # the last index: the clamp against u landing on the total
+    assert draw(last, torch.Generator().manual_seed(0)).tolist() == [4, 4, 4]
+    unnormalized = torch.tensor([[0.0, 3.0, 0.0]])
+    assert draw(unnormalized.expand(50, -1), None).eq(1).all()

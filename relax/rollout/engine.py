@@ -1,0 +1,202 @@
+"""A lean sampling forward for Llama-family causal LMs (Qwen3, Qwen2, Llama): the rollout engine.
+
+Why it exists (issue 6): for the small models Relax trains on a CPU, one decode step through the
+Hugging Face module stack costs far more than its matrix products -- a causal mask rebuilt per
+step, a KV cache grown with ``torch.cat``, a flash-attention kernel for a single query, and a
+Python call per module. This engine computes the same function from the same parameters
+(read, never copied, at each rollout, so it always samples from the current policy) with:
+
+* a preallocated KV cache written in place, one column per step;
+* attention for the single new query as two batched products over the filled columns, with the
+  prompt padding as an additive bias built once;
+* RoPE cos/sin looked up from a table made once per rollout by the model's own rotary module
+  (so every RoPE variant the model supports is honoured);
+* the prompt prefill run once per distinct prompt: the n samples of a group share their
+  prompt, so its keys and values are computed once and indexed out to the n rows.
+
+The architecture contract it relies on is checked by ``unsupported_reason``; a model that does
+not match (another family, sliding-window layers, an activation other than SiLU, a sharded
+FSDP2 model whose parameters are DTensors) is decoded through its own ``forward`` instead.
+The logits equal the model's own forward up to float rounding
+(tests/rollout/test_engine.py checks both against a float64 run of the Hugging Face model).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+
+
+def unsupported_reason(model) -> str | None:
+    """Why ``model`` cannot use the engine, or None when it can."""
+    cfg = getattr(model, "config", None)
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (the engine implements SiLU gating)"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return "sliding-window attention layers"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return "no model.layers / lm_head"
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return "sharded parameters (FSDP2)"
+    return None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # the Hugging Face RMSNorm: statistics in float32, then the weight in the input dtype
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as the model applies it: x * cos + rotate_half(x) * sin (halves, not pairs)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class _Layer:
+    """One decoder layer's parameters (references, not copies) and constants."""
+
+    def __init__(self, layer, num_heads: int, num_kv_heads: int, head_dim: int):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.q, self.k, self.v, self.o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.q_norm = getattr(attn, "q_norm", None)
+        self.k_norm = getattr(attn, "k_norm", None)
+        self.scaling = getattr(attn, "scaling", head_dim**-0.5)
+        self.in_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+
+    def qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """h [..., H] -> q [..., nh, hd], k and v [..., nkv, hd]; normed and rotated."""
+        lead = h.shape[:-1]
+        q = F.linear(h, self.q.weight, self.q.bias).view(*lead, self.num_heads, self.head_dim)
+        k = F.linear(h, self.k.weight, self.k.bias).view(*lead, self.num_kv_heads, self.head_dim)
+        v = F.linear(h, self.v.weight, self.v.bias).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
+            q = _rms(q, self.q_norm.weight, self.q_norm.variance_epsilon)
+            k = _rms(k, self.k_norm.weight, self.k_norm.variance_epsilon)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = _rms(x, self.post_norm.weight, self.post_norm.variance_epsilon)
+        act = F.silu(F.linear(h, self.gate.weight, self.gate.bias)) * F.linear(
+            h, self.up.weight, self.up.bias
+        )
+        return x + F.linear(act, self.down.weight, self.down.bias)
+
+
+class DecodeEngine:
+    """Incremental sampling forward over a static KV cache.
+
+    ``prefill(prompt_ids [B, P], prompt_mask [B, P], max_new_tokens)`` returns the logits [B, V]
+    for the first new token; each ``step(tokens [B])`` appends one column and returns the next
+    logits [B, V]. Prompts are left-padded, so every row writes the same cache column per step.
+    """
+
+    def __init__(self, model):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the decode engine cannot run this model: {reason}")
+        cfg = model.config
+        self.model = model
+        inner = model.model
+        self.embed, self.final_norm, self.lm_head = inner.embed_tokens, inner.norm, model.lm_head
+        self.rotary = inner.rotary_emb
+        num_heads = cfg.num_attention_heads
+        num_kv_heads = getattr(cfg, "num_key_value_heads", None) or num_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.groups = num_heads // num_kv_heads
+        self.layers = [_Layer(layer, num_heads, num_kv_heads, head_dim) for layer in inner.layers]
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int):
+        B, P = prompt_ids.shape
+        device = prompt_ids.device
+        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        # one cos/sin row per position any row can reach during this rollout
+        table_pos = torch.arange(P + max_new_tokens, device=device)[None]
+        x0 = self.embed.weight[:1]
+        cos, sin = self.rotary(x0, table_pos)
+        self.cos, self.sin = cos[0], sin[0]  # [L, hd]
+        self.next_position = positions[:, -1] + 1  # [B]
+
+        # the n samples of a group share their prompt: run each distinct prompt once
+        key = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
+        unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+        u_ids, u_mask = unique[:, :P], unique[:, P:].bool()
+        u_pos = positions.new_zeros(unique.shape[0], P).index_copy_(0, inverse, positions)
+
+        U = unique.shape[0]
+        # causal and padding; a padded query may see itself so no softmax row is empty (its
+        # output is never read: padded keys are masked for every real query)
+        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+        allowed = (causal & u_mask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
+        allowed = allowed[:, None]  # [U, 1, P, P]
+
+        L = P + max_new_tokens
+        x = self.embed(u_ids)  # [U, P, H]
+        cos, sin = self.cos[u_pos], self.sin[u_pos]  # [U, P, hd]
+        self.k_cache, self.v_cache = [], []
+        for layer in self.layers:
+            h = _rms(x, layer.in_norm.weight, layer.in_norm.variance_epsilon)
+            q, k, v = layer.qkv(h, cos, sin)  # [U, P, heads, hd]
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, scale=layer.scaling, enable_gqa=self.groups > 1
+            )
+            x = x + F.linear(out.transpose(1, 2).reshape(U, P, -1), layer.o.weight, layer.o.bias)
+            x = layer.mlp(x)
+            kc = k.new_empty(B, self.num_kv_heads, L, self.head_dim)
+            vc = torch.empty_like(kc)
+            kc[:, :, :P] = k[inverse]
+            vc[:, :, :P] = v[inverse]
+            self.k_cache.append(kc)
+            self.v_cache.append(vc)
+        # padded prompt columns never receive attention from a generated token
+        bias = torch.zeros(B, L, dtype=x.dtype, device=device)
+        bias[:, :P].masked_fill_(~prompt_mask, float("-inf"))
+        self.bias = bias[:, None, None, :]  # [B, 1, 1, L]
+        self.length = P
+        return self._logits(x[inverse, -1])
+
+    # ------------------------------------------------------------------ one token
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B] at column ``self.length`` -> logits [B, V] for the column after it."""
+        B = tokens.shape[0]
+        col = self.length
+        n = col + 1
+        x = self.embed(tokens)  # [B, H]
+        cos, sin = self.cos[self.next_position], self.sin[self.next_position]  # [B, hd]
+        bias = self.bias[..., :n]
+        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache, strict=True):
+            h = _rms(x, layer.in_norm.weight, layer.in_norm.variance_epsilon)
+            q, k, v = layer.qkv(h, cos, sin)  # q [B, nh, hd]; k, v [B, nkv, hd]
+            kc[:, :, col] = k
+            vc[:, :, col] = v
+            # grouped-query attention of one query per row: [B, nkv, g, hd] x [B, nkv, hd, n]
+            q = q.view(B, self.num_kv_heads, self.groups, self.head_dim)
+            scores = torch.matmul(q, kc[:, :, :n].transpose(-1, -2)) * layer.scaling + bias
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(probs, vc[:, :, :n]).reshape(B, -1)
+            x = x + F.linear(out, layer.o.weight, layer.o.bias)
+            x = layer.mlp(x)
+        self.length = n
+        self.next_position = self.next_position + 1
+        return self._logits(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        h = _rms(x, self.final_norm.weight, self.final_norm.variance_epsilon)
+        return F.linear(h, self.lm_head.weight, getattr(self.lm_head, "bias", None))
+
