@@ -32,10 +32,14 @@ class Experience:
         return self.input_ids.shape[0]
 
     def rows(self, start: int, stop: int) -> Experience:
+        return self.select(slice(start, stop))
+
+    def select(self, index) -> Experience:
+        """The rows picked by ``index`` (a slice or a [k] index tensor) of every field."""
         return replace(
             self,
             **{
-                f.name: getattr(self, f.name)[start:stop]
+                f.name: getattr(self, f.name)[index]
                 for f in fields(self)
                 if getattr(self, f.name) is not None
             },

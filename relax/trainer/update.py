@@ -7,6 +7,11 @@ micro-batches and ranks is the whole-batch loss, and ranks sum (not average) the
 (see ``distributed.py``). The step's metrics are partial sums reduced the same way, with one
 all-reduce per optimizer step, which is also where a non-finite loss or gradient norm stops
 training before ``optimizer.step()``.
+
+Rows that cannot move the parameters skip the backward: with no KL loss and no entropy bonus,
+a response whose advantages are all exactly 0 contributes exactly 0 to every policy loss and to
+its gradient (each loss is the advantage times a finite factor), so it needs a forward for the
+step's metrics and nothing more (``inert_rows``). Its share still counts in the denominators.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from relax.algorithms import approx_kl, compute_policy_loss, response_mean, token_mean
-from relax.trainer.distributed import DistContext, all_reduce_sum, no_grad_sync
+from relax.trainer.distributed import DistContext, all_reduce_sum, no_grad_sync, unwrap
 from relax.trainer.errors import NonFiniteError
 from relax.trainer.logprobs import Experience, response_log_probs
 
@@ -98,6 +103,33 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     return loss, stats
 
 
+def inert_rows(mb: Experience, s: LossSettings) -> torch.Tensor | None:
+    """[B] bool: responses whose loss and gradient are exactly zero, or None when no row can be.
+
+    Every SPEC 7 policy loss is ``-A * f(ratio)`` per token (PPO clip with dual clip, GSPO,
+    SAPO); with ``A = 0`` on every token of a response its terms are 0 and so is their gradient,
+    whatever the ratio. A KL loss or an entropy bonus adds terms that do not vanish.
+    """
+    if s.use_kl_loss or s.entropy_coef:
+        return None
+    return (mb.advantages == 0).all(dim=-1)  # NaN compares unequal: such a row stays active
+
+
+def _split(chunk: Experience, s: LossSettings, sharded: bool):
+    """(rows that need a backward, rows that need only a forward) of one optimizer step.
+
+    A sharded (FSDP2) model keeps every row active: its ranks must run the same passes, each
+    with its collectives. Otherwise at least one row stays active, because a data-parallel rank
+    must join the step's gradient all-reduce even when its gradient is zero.
+    """
+    inert = None if sharded else inert_rows(chunk, s)
+    if inert is None or not inert.any():
+        return chunk, None
+    inert[0] &= not bool(inert.all())  # keep row 0 active when all are inert: its gradient is 0
+    active_idx, inert_idx = (~inert).nonzero().squeeze(-1), inert.nonzero().squeeze(-1)
+    return chunk.select(active_idx), chunk.select(inert_idx)
+
+
 def train_on_rollout(
     model,
     optimizer: torch.optim.Optimizer,
@@ -122,6 +154,7 @@ def train_on_rollout(
             "step, and every step after the first sees a moved policy"
         )
     params = [p for p in model.parameters() if p.requires_grad]
+    sharded = hasattr(model, "set_requires_gradient_sync")
     history = []
     for start in range(0, len(exp), local_step):
         chunk = exp.rows(start, start + local_step)
@@ -130,21 +163,34 @@ def train_on_rollout(
             # keep the global token count on device: one all-reduce, no host sync
             num_tokens = all_reduce_sum(chunk.response_mask.sum().to(torch.float64), ctx)
         optimizer.zero_grad(set_to_none=True)
-        stats = None
-        for i in range(0, local_step, micro_batch_size):
-            last = i + micro_batch_size >= local_step
+        active, inert = _split(chunk, s, sharded)
+        stats = torch.zeros(len(s.metric_names) + 1, dtype=torch.float64,
+                            device=chunk.response_mask.device)
+        for i in range(0, len(active), micro_batch_size):
+            last = i + micro_batch_size >= len(active)
             with no_grad_sync(model, skip=not last):
                 loss, part = micro_batch_loss(
-                    model, chunk.rows(i, i + micro_batch_size), s,
+                    model, active.rows(i, i + micro_batch_size), s,
                     num_responses=global_batch_size, num_tokens=num_tokens,
                 )
                 loss.backward()
-            stats = part if stats is None else stats + part
+            stats[:-1] += part
+        if inert is not None:
+            # the metrics' share of the inert rows: the same function, without autograd, and on
+            # the bare module (a DDP forward may broadcast buffers, a collective)
+            with torch.no_grad():
+                for i in range(0, len(inert), micro_batch_size):
+                    stats[:-1] += micro_batch_loss(
+                        unwrap(model), inert.rows(i, i + micro_batch_size), s,
+                        num_responses=global_batch_size, num_tokens=num_tokens,
+                    )[1]
+            stats[-1] = len(inert) / global_batch_size
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
         stats = all_reduce_sum(stats, ctx)
-        values = dict(zip(s.metric_names, stats.tolist(), strict=True))
+        names = s.metric_names + ("perf/backward_skipped_fraction",)
+        values = dict(zip(names, stats.tolist(), strict=True))
         values["train/grad_norm"] = float(grad_norm)
         bad = {k: v for k, v in values.items() if not math.isfinite(v)}
         if "train/loss" in bad or "train/grad_norm" in bad:

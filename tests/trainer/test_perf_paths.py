@@ -103,3 +103,58 @@ def test_cpu_threads(model):
     assert setup.cpu_threads(big, cpu_count=2, local_world_size=4, environ={}) == 1
     assert setup.cpu_threads(small, cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
     assert setup.cpu_threads(big, cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
+
+
+@pytest.mark.parametrize("estimator,per_token", [("grpo", False), ("gspo", False),
+                                                 ("sapo", False), ("grpo", True)])
+def test_zero_advantage_rows_skip_the_backward_with_the_same_step(model, estimator, per_token,
+                                                                  monkeypatch):
+    """Two optimizer steps with old log-probs off the policy (ratios far from 1, clipping on):
+    skipping the backward of all-zero-advantage rows leaves the parameters and every metric as
+    the full pass has them, and only the active rows run with autograd."""
+    from relax.trainer import update
+
+    exp = fixed_experience(model)
+    exp.advantages[[0, 2, 3, 5]] = 0.0  # rows 3 (no tokens) and the rest: nothing to learn
+    s = LossSettings(estimator=estimator, per_token=per_token)
+    grad_rows = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: grad_rows.append(kwargs["input_ids"].shape[0])
+        if torch.is_grad_enabled() else None, with_kwargs=True)
+
+    def run():
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        history = train_on_rollout(m, opt, exp, s, CTX, global_batch_size=B // 2,
+                                   micro_batch_size=2, clip_grad=1e6)
+        return dict(m.named_parameters()), history
+
+    try:
+        params, history = run()
+        rows_with_grad = sum(grad_rows)
+        monkeypatch.setattr(update, "inert_rows", lambda mb, s: None)
+        full_params, full_history = run()
+    finally:
+        hook.remove()
+    assert rows_with_grad == B - 4
+    for name, p in full_params.items():
+        torch.testing.assert_close(params[name], p, atol=1e-6, rtol=1e-5, msg=name)
+        assert not torch.equal(p, dict(model.named_parameters())[name]) or "norm" in name
+    for got, ref, inert in zip(history, full_history, (3, 1), strict=True):
+        assert got.pop("perf/backward_skipped_fraction") == inert / (B // 2)
+        assert ref.pop("perf/backward_skipped_fraction") == 0.0
+        assert got == pytest.approx(ref, rel=1e-5, abs=1e-7)
+        assert abs(ref["train/ppo_kl"]) > 1e-3  # ratios away from 1: the factors are not trivial
+
+
+def test_kl_or_entropy_terms_keep_every_row(model):
+    from relax.trainer.update import inert_rows
+
+    exp = fixed_experience(model)
+    exp.advantages[:] = 0.0
+    assert inert_rows(exp, LossSettings(estimator="grpo")).all()
+    assert inert_rows(exp, LossSettings(estimator="grpo", entropy_coef=0.01)) is None
+    assert inert_rows(exp, LossSettings(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
+                                        kl_loss_coef=0.1)) is None
+    exp.advantages[1, 0] = float("nan")  # a NaN advantage is not zero: the row stays active
+    assert not inert_rows(exp, LossSettings(estimator="grpo"))[1]

@@ -52,10 +52,16 @@ def settings(estimator: str, per_token: bool = False) -> LossSettings:
                         entropy_coef=0.01, per_token=per_token)
 
 
-def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int):
+INERT_ROWS = [1, 4, 5, 6, 7]  # with two ranks: rank 1 holds only zero-advantage rows
+
+
+def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
+             inert: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
-    Returns (full parameters by name, the step's metrics) from every rank."""
+    ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
+    backward the update skips. Returns (full parameters by name, the step's metrics) from every
+    rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     rank = dist.get_rank() if distributed else 0
@@ -63,6 +69,10 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int)
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=7)
     exp = fixed_experience(model)
+    loss_settings = settings(estimator, per_token)
+    if inert:
+        exp.advantages[INERT_ROWS] = 0.0
+        loss_settings = LossSettings(estimator=estimator, eps_clip=0.2, per_token=per_token)
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
     model = wrap_model(model, ctx, fsdp=fsdp)
@@ -74,7 +84,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int)
         reshard(model)
     assert old.shape == local.response_mask.shape
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    history = train_on_rollout(model, opt, local, settings(estimator, per_token), ctx,
+    history = train_on_rollout(model, opt, local, loss_settings, ctx,
                                global_batch_size=B, micro_batch_size=micro_batch_size,
                                clip_grad=1e6)  # no clipping: it would hide a 2x scale
     params = {}
