@@ -64,6 +64,14 @@ def init_distributed(device_choice: str, timeout_minutes: float | None = None) -
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.group.WORLD)
 
 
+def finish_together(ctx) -> None:
+    """Wait until every rank has finished training. A rank that tears its Gloo connections
+    down while a peer still completes its last collective can make that peer's transport
+    threads abort the process (exit by SIGABRT at the very end of a successful run)."""
+    if ctx.world_size > 1:
+        dist.barrier(group=ctx.group)
+
+
 def shutdown_distributed(*, peer_failed: bool = False) -> None:
     """Leave the process group. After a peer failure the group is broken: destroying it would
     talk to dead ranks, and its threads abort the interpreter at exit ("terminate called

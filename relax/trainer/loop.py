@@ -43,6 +43,7 @@ from relax.rollout.rewards import build_reward_fn, load_function, score_with_err
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
     all_reduce_max,
+    finish_together,
     init_distributed,
     is_peer_failure,
     raise_together,
@@ -403,6 +404,7 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
         trainer = Trainer(cfg, ctx, console=console, stop=stop)
         try:
             history = trainer.fit()
+            finish_together(ctx)
         finally:
             trainer.close()
     except RelaxError:
