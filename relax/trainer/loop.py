@@ -72,9 +72,9 @@ class Trainer:
         self.eval_sets = load_eval_sets(cfg)  # a bad evaluation file fails here too
         self._build_models(resume)
         if ctx.device.type == "cpu":
-            # the thread count fits the model actually loaded (setup.cpu_threads)
+            # the host's cores shared between the local ranks (setup.cpu_threads)
             torch.set_num_threads(setup.cpu_threads(
-                unwrap(self.model), local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.save)
         self.tracker = MetricTracker(ctx.group, ctx.device)

@@ -118,18 +118,19 @@ def needs_old_log_probs(cfg) -> bool:
 # busy 2-core machine. At 3.2M parameters two threads already won on a quiet machine
 # (0.72 vs 0.99 s per step; docs/performance.md, issue 6), so above this the host's cores
 # are split between the local ranks.
-SMALL_MODEL_PARAMETERS = 1_000_000
-
-
-def cpu_threads(model, *, cpu_count: int | None = None, local_world_size: int = 1,
+def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
                 environ=None) -> int:
-    """Intra-op threads for CPU training of ``model``: ``OMP_NUM_THREADS`` when the user set
-    it, one for a small model, else the cores divided between the local ranks."""
+    """Intra-op threads for CPU training: ``OMP_NUM_THREADS`` when the user set it, else the
+    cores divided between the local ranks.
+
+    There used to be one thread for models below 1M parameters; with the rollout engine and
+    the skipped backward, two threads beat one at hidden 64 too on a quiet 2-core machine
+    (55 vs 65 ms per step, docs/performance.md). On a machine shared with other work, one
+    thread per rank (``OMP_NUM_THREADS=1``) is the steadier choice.
+    """
     environ = os.environ if environ is None else environ
     if environ.get("OMP_NUM_THREADS", "").strip().isdigit():
         return max(1, int(environ["OMP_NUM_THREADS"]))
-    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
-        return 1
     return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_world_size))
 
 
