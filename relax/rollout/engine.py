@@ -23,9 +23,10 @@ The logits equal the model's own forward up to float rounding
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 
@@ -46,7 +47,9 @@ def unsupported_reason(model) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
         return "no model.layers / lm_head"
-    if any(isinstance(p, DTensor) for p in model.parameters()):
+    # no DTensor can exist unless its module was imported (importing it costs ~0.5 s and sympy)
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters()):
         return "sharded parameters (FSDP2)"
     return None
 
