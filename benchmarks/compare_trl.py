@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -180,7 +181,10 @@ SIDES = {"relax": (relax_command, relax_metrics), "trl": (trl_command, trl_metri
 def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
     model_dir, data = prepare(workdir, size, max(*a.k2, a.reward_steps))
     out = os.path.join(workdir, "runs", f"{side}-{size}-{setting}-{steps}-{tag}")
-    os.makedirs(out, exist_ok=True)
+    # a fresh directory: Relax appends to an existing metrics.jsonl (resume semantics), and a
+    # previous invocation's rows would enter the response lengths and rewards read back
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
     command, metrics = SIDES[side]
     beta = a.beta if setting == "kl" else 0.0
     mbs = a.micro_batch_size[a.sizes.index(size) if len(a.micro_batch_size) > 1 else 0]
