@@ -12,7 +12,9 @@ Python call per module. This engine computes the same function from the same par
 * RoPE cos/sin looked up from a table made once per rollout by the model's own rotary module
   (so every RoPE variant the model supports is honoured);
 * the prompt prefill run once per distinct prompt: the n samples of a group share their
-  prompt, so its keys and values are computed once and indexed out to the n rows.
+  prompt, so its keys and values are computed once and indexed out to the n rows;
+* rows that ended (EOS) leave the batch (``keep``, called by ``generate`` once they are an
+  eighth of the rows still computed), so long length limits cost only what rows use.
 
 The architecture contract it relies on is checked by ``unsupported_reason``; a model that does
 not match (another family, sliding-window layers, an activation other than SiLU, a sharded
@@ -198,6 +200,12 @@ class DecodeEngine:
         self.length = n
         self.next_position = self.next_position + 1
         return self._logits(x)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Continue with the rows ``rows`` [k] only (rows that ended stop costing compute)."""
+        self.k_cache = [kc[rows] for kc in self.k_cache]
+        self.v_cache = [vc[rows] for vc in self.v_cache]
+        self.bias, self.next_position = self.bias[rows], self.next_position[rows]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.final_norm.weight, self.final_norm.variance_epsilon)

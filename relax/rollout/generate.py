@@ -48,8 +48,10 @@ def tokenize_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor,
     return ids.to(device), mask.to(device)
 
 
-def sample_next(logits, *, temperature: float, top_p: float, top_k: int, generator):
-    """One token per row from logits [B, V] (float32)."""
+def sample_next(logits, *, temperature: float, top_p: float, top_k: int, generator=None,
+                uniforms=None):
+    """One token per row from logits [B, V] (float32); ``uniforms`` [B] float64 in [0, 1) fix
+    the draws (else they come from ``generator``)."""
     if temperature <= 0:
         return logits.argmax(-1)
     logits = logits / temperature
@@ -63,10 +65,10 @@ def sample_next(logits, *, temperature: float, top_p: float, top_k: int, generat
         drop = probs.cumsum(-1) - probs >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return draw(logits.softmax(-1), generator)
+    return draw(logits.softmax(-1), generator, uniforms)
 
 
-def draw(probs: torch.Tensor, generator) -> torch.Tensor:
+def draw(probs: torch.Tensor, generator=None, uniforms=None) -> torch.Tensor:
     """One index per row of probs [B, V], row i drawn with probability probs[i] / sum(probs[i]).
 
     Inverse-CDF sampling with one uniform per row: the cumulative sum is taken in float64 (its
@@ -75,8 +77,10 @@ def draw(probs: torch.Tensor, generator) -> torch.Tensor:
     draws an exponential per vocabulary entry instead, ~6x slower for the decode batch here.
     """
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device,
-                   generator=generator) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device,
+                              generator=generator)
+    u = uniforms[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
@@ -118,12 +122,18 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
     forward = _ModelSteps(model) if unsupported_reason(model) else DecodeEngine(model)
     logits = forward.prefill(prompt_ids, prompt_mask, max_new_tokens)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    alive = None  # the rows the forward still computes (None: all B)
     tokens, masks = [], []
     for t in range(max_new_tokens):
+        # one uniform per row and step for every row: a row's token never depends on which
+        # other rows are still being computed
+        u = torch.rand(B, dtype=torch.float64, device=device, generator=generator)
         tok = sample_next(
             logits.float(), temperature=temperature, top_p=top_p, top_k=top_k,
-            generator=generator,
+            uniforms=u if alive is None else u[alive],
         )
+        if alive is not None:
+            tok = torch.full_like(u, pad_token_id, dtype=torch.long).index_copy_(0, alive, tok)
         masks.append(~finished)
         tok = torch.where(finished, torch.full_like(tok, pad_token_id), tok)
         tokens.append(tok)
@@ -137,10 +147,23 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
             done = flag.bool()
         if done:
             break
-        logits = forward.step(tok)
+        if hasattr(forward, "keep"):
+            alive = _drop_finished(forward, alive, finished)
+        logits = forward.step(tok if alive is None else tok[alive])
     response_ids = torch.stack(tokens, dim=1)
     response_mask = torch.stack(masks, dim=1)
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~finished)
+
+
+def _drop_finished(engine, alive, finished):
+    """Stop computing rows that have ended once they are an eighth of those still computed:
+    each drop copies the KV cache once, so it is batched. Returns the new ``alive``."""
+    rows = torch.arange(finished.shape[0], device=finished.device) if alive is None else alive
+    live = ~finished[rows]
+    if int((~live).sum()) * 8 < rows.shape[0]:  # the loop syncs on `finished` anyway
+        return alive
+    engine.keep(live.nonzero().squeeze(-1))
+    return rows[live]
 
 
 class _ModelSteps:

@@ -100,17 +100,25 @@ def test_each_distinct_prompt_is_prefilled_once():
 
 
 def test_engine_samples_the_tokens_the_model_forward_samples(monkeypatch):
+    """Same seed, same tokens -- also after the engine stopped computing rows that ended (the
+    model forward keeps every row to the end)."""
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=5).eval()
-    ids, mask = tokenize_prompts(tok, [p for p in ("12+3=", "ab=", "x=") for _ in range(8)], "cpu")
+    prompts = [p for p in ("12+3=", "ab=", "x=", "7*7=") for _ in range(16)]
+    ids, mask = tokenize_prompts(tok, prompts, "cpu")
+    kept = []
+    keep = DecodeEngine.keep
+    monkeypatch.setattr(DecodeEngine, "keep", lambda self, rows: kept.append(len(rows)) or
+                        keep(self, rows))
 
     def run():
-        return generate(model, ids, mask, max_new_tokens=12, eos_token_ids=[EOS],
+        return generate(model, ids, mask, max_new_tokens=40, eos_token_ids=[EOS],
                         pad_token_id=PAD, generator=torch.Generator().manual_seed(11))
 
     lean = run()
     monkeypatch.setattr(generate_module, "unsupported_reason", lambda model: "forced")
     reference = run()
+    assert len(kept) >= 2 and kept[-1] < 56, kept  # rows were dropped, more than once
     assert torch.equal(lean.response_ids, reference.response_ids)
     assert torch.equal(lean.response_mask, reference.response_mask)
     assert torch.equal(lean.truncated, reference.truncated)
