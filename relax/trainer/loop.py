@@ -14,7 +14,9 @@ Launch: ``relax train [flags]`` or ``torchrun --nproc_per_node N -m relax train 
 Metrics per rollout step (rank 0 writes ``OUTPUT_DIR/metrics.jsonl``): the SPEC section 10
 names, ``perf/step_time`` = ``perf/rollout_time`` (generate + reward) + ``perf/train_time``
 (log_prob + advantage + update) with each phase's own ``perf/<phase>_time`` (slowest rank),
-``perf/generated_tokens_per_s`` (global tokens / rollout time) and ``perf/peak_memory_gb``.
+``perf/generated_tokens_per_s`` (global tokens / rollout time), ``perf/peak_memory_gb`` and
+``perf/backward_skipped_fraction`` (share of the step's samples whose backward was skipped
+because their loss and gradient are exactly zero, ``relax.trainer.update.inert_rows``).
 Exit status of :func:`train`: 0, 2 for bad input, 1 for a failure during training, 128 + the
 signal number when SIGTERM/SIGINT stopped the run (after a checkpoint with ``--save``).
 Guarantees and the tests behind them: docs/reliability.md.
