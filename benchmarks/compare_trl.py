@@ -14,8 +14,8 @@ The same work for both (issue 6):
   reward (``relax.rollout.tasks.CopyTask.reward``);
 * per step 8 prompts x 8 samples, at most 32 new tokens, temperature 1, one AdamW step over all
   64 samples, lr constant, clip-grad 1.0, eps-clip 0.2 (TRL: one pass with activation
-  checkpointing, its default; Relax: ``--micro-batch-size`` samples per pass, 64 at h64 and 16
-  at h256 by default -- the same gradient, SPEC 7, with a quarter of the activations alive);
+  checkpointing, its default; Relax: ``--micro-batch-size`` samples per pass, 64 at h64 and 32
+  at h256 by default -- the same gradient, SPEC 7, with half of the activations alive);
 * GRPO with group std scaling and a per-response-mean loss: Relax ``--advantage-estimator grpo``
   (response mean is its default), TRL ``loss_type="grpo"``, ``scale_rewards="group"``;
 * setting ``nokl``: no reference; setting ``kl``: a k3 reference KL loss of weight ``--beta``
@@ -299,7 +299,7 @@ def main(argv=None) -> None:
     p.add_argument("--skip-reward", action="store_true")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--micro-batch-size", type=int, nargs="+", default=[64, 16],
+    p.add_argument("--micro-batch-size", type=int, nargs="+", default=[64, 32],
                    help="Relax's --micro-batch-size, one per --sizes entry (or one for all): its "
                         "memory knob, the counterpart of TRL's default activation checkpointing "
                         "(the gradient does not depend on it, SPEC 7)")

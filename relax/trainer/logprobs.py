@@ -9,11 +9,14 @@ the prompt.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, fields, replace
 
 import torch
 
+from relax.rollout.engine import unsupported_reason
 from relax.rollout.generate import Rollout
+from relax.trainer.distributed import unwrap
 
 
 @dataclass
@@ -61,6 +64,49 @@ def _autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
+def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
+    """Logits [B, T, V] at the positions that predict the T response tokens.
+
+    The n samples of a group share their prompt, so when rows repeat a prompt and the model is
+    a Llama-family model that is not FSDP2-sharded (``engine.unsupported_reason``), the prompt
+    runs once per distinct prompt -- with autograd, its keys and values are indexed out to
+    the rows and the responses attend to them through the model's own KV cache -- and the
+    responses run after it. The same function as one pass over prompt + response (the
+    gradient of a shared prompt is the sum over its rows); ~12% less arithmetic per update
+    here, more with long prompts.
+    """
+    P = batch.input_ids.shape[1] - T
+    key = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)
+    inner = unwrap(model)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if distinct.shape[0] == key.shape[0] or unsupported_reason(inner) is not None:
+        out = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1,
+        )
+        return out.logits[:, :-1]  # the last kept logit predicts a token after the response
+    cache_arg = "cache" if "cache" in inspect.signature(inner.forward).parameters else (
+        "past_key_values")
+    # the bare module for the prompt: a DDP forward prepares its reducer for one backward
+    # per forward call, and the gradient of both calls reaches the parameters in that one
+    prompt_mask = distinct[:, P:]
+    prompt = inner(
+        input_ids=distinct[:, :P], attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+        logits_to_keep=1,
+    )
+    first = prompt.logits[inverse]  # [B, 1, V]: predicts response token 0
+    if T == 1:
+        return first
+    cache = prompt[cache_arg]
+    cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values
+    rest = model(
+        input_ids=batch.input_ids[:, P:-1], attention_mask=batch.attention_mask[:, :-1],
+        position_ids=batch.position_ids[:, P:-1], use_cache=False, **{cache_arg: cache},
+    )
+    return torch.cat([first, rest.logits], dim=1)
+
+
 def response_log_probs(
     model, batch: Experience, *, temperature: float = 1.0, with_entropy: bool = False,
     entropy_grad: bool = True,
@@ -74,15 +120,7 @@ def response_log_probs(
     """
     T = batch.response_mask.shape[1]
     with _autocast(batch.input_ids.device):
-        out = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-            logits_to_keep=T + 1,
-        )
-    # the last kept logit predicts a token after the response; drop it
-    logits = out.logits[:, :-1].float()
+        logits = _response_logits(model, batch, T).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_z = torch.logsumexp(logits, dim=-1)

@@ -40,6 +40,18 @@ def test_two_ranks_two_micro_batches_equal_one_process(estimator, per_token, fsd
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
+def test_shared_prompt_forward_under_two_ranks(fsdp):
+    """Rows that repeat a prompt run it once (DDP: the prompt through the bare module, the
+    responses through the wrapper, one backward); FSDP2 keeps the single pass. Both equal one
+    process."""
+    ref = one_step("grpo", False, False, B, False, True)
+    results = run_distributed(one_step, 2, "grpo", False, fsdp, B // 4, False, True,
+                              timeout=120)
+    for got in results:
+        _compare(ref, got)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
 def test_skipped_backward_of_zero_advantage_rows_keeps_the_step(fsdp):
     """Rank 1 holds only zero-advantage rows (its backward is skipped but for one row that
     joins the all-reduce with a zero gradient); the step still equals one process."""

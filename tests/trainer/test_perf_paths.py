@@ -12,7 +12,7 @@ from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs, response_log_probs
 from relax.trainer.update import LossSettings, micro_batch_loss, train_on_rollout
 from tests.trainer.helpers import make_config
-from tests.trainer.workers import B, T, fixed_experience
+from tests.trainer.workers import B, P, T, fixed_experience
 
 CTX = DistContext(0, 1, 0, torch.device("cpu"), None)
 
@@ -154,3 +154,38 @@ def test_kl_or_entropy_terms_keep_every_row(model):
                                         kl_loss_coef=0.1)) is None
     exp.advantages[1, 0] = float("nan")  # a NaN advantage is not zero: the row stays active
     assert not inert_rows(exp, LossSettings(estimator="grpo"))[1]
+
+
+def test_shared_prompt_forward_equals_one_pass(model, monkeypatch):
+    """Rows that repeat a prompt: the prompt once per distinct prompt (with autograd) and the
+    responses through its KV cache give the log-probs, entropy and gradient of one pass over
+    prompt + response."""
+    import relax.trainer.logprobs as logprobs
+    from tests.trainer.workers import fixed_experience
+
+    exp = fixed_experience(model, shared_prompts=True)
+    calls = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        logp, entropy = response_log_probs(model, exp, temperature=0.8, with_entropy=True)
+        (logp * exp.response_mask).sum().backward()
+        return logp.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
+
+    try:
+        shared = run()
+        assert calls == [(4, P), (B, T - 1)]  # 4 distinct prompts, then the 8 responses
+        monkeypatch.setattr(logprobs, "unsupported_reason", lambda m: "forced")
+        calls.clear()
+        single = run()
+        assert calls == [(B, P + T)]
+    finally:
+        hook.remove()
+    m = exp.response_mask
+    torch.testing.assert_close(shared[0][m], single[0][m], atol=2e-6, rtol=0)
+    torch.testing.assert_close(shared[1][m], single[1][m], atol=2e-6, rtol=0)
+    for a, b in zip(shared[2], single[2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    assert max(g.abs().max() for g in single[2]) > 1e-3

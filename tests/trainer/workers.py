@@ -14,10 +14,14 @@ from relax.trainer.update import LossSettings, train_on_rollout
 B, P, T = 8, 4, 6
 
 
-def fixed_experience(model, seed: int = 0) -> Experience:
+SHARED_PROMPTS = ((1, 0), (2, 3), (5, 4), (6, 7))  # (source row, row that repeats its prompt)
+
+
+def fixed_experience(model, seed: int = 0, shared_prompts: bool = False) -> Experience:
     """A deterministic batch: left-padded prompts, variable-length responses (one fully masked,
     one with an internal hole), old/ref log-probs off the current policy so ratios and the
-    clip are active, random advantages."""
+    clip are active, random advantages. ``shared_prompts``: rows pair up on one prompt, as the
+    samples of a group do (``SHARED_PROMPTS``)."""
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     prompt = torch.randint(3, vocab, (B, P), generator=g)
@@ -25,6 +29,9 @@ def fixed_experience(model, seed: int = 0) -> Experience:
     prompt_mask[1, :2] = False
     prompt_mask[5, :1] = False
     prompt[~prompt_mask] = 0
+    if shared_prompts:
+        for src, dst in SHARED_PROMPTS:
+            prompt[dst], prompt_mask[dst] = prompt[src], prompt_mask[src]
     response = torch.randint(3, vocab, (B, T), generator=g)
     lengths = torch.tensor([6, 3, 1, 0, 5, 2, 6, 4])
     response_mask = torch.arange(T)[None, :] < lengths[:, None]
@@ -56,7 +63,7 @@ INERT_ROWS = [1, 4, 5, 6, 7]  # with two ranks: rank 1 holds only zero-advantage
 
 
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
-             inert: bool = False):
+             inert: bool = False, shared_prompts: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
@@ -68,7 +75,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     ctx = DistContext(rank, world, 0, torch.device("cpu"), dist.group.WORLD if distributed else None)
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=7)
-    exp = fixed_experience(model)
+    exp = fixed_experience(model, shared_prompts=shared_prompts)
     loss_settings = settings(estimator, per_token)
     if inert:
         exp.advantages[INERT_ROWS] = 0.0
