@@ -114,7 +114,6 @@ class DecodeEngine:
         if reason is not None:
             raise ValueError(f"the decode engine cannot run this model: {reason}")
         cfg = model.config
-        self.model = model
         inner = model.model
         self.embed, self.final_norm, self.lm_head = inner.embed_tokens, inner.norm, model.lm_head
         self.rotary = inner.rotary_emb
