@@ -25,6 +25,7 @@ The logits equal the model's own forward up to float rounding
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
@@ -54,6 +55,23 @@ def unsupported_reason(model) -> str | None:
     if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters()):
         return "sharded parameters (FSDP2)"
     return None
+
+
+def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """The distinct rows of a left-padded prompt batch: ``(ids [U, P], mask [U, P] long,
+    inverse [B])`` with row i of the batch equal to row ``inverse[i]`` (the n samples of a
+    group share their prompt, so U is about B / n)."""
+    P = prompt_ids.shape[1]
+    key = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
+    unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+    return unique[:, :P], unique[:, P:], inverse
+
+
+def cache_argument(model) -> str:
+    """The keyword of the model's forward that takes a KV cache: transformers 5 renamed
+    ``past_key_values`` to ``cache``; accept models of either vintage."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values")
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -137,12 +155,10 @@ class DecodeEngine:
         self.next_position = positions[:, -1] + 1  # [B]
 
         # the n samples of a group share their prompt: run each distinct prompt once
-        key = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
-        unique, inverse = torch.unique(key, dim=0, return_inverse=True)
-        u_ids, u_mask = unique[:, :P], unique[:, P:].bool()
-        u_pos = positions.new_zeros(unique.shape[0], P).index_copy_(0, inverse, positions)
-
-        U = unique.shape[0]
+        u_ids, u_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
+        u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
+        u_mask = u_mask.bool()
+        U = u_ids.shape[0]
         # causal and padding; a padded query may see itself so no softmax row is empty (its
         # output is never read: padded keys are masked for every real query)
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()

@@ -8,13 +8,12 @@ pad token and are outside the mask.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from relax.rollout.engine import DecodeEngine, unsupported_reason
+from relax.rollout.engine import DecodeEngine, cache_argument, unsupported_reason
 
 
 @dataclass
@@ -140,28 +139,32 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         finished = finished | torch.isin(tok, eos)
         if t == max_new_tokens - 1:
             break
-        done = finished.all()
+        ended = int(finished.sum())  # the step's one host sync: early stop and dropped rows
+        done = ended == B
         if sync_group is not None:
-            flag = done.to(torch.int32)
+            flag = torch.tensor(int(done), dtype=torch.int32, device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=sync_group)
-            done = flag.bool()
+            done = bool(flag)
         if done:
             break
         if hasattr(forward, "keep"):
-            alive = _drop_finished(forward, alive, finished)
+            alive = _drop_finished(forward, alive, finished, ended)
         logits = forward.step(tok if alive is None else tok[alive])
     response_ids = torch.stack(tokens, dim=1)
     response_mask = torch.stack(masks, dim=1)
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~finished)
 
 
-def _drop_finished(engine, alive, finished):
+def _drop_finished(engine, alive, finished, ended: int):
     """Stop computing rows that have ended once they are an eighth of those still computed:
-    each drop copies the KV cache once, so it is batched. Returns the new ``alive``."""
-    rows = torch.arange(finished.shape[0], device=finished.device) if alive is None else alive
-    live = ~finished[rows]
-    if int((~live).sum()) * 8 < rows.shape[0]:  # the loop syncs on `finished` anyway
+    each drop copies the KV cache once, so it is batched. ``ended`` counts the finished rows
+    of the whole batch. Returns the new ``alive``."""
+    B = finished.shape[0]
+    computed = B if alive is None else alive.shape[0]
+    if (ended - (B - computed)) * 8 < computed:  # rows outside `alive` have all ended
         return alive
+    rows = torch.arange(B, device=finished.device) if alive is None else alive
+    live = ~finished[rows]
     engine.keep(live.nonzero().squeeze(-1))
     return rows[live]
 
@@ -172,9 +175,7 @@ class _ModelSteps:
 
     def __init__(self, model):
         self.model = model
-        # transformers 5 renamed `past_key_values` to `cache`; accept models of either vintage
-        params = inspect.signature(model.forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_argument(model)
 
     def prefill(self, prompt_ids, prompt_mask, max_new_tokens):
         self.attn = prompt_mask.long()

@@ -9,12 +9,11 @@ the prompt.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, fields, replace
 
 import torch
 
-from relax.rollout.engine import unsupported_reason
+from relax.rollout.engine import cache_argument, distinct_prompts, unsupported_reason
 from relax.rollout.generate import Rollout
 from relax.trainer.distributed import unwrap
 
@@ -76,22 +75,22 @@ def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
     here, more with long prompts.
     """
     P = batch.input_ids.shape[1] - T
-    key = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)
     inner = unwrap(model)
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if distinct.shape[0] == key.shape[0] or unsupported_reason(inner) is not None:
+    distinct = None
+    if unsupported_reason(inner) is None:
+        distinct = distinct_prompts(batch.input_ids[:, :P], batch.attention_mask[:, :P])
+    if distinct is None or distinct[0].shape[0] == len(batch):
         out = model(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask,
             position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1,
         )
         return out.logits[:, :-1]  # the last kept logit predicts a token after the response
-    cache_arg = "cache" if "cache" in inspect.signature(inner.forward).parameters else (
-        "past_key_values")
+    prompt_ids, prompt_mask, inverse = distinct
+    cache_arg = cache_argument(inner)
     # the bare module for the prompt: a DDP forward prepares its reducer for one backward
     # per forward call, and the gradient of both calls reaches the parameters in that one
-    prompt_mask = distinct[:, P:]
     prompt = inner(
-        input_ids=distinct[:, :P], attention_mask=prompt_mask,
+        input_ids=prompt_ids, attention_mask=prompt_mask,
         position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
         logits_to_keep=1,
     )
