@@ -157,10 +157,15 @@ def start_ranks(args: list[str], env: dict, world: int = 2) -> list[Child]:
     return children
 
 
+def kill_left(children: list[Child]) -> None:
+    """Kill the children still running (a failed test must not leave ranks behind)."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.kill()
+
+
 def finish_all(children: list[Child], timeout: float = 90.0) -> list[int]:
     try:
         return [c.finish(timeout) for c in children]
     finally:
-        for c in children:
-            if c.proc.poll() is None:
-                c.proc.kill()
+        kill_left(children)

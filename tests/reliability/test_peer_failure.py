@@ -15,6 +15,7 @@ from tests.reliability.helpers import (
     deterministic,
     finish_all,
     gate_env,
+    kill_left,
     read_rows,
     start_ranks,
     wait_for_file,
@@ -38,9 +39,7 @@ def test_killed_rank_makes_the_survivor_exit_with_an_error(tmp_path):
         status = rank0.finish(timeout=90)  # bounded: far below a hang, above the 60 s timeout
         print(f"killed rank detected in {time.monotonic() - killed:.2f} s")
     finally:
-        for c in (rank0, rank1):
-            if c.proc.poll() is None:
-                c.proc.kill()
+        kill_left([rank0, rank1])
     assert status == 1, rank0.lines[-20:]
     (line,) = rank0.errors()
     assert line.startswith("relax train: error: [rank 0] a collective failed: another "), line
@@ -56,9 +55,7 @@ def test_hung_rank_makes_the_survivor_time_out(tmp_path):
         status = rank0.finish(timeout=90)
         print(f"hung rank detected in {time.monotonic() - hung:.2f} s (timeout 6 s)")
     finally:
-        for c in (rank0, rank1):
-            if c.proc.poll() is None:
-                c.proc.kill()
+        kill_left([rank0, rank1])
     assert status == 1, rank0.lines[-20:]
     (line,) = rank0.errors()
     assert "--distributed-timeout-minutes 0.1" in line, line
