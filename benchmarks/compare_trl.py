@@ -135,6 +135,11 @@ def trl_child(a) -> None:
         learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0,
         shuffle_dataset=False, dataloader_num_workers=0, log_completions=False,
+        # trl 1.16 multiplies its k3 KL by the (differentiable) importance ratio by default,
+        # which turns the KL gradient into (logp - logp_ref), the k2 gradient, while the loss
+        # value stays k3. Relax's --kl-loss-type k3 is SPEC 2's k3 and its exact gradient;
+        # off, TRL's KL-only gradient equals Relax's on one batch (cosine 1.000)
+        use_bias_correction_kl=False,
     )
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(a.model)
