@@ -20,7 +20,8 @@ The same work for both (issue 6):
   (response mean is its default), TRL ``loss_type="grpo"``, ``scale_rewards="group"``;
 * setting ``nokl``: no reference; setting ``kl``: a k3 reference KL loss of weight ``--beta``
   (Relax ``--use-kl-loss --kl-loss-type k3 --kl-loss-coef BETA``, TRL ``beta=BETA``, whose
-  per-token KL is the k3 estimator).
+  per-token KL is the k3 estimator; TRL's ratio-weighted KL, on by default in trl 1.16, is
+  turned off: it changes the KL gradient to that of k2, see ``trl_lockstep.py``).
 
 Timing: each trainer runs as its own process, from the outside, for ``--k1`` and for ``--k2``
 steps; per-step time = (wall(K2) - wall(K1)) / (K2 - K1), so imports, model loading and
@@ -28,8 +29,10 @@ start-up cancel. Runs alternate Relax, TRL, Relax, TRL, ... (load from other pro
 both alike); the table gives medians over ``--repeats`` (K1, K2) pairs. Generated tokens/s =
 mean response length x 64 / per-step time (the response lengths of the K2 runs). Peak RSS is
 the child's ``ru_maxrss`` from ``os.wait4`` (max over the K2 runs). Final reward: the mean of
-the last 5 of ``--reward-steps`` steps, per seed, then the mean over seeds (these runs use
-``OMP_NUM_THREADS=1`` for both sides).
+the last 5 of ``--reward-steps`` steps, per seed; the table gives the mean and median over
+seeds, in how many seeds Relax ends higher, and a permutation test of the two means (these
+runs use ``OMP_NUM_THREADS=1``; ``--jobs 2`` runs two of them at a time, which changes no
+number).
 
 Threads: each trainer keeps its own default (Relax: one intra-op thread per local rank's share
 of the cores for a ``--hf-checkpoint`` model; TRL: torch's default); ``--threads N`` forces
@@ -48,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 SIZES = {
     "h64": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
@@ -56,6 +60,8 @@ SIZES = {
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
 }
 PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 32
+DEFAULT_K2 = {"h64": 22, "h256": 10}  # long-run steps: the difference must dwarf start-up noise
+DEFAULT_MICRO_BATCH = {"h64": 64, "h256": 32}  # Relax's; TRL checkpoints activations instead
 MODEL_SEED = 7
 LAST = 5  # final reward = mean of the last LAST steps
 
@@ -235,23 +241,50 @@ def timing(a, env) -> list[dict]:
     return rows
 
 
+def permutation_p(x: list[float], y: list[float], rounds: int = 20000) -> float:
+    """Two-sided permutation test of mean(x) == mean(y): the share of random relabellings
+    whose mean difference is at least the observed one."""
+    rng, pooled = random.Random(0), x + y
+    observed = abs(statistics.mean(x) - statistics.mean(y))
+    hits = 0
+    for _ in range(rounds):
+        rng.shuffle(pooled)
+        hits += abs(statistics.mean(pooled[:len(x)]) - statistics.mean(pooled[len(x):])) >= observed
+    return hits / rounds
+
+
 def rewards(a, env) -> list[dict]:
-    # one thread for both: the reward curve does not depend on speed, and this is the fastest
+    # one thread per run: the reward curve does not depend on speed, and --jobs 2 then keeps
+    # both cores busy
     env = {**env, "OMP_NUM_THREADS": "1"}
     out = []
     for size in a.sizes:
         for setting in a.settings:
-            row = {"size": size, "setting": setting}
+            prepare(a.workdir, size, max(*a.k2, a.reward_steps))  # once, before the threads
+
+            def one(job, size=size, setting=setting):
+                side, seed = job
+                return run_side(side, a.workdir, size, setting, a.reward_steps,
+                                f"reward-s{seed}", a, env, seed)
+
+            jobs = [(side, seed) for seed in a.reward_seeds for side in SIDES]
+            with ThreadPoolExecutor(a.jobs) as pool:
+                runs = pool.map(one, jobs)
+                finals = {side: [] for side in SIDES}
+                for (side, _), (_, _, m) in zip(jobs, runs, strict=True):
+                    finals[side].append(statistics.mean(r["reward"] for r in m[-LAST:]))
+            row = {"size": size, "setting": setting, "seeds": list(a.reward_seeds)}
             for side in SIDES:
-                finals = []
-                for seed in a.reward_seeds:
-                    _, _, m = run_side(side, a.workdir, size, setting, a.reward_steps,
-                                       f"reward-s{seed}", a, env, seed)
-                    finals.append(statistics.mean(r["reward"] for r in m[-LAST:]))
-                row[side] = {"final_reward": statistics.mean(finals), "per_seed": finals}
+                row[side] = {"final_reward": statistics.mean(finals[side]),
+                             "median": statistics.median(finals[side]),
+                             "per_seed": finals[side]}
+            row["relax_ahead"] = sum(x > y for x, y in zip(finals["relax"], finals["trl"],
+                                                           strict=True))
+            row["p_value"] = (permutation_p(finals["relax"], finals["trl"])
+                              if len(a.reward_seeds) > 1 else None)
             print(f"  {size} {setting}: " + ", ".join(
-                f"{s} {row[s]['final_reward']:.3f} {row[s]['per_seed']}" for s in SIDES),
-                flush=True)
+                f"{s} {row[s]['final_reward']:.4f} {[round(v, 4) for v in row[s]['per_seed']]}"
+                for s in SIDES), flush=True)
             out.append(row)
     return out
 
@@ -259,7 +292,7 @@ def rewards(a, env) -> list[dict]:
 def markdown(rows, reward_rows) -> str:
     lines = ["| size | setting | relax s/step | TRL s/step | relax/TRL | relax tok/s | TRL tok/s "
              "| relax peak RSS MiB | TRL peak RSS MiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"] if rows else []
     for r in rows:
         x, t = r["relax"], r["trl"]
         lines.append(f"| {r['size']} | {r['setting']} | {x['per_step_s']:.3f} | "
@@ -267,11 +300,19 @@ def markdown(rows, reward_rows) -> str:
                      f"{t['tokens_per_s']:.0f} | {x['peak_rss_mib']:.0f} | "
                      f"{t['peak_rss_mib']:.0f} |")
     if reward_rows:
-        lines += ["", "| size | setting | relax final reward | TRL final reward |", "|---|---|---:|---:|"]
+        lines += ["", "| size | setting | seeds | Relax mean / median | TRL mean / median | "
+                  "Relax ahead | permutation p |", "|---|---|---:|---:|---:|---:|---:|"]
         for r in reward_rows:
-            lines.append(f"| {r['size']} | {r['setting']} | "
-                         f"{r['relax']['final_reward']:.3f} ({', '.join(f'{v:.3f}' for v in r['relax']['per_seed'])}) | "
-                         f"{r['trl']['final_reward']:.3f} ({', '.join(f'{v:.3f}' for v in r['trl']['per_seed'])}) |")
+            x, t, p = r["relax"], r["trl"], r["p_value"]
+            lines.append(f"| {r['size']} | {r['setting']} | {len(r['seeds'])} | "
+                         f"{x['final_reward']:.4f} / {x['median']:.4f} | "
+                         f"{t['final_reward']:.4f} / {t['median']:.4f} | "
+                         f"{r['relax_ahead']} of {len(r['seeds'])} | "
+                         f"{'-' if p is None else f'{p:.2f}'} |")
+        for r in reward_rows:
+            lines.append(f"\n{r['size']} {r['setting']} per seed {r['seeds']}:\n"
+                         + "\n".join(f"  {side}: " + " ".join(f"{v:.4f}" for v in r[side]["per_seed"])
+                                     for side in SIDES))
     return "\n".join(lines)
 
 
@@ -292,24 +333,30 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--settings", nargs="+", default=["nokl", "kl"], choices=["nokl", "kl"])
     p.add_argument("--k1", type=int, default=2)
-    p.add_argument("--k2", type=int, nargs="+", default=[22, 10],
-                   help="long-run steps, one per --sizes entry (or one for all): the difference "
-                        "must dwarf the start-up noise (~1 s)")
+    p.add_argument("--k2", type=int, nargs="+", default=None,
+                   help="long-run steps, one per --sizes entry (or one for all); default 22 at "
+                        "h64, 10 at h256: the difference must dwarf the start-up noise (~1 s)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--reward-steps", type=int, default=20)
-    p.add_argument("--reward-seeds", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--reward-seeds", type=int, nargs="+", default=list(range(101, 117)),
+                   help="seeds of the reward runs (16 by default: single runs differ widely)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="reward runs at a time (each at one thread)")
     p.add_argument("--skip-reward", action="store_true")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--micro-batch-size", type=int, nargs="+", default=[64, 32],
-                   help="Relax's --micro-batch-size, one per --sizes entry (or one for all): its "
-                        "memory knob, the counterpart of TRL's default activation checkpointing "
+    p.add_argument("--micro-batch-size", type=int, nargs="+", default=None,
+                   help="Relax's --micro-batch-size, one per --sizes entry (or one for all); "
+                        "default 64 at h64, 32 at h256: its memory knob, the counterpart of TRL's default activation checkpointing "
                         "(the gradient does not depend on it, SPEC 7)")
     p.add_argument("--summary", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
+    # per-size defaults, so that any subset of --sizes gets its own
+    a.k2 = a.k2 or [DEFAULT_K2[s] for s in a.sizes]
+    a.micro_batch_size = a.micro_batch_size or [DEFAULT_MICRO_BATCH[s] for s in a.sizes]
     if min(a.k2) <= a.k1 or len(a.k2) not in (1, len(a.sizes)):
         p.error("--k2: one value, or one per --sizes entry, each larger than --k1")
     if len(a.micro_batch_size) not in (1, len(a.sizes)) or any(
