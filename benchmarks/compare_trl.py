@@ -67,6 +67,20 @@ LAST = 5  # final reward = mean of the last LAST steps
 
 
 # ---------------------------------------------------------------------------- preparation
+def per_size(values, defaults, sizes, flag) -> dict:
+    """{size: value}: the per-size defaults, one value for all sizes, or one per size."""
+    if values is None:
+        return {s: defaults[s] for s in sizes}
+    if len(values) not in (1, len(sizes)):
+        raise ValueError(f"{flag}: give one value, or one per --sizes entry ({len(sizes)})")
+    return dict(zip(sizes, values * len(sizes) if len(values) == 1 else values, strict=True))
+
+
+def prompt_steps(a) -> int:
+    """Steps the prompt file must cover: the longest timing run and the reward runs."""
+    return max(*a.k2.values(), a.reward_steps)
+
+
 def prepare(workdir: str, size: str, max_steps: int) -> tuple[str, str]:
     """Save the tiny model + tokenizer of ``size`` and ``max_steps`` x 8 copy prompts."""
     from relax.rollout.tasks import CopyTask
@@ -111,46 +125,61 @@ def trl_command(model_dir, data, steps, out, *, beta, lr, seed, micro_batch_size
             "--lr", str(lr), "--seed", str(seed)]
 
 
-def trl_child(a) -> None:
-    """The TRL side, in its own process: GRPOTrainer on the same model, data and reward."""
+def trl_trainer(model_dir, data, out, *, steps, beta, lr, seed, on_rewards=None,
+                bias_corrected_kl=False, callbacks=()):
+    """TRL's ``GRPOTrainer`` set up for the comparison's work: the one place its settings live.
+
+    ``on_rewards(list)`` sees each batch's rewards; ``bias_corrected_kl`` is trl 1.16's
+    default, which multiplies its k3 KL by the (differentiable) importance ratio and so turns
+    the KL gradient into ``logp - logp_ref``, the k2 gradient, while the loss value stays k3.
+    Relax's ``--kl-loss-type k3`` is SPEC 2's k3 with its exact gradient, so the comparison
+    turns it off (then TRL's KL-only gradient equals Relax's on one batch, cosine 1.000).
+    """
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
     from relax.rollout.tasks import CopyTask
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    with open(a.data, encoding="utf-8") as f:
+    with open(data, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    dataset = Dataset.from_list([{"prompt": r["input"], "label": r["label"]} for r in rows])
     task = CopyTask()
 
     def copy_reward(prompts, completions, label, **_):
-        return task.reward(prompts, completions, label)
+        rewards = task.reward(prompts, completions, label)
+        if on_rewards is not None:
+            on_rewards(rewards)
+        return rewards
 
     args = GRPOConfig(
-        output_dir=a.out, use_cpu=True, bf16=False, seed=a.seed, report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=a.steps,
+        output_dir=out, use_cpu=True, bf16=False, seed=seed, report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=steps,
         per_device_train_batch_size=PROMPTS * SAMPLES, gradient_accumulation_steps=1,
         steps_per_generation=1, num_iterations=1, num_generations=SAMPLES,
         max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
-        loss_type="grpo", scale_rewards="group", beta=a.beta, epsilon=0.2,
-        learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
+        loss_type="grpo", scale_rewards="group", beta=beta, epsilon=0.2,
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0,
         shuffle_dataset=False, dataloader_num_workers=0, log_completions=False,
-        # trl 1.16 multiplies its k3 KL by the (differentiable) importance ratio by default,
-        # which turns the KL gradient into (logp - logp_ref), the k2 gradient, while the loss
-        # value stays k3. Relax's --kl-loss-type k3 is SPEC 2's k3 and its exact gradient;
-        # off, TRL's KL-only gradient equals Relax's on one batch (cosine 1.000)
-        use_bias_correction_kl=False,
+        use_bias_correction_kl=bias_corrected_kl,
     )
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(a.model)
-    trainer = GRPOTrainer(model=model, reward_funcs=copy_reward, args=args,
-                          train_dataset=dataset, processing_class=tok)
+    return GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        reward_funcs=copy_reward, args=args, processing_class=AutoTokenizer.from_pretrained(
+            model_dir), callbacks=list(callbacks),
+        train_dataset=Dataset.from_list([{"prompt": r["input"], "label": r["label"]}
+                                         for r in rows]))
+
+
+def trl_child(a) -> None:
+    """The TRL side, in its own process: GRPOTrainer on the same model, data and reward."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    trainer = trl_trainer(a.model, a.data, a.out, steps=a.steps, beta=a.beta, lr=a.lr,
+                          seed=a.seed)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "reward" in h]
     with open(os.path.join(a.out, "metrics.jsonl"), "w", encoding="utf-8") as f:
@@ -190,7 +219,7 @@ SIDES = {"relax": (relax_command, relax_metrics), "trl": (trl_command, trl_metri
 
 
 def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
-    model_dir, data = prepare(workdir, size, max(*a.k2, a.reward_steps))
+    model_dir, data = prepare(workdir, size, prompt_steps(a))
     out = os.path.join(workdir, "runs", f"{side}-{size}-{setting}-{steps}-{tag}")
     # a fresh directory: Relax appends to an existing metrics.jsonl (resume semantics), and a
     # previous invocation's rows would enter the response lengths and rewards read back
@@ -198,9 +227,8 @@ def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
     os.makedirs(out)
     command, metrics = SIDES[side]
     beta = a.beta if setting == "kl" else 0.0
-    mbs = a.micro_batch_size[a.sizes.index(size) if len(a.micro_batch_size) > 1 else 0]
     cmd = command(model_dir, data, steps, out, beta=beta, lr=a.lr, seed=seed,
-                  micro_batch_size=mbs)
+                  micro_batch_size=a.micro_batch_size[size])
     wall, rss = run_child(cmd, os.path.join(out, "log.txt"), env)
     return wall, rss, metrics(out)
 
@@ -213,7 +241,7 @@ def timing(a, env) -> list[dict]:
             per_step = {s: [] for s in SIDES}
             rss = {s: [] for s in SIDES}
             length = {s: [] for s in SIDES}
-            k2 = a.k2[a.sizes.index(size) if len(a.k2) > 1 else 0]
+            k2 = a.k2[size]
             for rep in range(a.repeats):
                 walls = {s: {} for s in SIDES}
                 for steps in (a.k1, k2):  # A, B, A, B
@@ -260,7 +288,7 @@ def rewards(a, env) -> list[dict]:
     out = []
     for size in a.sizes:
         for setting in a.settings:
-            prepare(a.workdir, size, max(*a.k2, a.reward_steps))  # once, before the threads
+            prepare(a.workdir, size, prompt_steps(a))  # once, before the threads
 
             def one(job, size=size, setting=setting):
                 side, seed = job
@@ -350,19 +378,21 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--micro-batch-size", type=int, nargs="+", default=None,
                    help="Relax's --micro-batch-size, one per --sizes entry (or one for all); "
-                        "default 64 at h64, 32 at h256: its memory knob, the counterpart of TRL's default activation checkpointing "
-                        "(the gradient does not depend on it, SPEC 7)")
+                        "default 64 at h64, 32 at h256: its memory knob, the counterpart of "
+                        "TRL's default activation checkpointing (the gradient does not depend "
+                        "on it, SPEC 7)")
     p.add_argument("--summary", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
-    # per-size defaults, so that any subset of --sizes gets its own
-    a.k2 = a.k2 or [DEFAULT_K2[s] for s in a.sizes]
-    a.micro_batch_size = a.micro_batch_size or [DEFAULT_MICRO_BATCH[s] for s in a.sizes]
-    if min(a.k2) <= a.k1 or len(a.k2) not in (1, len(a.sizes)):
-        p.error("--k2: one value, or one per --sizes entry, each larger than --k1")
-    if len(a.micro_batch_size) not in (1, len(a.sizes)) or any(
-            m < 1 or (PROMPTS * SAMPLES) % m for m in a.micro_batch_size):
-        p.error(f"--micro-batch-size: one value, or one per --sizes entry, each dividing "
-                f"{PROMPTS * SAMPLES}")
+    try:
+        a.k2 = per_size(a.k2, DEFAULT_K2, a.sizes, "--k2")
+        a.micro_batch_size = per_size(a.micro_batch_size, DEFAULT_MICRO_BATCH, a.sizes,
+                                      "--micro-batch-size")
+    except ValueError as e:
+        p.error(str(e))
+    if min(a.k2.values()) <= a.k1:
+        p.error("--k2: each value must be larger than --k1")
+    if any(m < 1 or (PROMPTS * SAMPLES) % m for m in a.micro_batch_size.values()):
+        p.error(f"--micro-batch-size: each value must divide {PROMPTS * SAMPLES}")
     os.makedirs(a.workdir, exist_ok=True)
     env = dict(os.environ)
     if a.threads:

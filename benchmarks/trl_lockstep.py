@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import os
 import sys
 
@@ -41,42 +40,20 @@ import compare_trl as C  # noqa: E402
 def record_trl(a, model_dir, data):
     """Train TRL ``a.steps`` steps; return its trainer, initial state and per-step records."""
     import trl.trainer.grpo_trainer as grpo
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from relax.rollout.tasks import CopyTask
+    from transformers import TrainerCallback
 
     grpo.shuffle_sequence_dict = lambda batch: batch  # keep rows in reward order
-    task, rows = CopyTask(), [json.loads(line) for line in open(data, encoding="utf-8")]
     rec = {"rewards": [], "inputs": [], "params": []}
-
-    def copy_reward(prompts, completions, label, **_):
-        rec["rewards"].append(task.reward(prompts, completions, label))
-        return rec["rewards"][-1]
 
     class AfterStep(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **_):
             rec["params"].append({n: p.detach().clone() for n, p in model.named_parameters()})
 
-    args = GRPOConfig(
-        output_dir=os.path.join(a.workdir, "lockstep-trl"), use_cpu=True, bf16=False,
-        seed=a.seed, report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, max_steps=a.steps, per_device_train_batch_size=C.PROMPTS * C.SAMPLES,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-        num_generations=C.SAMPLES, max_completion_length=C.NEW_TOKENS, temperature=1.0,
-        top_p=1.0, top_k=0, loss_type="grpo", scale_rewards="group", beta=a.beta, epsilon=0.2,
-        learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
-        adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0, shuffle_dataset=False,
-        dataloader_num_workers=0, log_completions=False,
-        use_bias_correction_kl=a.trl_bias_corrected_kl,
-    )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = GRPOTrainer(
-        model=model, reward_funcs=copy_reward, args=args, processing_class=AutoTokenizer.
-        from_pretrained(model_dir), callbacks=[AfterStep()],
-        train_dataset=Dataset.from_list([{"prompt": r["input"], "label": r["label"]} for r in rows]))
+    trainer = C.trl_trainer(model_dir, data, os.path.join(a.workdir, "lockstep-trl"),
+                            steps=a.steps, beta=a.beta, lr=a.lr, seed=a.seed,
+                            on_rewards=rec["rewards"].append,
+                            bias_corrected_kl=a.trl_bias_corrected_kl, callbacks=[AfterStep()])
+    init = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     compute_loss = trainer._compute_loss
 
     def recording_loss(m, inputs):
