@@ -113,11 +113,6 @@ def needs_old_log_probs(cfg) -> bool:
     return shaping or cfg.num_steps_per_rollout > 1
 
 
-# Below this many parameters a CPU matrix product is too small for two threads to pay for
-# their hand-offs: the built-in 0.1M-parameter model ran up to 10x faster on one thread on a
-# busy 2-core machine. At 3.2M parameters two threads already won on a quiet machine
-# (0.72 vs 0.99 s per step; docs/performance.md, issue 6), so above this the host's cores
-# are split between the local ranks.
 def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
                 environ=None) -> int:
     """Intra-op threads for CPU training: ``OMP_NUM_THREADS`` when the user set it, else the
