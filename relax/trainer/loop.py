@@ -45,6 +45,7 @@ from relax.rollout.rewards import build_reward_fn, load_function, score_with_err
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
     all_reduce_max,
+    exit_rank,
     finish_together,
     init_distributed,
     is_peer_failure,
@@ -431,21 +432,25 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
 
 def train(cfg) -> int:
     """``relax train``: exit status 0, or print one ``relax train: error:`` line and return
-    the error's status (2 bad input, 1 failure during training)."""
+    the error's status (2 bad input, 1 failure during training).
+
+    A rank of a multi-process run does not return: it ends its process with that status
+    through :func:`exit_rank` once the group is left, so the interpreter's finalization never
+    meets Gloo's worker threads (see there)."""
     peer_failed = False
     try:
         run(cfg)
-        return 0
+        status = 0
     except RelaxError as e:
         peer_failed = isinstance(e, PeerFailure)
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
         print(f"relax train: error: {prefix}{e}", file=sys.stderr, flush=True)
-        if peer_failed:
-            # the broken process group cannot be torn down cleanly (see shutdown_distributed):
-            # leave now with the error's status; metrics and checkpoints are already on disk
-            sys.stdout.flush()
-            os._exit(e.exit_code)
-        return e.exit_code
+        status = e.exit_code
     finally:
         shutdown_distributed(peer_failed=peer_failed)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # after a peer failure the broken group is left as it is; metrics and checkpoints are
+        # already on disk
+        exit_rank(status, run_exit_handlers=not peer_failed)
+    return status
