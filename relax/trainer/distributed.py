@@ -100,7 +100,7 @@ def exit_rank(status: int, *, run_exit_handlers: bool = True) -> NoReturn:
     streams are flushed here.
     """
     if run_exit_handlers:
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # what Py_FinalizeEx would call, here while all is alive
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken pipe must not change status
             stream.flush()
