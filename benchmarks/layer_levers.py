@@ -20,6 +20,7 @@ runtime loads, so it is measured by ``--decode`` runs in separate processes, e.g
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -76,36 +77,41 @@ def train_step(model, ids, mask) -> None:
         p.grad = None
 
 
+@contextlib.contextmanager
+def norm_forward(norm_cls, fused: bool):
+    """The RMSNorm class's forward swapped for the fused one (or kept) inside the block."""
+    module_forward = norm_cls.forward
+    norm_cls.forward = fused_rms_forward if fused else module_forward
+    try:
+        yield
+    finally:
+        norm_cls.forward = module_forward
+
+
 def rmsnorm(model, tok, repeats: int) -> None:
     norm_cls = type(next(m for m in model.modules() if type(m).__name__.endswith("RMSNorm")))
-    module_forward = norm_cls.forward
     ref_ids, ref_mask = make_batch(len(tok), ROWS)
     ids, mask = make_batch(len(tok), ROWS // 2)
 
-    def with_norm(fused, fn):
-        def call():
-            norm_cls.forward = fused_rms_forward if fused else module_forward
-            try:
-                fn()
-            finally:
-                norm_cls.forward = module_forward
-        return call
-
     def reference():
         with torch.inference_mode():
-            model(input_ids=ref_ids, attention_mask=ref_mask)
+            return model(input_ids=ref_ids, attention_mask=ref_mask).logits
 
-    side_by_side("rmsnorm: reference forward, 64 rows", with_norm(False, reference),
-                 with_norm(True, reference), repeats)
-    step = lambda: train_step(model, ids, mask)  # noqa: E731
-    side_by_side("rmsnorm: train fwd+bwd, 32 rows", with_norm(False, step),
-                 with_norm(True, step), repeats)
-    with torch.inference_mode():
-        a = model(input_ids=ref_ids, attention_mask=ref_mask).logits
-        norm_cls.forward = fused_rms_forward
-        b = model(input_ids=ref_ids, attention_mask=ref_mask).logits
-        norm_cls.forward = module_forward
-    print(f"rmsnorm: max |logit difference| {(a - b).abs().max().item():.3g}")
+    def step():
+        train_step(model, ids, mask)
+
+    def under(fused, fn):
+        def call():
+            with norm_forward(norm_cls, fused):
+                return fn()
+        return call
+
+    side_by_side("rmsnorm: reference forward, 64 rows", under(False, reference),
+                 under(True, reference), repeats)
+    side_by_side("rmsnorm: train fwd+bwd, 32 rows", under(False, step), under(True, step),
+                 repeats)
+    difference = (under(False, reference)() - under(True, reference)()).abs().max().item()
+    print(f"rmsnorm: max |logit difference| {difference:.3g}")
 
 
 def compiled(model, tok, repeats: int) -> None:
@@ -119,16 +125,15 @@ def compiled(model, tok, repeats: int) -> None:
 
 
 def decode(model, tok, repeats: int) -> None:
-    from relax.rollout.generate import _decode
+    from relax.rollout.generate import generate
 
     prompts = torch.randint(3, len(tok), (ROWS // 8, PROMPT)).repeat_interleave(8, 0)
     gen = torch.Generator().manual_seed(0)
 
-    def rollout():
-        with torch.inference_mode():
-            _decode(model, prompts, torch.ones_like(prompts, dtype=torch.bool),
-                    max_new_tokens=NEW, eos_token_ids=[len(tok) + 1], pad_token_id=0,
-                    temperature=1.0, top_p=1.0, top_k=0, generator=gen, sync_group=None)
+    def rollout():  # no EOS in the vocabulary: every row decodes all NEW tokens
+        generate(model, prompts, torch.ones_like(prompts, dtype=torch.bool),
+                 max_new_tokens=NEW, eos_token_ids=[len(tok) + 1], pad_token_id=0,
+                 temperature=1.0, generator=gen)
 
     times = [timed(rollout) for _ in range(repeats)]
     policy = os.environ.get("OMP_WAIT_POLICY", "default")

@@ -161,7 +161,6 @@ def test_shared_prompt_forward_equals_one_pass(model, monkeypatch):
     responses through its KV cache give the log-probs, entropy and gradient of one pass over
     prompt + response."""
     import relax.trainer.logprobs as logprobs
-    from tests.trainer.workers import fixed_experience
 
     exp = fixed_experience(model, shared_prompts=True)
     calls = []
