@@ -1,6 +1,6 @@
 # `make test` and `make demo` set everything up on a fresh machine: a local .venv,
 # the pinned CPU torch wheel first (an unpinned torch would pull a multi-GB CUDA
-# build), then the project with its train and test extras. The stamp file makes
+# build), then the project with its train, test and rl extras. The stamp file makes
 # re-runs cheap and re-installs when pyproject.toml changes.
 PYTHON ?= python3
 VENV := .venv
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e ".[train,test]" "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[train,test,rl]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -23,7 +23,9 @@ import re
 from argparse import Namespace
 
 from relax.config.presets import BUILTIN_PRESET
-from relax.config.validate import ConfigError
+from relax.config.validate import ConfigError, check_gym_answer, check_gym_spec
+from relax.rollout.reasoning_gym_source import PREFIX as GYM_PREFIX
+from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
 # Fixed held-out prompts drawn per built-in task when no --eval-prompt-data is given.
 BUILTIN_EVAL_PROMPTS = 64
@@ -107,7 +109,8 @@ def eval_pairs(ns: Namespace) -> list[list[str]] | None:
     if tokens is None:
         return None
     if len(tokens) == 1:
-        stem = os.path.splitext(os.path.basename(tokens[0].rstrip("/")))[0]
+        stem = (tokens[0][len(GYM_PREFIX):].partition("?")[0] if is_reasoning_gym(tokens[0])
+                else os.path.splitext(os.path.basename(tokens[0].rstrip("/")))[0])
         pairs = [[re.sub(r"[^A-Za-z0-9_.-]", "_", stem) or "eval", tokens[0]]]
     elif len(tokens) % 2:
         _reject(ns, "eval_prompt_data", f"got {len(tokens)} values; give one PATH or "
@@ -122,9 +125,11 @@ def eval_pairs(ns: Namespace) -> list[list[str]] | None:
         if name in seen:
             _reject(ns, "eval_prompt_data", f"name {name!r} given twice; names must differ")
         seen.add(name)
-        if not os.path.isfile(path):
+        if is_reasoning_gym(path):
+            check_gym_spec(path, f"--eval-prompt-data {name}", role="eval")
+        elif not os.path.isfile(path):
             _reject(ns, "eval_prompt_data", f"{path}: no such file; give a .jsonl or .parquet "
-                    "prompt file")
+                    "prompt file, or reasoning-gym:NAME")
     return pairs
 
 
@@ -146,6 +151,13 @@ def resolve_train_eval(ns: Namespace, explicit: set[str]) -> None:
     if ns.eval_interval is not None and ns.eval_prompt_data is None and ns.prompt_data:
         raise ConfigError(_head("--eval-interval", ns.eval_interval), "with --prompt-data "
                           "the evaluation set must be given; add --eval-prompt-data NAME PATH")
+    if (ns.eval_prompt_data and is_reasoning_gym(ns.prompt_data) and ns.rm_type is None
+            and ns.custom_rm_path is None):
+        files = [p for _, p in ns.eval_prompt_data if not is_reasoning_gym(p)]
+        if files:
+            raise ConfigError(f"--eval-prompt-data {files[0]}", "a data file needs a reward, "
+                              "and the reasoning-gym verifier only scores reasoning-gym sets; "
+                              "evaluate on reasoning-gym:NAME or add --custom-rm-path")
     for dest, (rollout_dest, _) in FOLLOWS.items():
         if getattr(ns, dest) is None:
             setattr(ns, dest, getattr(ns, rollout_dest))
@@ -179,10 +191,12 @@ def resolve_eval_command(ns: Namespace, explicit: set[str]) -> Namespace:
         if "builtin_task" in explicit:
             _reject(ns, "builtin_task", "is only used without --eval-prompt-data; remove one "
                     "of them")
-        if ns.rm_type is None and ns.custom_rm_path is None:
-            raise ConfigError("--eval-prompt-data", "needs a reward; add --rm-type math or "
-                              "--custom-rm-path module:function")
+        files = [p for _, p in ns.eval_prompt_data if not is_reasoning_gym(p)]
+        if files and ns.rm_type is None and ns.custom_rm_path is None:
+            raise ConfigError(f"--eval-prompt-data {files[0]}", "needs a reward; add --rm-type "
+                              "math or --custom-rm-path module:function")
         ns.builtin_task = None
+    check_gym_answer(ns, explicit, [p for _, p in ns.eval_prompt_data or ()])
     for dest, (rollout_dest, fallback) in FOLLOWS.items():
         if getattr(ns, dest) is None:
             if ns.builtin_task is not None:  # the built-in model is trained with the preset
@@ -219,6 +233,9 @@ def build_eval_parser(parser_cls, *, integer, finite_float, text, choices) -> ar
     add("--apply-chat-template", action="store_true",
         help="Default off. Wrap prompts in the checkpoint tokenizer's chat template.")
     add("--system-prompt", type=text, default=None, help="Default none. System message.")
+    add("--reasoning-gym-answer", choices=choices["reasoning_gym_answer"], default="tags",
+        help="Default tags. How the answer of a reasoning-gym set is read: tags, "
+             "last_number or boxed.")
     add("--builtin-task", choices=choices["builtin_task"], default=choices["builtin_task"][0],
         help="Default copy. Built-in task evaluated without --eval-prompt-data.")
     add("--seed", type=integer, default=1234, help="Default 1234. Sampling seed.")

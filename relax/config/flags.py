@@ -16,6 +16,7 @@ import math
 from relax.config.eval_flags import add_eval_flags
 from relax.config.presets import BUILTIN_TASK_NAMES
 from relax.config.validate import DEVICES, ESTIMATOR_NAMES, KL_TYPES, ConfigError
+from relax.rollout.reasoning_gym_source import ANSWER_FORMATS
 
 RM_TYPES: tuple[str, ...] = ("math", *BUILTIN_TASK_NAMES)
 
@@ -177,8 +178,12 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
         help="Default: the initial policy weights. Reference model directory; only with a KL "
              "(--kl-coef or --use-kl-loss).")
     add("--prompt-data", type=text, default=None,
-        help="Default: the built-in task. Prompt file (.jsonl or .parquet); needs --rm-type "
-             "or --custom-rm-path.")
+        help="Default: the built-in task. Prompt file (.jsonl or .parquet; needs --rm-type "
+             "or --custom-rm-path), or reasoning-gym:NAME?key=value&... (a reasoning-gym "
+             "dataset, scored by its own verifier unless a reward flag is given).")
+    add("--reasoning-gym-answer", choices=ANSWER_FORMATS, default="tags",
+        help="Default tags (reasoning-gym's <answer> tags and system prompt). How the answer "
+             "of a reasoning-gym source is read: tags, last_number or boxed.")
     add("--input-key", type=text, default="input",
         help="Default input. Prompt field of --prompt-data records.")
     add("--label-key", type=text, default="label",
@@ -251,6 +256,9 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
     add("--distributed-timeout-minutes", type=finite_float, default=10.0,
         help="Default 10. Collective timeout: a rank that waits longer for its peers exits "
              "with an error.")
+    add("--log-samples", type=integer, default=4,
+        help="Default 4. Samples per rollout step appended to OUTPUT_DIR/samples.jsonl "
+             "(prompt, response, reward, label); 0 turns it off.")
     switch("--use-tensorboard", "Default off. Also write TensorBoard event files.")
     switch("--use-wandb", "Default off. Also log to Weights & Biases (needs wandb).")
     switch("--dry-run", "Default off. Validate, print the resolved configuration as JSON, "
@@ -264,7 +272,7 @@ def build_eval_parser() -> _Parser:
 
     return build(_Parser, integer=integer, finite_float=finite_float, text=text,
                  choices={"rm_type": RM_TYPES, "builtin_task": BUILTIN_TASK_NAMES,
-                          "device": DEVICES})
+                          "device": DEVICES, "reasoning_gym_answer": ANSWER_FORMATS})
 
 
 def explicit_dests(argv: list[str]) -> set[str]:

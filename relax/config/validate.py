@@ -26,6 +26,8 @@ import os
 import time
 from argparse import Namespace
 
+from relax.rollout.reasoning_gym_source import is_reasoning_gym
+
 ESTIMATOR_NAMES: tuple[str, ...] = (
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
@@ -273,6 +275,31 @@ def _check_dir(ns: Namespace, dest: str, what: str) -> None:
         _reject(ns, dest, f"no such directory; point it at {what}")
 
 
+def check_gym_spec(spec: str, flag: str, *, role: str):
+    """Parse a ``reasoning-gym:`` source (imports the package, generates nothing)."""
+    from relax.rollout.reasoning_gym_source import parse_spec
+    from relax.trainer.errors import InputError
+
+    try:
+        return parse_spec(spec, flag, role=role)
+    except InputError as e:
+        head, _, reason = str(e).partition(": ")
+        raise ConfigError(head, reason) from None
+
+
+def check_gym_answer(ns: Namespace, explicit: set[str], sources: list) -> None:
+    """``--reasoning-gym-answer`` only means something with a reasoning-gym source and the
+    sources' own reward (not with --rm-type / --custom-rm-path)."""
+    if "reasoning_gym_answer" not in explicit:
+        return
+    if not any(is_reasoning_gym(s) for s in sources):
+        _reject(ns, "reasoning_gym_answer", "applies only to reasoning-gym:NAME sources of "
+                "--prompt-data / --eval-prompt-data; remove it")
+    if ns.rm_type is not None or ns.custom_rm_path is not None:
+        _reject(ns, "reasoning_gym_answer", "the reward comes from --rm-type / "
+                "--custom-rm-path, which read the response themselves; remove one of them")
+
+
 def _check_data_and_model(ns: Namespace, explicit: set[str]) -> None:
     _check_dir(ns, "hf_checkpoint", "a Hugging Face model directory")
     if ns.hf_checkpoint is not None and not os.path.isfile(
@@ -285,11 +312,19 @@ def _check_data_and_model(ns: Namespace, explicit: set[str]) -> None:
                  "custom_rm_path"):
         _check_custom_path(ns, dest)
     if ns.prompt_data is not None:
-        if not os.path.isfile(ns.prompt_data):
-            _reject(ns, "prompt_data", "no such file; give a .jsonl or .parquet prompt file")
+        gym = is_reasoning_gym(ns.prompt_data)
+        if gym:
+            check_gym_spec(ns.prompt_data, "--prompt-data", role="train")
+        elif not os.path.isfile(ns.prompt_data):
+            _reject(ns, "prompt_data", "no such file; give a .jsonl or .parquet prompt file, "
+                    "or reasoning-gym:NAME")
         if "builtin_task" in explicit:
             _reject(ns, "builtin_task", "is only used without --prompt-data; remove one of them")
-        if ns.rm_type is None and ns.custom_rm_path is None:
+        if gym:
+            for dest in ("input_key", "label_key"):
+                if dest in explicit:
+                    _reject(ns, dest, "a reasoning-gym source has no record keys; remove it")
+        elif ns.rm_type is None and ns.custom_rm_path is None:
             _reject(ns, "prompt_data", "needs a reward; add --rm-type math or --custom-rm-path "
                     "module:function")
     else:
@@ -400,6 +435,9 @@ def resolve_and_validate(ns: Namespace, explicit: set[str], world_size: int) -> 
     from relax.config.eval_flags import resolve_train_eval
 
     resolve_train_eval(ns, explicit)
+    check_gym_answer(ns, explicit, [ns.prompt_data, *(p for _, p in ns.eval_prompt_data or ())])
+    if ns.log_samples < 0:
+        _reject(ns, "log_samples", "must be >= 0 samples per rollout step; 0 turns it off")
     _check_run(ns, explicit)
     _resolve_batches(ns, world_size)
     if ns.eps_clip_high is None:

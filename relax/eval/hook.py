@@ -26,11 +26,13 @@ from relax.eval.evaluate import EvalSampling, evaluate
 
 @dataclass(frozen=True)
 class EvalSet:
-    """One named evaluation set: raw prompts (text or chat messages) and their labels."""
+    """One named evaluation set: raw prompts (text or chat messages), their labels, and
+    whether it is a reasoning-gym source (scored by its own verifier without a reward flag)."""
 
     name: str
     prompts: list
     labels: list
+    reasoning_gym: bool = False
 
 
 def _eval_reward_type(cfg) -> str | None:
@@ -46,7 +48,8 @@ def load_eval_sets(cfg) -> list[EvalSet]:
     Raises :class:`relax.trainer.errors.InputError` naming the set and the file:line of a
     bad row. Empty when evaluation is off (``--eval-interval`` unset in ``relax train``).
     """
-    from relax.rollout.data import load_prompt_data
+    from relax.rollout.data import load_source
+    from relax.rollout.reasoning_gym_source import is_reasoning_gym
     from relax.trainer.errors import InputError
 
     if getattr(cfg, "eval_interval", 1) is None:
@@ -55,11 +58,13 @@ def load_eval_sets(cfg) -> list[EvalSet]:
         sets = []
         for name, path in cfg.eval_prompt_data:
             try:
-                rows = load_prompt_data(path, cfg.input_key, cfg.label_key,
-                                        need_label=cfg.custom_rm_path is None)
+                rows = load_source(path, f"--eval-prompt-data {name}", cfg, role="eval")
             except InputError as e:
-                raise InputError(f"--eval-prompt-data {name}: {e}") from None
-            sets.append(EvalSet(name, [r.prompt for r in rows], [r.label for r in rows]))
+                message = str(e)
+                raise InputError(message if message.startswith("--eval-prompt-data") else
+                                 f"--eval-prompt-data {name}: {message}") from None
+            sets.append(EvalSet(name, [r.prompt for r in rows], [r.label for r in rows],
+                                reasoning_gym=is_reasoning_gym(path)))
         return sets
     from relax.config import BUILTIN_EVAL_PROMPTS
     from relax.rollout.tasks import get_task
@@ -78,10 +83,12 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     from relax.rollout.rewards import build_reward_fn
 
     start = time.perf_counter()
-    reward_fn, reward_name = build_reward_fn(cfg.custom_rm_path, _eval_reward_type(cfg))
     sampling = EvalSampling.from_config(cfg)
     metrics: dict[str, float] = {}
     for s in sets:
+        reward_fn, reward_name = build_reward_fn(
+            cfg.custom_rm_path, _eval_reward_type(cfg),
+            gym_answer=cfg.reasoning_gym_answer if s.reasoning_gym else None)
         texts = [format_prompt(tokenizer, p, apply_chat_template=cfg.apply_chat_template,
                                system_prompt=cfg.system_prompt) for p in s.prompts]
         metrics.update(evaluate(

@@ -36,6 +36,52 @@ class JsonlSink:
         self._f.close()
 
 
+class SamplesSink:
+    """``samples.jsonl``: a few samples of every rollout step (``--log-samples N``).
+
+    One JSON object per sample: ``step``, ``prompt`` (the text the model saw), ``response``,
+    ``reward``, ``label``, ``response_length`` (tokens) and ``truncated``. Labels that JSON
+    cannot hold are written as their ``str``. Like ``metrics.jsonl`` the file is appended to
+    on resume; redone steps then appear twice (the later rows are the resumed run's).
+    """
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        _drop_torn_line(path)
+        self._f = open(path, "a", encoding="utf-8")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        for row in rows:
+            self._f.write(json.dumps({"step": step, **row}, default=str) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def spread_indices(count: int, total: int) -> list[int]:
+    """``count`` indices spread evenly over ``range(total)`` (all of them when fewer):
+    with groups stored one after another, they come from as many groups as possible."""
+    if count >= total:
+        return list(range(total))
+    return [(k * total) // count for k in range(count)]
+
+
+def samples_table(rows: list[dict]) -> str:
+    """The samples of a step as a Markdown table (TensorBoard's text panel renders it)."""
+    def cell(value) -> str:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    columns = ("prompt", "response", "reward", "label")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def _drop_torn_line(path: str) -> None:
     """Cut a last line without its newline (a write interrupted by a kill)."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
@@ -83,6 +129,10 @@ class TensorBoardSink:
             self._w.add_scalar(k, v, global_step=step)
         self._w.flush()
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        self._w.add_text("samples", samples_table(rows), global_step=step)
+        self._w.flush()
+
     def close(self) -> None:
         self._w.close()
 
@@ -98,6 +148,12 @@ class WandbSink:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        columns = ["step", "prompt", "response", "reward", "label"]
+        data = [[step, r["prompt"], r["response"], r["reward"], json.dumps(r["label"], default=str)]
+                for r in rows]
+        self._run.log({"samples": self._wandb.Table(columns=columns, data=data)}, step=step)
 
     def close(self) -> None:
         self._run.finish()
@@ -170,6 +226,14 @@ class MetricsLogger:
         for s in self.sinks:
             s.log(step, metrics)
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """Rows of :class:`SamplesSink`; sinks without a sample view skip them."""
+        if not rows:
+            return
+        for s in self.sinks:
+            if hasattr(s, "log_samples"):
+                s.log_samples(step, rows)
+
     def close(self) -> None:
         for s in self.sinks:
             s.close()
@@ -177,10 +241,12 @@ class MetricsLogger:
 
 def build_logger(*, is_main: bool, output_dir: str, total_steps: int | None, start_step: int = 0,
                  console: bool = True, tensorboard: bool = False, wandb: bool = False,
-                 config: dict | None = None) -> MetricsLogger:
+                 config: dict | None = None, samples: bool = False) -> MetricsLogger:
     if not is_main:
         return MetricsLogger()
     sinks = [JsonlSink(os.path.join(output_dir, "metrics.jsonl"))]
+    if samples:
+        sinks.append(SamplesSink(os.path.join(output_dir, "samples.jsonl")))
     if console:
         sinks.append(ConsoleSink(total_steps, start_step))
     if tensorboard:

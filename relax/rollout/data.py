@@ -111,6 +111,41 @@ def load_prompt_data(
     return samples
 
 
+def load_source(spec: str, flag: str, cfg, *, role: str) -> list[PromptSample]:
+    """The prompts of ``--prompt-data`` or one ``--eval-prompt-data`` set: a reasoning-gym
+    dataset (``reasoning-gym:NAME?...``, generated here) or a data file."""
+    from relax.rollout import reasoning_gym_source as gym
+
+    if gym.is_reasoning_gym(spec):
+        return gym.load_samples(gym.parse_spec(spec, flag, role=role), flag,
+                                answer_format=cfg.reasoning_gym_answer,
+                                system_prompt=cfg.system_prompt)
+    return load_prompt_data(spec, cfg.input_key, cfg.label_key,
+                            need_label=cfg.custom_rm_path is None)
+
+
+def report_overlap(train: list[PromptSample], eval_sets, *, report=print) -> dict[str, int]:
+    """Count, per evaluation set, the prompts that also appear in the training data.
+
+    ``eval_sets`` holds objects with ``name`` and ``prompts``. Prompts compare as their JSON
+    text (a question with the same system message is the same prompt). A set with overlap gets
+    one warning through ``report``: held-out numbers on it are partly in-sample.
+    """
+    def key(prompt):
+        return json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+
+    seen = {key(s.prompt) for s in train}
+    counts = {}
+    for eval_set in eval_sets:
+        n = sum(key(p) in seen for p in eval_set.prompts)
+        counts[eval_set.name] = n
+        if n:
+            report(f"relax train: warning: {n} of {len(eval_set.prompts)} prompts of evaluation "
+                   f"set {eval_set.name!r} also appear in --prompt-data ({len(seen)} distinct "
+                   "training prompts); its metrics are partly in-sample")
+    return counts
+
+
 def check_prompt_lengths(samples, texts: list[str], count_tokens, *, max_response: int,
                          context: int | None) -> None:
     """Every prompt must tokenize to something and fit the model context with a full response.

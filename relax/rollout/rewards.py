@@ -48,10 +48,19 @@ def load_function(spec: str, flag: str) -> Callable:
     return fn
 
 
-def build_reward_fn(custom_rm_path: str | None, rm_type: str | None) -> tuple[RewardFn, str]:
-    """The reward function and a short name for messages."""
+def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
+                    gym_answer: str | None = None) -> tuple[RewardFn, str]:
+    """The reward function and a short name for messages.
+
+    ``gym_answer`` (a ``--reasoning-gym-answer`` format) selects the reasoning-gym verifier
+    when neither ``custom_rm_path`` nor ``rm_type`` is given: the data is a reasoning-gym
+    source, whose labels are its items."""
     if custom_rm_path:
         return load_function(custom_rm_path, "--custom-rm-path"), custom_rm_path
+    if rm_type is None and gym_answer is not None:
+        from relax.rollout.reasoning_gym_source import make_reward
+
+        return make_reward(gym_answer), f"reasoning-gym ({gym_answer})"
     if rm_type in (None, "math"):
         from relax.rollout.math_reward import math_reward
 

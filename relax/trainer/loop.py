@@ -34,13 +34,16 @@ import torch
 from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
 from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics import MetricTracker, build_logger
+from relax.metrics.sinks import spread_indices
 from relax.rollout.data import (
     PromptSource,
     check_prompt_lengths,
     format_prompt,
-    load_prompt_data,
+    load_source,
+    report_overlap,
 )
 from relax.rollout.generate import generate, tokenize_prompts
+from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.rewards import build_reward_fn, load_function, score_with_errors
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
@@ -73,6 +76,9 @@ class Trainer:
         resume = self._check_paths()
         self._build_data_and_rewards()
         self.eval_sets = load_eval_sets(cfg)  # a bad evaluation file fails here too
+        if self.samples is not None and ctx.is_main:
+            report_overlap(self.samples, self.eval_sets,
+                           report=lambda line: print(line, file=sys.stderr))
         self._build_models(resume)
         if ctx.device.type == "cpu":
             # the host's cores shared between the local ranks (setup.cpu_threads)
@@ -84,7 +90,7 @@ class Trainer:
         self.logger = build_logger(
             is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
             start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
-            wandb=cfg.use_wandb, config=vars(cfg),
+            wandb=cfg.use_wandb, config=vars(cfg), samples=cfg.log_samples > 0,
         )
 
     def _check_paths(self) -> tuple[str, int] | None:
@@ -105,8 +111,7 @@ class Trainer:
         cfg = self.cfg
         samples = task = None
         if cfg.prompt_data:
-            samples = load_prompt_data(cfg.prompt_data, cfg.input_key, cfg.label_key,
-                                       need_label=cfg.custom_rm_path is None)
+            samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train")
         else:
             from relax.rollout.tasks import get_task
 
@@ -114,7 +119,9 @@ class Trainer:
         self.samples = samples
         # a built-in task scores with its own reward unless told otherwise
         rm_type = cfg.rm_type or (None if samples is not None else cfg.builtin_task)
-        self.reward_fn, self.reward_name = build_reward_fn(cfg.custom_rm_path, rm_type)
+        self.reward_fn, self.reward_name = build_reward_fn(
+            cfg.custom_rm_path, rm_type,
+            gym_answer=cfg.reasoning_gym_answer if is_reasoning_gym(cfg.prompt_data) else None)
         self.post_process = self.custom_advantage = None
         if cfg.custom_reward_post_process_path:
             self.post_process = load_function(cfg.custom_reward_post_process_path,
@@ -226,9 +233,11 @@ class Trainer:
             reshard(self.model)
         return rollout
 
-    def score(self, prompts, labels, rollout, group_index) -> torch.Tensor:
+    def decode(self, rollout) -> list[str]:
+        return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+
+    def score(self, prompts, responses, labels, group_index) -> torch.Tensor:
         """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
-        responses = self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
         base = self.ctx.rank * len(prompts)
         values, error, failures = None, None, []
         try:
@@ -321,6 +330,18 @@ class Trainer:
         self.logger.log(step, metrics)
         return metrics
 
+    def log_samples(self, step: int, prompts, responses, rewards, labels, rollout) -> None:
+        """``--log-samples`` of this step's samples, spread over rank 0's groups, to
+        samples.jsonl (and TensorBoard text / a W&B table when those are on)."""
+        if not self.ctx.is_main or not self.cfg.log_samples:
+            return
+        lengths = rollout.response_mask.sum(dim=1).tolist()
+        rows = [{"prompt": prompts[i], "response": responses[i], "reward": float(rewards[i]),
+                 "label": labels[i], "response_length": int(lengths[i]),
+                 "truncated": bool(rollout.truncated[i])}
+                for i in spread_indices(self.cfg.log_samples, len(prompts))]
+        self.logger.log_samples(step, rows)
+
     def save(self, step: int, *, final: bool) -> str:
         progress = {
             "rollout_step": step,
@@ -376,7 +397,8 @@ class Trainer:
                     with t("generate"):
                         rollout = self.generate(prompts, step)
                     with t("reward"):
-                        rewards = self.score(prompts, labels, rollout, group_index)
+                        responses = self.decode(rollout)
+                        rewards = self.score(prompts, responses, labels, group_index)
                 with t("train"):
                     with t("log_prob"):
                         exp = self.old_and_ref_log_probs(rollout)
@@ -387,6 +409,7 @@ class Trainer:
             with t("eval"):
                 evaluation = self.evaluate(step + 1)
             history.append(self.log(step + 1, rollout, t.pop(), evaluation))
+            self.log_samples(step + 1, prompts, responses, rewards, labels, rollout)
             if self.cfg.save and self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0:
                 self.save(step + 1, final=False)
         if self.cfg.save:
