@@ -23,17 +23,17 @@ set -euo pipefail
 
 ALGO=${ALGO:-reinforce_plus_plus}
 MODEL_DIR=${MODEL_DIR:-models/SmolLM2-135M-Instruct}
-TASK=${TASK:-basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false}
-TRAIN_SIZE=${TRAIN_SIZE:-$(( ${NUM_ROLLOUT:-30} * ${ROLLOUT_BATCH_SIZE:-4} ))}  # one pass: every question trained on once
+TASK=${TASK:-basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=3&operators=+&allow_parentheses=false&allow_negation=false}
+TRAIN_SIZE=${TRAIN_SIZE:-$(( ${NUM_ROLLOUT:-20} * ${ROLLOUT_BATCH_SIZE:-4} ))}  # one pass: every question trained on once
 EVAL_SIZE=${EVAL_SIZE:-200}
 ANSWER=${ANSWER:-last_number}
 SEED=${SEED:-1}
-NUM_ROLLOUT=${NUM_ROLLOUT:-30}
+NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4}
 N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
-MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-8}  # memory only: the loss is the same (SPEC 7)
+MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-16}  # memory only: the loss is the same (SPEC 7)
 MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-64}
-LR=${LR:-1e-5}
+LR=${LR:-2e-5}
 EVAL_INTERVAL=${EVAL_INTERVAL:-${NUM_ROLLOUT}}
 EVAL_MAX_RESPONSE_LEN=${EVAL_MAX_RESPONSE_LEN:-96}
 LOG_SAMPLES=${LOG_SAMPLES:-4}

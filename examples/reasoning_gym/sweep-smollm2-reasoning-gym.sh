@@ -14,10 +14,10 @@ ROOT=${ROOT:-runs/smollm2-rg}
 SEEDS=${SEEDS:-1 2}
 ARMS=${ARMS:-reinforce_plus_plus reinforce_plus_plus_baseline grpo}
 MODEL_DIR=${MODEL_DIR:-models/SmolLM2-135M-Instruct}
-TASK=${TASK:-basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false}
+TASK=${TASK:-basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=3&operators=+&allow_parentheses=false&allow_negation=false}
 EVAL_SIZE=${EVAL_SIZE:-200}
 ANSWER=${ANSWER:-last_number}
-NUM_ROLLOUT=${NUM_ROLLOUT:-30}
+NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 PYTHON=${PYTHON:-python3}
 export MODEL_DIR TASK EVAL_SIZE ANSWER NUM_ROLLOUT PYTHON
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import numbers
 import os
 import threading
 from collections.abc import Callable
 
-from relax.trainer.errors import InputError, RewardError
+from relax.trainer.errors import InputError, Interrupted, RewardError
 
 RewardFn = Callable[[list[str], list[str], list], list[float]]
 
@@ -40,8 +41,11 @@ def load_function(spec: str, flag: str) -> Callable:
             module = importlib.import_module(target)
     except InputError:
         raise
-    except Exception as e:  # the user's module failing to import is bad input, said in one line
-        raise InputError(f"{flag} {spec}: cannot import {target}: {type(e).__name__}: {e}") from e
+    except BaseException as e:  # the user's module failing to import (even by sys.exit or
+        # KeyboardInterrupt at import time) is bad input, said in one line
+        detail = " ".join(str(e).split())[:200]
+        raise InputError(f"{flag} {spec}: cannot import {target}: {type(e).__name__}"
+                         f"{': ' + detail if detail else ''}") from e
     fn = getattr(module, name, None)
     if not callable(fn):
         raise InputError(f"{flag} {spec}: {target} has no function {name!r}")
@@ -56,7 +60,8 @@ def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
     when neither ``custom_rm_path`` nor ``rm_type`` is given: the data is a reasoning-gym
     source, whose labels are its items."""
     if custom_rm_path:
-        return load_function(custom_rm_path, "--custom-rm-path"), custom_rm_path
+        return (load_function(custom_rm_path, "--custom-rm-path"),
+                f"--custom-rm-path {custom_rm_path}")
     if rm_type is None and gym_answer is not None:
         from relax.rollout.reasoning_gym_source import make_reward
 
@@ -71,6 +76,20 @@ def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
         return get_task(rm_type).reward, rm_type
     except ValueError as e:
         raise InputError(f"--rm-type {rm_type}: {e}") from None
+
+
+def call_plugin(fn: Callable, flag: str, *args):
+    """``fn(*args)`` of a user plug-in (``--custom-reward-post-process-path``,
+    ``--custom-advantage-function-path``): anything it raises, ``sys.exit()`` and
+    ``KeyboardInterrupt`` included, becomes one :class:`RewardError` line naming ``flag``."""
+    try:
+        return fn(*args)
+    except Interrupted:
+        raise
+    except BaseException as e:
+        detail = " ".join(str(e).split())[:200]
+        raise RewardError(f"{flag}: the function raised {type(e).__name__}"
+                          f"{': ' + detail if detail else ''}") from e
 
 
 def _describe(i: int, prompts: list[str], index_base: int) -> str:
@@ -100,7 +119,9 @@ def _call(fn: RewardFn, args: tuple, timeout: float | None):
     if timeout is None:
         try:
             return fn(*args)
-        except Exception as e:
+        except Interrupted:  # a second SIGTERM/SIGINT raised by the handler: not the reward's
+            raise
+        except BaseException as e:  # sys.exit() or KeyboardInterrupt inside a plug-in is its bug
             raise _Raised(e) from e
     box: dict = {}
     done = threading.Event()
@@ -108,8 +129,8 @@ def _call(fn: RewardFn, args: tuple, timeout: float | None):
     def target():
         try:
             box["value"] = fn(*args)
-        except Exception as e:  # handed to the caller's thread
-            box["error"] = e
+        except BaseException as e:  # handed to the caller's thread; SystemExit would end the
+            box["error"] = e        # thread silently and leave no value
         finally:
             done.set()
 
@@ -122,15 +143,51 @@ def _call(fn: RewardFn, args: tuple, timeout: float | None):
 
 
 def _as_floats(values, n: int, name: str, where: str) -> list[float]:
-    """``values`` as n floats, or a RewardError saying what is wrong (not yet the NaN check)."""
-    try:
-        values = [float(v) for v in values]
-    except (TypeError, ValueError) as e:
-        raise RewardError(f"reward function {name} must return a list of floats: {e}") from e
-    if len(values) != n:
-        raise RewardError(f"reward function {name} returned {len(values)} values for {n} "
+    """``values`` as n floats, or a RewardError saying what is wrong (not yet the NaN check).
+
+    Accepted: a list or tuple of real numbers (int, float, NumPy scalars; not bool), or a 1-D
+    NumPy array or torch tensor of a real dtype. A dict would iterate its keys and a str its
+    characters, so anything else is refused rather than read.
+    """
+    what = f"reward function {name} must return a list of {n} real numbers"
+    kind = type(values).__name__
+    if type(values).__module__ == "torch" and hasattr(values, "tolist"):  # a tensor
+        if values.dim() != 1 or values.dtype.is_complex or values.dtype == _torch_bool():
+            raise RewardError(f"{what}, got a {values.dtype} tensor of shape "
+                              f"{tuple(values.shape)}")
+        values = values.tolist()
+    elif type(values).__module__ == "numpy" and hasattr(values, "ndim"):  # an array
+        if values.ndim != 1 or values.dtype.kind not in "iuf":
+            raise RewardError(f"{what}, got a {values.dtype} array of shape {values.shape}")
+        values = values.tolist()
+    elif not isinstance(values, (list, tuple)):
+        raise RewardError(f"{what}, got {kind}")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise RewardError(f"{what}, got {type(v).__name__} {_short(v)} at index {i} "
+                              f"({where})")
+        try:
+            out.append(float(v))
+        except OverflowError:
+            raise RewardError(f"{what}: value {i} ({_short(v)}) does not fit in a float "
+                              f"({where})") from None
+    if len(out) != n:
+        raise RewardError(f"reward function {name} returned {len(out)} values for {n} "
                           f"samples ({where})")
-    return values
+    return out
+
+
+def _short(value) -> str:
+    text = repr(value) if not isinstance(value, int) else str(value) if value.bit_length() < 200 \
+        else f"an integer of {len(str(value))} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _torch_bool():
+    import torch
+
+    return torch.bool
 
 
 def score_with_errors(

@@ -44,7 +44,12 @@ from relax.rollout.data import (
 )
 from relax.rollout.generate import generate, tokenize_prompts
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
-from relax.rollout.rewards import build_reward_fn, load_function, score_with_errors
+from relax.rollout.rewards import (
+    build_reward_fn,
+    call_plugin,
+    load_function,
+    score_with_errors,
+)
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
     all_reduce_max,
@@ -259,8 +264,14 @@ class Trainer:
                   "this step (rollout/reward_errors counts them all)", file=sys.stderr)
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
         if self.post_process is not None:
-            out = torch.as_tensor(self.post_process(rewards.clone(), group_index.clone()),
-                                  dtype=torch.float32, device=self.ctx.device)
+            flag = "--custom-reward-post-process-path"
+            returned = call_plugin(self.post_process, flag, rewards.clone(), group_index.clone())
+            try:
+                out = torch.as_tensor(returned, dtype=torch.float32, device=self.ctx.device)
+            except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+                raise RewardError(f"{flag} must return finite rewards of shape "
+                                  f"{tuple(rewards.shape)}, got {type(returned).__name__}: "
+                                  f"{e}") from None
             if out.shape != rewards.shape or not torch.isfinite(out).all():
                 raise RewardError("--custom-reward-post-process-path must return finite "
                                   f"rewards of shape {tuple(rewards.shape)}")
@@ -288,7 +299,15 @@ class Trainer:
         )
         exp.advantages = out.advantages
         if self.custom_advantage is not None:
-            adv = torch.as_tensor(self.custom_advantage(rewards, group_index, exp.response_mask))
+            flag = "--custom-advantage-function-path"
+            returned = call_plugin(self.custom_advantage, flag, rewards, group_index,
+                                   exp.response_mask)
+            try:
+                adv = torch.as_tensor(returned)
+            except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+                raise RewardError(f"{flag} must return advantages of shape "
+                                  f"{tuple(exp.response_mask.shape)}, got "
+                                  f"{type(returned).__name__}: {e}") from None
             if adv.shape != exp.response_mask.shape:
                 raise RewardError("--custom-advantage-function-path must return advantages of "
                                   f"shape {tuple(exp.response_mask.shape)}, got {tuple(adv.shape)}")
