@@ -39,8 +39,16 @@ def _run_train(argv: list[str]) -> int:
     if cfg.dry_run:
         print(config_to_json(cfg))
         return 0
-    # Under torchrun every rank parses the same flags; one writer for config.json.
+    # Under torchrun every rank parses the same flags; rank 0 claims the directories (checks,
+    # locks them for this process's lifetime) and writes config.json.
     if os.environ.get("RANK", "0") == "0":
+        from relax.errors import InputError
+        from relax.rundirs import claim_train_dirs
+
+        try:
+            claim_train_dirs(cfg)
+        except InputError as e:
+            return _error("relax train", str(e))
         write_config(cfg)
     from relax.trainer import train  # lazy: pulls in torch and transformers
 
@@ -53,6 +61,13 @@ def _run_eval(argv: list[str]) -> int:
     try:
         cfg = parse_eval_config(argv)
     except ConfigError as e:
+        return _error("relax eval", str(e))
+    from relax.errors import InputError
+    from relax.rundirs import claim_eval_dir
+
+    try:
+        claim_eval_dir(cfg)
+    except InputError as e:
         return _error("relax eval", str(e))
     from relax.eval.hook import run_eval_command  # lazy: torch and transformers
 

@@ -63,18 +63,28 @@ def load_run(path: str) -> Run:
         try:
             with open(config_path, encoding="utf-8") as f:
                 estimator = json.load(f).get("advantage_estimator", estimator)
+        except UnicodeDecodeError as e:
+            raise PlotError(f"{config_path}: not UTF-8 text (byte {e.start})") from None
         except (json.JSONDecodeError, AttributeError) as e:
             raise PlotError(f"{config_path}: not a JSON object ({e})") from None
+        except OSError as e:
+            raise PlotError(f"{config_path}: cannot read it ({e.strerror})") from None
     run = Run(path, str(estimator))
-    with open(metrics_path, encoding="utf-8") as f:
-        lines = f.readlines()
+    try:
+        with open(metrics_path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except UnicodeDecodeError as e:
+        raise PlotError(f"{metrics_path}: not UTF-8 text (byte {e.start}); it was not written "
+                        "by relax train") from None
+    except OSError as e:
+        raise PlotError(f"{metrics_path}: cannot read it ({e.strerror})") from None
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
             step = int(row["rollout/step"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError):
             if lineno == len(lines) and not line.endswith("\n"):
                 # A run killed mid-write leaves an unterminated last line; the trainer cuts it
                 # off on resume, and a plot of the killed run skips it the same way.
@@ -86,7 +96,11 @@ def load_run(path: str) -> Run:
         for key, value in row.items():
             if key == "rollout/step" or not (value is None or isinstance(value, (int, float))):
                 continue
-            run.series.setdefault(key, {})[step] = math.nan if value is None else float(value)
+            try:
+                number = math.nan if value is None else float(value)
+            except OverflowError:  # an integer beyond float range
+                number = math.inf if value > 0 else -math.inf
+            run.series.setdefault(key, {})[step] = number
     if not run.series:
         raise PlotError(f"{metrics_path}: no metrics in it")
     return run
@@ -185,9 +199,13 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
     fig.legend(handles, labels, loc="upper center", ncol=legend_cols, fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 1 - (0.3 * bool(title) + 0.02) / height))
     fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    fig.savefig(output, dpi=dpi)
-    plt.close(fig)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        fig.savefig(output, dpi=dpi)
+    except OSError as e:
+        raise PlotError(f"--output {output}: cannot write the image ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
     return drawn
 
 
@@ -213,6 +231,8 @@ def parse_plot_args(argv: list[str]) -> argparse.Namespace:
     from relax.config import ConfigError
 
     ns = build_plot_parser().parse_strict(list(argv))
+    if os.path.isdir(ns.output):
+        raise ConfigError(f"--output {ns.output}", "is a directory; give an image file name")
     if os.path.splitext(ns.output)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"--output {ns.output}", "expected a .png, .svg or .pdf file name")
     if ns.panels is not None:

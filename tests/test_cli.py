@@ -100,9 +100,14 @@ def fake_trainer(monkeypatch):
 
 def test_real_run_writes_config_then_calls_trainer(tmp_path, fake_trainer):
     module, calls = fake_trainer
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("user file")
+    code, _, err = call(["train", "--output-dir", str(foreign)])
+    assert code == 2 and "holds files Relax did not write (e.g. 'keep.txt')" in err
+    assert sorted(p.name for p in foreign.iterdir()) == ["keep.txt"] and not calls
     out = tmp_path / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("user file")
     module.status = 3
     code, stdout, err = call(["train", "--output-dir", str(out), "--seed", "7"])
     assert (code, err) == (3, "")  # the trainer's status is the exit status
@@ -110,7 +115,6 @@ def test_real_run_writes_config_then_calls_trainer(tmp_path, fake_trainer):
     assert written_before_train
     saved = json.loads((out / "config.json").read_text())
     assert saved == vars(cfg) and saved["seed"] == 7 and saved["dry_run"] is False
-    assert (out / "keep.txt").read_text() == "user file"  # nothing deleted
     # a new directory is created; a rejected run writes nothing and never trains
     code, _, _ = call(["train", "--output-dir", str(tmp_path / "new" / "run")])
     assert code == 3 and (tmp_path / "new" / "run" / "config.json").is_file()

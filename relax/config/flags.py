@@ -16,6 +16,7 @@ import math
 from relax.config.eval_flags import add_eval_flags
 from relax.config.presets import BUILTIN_TASK_NAMES
 from relax.config.validate import DEVICES, ESTIMATOR_NAMES, KL_TYPES, ConfigError
+from relax.errors import invalid_text
 from relax.rollout.reasoning_gym_source import ANSWER_FORMATS
 
 RM_TYPES: tuple[str, ...] = ("math", *BUILTIN_TASK_NAMES)
@@ -47,7 +48,12 @@ def integer(text: str) -> int:
 def text(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("expected a non-empty value")
+    bad = invalid_text(value)
+    if bad:
+        raise argparse.ArgumentTypeError(bad)
     return value
+
+
 
 
 _METAVARS = {finite_float: "X", integer: "N", text: "STR"}

@@ -120,8 +120,12 @@ _RANGES = {
     "seed": (lambda v: 0 <= v < 2**32, "must lie in [0, 2**32)"),
     "save_interval": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
     "keep_last": (lambda v: v is None or v >= 1, "must be >= 1 checkpoints"),
-    "reward_timeout": (lambda v: v > 0.0, "must be > 0 seconds; the default is 30"),
-    "distributed_timeout_minutes": (lambda v: v > 0.0, "must be > 0 minutes; the default is 10"),
+    # upper bounds: threading and timedelta overflow on huge values, and a wait of days is a
+    # hang, not a timeout
+    "reward_timeout": (lambda v: 0.0 < v <= 86400.0,
+                       "must lie in (0, 86400] seconds (one day); the default is 30"),
+    "distributed_timeout_minutes": (lambda v: 0.0 < v <= 10080.0,
+                                    "must lie in (0, 10080] minutes (one week); the default is 10"),
 }
 
 
@@ -277,8 +281,8 @@ def _check_dir(ns: Namespace, dest: str, what: str) -> None:
 
 def check_gym_spec(spec: str, flag: str, *, role: str):
     """Parse a ``reasoning-gym:`` source (imports the package, generates nothing)."""
+    from relax.errors import InputError
     from relax.rollout.reasoning_gym_source import parse_spec
-    from relax.trainer.errors import InputError
 
     try:
         return parse_spec(spec, flag, role=role)
@@ -410,7 +414,8 @@ def _resolve_batches(ns: Namespace, world_size: int) -> None:
 
 def world_size_from_env(environ=None) -> int:
     """Data-parallel world size: ``WORLD_SIZE`` as torchrun sets it, else 1."""
-    raw = (os.environ if environ is None else environ).get("WORLD_SIZE", "1")
+    environ = os.environ if environ is None else environ
+    raw = environ.get("WORLD_SIZE", "1")
     try:
         world_size = int(raw)
     except ValueError:

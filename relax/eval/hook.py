@@ -34,6 +34,13 @@ class EvalSet:
     labels: list
     reasoning_gym: bool = False
 
+    def as_samples(self) -> list:
+        """The set as :class:`relax.rollout.data.PromptSample` s, named for error messages."""
+        from relax.rollout.data import PromptSample
+
+        return [PromptSample(p, y, f"--eval-prompt-data {self.name} prompt {i + 1}")
+                for i, (p, y) in enumerate(zip(self.prompts, self.labels, strict=True))]
+
 
 def _eval_reward_type(cfg) -> str | None:
     """The training run's reward: --rm-type, else the built-in task's, else math."""
@@ -48,9 +55,9 @@ def load_eval_sets(cfg) -> list[EvalSet]:
     Raises :class:`relax.trainer.errors.InputError` naming the set and the file:line of a
     bad row. Empty when evaluation is off (``--eval-interval`` unset in ``relax train``).
     """
+    from relax.errors import InputError
     from relax.rollout.data import load_source
     from relax.rollout.reasoning_gym_source import is_reasoning_gym
-    from relax.trainer.errors import InputError
 
     if getattr(cfg, "eval_interval", 1) is None:
         return []
@@ -118,7 +125,7 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
 
 def run_eval_command(cfg) -> int:
     """``relax eval CHECKPOINT``: print the metrics as JSON; exit 0, or 2/1 on error."""
-    from relax.trainer.errors import RelaxError
+    from relax.errors import RelaxError
 
     try:
         import torch
@@ -131,14 +138,23 @@ def run_eval_command(cfg) -> int:
         setup.quiet_transformers()
         tokenizer = setup.load_tokenizer(cfg)
         if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-            from relax.trainer.errors import InputError
+            from relax.errors import InputError
 
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
                              "chat template; remove the flag or evaluate a chat model")
         model = setup.load_policy(cfg, tokenizer, device).eval()
+        sets = load_eval_sets(cfg)
+        from relax.rollout.data import check_formatted_lengths
+
+        for eval_set in sets:
+            check_formatted_lengths(
+                tokenizer, eval_set.as_samples(), apply_chat_template=cfg.apply_chat_template,
+                system_prompt=cfg.system_prompt, max_response=cfg.eval_max_response_len,
+                context=getattr(model.config, "max_position_embeddings", None),
+                length_flag="--eval-max-response-len")
         if device.type == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
-        metrics = evaluate_sets(cfg, load_eval_sets(cfg), model, tokenizer, device)
+        metrics = evaluate_sets(cfg, sets, model, tokenizer, device)
     except RelaxError as e:
         print(f"relax eval: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from relax.trainer.errors import InputError
+from relax.errors import InputError, invalid_text
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ def _check_prompt(prompt, where: str, input_key: str):
     if isinstance(prompt, str):
         if not prompt.strip():
             raise InputError(f"{what} is an empty prompt")
+        if invalid_text(prompt):
+            raise InputError(f"{what}: {invalid_text(prompt)}")
         return
     if not isinstance(prompt, list):
         raise InputError(f"{what} must be a non-empty string or message list, got "
@@ -46,6 +48,10 @@ def _check_prompt(prompt, where: str, input_key: str):
                 and isinstance(msg.get("role", ""), str)):
             raise InputError(f"{what}: message {j} must be an object with string 'role' and "
                              "'content'")
+    for j, msg in enumerate(prompt):
+        bad = invalid_text(msg["content"]) or invalid_text(msg.get("role", ""))
+        if bad:
+            raise InputError(f"{what}: message {j}: {bad}")
     if not any(m["content"].strip() for m in prompt):
         raise InputError(f"{what} is an empty prompt (every message content is blank)")
 
@@ -60,13 +66,25 @@ def _check_row(row, where: str, input_key: str, label_key: str, need_label: bool
         raise InputError(f"{where}: missing key {label_key!r} (--label-key); keys: {_keys(row)}")
     if need_label and row[label_key] is None:
         raise InputError(f"{where}: key {label_key!r} (--label-key) is null")
+    if isinstance(row.get(label_key), str) and invalid_text(row[label_key]):
+        raise InputError(f"{where}: key {label_key!r} (--label-key): "
+                         f"{invalid_text(row[label_key])}")
     return PromptSample(row[input_key], row.get(label_key), where)
 
 
-def _jsonl_rows(path: str):
+# A line is read at most this long: a prompt of 8 MiB is millions of tokens, beyond any model's
+# context, and reading (then tokenizing) an unbounded line can exhaust memory first.
+MAX_LINE_BYTES = 8 << 20
+
+
+def _jsonl_rows(path: str, max_line_bytes: int = MAX_LINE_BYTES):
     """(line number, parsed row) of every non-blank line; errors name ``path:line``."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""),
+                                     start=1):
+            if len(raw) > max_line_bytes:
+                raise InputError(f"{path}:{lineno}: line longer than {max_line_bytes >> 20} MiB; "
+                                 "no prompt of that size fits a model context")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -147,7 +165,8 @@ def report_overlap(train: list[PromptSample], eval_sets, *, report=print) -> dic
 
 
 def check_prompt_lengths(samples, texts: list[str], count_tokens, *, max_response: int,
-                         context: int | None) -> None:
+                         context: int | None,
+                         length_flag: str = "--rollout-max-response-len") -> None:
     """Every prompt must tokenize to something and fit the model context with a full response.
 
     ``texts`` are the formatted prompts of ``samples`` (same order); ``count_tokens(text)``
@@ -164,9 +183,22 @@ def check_prompt_lengths(samples, texts: list[str], count_tokens, *, max_respons
     if too_long:
         sample, n = too_long[0]
         raise InputError(
-            f"{sample.source}: prompt of {n} tokens + --rollout-max-response-len {max_response} "
+            f"{sample.source}: prompt of {n} tokens + {length_flag} {max_response} "
             f"exceeds the model context of {context} tokens ({len(too_long)} of {len(samples)} "
-            "prompts do not fit); shorten or drop them, or lower --rollout-max-response-len")
+            f"prompts do not fit); shorten or drop them, or lower {length_flag}")
+
+
+def check_formatted_lengths(tokenizer, samples, *, apply_chat_template: bool,
+                            system_prompt: str | None, max_response: int,
+                            context: int | None,
+                            length_flag: str = "--rollout-max-response-len") -> None:
+    """:func:`check_prompt_lengths` of ``samples`` formatted as the model will see them."""
+    texts = [format_prompt(tokenizer, s.prompt, apply_chat_template=apply_chat_template,
+                           system_prompt=system_prompt) for s in samples]
+    lengths = {t: len(ids) for t, ids in zip(
+        texts, tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True)}
+    check_prompt_lengths(samples, texts, lengths.__getitem__, max_response=max_response,
+                         context=context, length_flag=length_flag)
 
 
 class PromptSource:

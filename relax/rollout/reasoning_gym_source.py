@@ -34,7 +34,7 @@ import typing
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from relax.trainer.errors import InputError
+from relax.errors import InputError
 
 PREFIX = "reasoning-gym:"
 ANSWER_FORMATS = ("tags", "last_number", "boxed")

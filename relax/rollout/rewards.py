@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from relax.trainer.errors import InputError, Interrupted, RewardError
+from relax.errors import InputError, Interrupted, RewardError
 
 RewardFn = Callable[[list[str], list[str], list], list[float]]
 

@@ -5,7 +5,7 @@ returns the process exit status. Heavy imports happen inside, so ``import relax.
 cheap.
 """
 
-from relax.trainer.errors import (
+from relax.errors import (
     InputError,
     Interrupted,
     NonFiniteError,

@@ -35,8 +35,9 @@ import time
 import numpy as np
 import torch
 
+from relax.errors import InputError
+from relax.rundirs import SAVE_DIR_MARKER
 from relax.trainer.distributed import DistContext, unwrap
-from relax.trainer.errors import InputError
 
 MARKER = "relax_save.json"
 STATE = "trainer_state.pt"
@@ -65,7 +66,8 @@ def check_save_dir(path: str | None) -> None:
 
 def _is_relax_save(path: str) -> bool:
     """A final save, or a run that only got as far as its interval checkpoints."""
-    if os.path.isfile(os.path.join(path, MARKER)):
+    if os.path.isfile(os.path.join(path, MARKER)) or os.path.isfile(
+            os.path.join(path, SAVE_DIR_MARKER)):
         return True
     return any(_STEP_DIR.match(d) and os.path.isfile(os.path.join(path, d, MARKER))
                for d in os.listdir(path))

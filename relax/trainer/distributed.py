@@ -39,10 +39,25 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        from relax.trainer.errors import InputError
+        from relax.errors import InputError
 
         raise InputError("--device cuda: no CUDA device is available; use --device cpu or auto")
     return torch.device("cuda", local_rank)
+
+
+def _check_launch_env(world_size: int) -> None:
+    """What torchrun sets; without it ``init_process_group`` fails with a traceback."""
+    from relax.errors import InputError
+
+    rank = os.environ.get("RANK")
+    if rank is None or not rank.isdigit() or int(rank) >= world_size:
+        raise InputError(f"WORLD_SIZE={world_size} RANK={rank}: a multi-process run needs RANK "
+                         f"in 0..{world_size - 1}, MASTER_ADDR and MASTER_PORT; launch with "
+                         "torchrun, or unset WORLD_SIZE for a single process")
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise InputError(f"WORLD_SIZE={world_size}: {' and '.join(missing)} not set; launch "
+                         "with torchrun, or unset WORLD_SIZE for a single process")
 
 
 def init_distributed(device_choice: str, timeout_minutes: float | None = None) -> DistContext:
@@ -58,6 +73,7 @@ def init_distributed(device_choice: str, timeout_minutes: float | None = None) -
         torch.cuda.set_device(device)
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
+    _check_launch_env(world_size)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
@@ -197,7 +213,7 @@ def raise_together(error: Exception | None, ctx: DistContext) -> None:
         flag = torch.tensor([0 if error is None else 1], device=ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
         if error is None and flag.item():
-            from relax.trainer.errors import RelaxError
+            from relax.errors import RelaxError
 
             raise RelaxError("another data-parallel rank failed; see its message")
     if error is not None:

@@ -1,46 +1,11 @@
-"""The one exception type that reaches the user as a single line.
+"""The error types, kept importable from here; they live in :mod:`relax.errors`, which every
+package may import."""
 
-``relax.trainer.train`` catches :class:`RelaxError`, prints
-``relax train: error: <message>`` on stderr and returns ``exit_code``:
-
-- 2 for bad input found before training starts (missing model directory or data file, a
-  malformed data row, an empty dataset, an unusable ``--save`` directory) -- the same status as a
-  rejected configuration;
-- 1 for a failure during training (a reward function that raises, times out or returns bad
-  values, a non-finite loss or gradient norm, a data-parallel peer that died or hangs);
-- 128 + the signal number (143 SIGTERM, 130 SIGINT) when a signal stopped the run.
-"""
-
-from __future__ import annotations
-
-
-class RelaxError(Exception):
-    """A user-facing failure; ``str(e)`` is the whole one-line message."""
-
-    exit_code = 1
-
-
-class InputError(RelaxError):
-    """Bad input detected before anything is trained (exit status 2)."""
-
-    exit_code = 2
-
-
-class RewardError(RelaxError):
-    """A reward function raised, returned the wrong count or a non-finite value."""
-
-
-class NonFiniteError(RelaxError):
-    """A non-finite loss or gradient norm; raised before the optimizer step."""
-
-
-class PeerFailure(RelaxError):
-    """A collective failed: another rank died, hung past the timeout or lost its connection."""
-
-
-class Interrupted(RelaxError):
-    """SIGTERM / SIGINT stopped the run (after a checkpoint when ``--save`` is set)."""
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.exit_code = 128 + int(signum)
+from relax.errors import (  # noqa: F401
+    InputError,
+    Interrupted,
+    NonFiniteError,
+    PeerFailure,
+    RelaxError,
+    RewardError,
+)

@@ -24,6 +24,7 @@ Guarantees and the tests behind them: docs/reliability.md.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -32,12 +33,13 @@ import time
 import torch
 
 from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+from relax.errors import InputError, Interrupted, PeerFailure, RelaxError, RewardError
 from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics import MetricTracker, build_logger
 from relax.metrics.sinks import spread_indices
 from relax.rollout.data import (
     PromptSource,
-    check_prompt_lengths,
+    check_formatted_lengths,
     format_prompt,
     load_source,
     report_overlap,
@@ -50,6 +52,7 @@ from relax.rollout.rewards import (
     load_function,
     score_with_errors,
 )
+from relax.rundirs import check_free_space
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
     all_reduce_max,
@@ -63,8 +66,8 @@ from relax.trainer.distributed import (
     unwrap,
     wrap_model,
 )
-from relax.trainer.errors import InputError, Interrupted, PeerFailure, RelaxError, RewardError
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
+from relax.trainer.resume import check_resume
 from relax.trainer.runtime import Timer, peak_memory_gb, rows_after, seed_for
 from relax.trainer.signals import StopRequest
 from relax.trainer.update import LossSettings, train_on_rollout
@@ -80,6 +83,10 @@ class Trainer:
         # everything that can fail on bad input comes before any model is loaded
         resume = self._check_paths()
         self._build_data_and_rewards()
+        if resume:
+            changed = check_resume(cfg, resume[0], resume[1], self.total_steps)
+            if changed and ctx.is_main:
+                print(changed, file=sys.stderr)
         self.eval_sets = load_eval_sets(cfg)  # a bad evaluation file fails here too
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
@@ -161,6 +168,9 @@ class Trainer:
         # the reference is the initial weights (or --ref-load), also when resuming
         self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device)
                     if setup.needs_reference(cfg) else None)
+        if ctx.is_main:
+            check_free_space(cfg.save, sum(p.numel() for p in policy.parameters()
+                                           if p.requires_grad))
         self.model = wrap_model(policy, ctx, fsdp=cfg.fsdp)
         self.optimizer = setup.build_optimizer(self.model, cfg)
         self.start_step, self.resumed_from = 0, None
@@ -171,18 +181,18 @@ class Trainer:
             self._check_progress(progress)
 
     def _check_prompt_lengths(self, policy) -> None:
-        """Data-file prompts must fit the model context with a full response (else file:line)."""
-        if self.samples is None:
-            return
+        """Training and evaluation prompts must fit the model context with a full response
+        (else the prompt's file:line, or its evaluation set and number)."""
         cfg = self.cfg
-        texts = [format_prompt(self.tokenizer, s.prompt, apply_chat_template=cfg.
-                               apply_chat_template, system_prompt=cfg.system_prompt)
-                 for s in self.samples]
-        lengths = {t: len(ids) for t, ids in zip(
-            texts, self.tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True)}
-        check_prompt_lengths(self.samples, texts, lengths.__getitem__,
-                             max_response=cfg.rollout_max_response_len,
-                             context=getattr(policy.config, "max_position_embeddings", None))
+        context = getattr(policy.config, "max_position_embeddings", None)
+        fmt = dict(apply_chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt)
+        if self.samples is not None:
+            check_formatted_lengths(self.tokenizer, self.samples, **fmt, context=context,
+                                    max_response=cfg.rollout_max_response_len)
+        for eval_set in self.eval_sets:
+            check_formatted_lengths(self.tokenizer, eval_set.as_samples(), **fmt,
+                                    context=context, max_response=cfg.eval_max_response_len,
+                                    length_flag="--eval-max-response-len")
 
     def _check_progress(self, progress: dict) -> None:
         """Say where the resumed run stands; warn when the data position no longer matches."""
@@ -371,13 +381,26 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "seed": self.cfg.seed,
         }
+        try:
+            path = checkpoint.save_checkpoint(
+                self.cfg.save, model=self.model, optimizer=self.optimizer,
+                tokenizer=self.tokenizer, step=step, ctx=self.ctx, fsdp=self.cfg.fsdp,
+                final=final, progress=progress,
+                extra={"advantage_estimator": self.cfg.advantage_estimator,
+                       "config": json.loads(json.dumps(vars(self.cfg), default=str))},
+                keep_last=self.cfg.keep_last,
+            )
+        except OSError as e:  # a full disk, a quota, a directory removed under the run
+            checkpoint.remove_stale_temps(self.cfg.save)
+            last = checkpoint.latest_checkpoint(self.cfg.save, report=False) if os.path.isdir(
+                self.cfg.save) else None
+            kept = (f"the last complete checkpoint is {last[0]} (step {last[1]}); free space "
+                    f"and continue with --load {self.cfg.save}" if last else
+                    "no complete checkpoint was written")
+            raise RelaxError(f"--save {self.cfg.save}: writing the checkpoint of rollout step "
+                             f"{step} failed ({e.strerror or type(e).__name__}); {kept}") from e
         self.saved_step = step
-        return checkpoint.save_checkpoint(
-            self.cfg.save, model=self.model, optimizer=self.optimizer, tokenizer=self.tokenizer,
-            step=step, ctx=self.ctx, fsdp=self.cfg.fsdp, final=final, progress=progress,
-            extra={"advantage_estimator": self.cfg.advantage_estimator},
-            keep_last=self.cfg.keep_last,
-        )
+        return path
 
     def stop_requested(self) -> bool:
         """Whether any rank got SIGTERM/SIGINT; ranks agree, so all stop at the same step."""

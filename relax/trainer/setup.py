@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from relax.trainer.errors import InputError
+from relax.errors import InputError
 
 
 def quiet_transformers() -> None:
@@ -47,7 +47,11 @@ def load_tokenizer(cfg):
     quiet_transformers()
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint, local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint, local_files_only=True)
+    except Exception as e:  # broken tokenizer files or config.json: one line, not a traceback
+        raise InputError(f"--hf-checkpoint {cfg.hf_checkpoint}: cannot load the tokenizer: "
+                         f"{_first_line(e)}") from e
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # pad positions are masked everywhere
@@ -62,8 +66,13 @@ def _from_pretrained(path: str, dtype: torch.dtype):
 
     try:
         return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot load a causal LM from {path}: {e}".splitlines()[0]) from e
+    except Exception as e:  # a truncated safetensors file, a broken config.json, ...
+        raise InputError(f"cannot load a causal LM from {path}: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split("\n")[:1]).strip()
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def load_policy(cfg, tokenizer, device: torch.device, *, weights_dir: str | None = None):

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 
-from relax.trainer.errors import Interrupted
+from relax.errors import Interrupted
 
 
 class StopRequest:

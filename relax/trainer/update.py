@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from relax.algorithms import approx_kl, compute_policy_loss, response_mean, token_mean
+from relax.errors import NonFiniteError
 from relax.trainer.distributed import DistContext, all_reduce_sum, no_grad_sync, unwrap
-from relax.trainer.errors import NonFiniteError
 from relax.trainer.logprobs import Experience, response_log_probs
 
 

@@ -1,0 +1,60 @@
+"""The one exception type that reaches the user as a single line (every package imports it
+from here; ``relax.trainer.errors`` re-exports it).
+
+``relax.trainer.train`` catches :class:`RelaxError`, prints
+``relax train: error: <message>`` on stderr and returns ``exit_code``:
+
+- 2 for bad input found before training starts (missing model directory or data file, a
+  malformed data row, an empty dataset, an unusable ``--save`` directory) -- the same status as a
+  rejected configuration;
+- 1 for a failure during training (a reward function that raises, times out or returns bad
+  values, a non-finite loss or gradient norm, a data-parallel peer that died or hangs);
+- 128 + the signal number (143 SIGTERM, 130 SIGINT) when a signal stopped the run.
+"""
+
+from __future__ import annotations
+
+
+class RelaxError(Exception):
+    """A user-facing failure; ``str(e)`` is the whole one-line message."""
+
+    exit_code = 1
+
+
+class InputError(RelaxError):
+    """Bad input detected before anything is trained (exit status 2)."""
+
+    exit_code = 2
+
+
+class RewardError(RelaxError):
+    """A reward function raised, returned the wrong count or a non-finite value."""
+
+
+class NonFiniteError(RelaxError):
+    """A non-finite loss or gradient norm; raised before the optimizer step."""
+
+
+class PeerFailure(RelaxError):
+    """A collective failed: another rank died, hung past the timeout or lost its connection."""
+
+
+class Interrupted(RelaxError):
+    """SIGTERM / SIGINT stopped the run (after a checkpoint when ``--save`` is set)."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+def invalid_text(value: str) -> str | None:
+    """Why ``value`` is not valid Unicode text, else None. A lone surrogate comes from an
+    argument or file that was not UTF-8 (Python's surrogateescape) or a JSON ``\\ud800``
+    escape; tokenizers and file writers fail on it with a traceback."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"not valid UTF-8 text (character {e.start} is {value[e.start]!r}, a lone "
+                "surrogate)")
+    return None
+

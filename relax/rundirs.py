@@ -1,0 +1,205 @@
+"""The directories a run writes: claimed before any work, locked for the run's lifetime.
+
+``relax train`` writes into ``--output-dir`` (config.json, metrics.jsonl, samples.jsonl,
+TensorBoard) and ``--save`` (checkpoints); ``relax eval --output-dir`` writes
+eval_metrics.json. Before anything is written, :func:`claim_train_dirs` / :func:`claim_eval_dir`
+check (docs/reliability.md, "Hostile conditions"):
+
+- each directory is new, empty, or already marked as Relax's own of the same kind
+  (``relax_run.json`` in an output directory, ``relax_save_dir.json`` or a checkpoint manifest
+  in a save directory); anything else -- a model directory, a home directory, a data folder --
+  is refused, so a run never overwrites a file it did not write;
+- ``--output-dir`` and ``--save`` differ from each other and from the model directories;
+- a fresh run (no ``--load``) does not continue another run's directory: a save directory
+  holding checkpoints or an output directory holding metrics.jsonl is refused with how to
+  continue it (``--load``) or start clean;
+- each directory is creatable and writable (a probe file is written and removed);
+- one run per directory: an exclusive ``flock`` on ``DIR/.relax.lock``, held until the process
+  ends (the kernel releases it on any exit, SIGKILL included, so a crashed run never leaves a
+  stale lock); the second run is refused with the holder's PID, host and start time.
+
+Only rank 0 claims (all ranks share the directories). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+
+from relax.errors import InputError
+
+OUTPUT_MARKER = "relax_run.json"
+SAVE_DIR_MARKER = "relax_save_dir.json"
+SAVE_MARKER = "relax_save.json"  # a checkpoint's manifest (relax.trainer.checkpoint.MARKER)
+LOCK = ".relax.lock"
+_HELD: list[int] = []  # lock file descriptors, open until the process exits
+
+
+def _real(path: str | None) -> str | None:
+    return None if path is None else os.path.realpath(path)
+
+
+def _ours(path: str, markers: tuple[str, ...]) -> bool:
+    return any(os.path.isfile(os.path.join(path, m)) for m in markers) or (
+        OUTPUT_MARKER in markers and _earlier_relax_run(path))
+
+
+def _earlier_relax_run(path: str) -> bool:
+    """An output directory written before the marker existed: metrics.jsonl next to a
+    config.json that is a Relax configuration (not a model's)."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and "advantage_estimator" in config
+            and os.path.isfile(os.path.join(path, "metrics.jsonl")))
+
+
+def _has_checkpoints(path: str) -> bool:
+    if os.path.isfile(os.path.join(path, SAVE_MARKER)):
+        return True
+    return any(d.startswith("rollout_") and os.path.isfile(os.path.join(path, d, SAVE_MARKER))
+               for d in os.listdir(path))
+
+
+def _check_kind(path: str, flag: str, markers: tuple[str, ...], what: str) -> None:
+    """``path`` is absent, an empty directory, or marked as Relax's ``what``."""
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise InputError(f"{flag} {path}: exists and is not a directory; choose another path")
+    try:
+        entries = [e for e in os.listdir(path) if e != LOCK]
+    except PermissionError:
+        raise InputError(f"{flag} {path}: cannot list the directory (permission denied)") \
+            from None
+    if entries and not _ours(path, markers):
+        example = sorted(entries)[0]
+        raise InputError(f"{flag} {path}: the directory holds files Relax did not write (e.g. "
+                         f"{example!r}) and no {markers[0]}; Relax only writes into a new or "
+                         f"empty directory or one of its own {what}; choose another path")
+
+
+def _make_writable(path: str, flag: str) -> None:
+    """Create ``path`` (and parents) and prove it writable with a probe file."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".relax-probe-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write("probe")
+        os.remove(probe)
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else type(e).__name__
+        if e.errno == errno.ENOSPC:
+            reason = "no space left on the device"
+        raise InputError(f"{flag} {path}: cannot write there ({reason}); choose a writable "
+                         "directory") from None
+
+
+def _lock(path: str, flag: str) -> None:
+    """Hold an exclusive lock on ``path`` until this process exits."""
+    lock_path = os.path.join(path, LOCK)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        os.close(fd)
+        try:
+            info = json.loads(holder)
+            who = (f"pid {info['pid']} on {info['host']}, started "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(info['time']))}")
+        except (ValueError, KeyError, TypeError):
+            who = "another process"
+        raise InputError(f"{flag} {path}: in use by another relax run ({who}); wait for it "
+                         "to finish or choose another directory") from None
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record.encode(), 0)
+    _HELD.append(fd)
+
+
+def _mark(path: str, marker: str, kind: str) -> None:
+    file = os.path.join(path, marker)
+    if not os.path.exists(file):
+        with open(file, "w", encoding="utf-8") as f:
+            json.dump({"kind": kind, "created": time.time()}, f)
+
+
+def _distinct(cfg) -> None:
+    models = {"--hf-checkpoint": _real(cfg.hf_checkpoint), "--ref-load": _real(cfg.ref_load)}
+    out, save = _real(cfg.output_dir), _real(cfg.save)
+    if save is not None and out == save:
+        raise InputError(f"--output-dir {cfg.output_dir} and --save {cfg.save}: the same "
+                         "directory; the run's config.json would overwrite the saved model's; "
+                         "give them different directories")
+    for flag, value, real in (("--output-dir", cfg.output_dir, out), ("--save", cfg.save, save)):
+        for model_flag, model in models.items():
+            if real is not None and real == model:
+                raise InputError(f"{flag} {value}: is the {model_flag} model directory; Relax "
+                                 "never writes into the model it reads; choose another path")
+
+
+def claim_train_dirs(cfg) -> None:
+    """All checks of the module docstring for ``relax train``; raises :class:`InputError`."""
+    _distinct(cfg)
+    _check_kind(cfg.output_dir, "--output-dir", (OUTPUT_MARKER,), "run output directories")
+    fresh = cfg.load is None
+    if fresh and os.path.isfile(os.path.join(cfg.output_dir, "metrics.jsonl")):
+        raise InputError(f"--output-dir {cfg.output_dir}: holds metrics.jsonl of an earlier "
+                         "run; continue that run with --load SAVE_DIR, or choose a new "
+                         "--output-dir")
+    if cfg.save is not None:
+        _check_kind(cfg.save, "--save", (SAVE_DIR_MARKER, SAVE_MARKER), "save directories")
+        if os.path.isdir(cfg.save) and _has_checkpoints(cfg.save) and (
+                fresh or _real(cfg.load) != _real(cfg.save)):
+            how = (f"continue it with --load {cfg.save}" if fresh else
+                   f"save into --save {cfg.load} to continue the run you load")
+            raise InputError(f"--save {cfg.save}: holds checkpoints of an earlier run; {how}, or "
+                             "choose an empty --save directory")
+    for flag, path, marker, kind in (("--output-dir", cfg.output_dir, OUTPUT_MARKER, "output"),
+                                     ("--save", cfg.save, SAVE_DIR_MARKER, "save")):
+        if path is None:
+            continue
+        _make_writable(path, flag)
+        _lock(path, flag)
+        _mark(path, marker, kind)
+
+
+def claim_eval_dir(cfg) -> None:
+    """``relax eval --output-dir``: new, empty or an earlier eval's; writable; locked."""
+    if cfg.output_dir is None:
+        return
+    if _real(cfg.output_dir) == _real(cfg.checkpoint):
+        raise InputError(f"--output-dir {cfg.output_dir}: is the checkpoint being evaluated; "
+                         "choose another directory")
+    _check_kind(cfg.output_dir, "--output-dir", (OUTPUT_MARKER, "eval_metrics.json"),
+                "output directories")
+    _make_writable(cfg.output_dir, "--output-dir")
+    _lock(cfg.output_dir, "--output-dir")
+    _mark(cfg.output_dir, OUTPUT_MARKER, "eval")
+
+
+# fp32 weights + AdamW's two fp32 moments per parameter; the tokenizer and manifest are small
+CHECKPOINT_BYTES_PER_PARAMETER = 12
+
+
+def check_free_space(save: str | None, parameters: int, *, disk_usage=None) -> None:
+    """Refuse to start when ``--save`` cannot hold one more checkpoint of ``parameters``
+    trainable parameters (a checkpoint is written whole before it replaces anything)."""
+    if save is None:
+        return
+    import shutil
+
+    need = parameters * CHECKPOINT_BYTES_PER_PARAMETER
+    free = (disk_usage or shutil.disk_usage)(save).free
+    if free < need:
+        raise InputError(f"--save {save}: {free / 2**30:.2f} GiB free, one checkpoint needs "
+                         f"about {need / 2**30:.2f} GiB ({parameters:,} parameters: fp32 weights "
+                         "and AdamW state); free some space or choose another --save")
+

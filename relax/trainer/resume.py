@@ -1,0 +1,92 @@
+"""Is ``--load`` a continuation of this configuration? Checked before any model is loaded.
+
+A checkpoint's manifest (``relax_save.json``) records the rollout step, the seed, the
+estimator and the resolved configuration of the run that wrote it. :func:`check_resume`
+refuses, with one line saying what to change, a checkpoint that this configuration cannot
+continue:
+
+- its step lies beyond ``--num-rollout`` (the run would end at once and rewrite the final
+  manifest as an earlier step over later weights);
+- it was trained with another ``--seed`` or ``--advantage-estimator`` (another run);
+- its model is not the ``--hf-checkpoint`` model (another architecture or size: the KL
+  reference and the tokenizer come from ``--hf-checkpoint``).
+
+Settings that may legitimately change between the two (a learning rate, a batch size, the
+evaluation) are listed in one line, so the log says exactly what is being continued.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from relax.errors import InputError
+
+# settings that identify a run: changing one makes the checkpoint another run's
+IDENTITY = ("seed", "advantage_estimator")
+# model config keys that must agree between the checkpoint and --hf-checkpoint
+MODEL_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "intermediate_size")
+# settings that name places or control this invocation only: never reported as changed
+LOCAL = {"load", "save", "output_dir", "dry_run", "num_rollout", "num_epoch", "world_size",
+         "device", "use_tensorboard", "use_wandb", "log_samples", "distributed_timeout_minutes",
+         "keep_last", "save_interval"}
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{what}: cannot read {path} ({type(e).__name__})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{what}: {path} is not a JSON object")
+    return value
+
+
+def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | None:
+    """Raise :class:`InputError` if ``checkpoint`` (at rollout ``step``) cannot be continued by
+    ``cfg``; else return a line naming the changed settings (None when nothing changed)."""
+    where = f"--load {cfg.load}"
+    if step > total_steps:
+        raise InputError(f"{where}: the checkpoint {checkpoint} is at rollout step {step}, "
+                         f"beyond this run's {total_steps} steps; raise --num-rollout above "
+                         f"{step} to continue it (relax eval evaluates it as it is)")
+    manifest = _read_json(os.path.join(checkpoint, "relax_save.json"), where)
+    saved = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    recorded = {"seed": (manifest.get("progress") or {}).get("seed", saved.get("seed")),
+                "advantage_estimator": manifest.get("advantage_estimator",
+                                                    saved.get("advantage_estimator"))}
+    for key in IDENTITY:
+        if recorded[key] is not None and recorded[key] != getattr(cfg, key):
+            flag = "--" + key.replace("_", "-")
+            raise InputError(f"{where}: the checkpoint was trained with {flag} {recorded[key]}, "
+                             f"this run has {flag} {getattr(cfg, key)}; resume with {flag} "
+                             f"{recorded[key]}, or start a new run without --load")
+    _check_model(cfg, checkpoint, where)
+    changed = [f"--{k.replace('_', '-')} {saved[k]} -> {getattr(cfg, k)}"
+               for k in sorted(saved) if k not in LOCAL and k not in IDENTITY
+               and hasattr(cfg, k) and saved[k] != _jsonable(getattr(cfg, k))]
+    if not changed:
+        return None
+    return (f"relax train: continuing {checkpoint} (step {step}) with changed settings: "
+            + ", ".join(changed))
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value))
+
+
+def _check_model(cfg, checkpoint: str, where: str) -> None:
+    if cfg.hf_checkpoint is None:
+        return
+    mine = _read_json(os.path.join(checkpoint, "config.json"), where)
+    base = _read_json(os.path.join(cfg.hf_checkpoint, "config.json"),
+                      f"--hf-checkpoint {cfg.hf_checkpoint}")
+    differ = [k for k in MODEL_KEYS if k in mine and k in base and mine[k] != base[k]]
+    if differ:
+        k = differ[0]
+        raise InputError(f"{where}: the checkpoint's model differs from --hf-checkpoint "
+                         f"{cfg.hf_checkpoint} ({k} {mine[k]} vs {base[k]}); the reference "
+                         "model and the tokenizer come from --hf-checkpoint, so point it at the "
+                         "model this run started from")
