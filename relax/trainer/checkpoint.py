@@ -193,6 +193,8 @@ def verify_checkpoint(path: str) -> tuple[int | None, str | None]:
     if stray:
         return None, f"unlisted pickle file {sorted(stray)[0]} (only safetensors weights load)"
     for name, want in sorted(files.items()):
+        if not (isinstance(name, str) and isinstance(want, dict)):
+            return None, f"{MARKER} has a malformed entry for {name!r}"
         file = os.path.join(path, name)
         if os.path.basename(name) != name or not os.path.isfile(file):
             return None, f"{name} is missing"
@@ -246,6 +248,20 @@ def _move_aside(path: str) -> str | None:
     aside = f"{path}.old-{os.getpid()}-{time.monotonic_ns()}"
     os.replace(path, aside)
     return aside
+
+
+def is_write_failure(e: BaseException) -> str | None:
+    """The reason when ``e`` is a failed file write (a full disk, a quota, a removed
+    directory), as each writer reports it; else None. safetensors and torch.save wrap the
+    OS error in their own exception types."""
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    text = " ".join(str(e).split())
+    if type(e).__name__ == "SafetensorError" and "I/O error" in text:
+        return text.split("I/O error: ", 1)[-1][:120]
+    if isinstance(e, RuntimeError) and ("file write failed" in text or "inline_container" in text):
+        return "file write failed"
+    return None
 
 
 def remove_stale_temps(save_dir: str | None) -> None:
@@ -332,10 +348,16 @@ def load_trainer_state(path: str, model, optimizer, *, fsdp: bool, ctx: DistCont
         raise InputError(f"--load {path}: cannot read {STATE}: {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
     target = model if fsdp else unwrap(model)
-    set_optimizer_state_dict(
-        target, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=fsdp)
-    )
-    rng = state["rng"]
+    try:
+        set_optimizer_state_dict(
+            target, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=fsdp)
+        )
+        rng = state["rng"]
+        if not isinstance(rng, list) or not rng:
+            raise TypeError("no RNG states")
+    except Exception as e:  # loaded, but not the state of this model's optimizer
+        raise InputError(f"--load {path}: {STATE} is not a Relax trainer state for this model "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from e
     if len(rng) != ctx.world_size and ctx.is_main:
         _say(f"--load {path}: saved with {len(rng)} ranks, resuming with {ctx.world_size}; "
              "RNG states are reused by rank modulo")

@@ -390,7 +390,9 @@ class Trainer:
                        "config": json.loads(json.dumps(vars(self.cfg), default=str))},
                 keep_last=self.cfg.keep_last,
             )
-        except OSError as e:  # a full disk, a quota, a directory removed under the run
+        except Exception as e:
+            if not checkpoint.is_write_failure(e):
+                raise
             checkpoint.remove_stale_temps(self.cfg.save)
             last = checkpoint.latest_checkpoint(self.cfg.save, report=False) if os.path.isdir(
                 self.cfg.save) else None
@@ -398,7 +400,7 @@ class Trainer:
                     f"and continue with --load {self.cfg.save}" if last else
                     "no complete checkpoint was written")
             raise RelaxError(f"--save {self.cfg.save}: writing the checkpoint of rollout step "
-                             f"{step} failed ({e.strerror or type(e).__name__}); {kept}") from e
+                             f"{step} failed ({checkpoint.is_write_failure(e)}); {kept}") from e
         self.saved_step = step
         return path
 

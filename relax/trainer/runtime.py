@@ -53,6 +53,6 @@ def rows_after(path: str, step: int) -> int:
         for line in f:
             try:
                 count += int(json.loads(line)["rollout/step"]) > step
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OverflowError):
                 continue  # a torn line; the sink cuts it when it opens the file
     return count
