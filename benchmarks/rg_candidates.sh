@@ -11,11 +11,16 @@ declare -A CANDIDATES=(
   [arith_1d_add]="reasoning-gym:basic_arithmetic?size=$N&min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+&allow_parentheses=false&allow_negation=false"
   [arith_2d_add]="reasoning-gym:basic_arithmetic?size=$N&min_terms=2&max_terms=2&min_digits=1&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false"
   [arith_2d_addsub]="reasoning-gym:basic_arithmetic?size=$N&min_terms=2&max_terms=2&min_digits=2&max_digits=2&operators=+,-&allow_parentheses=false&allow_negation=false"
+  [arith_2d2d_add]="reasoning-gym:basic_arithmetic?size=$N&min_terms=2&max_terms=2&min_digits=2&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false"
+  [arith_1to3d_add]="reasoning-gym:basic_arithmetic?size=$N&min_terms=2&max_terms=2&min_digits=1&max_digits=3&operators=+&allow_parentheses=false&allow_negation=false"
+  [chain_sum_3x1to2d]="reasoning-gym:chain_sum?size=$N&min_terms=3&max_terms=3&min_digits=1&max_digits=2&allow_negation=false"
+  [chain_sum_2x2d]="reasoning-gym:chain_sum?size=$N&min_terms=2&max_terms=2&min_digits=2&max_digits=2&allow_negation=false"
   [chain_sum_3x1d]="reasoning-gym:chain_sum?size=$N&min_terms=3&max_terms=3&min_digits=1&max_digits=1&allow_negation=false"
   [leg_counting]="reasoning-gym:leg_counting?size=$N"
   [gsm_symbolic]="reasoning-gym:gsm_symbolic?size=$N"
 )
-for name in arith_1d_add arith_2d_add arith_2d_addsub chain_sum_3x1d leg_counting gsm_symbolic; do
+for name in arith_1d_add arith_2d_add arith_2d_addsub arith_2d2d_add arith_1to3d_add chain_sum_3x1d \
+    chain_sum_3x1to2d chain_sum_2x2d leg_counting gsm_symbolic; do
   for answer in last_number tags; do
     [[ $answer == tags && $name != arith_2d_add ]] && continue
     start=$(date +%s)
