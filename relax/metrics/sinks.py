@@ -74,6 +74,8 @@ def samples_table(rows: list[dict]) -> str:
     """The samples of a step as a Markdown table (TensorBoard's text panel renders it)."""
     def cell(value) -> str:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
+        # a lone surrogate would make the protobuf writer raise: show it as an escape
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         return text.replace("|", "\\|").replace("\n", "<br>")
 
     columns = ("prompt", "response", "reward", "label")
