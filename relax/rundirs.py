@@ -197,7 +197,10 @@ def check_free_space(save: str | None, parameters: int, *, disk_usage=None) -> N
     import shutil
 
     need = parameters * CHECKPOINT_BYTES_PER_PARAMETER
-    free = (disk_usage or shutil.disk_usage)(save).free
+    where = os.path.abspath(save)
+    while not os.path.exists(where):  # not created yet: the file system it will be on
+        where = os.path.dirname(where)
+    free = (disk_usage or shutil.disk_usage)(where).free
     if free < need:
         raise InputError(f"--save {save}: {free / 2**30:.2f} GiB free, one checkpoint needs "
                          f"about {need / 2**30:.2f} GiB ({parameters:,} parameters: fp32 weights "

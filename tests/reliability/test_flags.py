@@ -16,10 +16,11 @@ def test_defaults():
 @pytest.mark.parametrize("flags,needle", [
     (["--keep-last", "2"], "--keep-last 2: nothing is saved without --save"),
     (["--save", "s", "--keep-last", "0"], "--keep-last 0: must be >= 1"),
-    (["--reward-timeout", "0"], "--reward-timeout 0: must be > 0"),
+    (["--reward-timeout", "0"], "--reward-timeout 0: must lie in (0, 86400]"),
+    (["--reward-timeout", "1e9"], "--reward-timeout 1e+09: must lie in (0, 86400]"),
     (["--reward-timeout", "nan"], "--reward-timeout: expected a finite number"),
     (["--reward-error-policy", "ignore"], "--reward-error-policy: invalid choice"),
-    (["--distributed-timeout-minutes", "-1"], "--distributed-timeout-minutes -1: must be > 0"),
+    (["--distributed-timeout-minutes", "-1"], "--distributed-timeout-minutes -1: must lie in (0, 10080]"),
 ])
 def test_rejections(flags, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -71,7 +71,7 @@ def test_wrong_count_is_an_error():
 
 
 def test_non_numbers_are_an_error():
-    with pytest.raises(RewardError, match="list of floats"):
+    with pytest.raises(RewardError, match="list of 1 real numbers, got str"):
         score(lambda p, r, y: ["high"] * len(p), ["a"], ["x"], [1])
 
 
