@@ -239,6 +239,8 @@ def build_eval_parser(parser_cls, *, integer, finite_float, text, choices) -> ar
     add("--builtin-task", choices=choices["builtin_task"], default=choices["builtin_task"][0],
         help="Default copy. Built-in task evaluated without --eval-prompt-data.")
     add("--seed", type=integer, default=1234, help="Default 1234. Sampling seed.")
+    add("--bf16", action=argparse.BooleanOptionalAction, default=None,
+        help="Default: on with CUDA, off on the CPU. Generate under bf16 autocast.")
     add("--device", choices=choices["device"], default="auto",
         help="Default auto (cuda when available, else cpu).")
     add("--output-dir", type=text, default=None,

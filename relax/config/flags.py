@@ -236,6 +236,9 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
     add("--context-parallel-size", type=integer, default=1,
         help="Default 1. Values other than 1 are rejected (SPEC 8, 9).")
     switch("--fsdp", "Default off (DDP replication). Shard parameters with FSDP2 fully_shard.")
+    add("--bf16", action=argparse.BooleanOptionalAction, default=None,
+        help="Default: on with CUDA, off on the CPU. Forward passes under bf16 autocast; fp32 "
+             "master weights, AdamW state and log-prob math; reference stored in bf16.")
     add("--device", choices=DEVICES, default="auto",
         help="Default auto (cuda when available, else cpu).")
 
@@ -289,5 +292,6 @@ def explicit_dests(argv: list[str]) -> set[str]:
 
 def train_flags() -> dict[str, argparse.Action]:
     """Long flag name -> action, for docs and tests."""
-    return {a.option_strings[-1]: a for a in build_train_parser()._actions
+    # the first long name: --bf16 for the pair --bf16 / --no-bf16
+    return {a.option_strings[0]: a for a in build_train_parser()._actions
             if a.option_strings and a.dest != "help"}

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from relax.eval.passk import ks_for, pass_at_k
+from relax.precision import autocast, use_bf16
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class EvalSampling:
     batch_size: int = 64  # sequences per generation call
     pass_threshold: float = 1.0
     seed: int = 1234
+    bf16: bool | None = None  # --bf16; None: on for CUDA (relax/precision.py)
 
     @classmethod
     def from_config(cls, cfg) -> EvalSampling:
@@ -49,7 +51,7 @@ class EvalSampling:
             n_samples=cfg.n_samples_per_eval_prompt, temperature=cfg.eval_temperature,
             top_p=cfg.eval_top_p, top_k=cfg.eval_top_k,
             max_response_len=cfg.eval_max_response_len, batch_size=cfg.eval_batch_size,
-            pass_threshold=cfg.eval_pass_threshold, seed=cfg.seed,
+            pass_threshold=cfg.eval_pass_threshold, seed=cfg.seed, bf16=cfg.bf16,
         )
 
 
@@ -131,7 +133,7 @@ def evaluate(
             texts = [prompts[i] for i, _ in chunk for _ in range(n)]
             chunk_labels = [labels[i] for i, _ in chunk for _ in range(n)]
             ids, mask = tokenize_prompts(tokenizer, texts, device)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            with autocast(device, use_bf16(sampling.bf16, device)):
                 rollout = generate(
                     model, ids, mask, max_new_tokens=sampling.max_response_len,
                     eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from relax.precision import autocast
 from relax.rollout.engine import cache_argument, distinct_prompts, unsupported_reason
 from relax.rollout.generate import Rollout
 from relax.trainer.distributed import unwrap
@@ -58,11 +59,6 @@ def experience_from_rollout(r: Rollout) -> Experience:
     return Experience(input_ids, attention_mask, position_ids, r.response_mask.clone())
 
 
-def _autocast(device: torch.device):
-    # fp32 master weights; bf16 compute on the GPU (SPEC-independent speed choice)
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-
 def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
     """Logits [B, T, V] at the positions that predict the T response tokens.
 
@@ -106,34 +102,118 @@ def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
     return torch.cat([first, rest.logits], dim=1)
 
 
+# Tokens per chunk of the output layer: the [chunk, V] logits of one chunk (and, in a backward,
+# their recomputation) are all that is ever held, instead of [B, T, V] logits and their
+# softmax copies. 2^24 elements = 64 MiB of fp32 logits (341 tokens at V = 49,152).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _output_layer(inner):
+    """``(module, weight, bias)`` of a model's output projection when the log-probs can be
+    computed in chunks from the hidden states; None when the model's own head must run (no
+    plain Linear head, a final logit soft-cap, or weights sharded by FSDP2 -- a DTensor is
+    only gathered inside its module's forward)."""
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    if getattr(inner.config, "final_logit_softcapping", None):
+        return None
+    if type(head.weight).__name__ == "DTensor" or type(head.weight.data).__name__ == "DTensor":
+        return None
+    return head, head.weight, head.bias
+
+
+def _hidden_states(model, inner, batch: Experience, T: int) -> torch.Tensor:
+    """The final hidden states [B, T, H] at the positions that predict the response tokens:
+    :func:`_response_logits` with the output layer replaced by the identity for the call."""
+    head = inner.get_output_embeddings()
+    inner.set_output_embeddings(torch.nn.Identity())
+    try:
+        return _response_logits(model, batch, T)
+    finally:
+        inner.set_output_embeddings(head)
+
+
+def _log_probs_from_logits(logits, targets, temperature: float, with_entropy: bool,
+                           entropy_grad: bool):
+    """log pi(target) [...] and the entropy [...] (or None) from logits [..., V], in fp32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    if not with_entropy:
+        return log_probs, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, entropy
+
+
+def _chunk_log_probs(hidden, weight, bias, targets, temperature: float, with_entropy: bool,
+                     entropy_grad: bool):
+    """One chunk: logits [n, V] in the matmul dtype of the ambient autocast, then fp32."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return _log_probs_from_logits(logits, targets, temperature, with_entropy, entropy_grad)
+
+
+def chunked_token_log_probs(hidden, weight, bias, targets, *, temperature: float = 1.0,
+                            with_entropy: bool = False, entropy_grad: bool = True,
+                            chunk_elements: int = CHUNK_ELEMENTS):
+    """log pi(target) [N] float32 and the entropy [N] (or None) from hidden states [N, H] and
+    an output layer ``weight`` [V, H] (+ ``bias`` [V]), ``chunk_elements // V`` rows at a time.
+
+    With autograd each chunk is a non-reentrant checkpoint: its logits are recomputed in the
+    backward instead of kept, so peak memory grows with the chunk, not with N x V (one more
+    output-layer matmul per token than keeping them). Equal to the one-pass computation up to
+    float rounding (tests/trainer/test_chunked_logprobs.py).
+    """
+    rows = max(1, chunk_elements // weight.shape[0])
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    logps, ents = [], []
+    for start in range(0, hidden.shape[0], rows):
+        args = (hidden[start:start + rows], weight, bias, targets[start:start + rows],
+                temperature, with_entropy, entropy_grad)
+        if grad:
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_log_probs, *args,
+                                                        use_reentrant=False)
+        else:
+            lp, ent = _chunk_log_probs(*args)
+        logps.append(lp)
+        ents.append(ent)
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
 def response_log_probs(
     model, batch: Experience, *, temperature: float = 1.0, with_entropy: bool = False,
-    entropy_grad: bool = True,
+    entropy_grad: bool = True, bf16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(a_t | context) [B, T] float32 and, on request, the entropy [B, T].
 
     Logits are divided by the sampling temperature so that the ratio compares the same
     distribution the responses were drawn from. ``entropy_grad=False`` computes the entropy
-    outside autograd (a metric only): no [B, T, V] softmax is kept for a backward that never
-    comes.
+    outside autograd (a metric only). The forward runs under ``--bf16`` autocast when ``bf16``;
+    the log-softmax is fp32 either way. The output layer runs in chunks over the tokens
+    (:func:`chunked_token_log_probs`) whenever the model allows (:func:`_output_layer`), so no
+    [B, T, V] tensor exists; otherwise the model's own head makes the full logits.
     """
     T = batch.response_mask.shape[1]
-    with _autocast(batch.input_ids.device):
-        logits = _response_logits(model, batch, T).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_z = torch.logsumexp(logits, dim=-1)
+    B = batch.response_mask.shape[0]
     targets = batch.input_ids[:, -T:]
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
+    inner = unwrap(model)
+    layer = _output_layer(inner)
+    with autocast(batch.input_ids.device, bf16):
+        if layer is not None:
+            hidden = _hidden_states(model, inner, batch, T)
+            log_probs, entropy = chunked_token_log_probs(
+                hidden.reshape(B * T, -1), layer[1], layer[2], targets.reshape(-1),
+                temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+            return log_probs.view(B, T), None if entropy is None else entropy.view(B, T)
+        logits = _response_logits(model, batch, T)
+    return _log_probs_from_logits(logits, targets, temperature, with_entropy, entropy_grad)
 
 
 def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temperature: float,
-                      inference_mode: bool = True):
+                      bf16: bool = False, inference_mode: bool = True):
     """``response_log_probs`` [B, T] over the whole batch in micro-batches, without autograd.
 
     ``inference_mode=False`` (plain ``no_grad``) for an FSDP2 model, whose all-gather buffers
@@ -141,7 +221,8 @@ def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temper
     """
     with torch.no_grad(), torch.inference_mode(inference_mode):
         parts = [
-            response_log_probs(model, batch.rows(i, i + micro_batch_size), temperature=temperature)[0]
+            response_log_probs(model, batch.rows(i, i + micro_batch_size),
+                               temperature=temperature, bf16=bf16)[0]
             for i in range(0, len(batch), micro_batch_size)
         ]
         out = torch.cat(parts)

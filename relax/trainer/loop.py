@@ -37,6 +37,7 @@ from relax.errors import InputError, Interrupted, PeerFailure, RelaxError, Rewar
 from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics import MetricTracker, build_logger
 from relax.metrics.sinks import spread_indices
+from relax.precision import autocast, use_bf16
 from relax.rollout.data import (
     PromptSource,
     check_formatted_lengths,
@@ -80,6 +81,7 @@ class Trainer:
         self.cfg, self.ctx = cfg, ctx
         self.stop = stop or StopRequest()
         self.timer = Timer(ctx.device)
+        self.bf16 = use_bf16(cfg.bf16, ctx.device)
         # everything that can fail on bad input comes before any model is loaded
         resume = self._check_paths()
         self._build_data_and_rewards()
@@ -152,7 +154,7 @@ class Trainer:
             gamma=cfg.gamma, kl_coef=cfg.kl_coef,
             std_normalization=not cfg.disable_grpo_std_normalization,
         )
-        self.loss_settings = LossSettings.from_config(cfg)
+        self.loss_settings = LossSettings.from_config(cfg, bf16=self.bf16)
 
     def _build_models(self, resume) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -166,7 +168,7 @@ class Trainer:
         self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)
         self._check_prompt_lengths(policy)
         # the reference is the initial weights (or --ref-load), also when resuming
-        self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device)
+        self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device, bf16=self.bf16)
                     if setup.needs_reference(cfg) else None)
         if ctx.is_main:
             check_free_space(cfg.save, sum(p.numel() for p in policy.parameters()
@@ -234,7 +236,7 @@ class Trainer:
         generator.manual_seed(seed_for(self.cfg.seed, "rollout", self.ctx.rank, step))
         model = unwrap(self.model)
         model.eval()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.ctx.device.type == "cuda"):
+        with autocast(self.ctx.device, self.bf16):
             rollout = generate(
                 model, ids, mask, max_new_tokens=self.cfg.rollout_max_response_len,
                 eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
@@ -293,12 +295,13 @@ class Trainer:
         mbs, temp = self.cfg.micro_batch_size, self.cfg.rollout_temperature
         if setup.needs_old_log_probs(self.cfg):  # else the update uses its own (setup.py)
             exp.old_log_probs = batched_log_probs(unwrap(self.model), exp, micro_batch_size=mbs,
-                                                  temperature=temp, inference_mode=not self.cfg.fsdp)
+                                                  temperature=temp, bf16=self.bf16,
+                                                  inference_mode=not self.cfg.fsdp)
             if self.cfg.fsdp:
                 reshard(self.model)
         if self.ref is not None:
             exp.ref_log_probs = batched_log_probs(self.ref, exp, micro_batch_size=mbs,
-                                                  temperature=temp)
+                                                  temperature=temp, bf16=self.bf16)
         return exp
 
     def advantages(self, exp, rewards, group_index):

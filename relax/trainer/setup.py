@@ -4,8 +4,9 @@
 downloaded). Without it: the built-in tiny Qwen3 and character tokenizer of
 ``relax.rollout.tiny_model``, whose initial weights depend only on ``--seed``.
 
-Trainable weights are fp32 everywhere (AdamW updates of 1e-6 vanish in bf16); on the GPU the
-forward passes run under bf16 autocast and the frozen reference is stored in bf16.
+Trainable weights are fp32 everywhere (AdamW updates of 1e-6 vanish in bf16); with ``--bf16``
+(the default on CUDA, relax/precision.py) the forward passes run under bf16 autocast and the
+frozen reference is stored in bf16.
 """
 
 from __future__ import annotations
@@ -89,9 +90,10 @@ def load_policy(cfg, tokenizer, device: torch.device, *, weights_dir: str | None
     return model.to(device).train()
 
 
-def load_reference(cfg, tokenizer, device: torch.device):
-    """The frozen reference: ``--ref-load``, else the initial policy weights."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+def load_reference(cfg, tokenizer, device: torch.device, *, bf16: bool = False):
+    """The frozen reference: ``--ref-load``, else the initial policy weights; stored in bf16
+    when the forward passes run in bf16 (it is never trained)."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
     if cfg.ref_load or cfg.hf_checkpoint:
         model = _from_pretrained(cfg.ref_load or cfg.hf_checkpoint, dtype)
     else:

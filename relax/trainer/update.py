@@ -41,16 +41,17 @@ class LossSettings:
     entropy_coef: float = 0.0
     per_token: bool = False  # --calculate-per-token-loss (group-relative family only)
     temperature: float = 1.0
+    bf16: bool = False  # forward passes under bf16 autocast (relax/precision.py)
 
     @classmethod
-    def from_config(cls, cfg) -> LossSettings:
+    def from_config(cls, cfg, *, bf16: bool = False) -> LossSettings:
         return cls(
             estimator=cfg.advantage_estimator, eps_clip=cfg.eps_clip,
             eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c,
             tau_pos=cfg.sapo_tau_pos, tau_neg=cfg.sapo_tau_neg, use_kl_loss=cfg.use_kl_loss,
             kl_loss_type=cfg.kl_loss_type, kl_loss_coef=cfg.kl_loss_coef,
             entropy_coef=cfg.entropy_coef, per_token=cfg.calculate_per_token_loss,
-            temperature=cfg.rollout_temperature,
+            temperature=cfg.rollout_temperature, bf16=bf16,
         )
 
     @property
@@ -70,7 +71,7 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     mask = mb.response_mask
     log_probs, entropy = response_log_probs(
         model, mb, temperature=s.temperature, with_entropy=True,
-        entropy_grad=bool(s.entropy_coef),
+        entropy_grad=bool(s.entropy_coef), bf16=s.bf16,
     )
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
     # step per rollout, see ``setup.needs_old_log_probs``), so pi_old = pi_theta before the step

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from relax.config import BUILTIN_PRESET
-from relax.config.flags import build_eval_parser, train_flags
+from relax.config.flags import build_eval_parser, build_train_parser, train_flags
 from relax.plotting import build_plot_parser
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -38,14 +38,20 @@ def test_every_parser_flag_is_documented_and_vice_versa(text):
     assert sorted(set(FLAGS) - set(rows)) == [], "flags missing from docs/configuration.md"
     assert sorted(set(rows) - set(FLAGS)) == [], "docs/configuration.md lists unknown flags"
     mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
-    other = set(_long_flags(build_eval_parser())) | set(_long_flags(build_plot_parser()))
+    other = (_all_names(build_train_parser()) | _all_names(build_eval_parser())
+             | _all_names(build_plot_parser()))
     assert sorted(mentioned - set(FLAGS) - other - {"--help"}) == [], (
         "the doc mentions unknown flags")
 
 
 def _long_flags(parser) -> list[str]:
-    return [a.option_strings[-1] for a in parser._actions
+    return [a.option_strings[0] for a in parser._actions
             if a.option_strings and a.dest != "help"]
+
+
+def _all_names(parser) -> set[str]:
+    """Every spelling, --no-bf16 included."""
+    return {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
 
 
 @pytest.mark.parametrize("section,parser", [("## `relax eval`", build_eval_parser),
