@@ -236,6 +236,9 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
     add("--context-parallel-size", type=integer, default=1,
         help="Default 1. Values other than 1 are rejected (SPEC 8, 9).")
     switch("--fsdp", "Default off (DDP replication). Shard parameters with FSDP2 fully_shard.")
+    add("--peak-tflops", type=finite_float, default=None,
+        help="Default: measured at start-up (a square matmul in the run's dtype). Peak "
+             "TFLOP/s per rank that perf/*_mfu divides by.")
     add("--bf16", action=argparse.BooleanOptionalAction, default=None,
         help="Default: on with CUDA, off on the CPU. Forward passes under bf16 autocast; fp32 "
              "master weights, AdamW state and log-prob math; reference stored in bf16.")

@@ -122,6 +122,8 @@ _RANGES = {
     "keep_last": (lambda v: v is None or v >= 1, "must be >= 1 checkpoints"),
     # upper bounds: threading and timedelta overflow on huge values, and a wait of days is a
     # hang, not a timeout
+    "peak_tflops": (lambda v: v is None or v > 0.0, "must be > 0 TFLOP/s, e.g. 989 for an "
+                    "H100's bf16 dense peak; leave it out to measure"),
     "reward_timeout": (lambda v: 0.0 < v <= 86400.0,
                        "must lie in (0, 86400] seconds (one day); the default is 30"),
     "distributed_timeout_minutes": (lambda v: 0.0 < v <= 10080.0,

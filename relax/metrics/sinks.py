@@ -172,6 +172,7 @@ SUMMARY = (
     ("train/entropy", "ent", "{:.2f}"),
     ("train/grad_norm", "gnorm", "{:.3f}"),
     ("perf/step_time", "s", "{:.2f}"),
+    ("perf/mfu", "mfu", "{:.2f}"),
     ("perf/generated_tokens_per_s", "tok/s", "{:.0f}"),
 )
 

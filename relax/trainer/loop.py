@@ -16,7 +16,10 @@ names, ``perf/step_time`` = ``perf/rollout_time`` (generate + reward) + ``perf/t
 (log_prob + advantage + update) with each phase's own ``perf/<phase>_time`` (slowest rank),
 ``perf/generated_tokens_per_s`` (global tokens / rollout time), ``perf/peak_memory_gb`` and
 ``perf/backward_skipped_fraction`` (share of the step's samples whose backward was skipped
-because their loss and gradient are exactly zero, ``relax.trainer.update.inert_rows``).
+because their loss and gradient are exactly zero, ``relax.trainer.update.inert_rows``), and
+the distance to the machine's limit: ``perf/mfu``, ``perf/update_mfu``, ``perf/log_prob_mfu``
+(model FLOPs over time and the peak) and ``perf/generate_bandwidth_fraction``
+(relax/trainer/flops.py).
 Exit status of :func:`train`: 0, 2 for bad input, 1 for a failure during training, 128 + the
 signal number when SIGTERM/SIGINT stopped the run (after a checkpoint with ``--save``).
 Guarantees and the tests behind them: docs/reliability.md.
@@ -67,6 +70,7 @@ from relax.trainer.distributed import (
     unwrap,
     wrap_model,
 )
+from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
 from relax.trainer.resume import check_resume
 from relax.trainer.runtime import Timer, peak_memory_gb, rows_after, seed_for
@@ -173,6 +177,7 @@ class Trainer:
         if ctx.is_main:
             check_free_space(cfg.save, sum(p.numel() for p in policy.parameters()
                                            if p.requires_grad))
+        self._measure_limits(policy)
         self.model = wrap_model(policy, ctx, fsdp=cfg.fsdp)
         self.optimizer = setup.build_optimizer(self.model, cfg)
         self.start_step, self.resumed_from = 0, None
@@ -181,6 +186,20 @@ class Trainer:
                                                      fsdp=cfg.fsdp, ctx=ctx)
             self.start_step, self.resumed_from = resume[1], resume[0]
             self._check_progress(progress)
+
+    def _measure_limits(self, policy) -> None:
+        """The model's FLOP counts and this device's peak (``--peak-tflops`` or measured) and
+        copy bandwidth, for ``perf/*_mfu`` (relax/trainer/flops.py)."""
+        self.shape = ModelShape.of(policy)
+        device = self.ctx.device
+        self.peak_flops = (self.cfg.peak_tflops * 1e12 if self.cfg.peak_tflops
+                           else measure_peak_flops(device, self.bf16))
+        self.bandwidth = measure_bandwidth(device)
+        if self.ctx.is_main:
+            how = "--peak-tflops" if self.cfg.peak_tflops else "measured"
+            print(f"relax train: peak {self.peak_flops / 1e9:.0f} GFLOP/s per rank "
+                  f"({'bf16' if self.bf16 else 'fp32'} matmul, {how}), copy bandwidth "
+                  f"{self.bandwidth / 1e9:.1f} GB/s (perf/*_mfu)", file=sys.stderr)
 
     def _check_prompt_lengths(self, policy) -> None:
         """Training and evaluation prompts must fit the model context with a full response
@@ -355,7 +374,18 @@ class Trainer:
         for name, seconds in times.items():
             self.tracker.add_max(f"perf/{name}_time", seconds)
         self.tracker.add_max("perf/peak_memory_gb", peak_memory_gb(self.ctx.device))
+        responses = mask.sum(-1)
+        self.tracker.add_sum("perf/forward_flops", self.shape.forward_flops(
+            rollout.prompt_mask.sum(-1) + responses, responses))
         metrics = self.tracker.reduce()
+        passes = int(setup.needs_old_log_probs(self.cfg)) + int(self.ref is not None)
+        metrics.update(phase_metrics(
+            metrics.pop("perf/forward_flops"), log_prob_passes=passes,
+            skipped_fraction=metrics.get("perf/backward_skipped_fraction", 0.0),
+            times={k: metrics.get(f"perf/{k}_time", 0.0)
+                   for k in ("step", "update", "log_prob", "generate")},
+            peak_flops=self.peak_flops * self.ctx.world_size, decode_steps=mask.shape[1],
+            weight_bytes=self.shape.weight_bytes, bandwidth=self.bandwidth))
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
             metrics["perf/rollout_time"], 1e-9)
         metrics.update(extra or {})

@@ -1,0 +1,128 @@
+"""Model FLOPs of a rollout step against the machine's limits: ``perf/*_mfu`` and the decode's
+fraction of the memory-bandwidth roofline (formulas: docs/performance.md, "Distance to the
+limit").
+
+Forward FLOPs of one sequence of ``n`` attended tokens whose last ``k`` positions produce
+logits (a matmul of an ``a x b`` weight costs ``2ab`` FLOPs per token)::
+
+    F(n, k) = 2 * W_body * n  +  2 * W_head * k  +  4 * L * d_attn * n^2
+
+``W_body``: weights of every Linear layer but the output layer; ``W_head``: the output layer
+(``V x H``, counted once when tied to the embedding, whose lookup costs nothing); ``L`` layers
+of attention ``d_attn = heads x head_dim`` wide, scores and values over the full ``n x n``
+(the common convention; a causal kernel does about half). A backward costs twice a forward.
+Per rollout step, ``F`` summed over the rows: generation ``F`` (prefill and decode together),
+each no-grad log-prob pass ``F``, the update ``F x (3 - 2 s)`` with ``s`` the share of rows
+whose backward is skipped. Recomputation (the chunked output layer) is not model FLOPs.
+
+The peak is measured once at start-up on the run's device and dtype (the best of a few square
+matmuls), or given with ``--peak-tflops``. Decoding reads every weight once per step, so its
+roofline is ``decode steps x weight bytes / time`` against a measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    body_weights: int
+    head_weights: int
+    layers: int
+    attn_width: int
+    weight_bytes: int  # what one decode step reads: every parameter once, in its stored dtype
+
+    @classmethod
+    def of(cls, model) -> ModelShape:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        head_weights = head.weight.numel() if isinstance(head, torch.nn.Linear) else 0
+        body = sum(m.weight.numel() for m in linears if m is not head)
+        cfg = model.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        seen, size = set(), 0
+        for p in model.parameters():
+            if id(p) not in seen:  # a tied weight is read once
+                seen.add(id(p))
+                size += p.numel() * p.element_size()
+        return cls(body, head_weights, cfg.num_hidden_layers, heads * head_dim, size)
+
+    def forward_flops(self, lengths: torch.Tensor, kept: torch.Tensor) -> float:
+        """Forward FLOPs of rows of ``lengths`` [B] attended tokens, ``kept`` [B] of which
+        produce logits (see the module docstring)."""
+        n = lengths.double()
+        return float((2 * self.body_weights * n + 2 * self.head_weights * kept.double()
+                      + 4 * self.layers * self.attn_width * n * n).sum())
+
+
+def phase_metrics(forward: float, *, log_prob_passes: int, skipped_fraction: float,
+                  times: dict[str, float], peak_flops: float, decode_steps: int,
+                  weight_bytes: int, bandwidth: float) -> dict[str, float]:
+    """``perf/mfu`` (all model FLOPs of the step over its time), ``perf/update_mfu``,
+    ``perf/log_prob_mfu`` and ``perf/generate_bandwidth_fraction``.
+
+    ``forward`` is the forward FLOPs of the step's rows summed over every rank and
+    ``peak_flops`` the peak of all ranks together; ``times`` holds ``step``, ``update``,
+    ``log_prob`` and ``generate`` seconds (the slowest rank's); ``decode_steps`` x
+    ``weight_bytes`` is what one rank's decode read in ``times["generate"]``.
+    """
+    flops = {"generate": forward, "log_prob": forward * log_prob_passes,
+             "update": forward * (3 - 2 * skipped_fraction)}
+    out = {}
+    if times.get("step", 0) > 0:
+        out["perf/mfu"] = sum(flops.values()) / (times["step"] * peak_flops)
+    for phase in ("update", "log_prob"):
+        if times.get(phase, 0) > 0 and flops[phase] > 0:
+            out[f"perf/{phase}_mfu"] = flops[phase] / (times[phase] * peak_flops)
+    if times.get("generate", 0) > 0:
+        out["perf/generate_bandwidth_fraction"] = (
+            decode_steps * weight_bytes / times["generate"] / bandwidth)
+    return out
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: allocation, thread pool
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_peak_flops(device: torch.device, bf16: bool, size: int = 1024,
+                       repeats: int = 5) -> float:
+    """FLOP/s of a square matmul in the run's compute dtype (best of ``repeats``)."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    if device.type == "cuda":
+        size = max(size, 8192)  # a small product does not fill a GPU
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+
+    def product():
+        a @ b
+        _sync(device)
+
+    return 2 * size ** 3 / _best_seconds(product, repeats)
+
+
+def measure_bandwidth(device: torch.device, megabytes: int = 128, repeats: int = 3) -> float:
+    """Bytes/s of a large copy (read + write), the decode's roofline (best of ``repeats``)."""
+    src = torch.empty(megabytes << 18, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+
+    def copy():
+        dst.copy_(src)
+        _sync(device)
+
+    return 2 * src.numel() * 4 / _best_seconds(copy, repeats)

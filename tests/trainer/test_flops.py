@@ -1,0 +1,58 @@
+"""perf/*_mfu: the model-FLOP formula against PyTorch's own FLOP counter, the per-phase
+arithmetic, and the start-up measurements of the device's limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer.flops import (
+    ModelShape,
+    measure_bandwidth,
+    measure_peak_flops,
+    phase_metrics,
+)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_forward_flops_equal_the_counted_matmuls(tied):
+    """No padding, eager attention (scores and values over the full n x n, as the formula
+    counts): the formula equals what FlopCounterMode counts in the model's forward."""
+    model = build_tiny_model(build_tokenizer(), seed=0, tie_word_embeddings=tied)
+    model.config._attn_implementation = "eager"
+    B, n, k = 3, 17, 5
+    ids = torch.randint(3, model.config.vocab_size, (B, n))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, logits_to_keep=k)
+    shape = ModelShape.of(model)
+    ours = shape.forward_flops(torch.full((B,), n), torch.full((B,), k))
+    assert ours == counter.get_total_flops()
+    unique = {id(p): p for p in model.parameters()}.values()  # a tied weight is read once
+    assert shape.weight_bytes == 4 * sum(p.numel() for p in unique)
+
+
+def test_phase_metrics_arithmetic():
+    times = {"step": 10.0, "update": 4.0, "log_prob": 1.0, "generate": 5.0}
+    out = phase_metrics(100.0, log_prob_passes=2, skipped_fraction=0.5, times=times,
+                        peak_flops=50.0, decode_steps=8, weight_bytes=1000, bandwidth=400.0)
+    # update 100 * (3 - 1) = 200 over 4 s; log-probs 200 over 1 s; all 500 over 10 s
+    assert out["perf/update_mfu"] == pytest.approx(200 / (4 * 50))
+    assert out["perf/log_prob_mfu"] == pytest.approx(200 / (1 * 50))
+    assert out["perf/mfu"] == pytest.approx(500 / (10 * 50))
+    assert out["perf/generate_bandwidth_fraction"] == pytest.approx(8 * 1000 / 5 / 400)
+    none = phase_metrics(100.0, log_prob_passes=0, skipped_fraction=0.0,
+                         times={"step": 1.0, "update": 1.0}, peak_flops=1.0, decode_steps=1,
+                         weight_bytes=1, bandwidth=1.0)
+    assert "perf/log_prob_mfu" not in none and "perf/generate_bandwidth_fraction" not in none
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_measured_limits_are_positive(bf16):
+    peak = measure_peak_flops(torch.device("cpu"), bf16, size=256, repeats=2)
+    assert math.isfinite(peak) and peak > 1e6
+    bandwidth = measure_bandwidth(torch.device("cpu"), megabytes=8, repeats=2)
+    assert math.isfinite(bandwidth) and bandwidth > 1e6
