@@ -195,11 +195,6 @@ class Trainer:
         self.peak_flops = (self.cfg.peak_tflops * 1e12 if self.cfg.peak_tflops
                            else measure_peak_flops(device, self.bf16))
         self.bandwidth = measure_bandwidth(device)
-        if self.ctx.is_main:
-            how = "--peak-tflops" if self.cfg.peak_tflops else "measured"
-            print(f"relax train: peak {self.peak_flops / 1e9:.0f} GFLOP/s per rank "
-                  f"({'bf16' if self.bf16 else 'fp32'} matmul, {how}), copy bandwidth "
-                  f"{self.bandwidth / 1e9:.1f} GB/s (perf/*_mfu)", file=sys.stderr)
 
     def _check_prompt_lengths(self, policy) -> None:
         """Training and evaluation prompts must fit the model context with a full response
@@ -386,6 +381,9 @@ class Trainer:
                    for k in ("step", "update", "log_prob", "generate")},
             peak_flops=self.peak_flops * self.ctx.world_size, decode_steps=mask.shape[1],
             weight_bytes=self.shape.weight_bytes, bandwidth=self.bandwidth))
+        # the limits the ratios divide by, so a reader of metrics.jsonl can check them
+        metrics["perf/peak_tflops"] = self.peak_flops / 1e12
+        metrics["perf/bandwidth_gb_per_s"] = self.bandwidth / 1e9
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
             metrics["perf/rollout_time"], 1e-9)
         metrics.update(extra or {})
