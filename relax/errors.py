@@ -1,5 +1,5 @@
 """The one exception type that reaches the user as a single line (every package imports it
-from here; ``relax.trainer.errors`` re-exports it).
+from here).
 
 ``relax.trainer.train`` catches :class:`RelaxError`, prints
 ``relax train: error: <message>`` on stderr and returns ``exit_code``:

@@ -21,14 +21,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_tokenizer()
-    build_tiny_model(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 ARMS = {

@@ -20,14 +20,8 @@ ARITH = ("reasoning-gym:basic_arithmetic?size={n}&min_terms=2&max_terms=2&min_di
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-hf")
-    tokenizer = build_tokenizer()
-    build_tiny_model(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+def model_dir(tiny_model_dir):
+    return str(tiny_model_dir)
 
 
 def relax(*args):

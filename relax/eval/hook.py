@@ -52,7 +52,7 @@ def _eval_reward_type(cfg) -> str | None:
 def load_eval_sets(cfg) -> list[EvalSet]:
     """The sets named by ``--eval-prompt-data``, else the built-in task's fixed prompts.
 
-    Raises :class:`relax.trainer.errors.InputError` naming the set and the file:line of a
+    Raises :class:`relax.errors.InputError` naming the set and the file:line of a
     bad row. Empty when evaluation is off (``--eval-interval`` unset in ``relax train``).
     """
     from relax.errors import InputError

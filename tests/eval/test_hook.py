@@ -7,8 +7,8 @@ import json
 import pytest
 
 from relax.config import BUILTIN_EVAL_PROMPTS, parse_train_config
+from relax.errors import InputError
 from relax.eval.hook import load_eval_sets, maybe_evaluate
-from relax.trainer.errors import InputError
 
 
 def cfg(*flags):

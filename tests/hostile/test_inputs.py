@@ -21,14 +21,8 @@ def jsonl(path, *rows):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("model")
-    tokenizer = build_tokenizer()
-    build_tiny_model(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 def test_lone_surrogates_in_data_eval_data_and_flags(model_dir, tmp_path):

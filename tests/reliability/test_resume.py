@@ -13,10 +13,10 @@ import signal
 import pytest
 import torch
 
+from relax.errors import InputError
 from relax.metrics.sinks import read_metrics
 from relax.trainer import checkpoint
 from relax.trainer.distributed import init_distributed
-from relax.trainer.errors import InputError
 from relax.trainer.loop import Trainer
 from tests.reliability.helpers import (
     BASELINE,

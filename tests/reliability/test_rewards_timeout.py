@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from relax.errors import RewardError
 from relax.rollout.rewards import score, score_with_errors
-from relax.trainer.errors import RewardError
 from tests.reliability.helpers import SMALL
 from tests.trainer.helpers import make_config, read_metrics, write_reward
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from relax.errors import Interrupted
 from relax.trainer import checkpoint
 from relax.trainer.distributed import init_distributed
-from relax.trainer.errors import Interrupted
 from relax.trainer.loop import Trainer
 from relax.trainer.signals import StopRequest
 from tests.reliability.helpers import (

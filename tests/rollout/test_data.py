@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from relax.errors import InputError
 from relax.rollout.data import PromptSource, load_prompt_data
 from relax.rollout.tasks import get_task
-from relax.trainer.errors import InputError
 
 
 def _jsonl(tmp_path, lines):

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
+from relax.errors import InputError  # noqa: E402
 from relax.rollout import reasoning_gym_source as gym  # noqa: E402
 from relax.rollout.data import PromptSample, load_source, report_overlap  # noqa: E402
-from relax.trainer.errors import InputError  # noqa: E402
 
 ARITH = ("reasoning-gym:basic_arithmetic?size=12&min_terms=2&max_terms=2&min_digits=1"
          "&max_digits=2&operators=+,-&allow_parentheses=false&allow_negation=false")

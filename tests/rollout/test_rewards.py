@@ -4,9 +4,9 @@ import random
 
 import pytest
 
+from relax.errors import InputError, RewardError
 from relax.rollout.rewards import build_reward_fn, load_function, score
 from relax.rollout.tasks import TASKS, char_agreement, get_task
-from relax.trainer.errors import InputError, RewardError
 
 
 def _write(tmp_path, body: str) -> str:
