@@ -70,7 +70,7 @@ def _package(flag: str):
     return reasoning_gym, DATASETS
 
 
-def _convert(raw: str, default, hint, where: str):
+def _convert(raw: str, default, hint):
     """``raw`` as the type of a config field (from its default, else its annotation)."""
     def one(text: str, kind):
         if kind is bool:
@@ -144,7 +144,7 @@ def parse_spec(spec: str, flag: str, *, role: str = "train") -> GymSpec:
         f = fields[key]
         default = f.default if f.default is not dataclasses.MISSING else None
         try:
-            options[key] = _convert(raw, default, hints.get(key), f"{flag} {spec}")
+            options[key] = _convert(raw, default, hints.get(key))
         except ValueError as e:
             raise InputError(f"{flag} {spec}: option {key}={raw!r}: {e}") from None
     options.setdefault("seed", DEFAULT_SEEDS[role])
