@@ -13,7 +13,9 @@ of attention ``d_attn = heads x head_dim`` wide, scores and values over the full
 (the common convention; a causal kernel does about half). A backward costs twice a forward.
 Per rollout step, ``F`` summed over the rows: generation ``F`` (prefill and decode together),
 each no-grad log-prob pass ``F``, the update ``F x (3 - 2 s)`` with ``s`` the share of rows
-whose backward is skipped. Recomputation (the chunked output layer) is not model FLOPs.
+whose backward is skipped. Recomputation (the chunked output layer) is not model FLOPs, and a
+prompt shared by a group's rows counts for every row (the work without prefix sharing; the
+shared-prompt forward does less, so the ratio can overstate the hardware's utilization).
 
 The peak is measured once at start-up on the run's device and dtype (the best of a few square
 matmuls), or given with ``--peak-tflops``. Decoding reads every weight once per step, so its
