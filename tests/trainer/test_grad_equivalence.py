@@ -52,6 +52,19 @@ def test_shared_prompt_forward_under_two_ranks(fsdp):
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
+def test_untied_output_layer_under_two_ranks(fsdp):
+    """An output layer of its own (not the embedding) gets its gradient through the chunked
+    log-probs, outside the DDP forward (DDP), or keeps the model's head (FSDP2 shards it):
+    both equal one process."""
+    ref = one_step("grpo", False, False, B, False, False, False)
+    assert "lm_head.weight" in ref[0]
+    results = run_distributed(one_step, 2, "grpo", False, fsdp, B // 4, False, False, False,
+                              timeout=120)
+    for got in results:
+        _compare(ref, got)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
 def test_skipped_backward_of_zero_advantage_rows_keeps_the_step(fsdp):
     """Rank 1 holds only zero-advantage rows (its backward is skipped but for one row that
     joins the all-reduce with a zero gradient); the step still equals one process."""

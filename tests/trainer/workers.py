@@ -63,7 +63,7 @@ INERT_ROWS = [1, 4, 5, 6, 7]  # with two ranks: rank 1 holds only zero-advantage
 
 
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
-             inert: bool = False, shared_prompts: bool = False):
+             inert: bool = False, shared_prompts: bool = False, tied: bool = True):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
@@ -74,7 +74,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     rank = dist.get_rank() if distributed else 0
     ctx = DistContext(rank, world, 0, torch.device("cpu"), dist.group.WORLD if distributed else None)
     tok = build_tokenizer()
-    model = build_tiny_model(tok, seed=7)
+    model = build_tiny_model(tok, seed=7, tie_word_embeddings=tied)
     exp = fixed_experience(model, shared_prompts=shared_prompts)
     loss_settings = settings(estimator, per_token)
     if inert:
