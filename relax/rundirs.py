@@ -34,7 +34,7 @@ from relax.errors import InputError
 
 OUTPUT_MARKER = "relax_run.json"
 SAVE_DIR_MARKER = "relax_save_dir.json"
-SAVE_MARKER = "relax_save.json"  # a checkpoint's manifest (relax.trainer.checkpoint.MARKER)
+SAVE_MARKER = "relax_save.json"  # a checkpoint's manifest, written by relax/trainer/checkpoint.py
 LOCK = ".relax.lock"
 _HELD: list[int] = []  # lock file descriptors, open until the process exits
 

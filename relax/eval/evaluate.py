@@ -114,7 +114,7 @@ def evaluate(
         raise ValueError(f"evaluate: the evaluation set {name!r} has no prompts")
     device = torch.device(device) if device is not None else _model_device(model)
     if eos_token_ids is None:
-        from relax.trainer.setup import eos_token_ids as find_eos
+        from relax.models import eos_token_ids as find_eos
 
         eos_token_ids = find_eos(tokenizer, model)
     rank, world = _rank_world(group)

@@ -116,7 +116,7 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     """
     if not getattr(cfg, "eval_interval", None) or step % cfg.eval_interval:
         return {}
-    from relax.trainer.distributed import unwrap
+    from relax.models import unwrap
 
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
     return evaluate_sets(cfg, sets, unwrap(model), tokenizer, device, step=step, group=group,
@@ -130,19 +130,19 @@ def run_eval_command(cfg) -> int:
     try:
         import torch
 
-        from relax.trainer import setup
-        from relax.trainer.distributed import pick_device
+        from relax import models
+        from relax.models import pick_device
 
         device = pick_device(cfg.device, 0)
         cfg.hf_checkpoint = cfg.checkpoint  # what the model loaders read
-        setup.quiet_transformers()
-        tokenizer = setup.load_tokenizer(cfg)
+        models.quiet_transformers()
+        tokenizer = models.load_tokenizer(cfg)
         if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
             from relax.errors import InputError
 
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
                              "chat template; remove the flag or evaluate a chat model")
-        model = setup.load_policy(cfg, tokenizer, device).eval()
+        model = models.load_policy(cfg, tokenizer, device).eval()
         sets = load_eval_sets(cfg)
         from relax.rollout.data import check_formatted_lengths
 

@@ -36,10 +36,10 @@ import numpy as np
 import torch
 
 from relax.errors import InputError
-from relax.rundirs import SAVE_DIR_MARKER
+from relax.rundirs import SAVE_DIR_MARKER, SAVE_MARKER
 from relax.trainer.distributed import DistContext, unwrap
 
-MARKER = "relax_save.json"
+MARKER = SAVE_MARKER  # the manifest (relax/rundirs.py knows it to recognise a save)
 STATE = "trainer_state.pt"
 FORMAT = 2
 _STEP_DIR = re.compile(r"^rollout_(\d{6,})$")

@@ -1,6 +1,6 @@
 """Distributed glue: process group, device, DDP / FSDP2 wrapping with SUMMED gradients.
 
-SPEC section 7 fixes the loss as a sum over the whole global batch divided by one global count
+reinforce_plus_plus.md §7 fixes the loss as a sum over the whole global batch divided by one global count
 ``B`` (or ``N_step``). Every rank already divides its micro-batch losses by that global count,
 so the per-rank gradients must be SUMMED, not averaged: DDP gets a comm hook that all-reduces
 without dividing, FSDP2 gets a gradient divide factor of 1 on every sharded module. Then the
@@ -21,6 +21,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from relax.models import pick_device, unwrap  # noqa: F401  (the trainer's names for them)
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -33,16 +35,6 @@ class DistContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        from relax.errors import InputError
-
-        raise InputError("--device cuda: no CUDA device is available; use --device cpu or auto")
-    return torch.device("cuda", local_rank)
 
 
 def _check_launch_env(world_size: int) -> None:
@@ -173,11 +165,6 @@ def _decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     if layers is None:
         layers = getattr(getattr(model, "transformer", None), "h", None)  # GPT-2 style
     return list(layers) if layers is not None else []
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The Hugging Face module under a DDP wrapper (FSDP2 keeps the module itself)."""
-    return model.module if hasattr(model, "module") and hasattr(model, "no_sync") else model
 
 
 def reshard(model: torch.nn.Module) -> None:

@@ -21,6 +21,7 @@ import json
 import os
 
 from relax.errors import InputError
+from relax.rundirs import SAVE_MARKER
 
 # settings that identify a run: changing one makes the checkpoint another run's
 IDENTITY = ("seed", "advantage_estimator")
@@ -52,7 +53,7 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
         raise InputError(f"{where}: the checkpoint {checkpoint} is at rollout step {step}, "
                          f"beyond this run's {total_steps} steps; raise --num-rollout above "
                          f"{step} to continue it (relax eval evaluates it as it is)")
-    manifest = _read_json(os.path.join(checkpoint, "relax_save.json"), where)
+    manifest = _read_json(os.path.join(checkpoint, SAVE_MARKER), where)
     saved = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     recorded = {"seed": (manifest.get("progress") or {}).get("seed", saved.get("seed")),
                 "advantage_estimator": manifest.get("advantage_estimator",

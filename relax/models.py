@@ -1,0 +1,128 @@
+"""Loading Hugging Face models and tokenizers, the device, and the module under a wrapper.
+
+The layer below ``trainer/`` and ``eval/``: both load models through here (``relax train``
+and ``relax eval`` read the same directories the same way). ``--hf-checkpoint DIR``: any
+local Hugging Face causal LM (local files only, nothing is ever downloaded). Without it: the
+built-in tiny Qwen3 and character tokenizer of ``relax.rollout.tiny_model``, whose initial
+weights depend only on ``--seed``. Trainable weights are fp32 (AdamW updates of 1e-6 vanish in
+bf16); with ``--bf16`` the frozen reference is stored in bf16 (relax/precision.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from relax.errors import InputError
+
+
+def quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _check_model_dir(path: str, flag: str) -> None:
+    if not os.path.isdir(path):
+        raise InputError(f"{flag} {path}: no such directory")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise InputError(f"{flag} {path}: no config.json; not a Hugging Face model directory")
+
+
+def check_model_paths(cfg) -> None:
+    """Fail before anything is loaded when a model directory is missing."""
+    if cfg.hf_checkpoint:
+        _check_model_dir(cfg.hf_checkpoint, "--hf-checkpoint")
+    if cfg.ref_load:
+        _check_model_dir(cfg.ref_load, "--ref-load")
+
+
+def load_tokenizer(cfg):
+    if cfg.hf_checkpoint is None:
+        from relax.rollout.tiny_model import build_tokenizer
+
+        return build_tokenizer()
+    quiet_transformers()
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint, local_files_only=True)
+    except Exception as e:  # broken tokenizer files or config.json: one line, not a traceback
+        raise InputError(f"--hf-checkpoint {cfg.hf_checkpoint}: cannot load the tokenizer: "
+                         f"{_first_line(e)}") from e
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # pad positions are masked everywhere
+    if tok.eos_token_id is None:
+        raise InputError(f"--hf-checkpoint {cfg.hf_checkpoint}: the tokenizer has no eos token")
+    return tok
+
+
+def _from_pretrained(path: str, dtype: torch.dtype):
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except Exception as e:  # a truncated safetensors file, a broken config.json, ...
+        raise InputError(f"cannot load a causal LM from {path}: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split("\n")[:1]).strip()
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def load_policy(cfg, tokenizer, device: torch.device, *, weights_dir: str | None = None):
+    """The trainable model in fp32: from ``weights_dir`` (a resume checkpoint), the
+    ``--hf-checkpoint``, or the built-in tiny model."""
+    path = weights_dir or cfg.hf_checkpoint
+    if path is None:
+        from relax.rollout.tiny_model import build_tiny_model
+
+        model = build_tiny_model(tokenizer, cfg.seed)
+    else:
+        model = _from_pretrained(path, torch.float32)
+    model.config.use_cache = False  # training passes do not need a cache; generation asks
+    return model.to(device).train()
+
+
+def load_reference(cfg, tokenizer, device: torch.device, *, bf16: bool = False):
+    """The frozen reference: ``--ref-load``, else the initial policy weights; stored in bf16
+    when the forward passes run in bf16 (it is never trained)."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    if cfg.ref_load or cfg.hf_checkpoint:
+        model = _from_pretrained(cfg.ref_load or cfg.hf_checkpoint, dtype)
+    else:
+        from relax.rollout.tiny_model import build_tiny_model
+
+        model = build_tiny_model(tokenizer, cfg.seed).to(dtype)
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(gen_eos)
+    return sorted(i for i in ids if i is not None)
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        from relax.errors import InputError
+
+        raise InputError("--device cuda: no CUDA device is available; use --device cpu or auto")
+    return torch.device("cuda", local_rank)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face module under a DDP wrapper (FSDP2 keeps the module itself)."""
+    return model.module if hasattr(model, "module") and hasattr(model, "no_sync") else model
