@@ -45,7 +45,7 @@ def test_help():
     assert code == 0 and err == ""
     for title in ("algorithm:", "batches:", "model and data:", "optimizer:", "modes:", "run:"):
         assert title in out
-    assert "SPEC 8" in out and "Default 0.2" in out
+    assert "reinforce_plus_plus.md §8" in out and "Default 0.2" in out
 
 
 def test_dispatch_errors_are_one_line():

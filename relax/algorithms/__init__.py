@@ -1,10 +1,10 @@
 """Pure tensor math of Relax: KL estimators, advantages, normalization, policy losses.
 
-Importable without a model, a GPU or a process group (SPEC section 13). Formulas live in
+Importable without a model, a GPU or a process group (reinforce_plus_plus.md §13). Formulas live in
 one place each:
 
 =============================  =====================================  ==========
-name                           module                                 SPEC
+name                           module                                 reinforce_plus_plus.md
 =============================  =====================================  ==========
 approx_kl                      :mod:`relax.algorithms.kl`             2
 reinforce_plus_plus_returns    :mod:`relax.algorithms.advantages`     3

@@ -1,4 +1,4 @@
-"""Argument checks shared by the algorithm functions (SPEC section 13, "Bad input").
+"""Argument checks shared by the algorithm functions (reinforce_plus_plus.md §13, "Bad input").
 
 Every check raises ``ValueError`` naming the argument and the offending shape, dtype or
 value. Nothing here touches tensor *values*, so the checks never synchronise with a device.
@@ -16,7 +16,7 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def as_bool_mask(mask: Tensor, name: str = "mask") -> Tensor:
-    """Return ``mask`` as a bool tensor; a numeric mask is read as ``mask != 0`` (SPEC 1)."""
+    """Return ``mask`` as a bool tensor; a numeric mask is read as ``mask != 0`` (reinforce_plus_plus.md §1)."""
     if not isinstance(mask, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dim() != 2:
@@ -68,7 +68,7 @@ def check_group_index(group_index: Tensor, mask: Tensor) -> None:
 
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
-    """float64 when any input is float64, else float32 (SPEC 13: outputs are float32 for
+    """float64 when any input is float64, else float32 (reinforce_plus_plus.md §13: outputs are float32 for
     float32/bf16/fp16 inputs and float64 for float64 inputs)."""
     if any(t is not None and t.dtype == torch.float64 for t in tensors):
         return torch.float64

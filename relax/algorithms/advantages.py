@@ -1,4 +1,4 @@
-"""Raw returns and advantages of the five estimators (SPEC sections 3, 4, 5).
+"""Raw returns and advantages of the five estimators (reinforce_plus_plus.md §3, 4, 5).
 
 All functions are pure: tensors in, tensors out, no process group (group statistics are
 per prompt group, and a prompt group never straddles data-parallel ranks). Outputs are
@@ -51,7 +51,7 @@ def reinforce_plus_plus_returns(
     kl_coef: float,
     gamma: float = 1.0,
 ) -> Tensor:
-    """REINFORCE++ token returns ``G`` [B, T] (SPEC section 3).
+    """REINFORCE++ token returns ``G`` [B, T] (reinforce_plus_plus.md §3).
 
         d[i,t] = old_log_probs - ref_log_probs                (signed k1)
         r[i,t] = m * (-kl_coef * d + 1(t = T_i) * rewards[i])
@@ -129,7 +129,7 @@ def rpp_returns_masked(
 def reinforce_plus_plus_baseline_advantages(
     rewards: Tensor, group_index: Tensor, mask: Tensor
 ) -> Tensor:
-    """REINFORCE++-baseline raw advantage ``A_raw`` [B, T] (SPEC section 4).
+    """REINFORCE++-baseline raw advantage ``A_raw`` [B, T] (reinforce_plus_plus.md §4).
 
         b_g = mean_{j in g} rewards[j]     (inclusive; fully masked members count)
         A_raw[i,t] = m * (rewards[i] - b_g)  (never divided by a std)
@@ -150,7 +150,7 @@ def baseline_rows(rewards: Tensor, group_index: Tensor) -> Tensor:
 def group_relative_advantages(
     rewards: Tensor, group_index: Tensor, mask: Tensor, *, std_normalization: bool = True
 ) -> Tensor:
-    """GRPO-family advantage [B, T] (SPEC section 5), broadcast to valid tokens.
+    """GRPO-family advantage [B, T] (reinforce_plus_plus.md §5), broadcast to valid tokens.
 
         A_i = rewards[i] - mean_g(rewards)
         A_i = A_i / (std_g(rewards) + 1e-6)   if std_normalization (ddof = 1; one member: std 0)

@@ -1,4 +1,4 @@
-"""Per-token KL estimators (SPEC section 2).
+"""Per-token KL estimators (reinforce_plus_plus.md §2).
 
 ``delta = logp - logp_base``:
 

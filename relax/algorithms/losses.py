@@ -1,4 +1,4 @@
-"""Per-token policy losses and their reductions (SPEC section 7).
+"""Per-token policy losses and their reductions (reinforce_plus_plus.md §7).
 
 Three separate pieces, tested separately (STYLE principle 3):
 
@@ -13,7 +13,7 @@ Three separate pieces, tested separately (STYLE principle 3):
 NaN or Inf stored at masked positions of log-probs or advantages reaches neither the loss
 nor the gradient that flows back into ``log_probs``: every step is elementwise (or, for
 GSPO's sequence ratio, a row sum of already selected values) and the results are selected
-bitwise (SPEC 1: a boolean select, never a multiplication by the mask). Nothing here reads
+bitwise (reinforce_plus_plus.md §1: a boolean select, never a multiplication by the mask). Nothing here reads
 a value back to the host.
 
 Speed: each loss (:class:`_PPOClip`, :class:`_GSPO`, :class:`_SAPO`) and the reductions
@@ -78,7 +78,7 @@ class _PPOClip(torch.autograd.Function):
 
     Masking: every operation is elementwise, so a NaN or Inf stored at a masked position
     only reaches that position's results, which the final bitwise selects reset to +0.0
-    (SPEC 1: a boolean select, nothing is multiplied by the mask).
+    (reinforce_plus_plus.md §1: a boolean select, nothing is multiplied by the mask).
     """
 
     @staticmethod
@@ -214,7 +214,7 @@ def gspo_loss(
     eps_clip_high: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GSPO: the sequence ratio ``s_i = exp(mean_t over valid tokens (log_probs - old))``
-    replaces ``rho`` on every valid token of response ``i``, then the PPO clip (SPEC 7).
+    replaces ``rho`` on every valid token of response ``i``, then the PPO clip (reinforce_plus_plus.md §7).
 
     A fully masked response has ``s_i = 1`` and contributes 0. Returns ``(pg, clipped)``.
     Computed by :class:`_GSPO`.
@@ -279,7 +279,7 @@ def sapo_loss(
     tau_neg: float = 1.05,
 ) -> Tensor:
     """SAPO soft gate per token: ``pg = -f(rho) * A``, ``f(rho) = 4 sigmoid(tau (rho - 1)) / tau``
-    with ``tau = tau_pos`` where ``A > 0`` else ``tau_neg`` (SPEC 7). Returns ``pg`` [B, T].
+    with ``tau = tau_pos`` where ``A > 0`` else ``tau_neg`` (reinforce_plus_plus.md §7). Returns ``pg`` [B, T].
 
     Computed by :class:`_SAPO` (taus in the compute dtype: a float32 1.05 would bias
     float64 results); gradient into ``log_probs`` only."""
@@ -324,7 +324,7 @@ class _MaskedRowSum(torch.autograd.Function):
 
 
 def response_mean(values: Tensor, mask: Tensor, *, num_responses: int | Tensor | None = None) -> Tensor:
-    """``(1/B) * sum_i (1/L_i) * sum_t m[i,t] * values[i,t]`` (SPEC 7), a scalar.
+    """``(1/B) * sum_i (1/L_i) * sum_t m[i,t] * values[i,t]`` (reinforce_plus_plus.md §7), a scalar.
 
     ``num_responses`` = B of the optimizer step's *global* batch (all micro-batches, all
     ranks) so per-micro-batch values add up to the objective; defaults to this batch's

@@ -1,11 +1,11 @@
-"""Global masked advantage normalization over the data-parallel group (SPEC sections 5, 6).
+"""Global masked advantage normalization over the data-parallel group (reinforce_plus_plus.md §5, 6).
 
 Two normalizers share one moment computation:
 
-* :func:`masked_population_normalize` (both REINFORCE++ variants, SPEC 6): population
+* :func:`masked_population_normalize` (both REINFORCE++ variants, reinforce_plus_plus.md §6): population
   moments (ddof = 0) over every valid token of the global batch, output
   ``(A - mu) * rsqrt(max(var, var_floor))``; an empty global mask is an error.
-* :func:`masked_whiten` (group-relative family, SPEC 5): Bessel variance (ddof = 1, N = 1
+* :func:`masked_whiten` (group-relative family, reinforce_plus_plus.md §5): Bessel variance (ddof = 1, N = 1
   gives 0), output ``(A - mu) * rsqrt(var + eps)``.
 
 Moments are accumulated in float64 and all-reduced over ``group`` in two collectives
@@ -113,7 +113,7 @@ def centred_moments(x: Tensor, mask: Tensor, keep: Tensor, group, *, out: Tensor
 def masked_population_normalize(
     values: Tensor, mask: Tensor, *, group=None, var_floor: float = 1e-8
 ) -> tuple[Tensor, NormalizationStats]:
-    """REINFORCE++ global masked population normalization (SPEC section 6).
+    """REINFORCE++ global masked population normalization (reinforce_plus_plus.md §6).
 
     ``values`` [B, T], ``mask`` [B, T] (bool, or numeric read as ``!= 0``); ``group`` the
     data-parallel process group (``None``: this process only). Returns ``A_hat`` [B, T] =
@@ -150,10 +150,10 @@ def scale_of(mode: str, n: Tensor, m2: Tensor, *, var_floor: float = 1e-8, eps: 
 
     ``n`` the global valid-token count, ``m2`` the global sum of squared deviations.
 
-    * ``"population"`` (REINFORCE++, SPEC 6): ``rsqrt(max(m2 / N, var_floor))`` -- a floor
+    * ``"population"`` (REINFORCE++, reinforce_plus_plus.md §6): ``rsqrt(max(m2 / N, var_floor))`` -- a floor
       on the population variance, not ``sqrt(var) + eps``; an empty global mask fails here
       on every rank (``torch._assert_async``, after the collectives, so none hangs).
-    * ``"whiten"`` (group-relative family, SPEC 5): ``rsqrt(m2 / (N - 1) + eps)``, Bessel
+    * ``"whiten"`` (group-relative family, reinforce_plus_plus.md §5): ``rsqrt(m2 / (N - 1) + eps)``, Bessel
       variance, 0 for N = 1.
     """
     if mode == "population":
@@ -178,7 +178,7 @@ def _stats(n, mean, m2, var_floor, inv_std=None, normalized_mean=None) -> Normal
 
 
 def masked_whiten(values: Tensor, mask: Tensor, *, group=None, eps: float = 1e-8) -> Tensor:
-    """Classic whitening of the group-relative family (SPEC section 5) [B, T].
+    """Classic whitening of the group-relative family (reinforce_plus_plus.md §5) [B, T].
 
     Global masked mean, Bessel-corrected variance (ddof = 1; N = 1 gives 0), output
     ``(values - mu) * rsqrt(var + eps)``, 0 outside the mask.
@@ -222,7 +222,7 @@ def normalize_rows(
     """The normalizations above for raw advantages that are one value per response.
 
     ``rows`` float64 [B] (the value of every valid token of response i), ``m`` bool
-    [B, T]; ``mode`` "population" (SPEC 6), "whiten" (SPEC 5, ddof = 1) or "none" (moments
+    [B, T]; ``mode`` "population" (reinforce_plus_plus.md §6), "whiten" (reinforce_plus_plus.md §5, ddof = 1) or "none" (moments
     only). Returns ``(advantages [B, T], raw [B, T], stats)``; for "none" the advantages
     are the raw tensor. Same moments, collectives and outputs as the token-level functions,
     but each token sum becomes a sum over responses weighted by ``L_i`` (float64 on [B]),

@@ -1,4 +1,4 @@
-"""The estimator name table and the production dispatcher (SPEC sections 3-7, 10, 13).
+"""The estimator name table and the production dispatcher (reinforce_plus_plus.md §3-§7, 10, 13).
 
 Adding an estimator is one :data:`ESTIMATORS` entry plus pure functions: ``tokens`` (a
 [B, T] raw advantage) or ``rows`` (one raw value per response) turns a rollout batch into
@@ -52,7 +52,7 @@ class AdvantageSettings:
 @dataclass
 class AdvantageOutput:
     """``advantages``/``returns`` [B, T] (0 outside the mask), the global ``stats`` (raw =
-    before normalization) and the ``rollout/...`` metrics of SPEC 10 as 0-d float64 tensors."""
+    before normalization) and the ``rollout/...`` metrics of reinforce_plus_plus.md §10 as 0-d float64 tensors."""
 
     advantages: Tensor
     returns: Tensor
@@ -97,7 +97,7 @@ def _group_rows(b: Batch, s: AdvantageSettings) -> Tensor:
 class EstimatorSpec:
     name: str
     family: str  # "reinforce_plus_plus" | "group_relative"
-    normalizer: str  # "population" (SPEC 6, mandatory) | "whiten" (SPEC 5, optional)
+    normalizer: str  # "population" (reinforce_plus_plus.md §6, mandatory) | "whiten" (reinforce_plus_plus.md §5, optional)
     policy_loss: str  # "ppo_clip" | "gspo" | "sapo"
     # Exactly one of: ``tokens`` (raw [B, T] and a scratch buffer, see _rpp_raw) or ``rows``
     # (one float64 value per response [B], see _rpp_baseline_rows).
@@ -152,10 +152,10 @@ def compute_advantages_and_returns(
     if spec.family == "reinforce_plus_plus" and not settings.normalize_advantages:
         raise ValueError(
             f"estimator {spec.name!r} requires normalize_advantages=True "
-            "(SPEC 6: the global masked normalization is part of its definition)"
+            "(reinforce_plus_plus.md §6: the global masked normalization is part of its definition)"
         )
     if spec.name == "reinforce_plus_plus_baseline" and settings.kl_coef != 0:
-        raise ValueError("reinforce_plus_plus_baseline requires kl_coef == 0 (SPEC 4: no KL in the advantage)")
+        raise ValueError("reinforce_plus_plus_baseline requires kl_coef == 0 (reinforce_plus_plus.md §4: no KL in the advantage)")
     m = as_bool_mask(mask)
     check_per_response(rewards, m, "rewards")
     if spec.needs_group_index:
@@ -169,7 +169,7 @@ def compute_advantages_and_returns(
                 raise ValueError(f"{name} [B, T] is required by reinforce_plus_plus with kl_coef != 0")
             check_like_mask(lp, m, name)
     dtype = compute_dtype(rewards, *((old_log_probs, ref_log_probs) if uses_kl else ()))
-    # population: always (SPEC 6); whiten: on request (SPEC 5); none: moments for metrics only
+    # population: always (reinforce_plus_plus.md §6); whiten: on request (reinforce_plus_plus.md §5); none: moments for metrics only
     mode = "population" if spec.normalizer == "population" else (
         "whiten" if settings.normalize_advantages else "none")
     if spec.rows is not None:
@@ -190,7 +190,7 @@ def compute_advantages_and_returns(
 
 
 def _rollout_metrics(rewards: Tensor, stats: NormalizationStats, group) -> dict[str, Tensor]:
-    """SPEC 10 advantage metrics, global over ``group``; 0-d float64 tensors."""
+    """reinforce_plus_plus.md §10 advantage metrics, global over ``group``; 0-d float64 tensors."""
     reward_sums = torch.stack(
         [rewards.detach().double().sum(), torch.tensor(float(rewards.shape[0]), dtype=torch.float64, device=rewards.device)]
     )
@@ -198,7 +198,7 @@ def _rollout_metrics(rewards: Tensor, stats: NormalizationStats, group) -> dict[
     raw_std = stats.var.sqrt()
     return {
         "rollout/raw_reward": reward_sums[0] / reward_sums[1].clamp(min=1.0),
-        # returns are the raw advantages for every estimator (SPEC 3, 4, 5)
+        # returns are the raw advantages for every estimator (reinforce_plus_plus.md §3, 4, 5)
         "rollout/returns": stats.mean,
         "rollout/advantages": stats.normalized_mean,
         "rollout/advantage_raw_mean": stats.mean,
@@ -223,7 +223,7 @@ def compute_policy_loss(
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
 ) -> tuple[Tensor, Tensor]:
-    """The estimator's per-token policy loss ``(pg [B, T], clipped [B, T] bool)`` (SPEC 7).
+    """The estimator's per-token policy loss ``(pg [B, T], clipped [B, T] bool)`` (reinforce_plus_plus.md §7).
 
     SAPO has no clip; its ``clipped`` is all False."""
     kind = get_estimator(estimator).policy_loss

@@ -5,7 +5,7 @@
 returns the resolved :class:`argparse.Namespace` (attributes = argparse dests plus
 ``world_size`` and ``builtin_preset_applied``) or raises :class:`ConfigError` whose text
 is the one-line message ``--flag VALUE: reason and what to set instead``. Nothing here
-imports torch or transformers (SPEC 8: validation runs before anything heavy).
+imports torch or transformers (reinforce_plus_plus.md §8: validation runs before anything heavy).
 """
 
 from __future__ import annotations

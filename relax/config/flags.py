@@ -1,5 +1,5 @@
 """The ``relax train`` flags: Relax/Megatron names, grouped, each help giving default,
-meaning and the SPEC clause that fixes it.
+meaning and the docs/algorithms/reinforce_plus_plus.md section that fixes it.
 
 The parser only parses and type-checks; every cross-flag rule lives in
 :mod:`relax.config.validate`. Its errors (unknown flag, bad number, bad choice) are raised
@@ -24,7 +24,7 @@ RM_TYPES: tuple[str, ...] = ("math", *BUILTIN_TASK_NAMES)
 DESCRIPTION = (
     "Train a language model with reinforcement learning (synchronous colocate rollout, then "
     "update). Without --hf-checkpoint and --prompt-data it trains the built-in tiny model on a "
-    "built-in task with the built-in preset (docs/configuration.md). Rules: SPEC section 8."
+    "built-in task with the built-in preset (docs/configuration.md). Rules: reinforce_plus_plus.md §8."
 )
 
 
@@ -113,60 +113,60 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
 
         return add, switch
 
-    add, switch = group("algorithm", "Advantage estimator, losses and KL (SPEC 2-7).")
+    add, switch = group("algorithm", "Advantage estimator, losses and KL (reinforce_plus_plus.md §2-§7).")
     add("--advantage-estimator", choices=ESTIMATOR_NAMES, default="grpo",
-        help="Default grpo. The advantage estimator and with it the policy loss (SPEC 3-5, 7).")
+        help="Default grpo. The advantage estimator and with it the policy loss (reinforce_plus_plus.md §3-§5, 7).")
     switch("--normalize-advantages", "Default off. REINFORCE++ variants: global masked "
-           "population normalization, required (SPEC 6, 8). grpo/gspo/sapo: masked_whiten "
-           "(SPEC 5).")
+           "population normalization, required (reinforce_plus_plus.md §6, 8). grpo/gspo/sapo: masked_whiten "
+           "(reinforce_plus_plus.md §5).")
     add("--gamma", type=finite_float, default=1.0,
         help="Default 1.0. Discount of the reward-to-go return, in (0, 1]; only "
-             "reinforce_plus_plus reads it (SPEC 3).")
+             "reinforce_plus_plus reads it (reinforce_plus_plus.md §3).")
     add("--kl-coef", type=finite_float, default=0.0,
         help="Default 0. Reward-shaping KL coefficient beta >= 0; only reinforce_plus_plus "
-             "(recipe 0.01, SPEC 3). Must be 0 for the others (SPEC 4, 8).")
+             "(recipe 0.01, reinforce_plus_plus.md §3). Must be 0 for the others (reinforce_plus_plus.md §4, 8).")
     add("--kl-loss-type", choices=KL_TYPES, default="k1",
-        help="Default k1. KL estimator (SPEC 2): reinforce_plus_plus requires k1 (reward "
-             "shaping); reinforce_plus_plus_baseline's --use-kl-loss requires k2 (SPEC 8).")
-    switch("--use-kl-loss", "Default off. Add the separate reference KL loss (SPEC 7); "
-           "rejected for reinforce_plus_plus (SPEC 8).")
+        help="Default k1. KL estimator (reinforce_plus_plus.md §2): reinforce_plus_plus requires k1 (reward "
+             "shaping); reinforce_plus_plus_baseline's --use-kl-loss requires k2 (reinforce_plus_plus.md §8).")
+    switch("--use-kl-loss", "Default off. Add the separate reference KL loss (reinforce_plus_plus.md §7); "
+           "rejected for reinforce_plus_plus (reinforce_plus_plus.md §8).")
     add("--kl-loss-coef", type=finite_float, default=0.0,
         help="Default 0. Weight of the KL loss, >= 0, needs --use-kl-loss; never nonzero "
-             "together with --kl-coef (SPEC 7, 8).")
+             "together with --kl-coef (reinforce_plus_plus.md §7, 8).")
     add("--entropy-coef", type=finite_float, default=0.0,
-        help="Default 0. Entropy bonus weight, >= 0: loss -= coef * entropy (SPEC 7).")
+        help="Default 0. Entropy bonus weight, >= 0: loss -= coef * entropy (reinforce_plus_plus.md §7).")
     add("--eps-clip", type=finite_float, default=0.2,
-        help="Default 0.2. Lower PPO clip eps_low, in (0, 1) (SPEC 7); not for sapo.")
+        help="Default 0.2. Lower PPO clip eps_low, in (0, 1) (reinforce_plus_plus.md §7); not for sapo.")
     add("--eps-clip-high", type=finite_float, default=None,
-        help="Default = --eps-clip. Upper PPO clip eps_high > 0 (SPEC 7); not for sapo.")
+        help="Default = --eps-clip. Upper PPO clip eps_high > 0 (reinforce_plus_plus.md §7); not for sapo.")
     add("--eps-clip-c", type=finite_float, default=None,
-        help="Default off. Dual-clip bound c > 1 for negative advantages (SPEC 7); grpo and "
+        help="Default off. Dual-clip bound c > 1 for negative advantages (reinforce_plus_plus.md §7); grpo and "
              "the REINFORCE++ variants only.")
     add("--sapo-tau-pos", type=finite_float, default=1.0,
-        help="Default 1.0. SAPO gate temperature for A > 0 (SPEC 7); sapo only.")
+        help="Default 1.0. SAPO gate temperature for A > 0 (reinforce_plus_plus.md §7); sapo only.")
     add("--sapo-tau-neg", type=finite_float, default=1.05,
-        help="Default 1.05. SAPO gate temperature for A <= 0 (SPEC 7); sapo only.")
+        help="Default 1.05. SAPO gate temperature for A <= 0 (reinforce_plus_plus.md §7); sapo only.")
     switch("--disable-grpo-std-normalization", "Default off. grpo/gspo/sapo: do not divide "
-           "the group-centred reward by the group std (SPEC 5).")
+           "the group-centred reward by the group std (reinforce_plus_plus.md §5).")
     switch("--calculate-per-token-loss", "Default off (response mean). grpo/gspo/sapo: global "
-           "token-mean reduction; rejected for the REINFORCE++ variants (SPEC 7, 8).")
+           "token-mean reduction; rejected for the REINFORCE++ variants (reinforce_plus_plus.md §7, 8).")
     add("--custom-advantage-function-path", type=text, default=None,
         help="Default none. 'module:function' or 'file.py:function' replacing the advantage "
-             "of grpo/gspo/sapo; rejected for the REINFORCE++ variants (SPEC 8).")
+             "of grpo/gspo/sapo; rejected for the REINFORCE++ variants (reinforce_plus_plus.md §8).")
     add("--custom-reward-post-process-path", type=text, default=None,
         help="Default none. 'module:function' or 'file.py:function' post-processing rewards; "
-             "rejected for reinforce_plus_plus_baseline (SPEC 8).")
+             "rejected for reinforce_plus_plus_baseline (reinforce_plus_plus.md §8).")
 
     add, switch = group("batches", "Sizes in prompts and samples (responses).")
     add("--rollout-batch-size", type=integer, default=8,
         help="Default 8. Prompts per rollout step; a multiple of WORLD_SIZE.")
     add("--n-samples-per-prompt", type=integer, default=1,
         help="Default 1. Responses per prompt (a group); > 1 for "
-             "reinforce_plus_plus_baseline (SPEC 8).")
+             "reinforce_plus_plus_baseline (reinforce_plus_plus.md §8).")
     add("--global-batch-size", type=integer, default=None,
         help="Default = rollout samples (one optimizer step per rollout). Samples per "
              "optimizer step; divides the rollout samples, multiple of WORLD_SIZE x "
-             "--micro-batch-size (SPEC 7: one step's loss).")
+             "--micro-batch-size (reinforce_plus_plus.md §7: one step's loss).")
     add("--micro-batch-size", type=integer, default=None,
         help="Default = global batch / WORLD_SIZE. Samples per forward/backward per rank.")
     add("--num-steps-per-rollout", type=integer, default=None,
@@ -227,14 +227,14 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
         help="Default 1.0. Gradient-norm clip > 0.")
     add("--seed", type=integer, default=1234, help="Default 1234. Seed of every RNG.")
 
-    add, switch = group("modes", "Only synchronous colocate training is implemented (SPEC 9).")
+    add, switch = group("modes", "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).")
     switch("--colocate", "Default on. Rollout then train on the same devices; accepted, "
            "it is the only mode.", default=True)
     switch("--fully-async", "Default off. Rejected: not implemented; for the REINFORCE++ "
-           "variants the normalization needs a closed global batch (SPEC 8).")
-    switch("--hybrid", "Default off. Rejected like --fully-async (SPEC 8).")
+           "variants the normalization needs a closed global batch (reinforce_plus_plus.md §8).")
+    switch("--hybrid", "Default off. Rejected like --fully-async (reinforce_plus_plus.md §8).")
     add("--context-parallel-size", type=integer, default=1,
-        help="Default 1. Values other than 1 are rejected (SPEC 8, 9).")
+        help="Default 1. Values other than 1 are rejected (reinforce_plus_plus.md §8, 9).")
     switch("--fsdp", "Default off (DDP replication). Shard parameters with FSDP2 fully_shard.")
     add("--peak-tflops", type=finite_float, default=None,
         help="Default: measured at start-up (a square matmul in the run's dtype). Peak "

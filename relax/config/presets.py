@@ -17,7 +17,7 @@ from __future__ import annotations
 BUILTIN_TASK_NAMES: tuple[str, ...] = ("copy", "addition")
 
 # Tuned on 2 CPU cores (see the trainer report / README): 16 prompts x 8 samples of the
-# `copy` task, responses of at most 5 characters, 200 rollout steps. With every SPEC recipe
+# `copy` task, responses of at most 5 characters, 200 rollout steps. With every contract recipe
 # (grpo, reinforce_plus_plus, reinforce_plus_plus_baseline) the reward climbs from ~0.01 to
 # ~0.4-0.5 in well under the 3-minute budget.
 BUILTIN_PRESET: dict[str, object] = {

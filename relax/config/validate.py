@@ -1,4 +1,4 @@
-"""Every configuration rule of ``relax train``, in one place (SPEC section 8).
+"""Every configuration rule of ``relax train``, in one place (reinforce_plus_plus.md §8).
 
 :func:`resolve_and_validate` turns the parsed flags into the resolved run configuration
 (derived batch sizes, output directory, ...) and raises :class:`ConfigError` for the first
@@ -11,7 +11,7 @@ The rules, in the order they are checked:
 
 1. value ranges of single flags (finite, positive, in (0, 1], ...);
 2. KL: ``--kl-coef`` and ``--kl-loss-coef`` never both nonzero, then the per-estimator KL rows;
-3. the SPEC section 8 rows for both REINFORCE++ variants and the modes that no estimator
+3. the reinforce_plus_plus.md §8 rows for both REINFORCE++ variants and the modes that no estimator
    implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
 5. data, reward, model paths, run directories, evaluation (``eval_flags.py``);
@@ -149,20 +149,20 @@ def _check_kl(ns: Namespace) -> None:
     if est == "reinforce_plus_plus":
         if ns.kl_loss_type != "k1":
             _reject(ns, "kl_loss_type", "reinforce_plus_plus: the reward KL estimator is frozen "
-                    "to signed k1 (SPEC 3); set --kl-loss-type k1")
+                    "to signed k1 (reinforce_plus_plus.md §3); set --kl-loss-type k1")
         for dest in ("use_kl_loss", "kl_loss_coef"):
             if getattr(ns, dest):
                 _reject(ns, dest, "reinforce_plus_plus has no second KL loss, KL enters only "
-                        f"through the reward (SPEC 3); remove {_flag(dest)} and use --kl-coef")
+                        f"through the reward (reinforce_plus_plus.md §3); remove {_flag(dest)} and use --kl-coef")
         return
     if est == "reinforce_plus_plus_baseline":
         if ns.kl_coef != 0:
             _reject(ns, "kl_coef", "reinforce_plus_plus_baseline: KL never enters the "
-                    "advantage (SPEC 4); set --kl-coef 0 and use --use-kl-loss --kl-loss-type "
+                    "advantage (reinforce_plus_plus.md §4); set --kl-coef 0 and use --use-kl-loss --kl-loss-type "
                     "k2 --kl-loss-coef 0.01")
         if ns.use_kl_loss and ns.kl_loss_type != "k2":
             _reject(ns, ("use_kl_loss", "kl_loss_type"), "reinforce_plus_plus_baseline's KL "
-                    "loss is the k2 penalty (SPEC 4); set --kl-loss-type k2")
+                    "loss is the k2 penalty (reinforce_plus_plus.md §4); set --kl-loss-type k2")
     elif ns.kl_coef != 0:
         _reject(ns, "kl_coef", f"{est} has no reward KL shaping (only reinforce_plus_plus "
                 "does); set --kl-coef 0 and use --use-kl-loss --kl-loss-coef instead")
@@ -181,30 +181,30 @@ def _check_modes(ns: Namespace) -> None:
     for dest in ("fully_async", "hybrid"):
         if getattr(ns, dest):
             why = (f"{est}: the global normalization needs a closed synchronous global batch "
-                   "(SPEC 6, 8)" if rpp else "not implemented")
+                   "(reinforce_plus_plus.md §6, 8)" if rpp else "not implemented")
             _reject(ns, dest, f"{why}; only synchronous colocate training runs, remove "
                     f"{_flag(dest)}")
     if ns.context_parallel_size != 1:
         why = (f"{est}: the normalization and the response-mean reduction are defined for "
-               "whole sequences per rank (SPEC 8, 9)" if rpp else "context parallelism is not "
+               "whole sequences per rank (reinforce_plus_plus.md §8, 9)" if rpp else "context parallelism is not "
                "implemented")
         _reject(ns, "context_parallel_size", f"{why}; set --context-parallel-size 1")
     if rpp:
         if not ns.normalize_advantages:
             raise ConfigError(f"--advantage-estimator {est}", "requires --normalize-advantages "
-                              "(the global token normalization of SPEC 6 is part of the "
+                              "(the global token normalization of reinforce_plus_plus.md §6 is part of the "
                               "estimator); add --normalize-advantages")
         if ns.calculate_per_token_loss:
             _reject(ns, "calculate_per_token_loss", f"{est}: the objective is the response "
-                    "mean (SPEC 7); remove --calculate-per-token-loss")
+                    "mean (reinforce_plus_plus.md §7); remove --calculate-per-token-loss")
     if est == "reinforce_plus_plus_baseline" and ns.n_samples_per_prompt <= 1:
         _reject(ns, "n_samples_per_prompt", "reinforce_plus_plus_baseline: with one response "
-                "per prompt every raw advantage would be 0 (SPEC 4); set "
+                "per prompt every raw advantage would be 0 (reinforce_plus_plus.md §4); set "
                 "--n-samples-per-prompt 8")
 
 
 def _check_estimator_specific(ns: Namespace) -> None:
-    """Reject flags the estimator would ignore; SPEC 3-5, 7 say which estimator reads what."""
+    """Reject flags the estimator would ignore; reinforce_plus_plus.md §3-§5, 7 say which estimator reads what."""
     est = ns.advantage_estimator
     if est in REINFORCE_PP:
         for dest in ("custom_advantage_function_path", "custom_reward_post_process_path"):
@@ -213,28 +213,28 @@ def _check_estimator_specific(ns: Namespace) -> None:
                 continue
             if est == "reinforce_plus_plus_baseline":
                 _reject(ns, dest, f"{est}: it would bypass the frozen group-mean baseline "
-                        f"semantics (SPEC 4, 8); remove {_flag(dest)}")
+                        f"semantics (reinforce_plus_plus.md §4, 8); remove {_flag(dest)}")
             if dest == "custom_advantage_function_path":
                 _reject(ns, dest, f"{est}: it would replace the frozen reward-to-go advantage "
-                        f"(SPEC 3); remove {_flag(dest)}")
+                        f"(reinforce_plus_plus.md §3); remove {_flag(dest)}")
         if ns.disable_grpo_std_normalization:
             _reject(ns, "disable_grpo_std_normalization", f"{est} never divides by a group "
-                    "std, it uses the global token normalization (SPEC 6); remove it")
+                    "std, it uses the global token normalization (reinforce_plus_plus.md §6); remove it")
     if est != "reinforce_plus_plus" and ns.gamma != 1.0:
         _reject(ns, "gamma", f"{est} has no per-token discounted return, only "
-                "reinforce_plus_plus reads --gamma (SPEC 3); set --gamma 1.0")
+                "reinforce_plus_plus reads --gamma (reinforce_plus_plus.md §3); set --gamma 1.0")
     if est != "sapo":
         for dest, default in (("sapo_tau_pos", 1.0), ("sapo_tau_neg", 1.05)):
             if getattr(ns, dest) != default:
-                _reject(ns, dest, "only --advantage-estimator sapo reads it (SPEC 7); "
+                _reject(ns, dest, "only --advantage-estimator sapo reads it (reinforce_plus_plus.md §7); "
                         "remove it or choose sapo")
     if est == "sapo":
         for dest, default in (("eps_clip", 0.2), ("eps_clip_high", None), ("eps_clip_c", None)):
             if getattr(ns, dest) != default:
-                _reject(ns, dest, "sapo uses the soft sigmoid gate, no clip (SPEC 7); remove "
+                _reject(ns, dest, "sapo uses the soft sigmoid gate, no clip (reinforce_plus_plus.md §7); remove "
                         "it or tune --sapo-tau-pos / --sapo-tau-neg")
     if est == "gspo" and ns.eps_clip_c is not None:
-        _reject(ns, "eps_clip_c", "gspo has no dual clip (SPEC 7); remove --eps-clip-c")
+        _reject(ns, "eps_clip_c", "gspo has no dual clip (reinforce_plus_plus.md §7); remove --eps-clip-c")
     if ns.ref_load is not None and ns.kl_coef == 0 and not ns.use_kl_loss:
         _reject(ns, "ref_load", "no reference KL is on, so the reference model is never used; "
                 "remove --ref-load or turn on a KL (--kl-coef or --use-kl-loss)")

@@ -1,6 +1,6 @@
 """A lean sampling forward for Llama-family causal LMs (Qwen3, Qwen2, Llama): the rollout engine.
 
-Why it exists (issue 6): for the small models Relax trains on a CPU, one decode step through the
+Why it exists: for the small models Relax trains on a CPU, one decode step through the
 Hugging Face module stack costs far more than its matrix products -- a causal mask rebuilt per
 step, a KV cache grown with ``torch.cat``, a flash-attention kernel for a single query, and a
 Python call per module. This engine computes the same function from the same parameters

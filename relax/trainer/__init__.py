@@ -1,4 +1,4 @@
-"""The synchronous colocate trainer (SPEC section 9): rollout, then train, on the same devices.
+"""The synchronous colocate trainer (reinforce_plus_plus.md §9): rollout, then train, on the same devices.
 
 ``train(cfg) -> int`` takes the resolved namespace of ``relax.config.parse_train_config`` and
 returns the process exit status. Heavy imports happen inside, so ``import relax.trainer`` is

@@ -1,4 +1,4 @@
-"""The synchronous colocate loop (SPEC section 9): one closed global batch per rollout step.
+"""The synchronous colocate loop (reinforce_plus_plus.md §9): one closed global batch per rollout step.
 
     for each rollout step:
         prompts   = sample_prompts(step)          whole prompt groups per data-parallel rank
@@ -6,12 +6,12 @@
         rewards   = score(prompts, rollout)       math, a built-in task, or --custom-rm-path
         exp       = old_and_ref_log_probs(...)    training model / frozen reference, no autograd
         exp       = advantages(exp, rewards)      compute_advantages_and_returns over the DP group
-        history   = update(exp)                   --num-steps-per-rollout AdamW steps (SPEC 7)
+        history   = update(exp)                   --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
         log(metrics); save(step); stop here if SIGTERM/SIGINT arrived
 
 Launch: ``relax train [flags]`` or ``torchrun --nproc_per_node N -m relax train [flags]``.
 
-Metrics per rollout step (rank 0 writes ``OUTPUT_DIR/metrics.jsonl``): the SPEC section 10
+Metrics per rollout step (rank 0 writes ``OUTPUT_DIR/metrics.jsonl``): the reinforce_plus_plus.md §10
 names, ``perf/step_time`` = ``perf/rollout_time`` (generate + reward) + ``perf/train_time``
 (log_prob + advantage + update) with each phase's own ``perf/<phase>_time`` (slowest rank),
 ``perf/generated_tokens_per_s`` (global tokens / rollout time), ``perf/peak_memory_gb`` and

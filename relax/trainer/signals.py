@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT handling for ``relax train`` (docs/reliability.md, issue 7 item 3).
+"""SIGTERM / SIGINT handling for ``relax train`` (docs/reliability.md, section 3).
 
 The first signal only sets a flag: the loop finishes the rollout step in progress, all ranks
 agree on stopping at the same step (one MAX all-reduce per step), the run checkpoints with

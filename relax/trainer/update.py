@@ -1,4 +1,4 @@
-"""The policy update of one rollout step: ``--num-steps-per-rollout`` AdamW steps (SPEC 7).
+"""The policy update of one rollout step: ``--num-steps-per-rollout`` AdamW steps (reinforce_plus_plus.md §7).
 
 Each optimizer step takes ``global_batch_size / world_size`` local samples in micro-batches.
 Every micro-batch loss is already divided by the GLOBAL count of the step -- ``B`` responses
@@ -107,7 +107,7 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
 def inert_rows(mb: Experience, s: LossSettings) -> torch.Tensor | None:
     """[B] bool: responses whose loss and gradient are exactly zero, or None when no row can be.
 
-    Every SPEC 7 policy loss is ``-A * f(ratio)`` per token (PPO clip with dual clip, GSPO,
+    Every reinforce_plus_plus.md §7 policy loss is ``-A * f(ratio)`` per token (PPO clip with dual clip, GSPO,
     SAPO); with ``A = 0`` on every token of a response its terms are 0 and so is their gradient,
     whatever the ratio. A KL loss or an entropy bonus adds terms that do not vanish.
     """
