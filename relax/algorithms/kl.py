@@ -2,33 +2,31 @@
 
 ``delta = logp - logp_base``:
 
-| kind         | value                              |
-|--------------|------------------------------------|
-| ``k1``       | ``delta`` (signed)                 |
-| ``k2``       | ``0.5 * delta**2``                 |
-| ``k3``       | ``exp(-delta) - 1 + delta``        |
+| kind           | value                            |
+|----------------|----------------------------------|
+| ``k1``         | ``delta`` (signed)               |
+| ``k2``         | ``0.5 * delta**2``               |
+| ``k3``         | ``exp(-delta) - 1 + delta``      |
 | ``low_var_kl`` | ``k3`` clamped to ``[-10, 10]``  |
-
-The estimators are unmasked token maps; callers reduce them with a mask
-(:func:`relax.algorithms.losses.response_mean`), which selects valid tokens with a boolean
-(bitwise) select, so values at masked positions never reach the reduced loss. Its gradient
-flows back only through valid positions, but a NaN/Inf stored in ``logp_base`` at a masked
-position still makes ``0 * NaN`` in the k2/k3 backward: callers sanitize ``logp_base`` first.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from relax.algorithms._checks import check_float, compute_dtype
+from relax.algorithms._checks import as_bool_mask, check_float, check_like_mask, compute_dtype
+from relax.estimators import KL_KINDS
 
-KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 
+def approx_kl(logp: Tensor, logp_base: Tensor, kind: str, *, mask: Tensor | None = None) -> Tensor:
+    """Token KL estimate of ``kind`` between two log-prob tensors of shape ``[B, T]``.
 
-def approx_kl(logp: Tensor, logp_base: Tensor, kind: str) -> Tensor:
-    """Token KL estimate of ``kind`` between two log-prob tensors of equal shape ``[B, T]``.
-
-    Returns float32 for float32/bf16/fp16 inputs and float64 for float64 inputs.
+    With ``mask`` (``[B, T]``, reinforce_plus_plus.md §1) the result is 0 at masked positions
+    and so is the gradient there, even where either input holds NaN or Inf: ``delta`` is
+    selected before the nonlinear estimators see it (selecting only the result would give
+    ``0 * NaN`` in their backward). Returns float32 for float32/bf16/fp16 inputs and float64
+    for float64 inputs.
     """
     if kind not in KL_KINDS:
         raise ValueError(f"kind={kind!r} is not a KL estimator; valid kinds: {', '.join(KL_KINDS)}")
@@ -40,11 +38,13 @@ def approx_kl(logp: Tensor, logp_base: Tensor, kind: str) -> Tensor:
         )
     dtype = compute_dtype(logp, logp_base)
     delta = logp.to(dtype) - logp_base.to(dtype)
+    if mask is not None:
+        m = as_bool_mask(mask)
+        check_like_mask(logp, m, "logp")
+        delta = torch.where(m, delta, 0.0)
     if kind == "k1":
         return delta
     if kind == "k2":
         return 0.5 * delta.square()
-    k3 = (-delta).exp() - 1.0 + delta
-    if kind == "k3":
-        return k3
-    return k3.clamp(-10.0, 10.0)
+    k3 = torch.exp(-delta) - 1.0 + delta
+    return k3 if kind == "k3" else k3.clamp(-10.0, 10.0)

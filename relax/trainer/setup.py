@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from relax import estimators
 from relax.models import (  # noqa: F401  (the trainer's names for them)
     check_model_paths,
     eos_token_ids,
@@ -19,9 +20,9 @@ from relax.models import (  # noqa: F401  (the trainer's names for them)
 
 
 def needs_reference(cfg) -> bool:
-    """Reference log-probs only when a KL term reads them (reinforce_plus_plus.md §3 shaping, reinforce_plus_plus.md §7 KL loss)."""
-    shaping = cfg.advantage_estimator == "reinforce_plus_plus" and cfg.kl_coef > 0
-    return shaping or cfg.use_kl_loss
+    """Reference log-probs only when a KL term reads them (reinforce_plus_plus.md §3 shaping, §7 KL loss)."""
+    return estimators.needs_reference(estimators.facts(cfg.advantage_estimator),
+                                      kl_coef=cfg.kl_coef, use_kl_loss=cfg.use_kl_loss)
 
 
 def needs_old_log_probs(cfg) -> bool:
@@ -34,19 +35,15 @@ def needs_old_log_probs(cfg) -> bool:
     optimizer step sees a moved policy, and for REINFORCE++ k1 reward shaping, whose returns
     read pi_old before any update (reinforce_plus_plus.md §3).
     """
-    shaping = cfg.advantage_estimator == "reinforce_plus_plus" and cfg.kl_coef > 0
-    return shaping or cfg.num_steps_per_rollout > 1
+    f = estimators.facts(cfg.advantage_estimator)
+    return estimators.returns_read_old_policy(f, kl_coef=cfg.kl_coef) or cfg.num_steps_per_rollout > 1
 
 
 def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
                 environ=None) -> int:
     """Intra-op threads for CPU training: ``OMP_NUM_THREADS`` when the user set it, else the
-    cores divided between the local ranks.
-
-    There used to be one thread for models below 1M parameters; with the rollout engine and
-    the skipped backward, two threads beat one at hidden 64 too on a quiet 2-core machine
-    (55 vs 65 ms per step, docs/performance.md). On a machine shared with other work, one
-    thread per rank (``OMP_NUM_THREADS=1``) is the steadier choice.
+    cores divided between the local ranks (docs/performance.md measures this against one
+    thread). On a machine shared with other work, ``OMP_NUM_THREADS=1`` per rank is steadier.
     """
     environ = os.environ if environ is None else environ
     if environ.get("OMP_NUM_THREADS", "").strip().isdigit():

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from relax.algorithms import approx_kl, compute_policy_loss, response_mean, token_mean
+from relax.algorithms import (
+    PolicyLossSettings,
+    approx_kl,
+    compute_policy_loss,
+    response_mean,
+    token_mean,
+)
 from relax.errors import NonFiniteError
 from relax.trainer.distributed import DistContext, all_reduce_sum, no_grad_sync, unwrap
 from relax.trainer.logprobs import Experience, response_log_probs
@@ -55,6 +61,11 @@ class LossSettings:
         )
 
     @property
+    def policy(self) -> PolicyLossSettings:
+        return PolicyLossSettings(self.eps_clip, self.eps_clip_high, self.eps_clip_c,
+                                  self.tau_pos, self.tau_neg)
+
+    @property
     def metric_names(self) -> tuple[str, ...]:
         names = ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                  "train/entropy")
@@ -83,17 +94,14 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
             return token_mean(values, mask, num_tokens=num_tokens)
         return response_mean(values, mask, num_responses=num_responses)
 
-    pg, clipped = compute_policy_loss(
-        s.estimator, log_probs, old_log_probs, mb.advantages, mask,
-        eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high, eps_clip_c=s.eps_clip_c,
-        tau_pos=s.tau_pos, tau_neg=s.tau_neg,
-    )
+    pg, clipped = compute_policy_loss(s.estimator, log_probs, old_log_probs, mb.advantages, mask,
+                                      s.policy)
     pg_loss = reduce(pg)
     entropy_term = reduce(entropy)
     loss = pg_loss - s.entropy_coef * entropy_term if s.entropy_coef else pg_loss
     kl_loss = None
     if s.use_kl_loss:
-        kl_loss = reduce(approx_kl(log_probs, mb.ref_log_probs, s.kl_loss_type))
+        kl_loss = reduce(approx_kl(log_probs, mb.ref_log_probs, s.kl_loss_type, mask=mask))
         loss = loss + s.kl_loss_coef * kl_loss
     with torch.no_grad():
         stats = [loss, pg_loss, reduce(clipped.float()), reduce(old_log_probs - log_probs),

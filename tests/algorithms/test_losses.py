@@ -303,8 +303,8 @@ EXPECTED_LOSS = {"reinforce_plus_plus": "ppo_clip", "reinforce_plus_plus_baselin
 def test_estimator_table():
     assert set(alg.ESTIMATORS) == set(EXPECTED_LOSS)
     for name, loss in EXPECTED_LOSS.items():
-        assert alg.ESTIMATORS[name].policy_loss == loss
-        assert alg.get_estimator(name).policy_loss == loss
+        assert alg.ESTIMATORS[name].facts.policy_loss == loss
+        assert alg.get_estimator(name).facts.policy_loss == loss
 
 
 def test_unknown_estimator_lists_valid_names():
