@@ -1,5 +1,5 @@
-"""The one exception type that reaches the user as a single line (every package imports it
-from here).
+"""The exception types that reach the user as a single line (every package imports them
+from here): :class:`ConfigError` for a rejected command line, :class:`RelaxError` for the rest.
 
 ``relax.trainer.train`` catches :class:`RelaxError`, prints
 ``relax train: error: <message>`` on stderr and returns ``exit_code``:
@@ -13,6 +13,29 @@ from here).
 """
 
 from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A rejected configuration: ``str(e) == "--flag VALUE: reason and what to set instead"``.
+
+    ``flag`` is the message head (the offending flag(s), usually with their values); ``flags``
+    lists just the flag names in it. The command line prints it and exits 2.
+    """
+
+    def __init__(self, flag: str, reason: str):
+        flag, reason = one_line(flag), one_line(reason)
+        super().__init__(f"{flag}: {reason}")
+        self.flag = flag
+        self.reason = reason
+
+    @property
+    def flags(self) -> list[str]:
+        return [tok for tok in self.flag.split() if tok.startswith("--")]
+
+
+def one_line(message: str) -> str:
+    """Escape newlines and other control characters a user value may carry."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 class RelaxError(Exception):

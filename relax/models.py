@@ -39,8 +39,10 @@ def check_model_paths(cfg) -> None:
         _check_model_dir(cfg.ref_load, "--ref-load")
 
 
-def load_tokenizer(cfg):
-    if cfg.hf_checkpoint is None:
+def load_tokenizer(path: str | None, flag: str = "--hf-checkpoint"):
+    """The tokenizer of the model directory ``path`` (left padding, a pad token), or the
+    built-in character tokenizer when ``path`` is None; ``flag`` names ``path`` in errors."""
+    if path is None:
         from relax.rollout.tiny_model import build_tokenizer
 
         return build_tokenizer()
@@ -48,15 +50,14 @@ def load_tokenizer(cfg):
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # broken tokenizer files or config.json: one line, not a traceback
-        raise InputError(f"--hf-checkpoint {cfg.hf_checkpoint}: cannot load the tokenizer: "
-                         f"{_first_line(e)}") from e
+        raise InputError(f"{flag} {path}: cannot load the tokenizer: {_first_line(e)}") from e
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # pad positions are masked everywhere
     if tok.eos_token_id is None:
-        raise InputError(f"--hf-checkpoint {cfg.hf_checkpoint}: the tokenizer has no eos token")
+        raise InputError(f"{flag} {path}: the tokenizer has no eos token")
     return tok
 
 
@@ -75,14 +76,13 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
-def load_policy(cfg, tokenizer, device: torch.device, *, weights_dir: str | None = None):
-    """The trainable model in fp32: from ``weights_dir`` (a resume checkpoint), the
-    ``--hf-checkpoint``, or the built-in tiny model."""
-    path = weights_dir or cfg.hf_checkpoint
+def load_policy(path: str | None, tokenizer, device: torch.device, *, seed: int):
+    """The trainable model in fp32 from the model directory ``path`` (a Hugging Face model or
+    a resume checkpoint), or the built-in tiny model initialised from ``seed``."""
     if path is None:
         from relax.rollout.tiny_model import build_tiny_model
 
-        model = build_tiny_model(tokenizer, cfg.seed)
+        model = build_tiny_model(tokenizer, seed)
     else:
         model = _from_pretrained(path, torch.float32)
     model.config.use_cache = False  # training passes do not need a cache; generation asks

@@ -210,9 +210,9 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
 
 
 def build_plot_parser():
-    from relax.config.flags import _Parser, integer, text
+    from relax.config.flags import OneLineParser, integer, text
 
-    parser = _Parser(prog="relax plot", allow_abbrev=False, description=(
+    parser = OneLineParser(prog="relax plot", allow_abbrev=False, description=(
         "Curves from the metrics.jsonl of one or more relax train runs; runs of one "
         "estimator (config.json) are drawn as mean and min..max band."))
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="--output-dir of a run")

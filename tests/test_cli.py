@@ -114,7 +114,7 @@ def test_real_run_writes_config_then_calls_trainer(tmp_path, fake_trainer):
     (cfg, written_before_train), = calls
     assert written_before_train
     saved = json.loads((out / "config.json").read_text())
-    assert saved == vars(cfg) and saved["seed"] == 7 and saved["dry_run"] is False
+    assert saved == cfg.to_dict() and saved["seed"] == 7 and saved["dry_run"] is False
     # a new directory is created; a rejected run writes nothing and never trains
     code, _, _ = call(["train", "--output-dir", str(tmp_path / "new" / "run")])
     assert code == 3 and (tmp_path / "new" / "run" / "config.json").is_file()

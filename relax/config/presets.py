@@ -7,7 +7,7 @@ on the tiny model in a few CPU minutes, so each key below replaces the flag's de
 unless the user passed that flag explicitly. The values are visible in the
 ``--dry-run`` JSON and documented in ``docs/configuration.md``.
 
-Keys are argparse dests (flag name without ``--``, ``-`` -> ``_``). The trainer owner
+Keys are config field names (flag name without ``--``, ``-`` -> ``_``). The trainer owner
 tunes the values here; a key added here must be an existing flag (a test checks it).
 """
 
@@ -30,24 +30,16 @@ BUILTIN_PRESET: dict[str, object] = {
 }
 
 
-def preset_applies(ns) -> bool:
-    """True when the run uses neither a user model nor user data."""
-    return ns.hf_checkpoint is None and ns.prompt_data is None
+def preset_values(values: dict, explicit: set[str]) -> dict | None:
+    """The preset's values for the flags the user did not pass, or None when the run uses a
+    user model or user data (the preset does not apply).
 
-
-def apply_builtin_preset(ns, explicit: set[str]) -> bool:
-    """Overwrite, in place, each preset key the user did not pass; return whether applied.
-
-    ``explicit`` holds the dests given on the command line. ``--num-steps-per-rollout``
-    given alone derives the global batch from it, so a preset ``global_batch_size``
-    must then stay out of the way.
+    ``values`` are the parsed flags by field name, ``explicit`` the fields given on the command
+    line. ``--num-steps-per-rollout`` given alone derives the global batch from it, so a preset
+    ``global_batch_size`` must then stay out of the way.
     """
-    if not preset_applies(ns):
-        return False
-    for key, value in BUILTIN_PRESET.items():
-        if key in explicit:
-            continue
-        if key == "global_batch_size" and "num_steps_per_rollout" in explicit:
-            continue
-        setattr(ns, key, value)
-    return True
+    if values["hf_checkpoint"] is not None or values["prompt_data"] is not None:
+        return None
+    return {key: value for key, value in BUILTIN_PRESET.items()
+            if key not in explicit
+            and not (key == "global_batch_size" and "num_steps_per_rollout" in explicit)}

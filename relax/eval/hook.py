@@ -43,24 +43,21 @@ class EvalSet:
 
 
 def _eval_reward_type(cfg) -> str | None:
-    """The training run's reward: --rm-type, else the built-in task's, else math."""
-    if cfg.rm_type:
-        return cfg.rm_type
-    return cfg.builtin_task if getattr(cfg, "prompt_data", None) is None else None
+    """The run's reward: --rm-type, else the built-in task's (resolution sets ``builtin_task``
+    to None when prompt files are given), else None (the source's own or --custom-rm-path)."""
+    return cfg.rm_type or cfg.builtin_task
 
 
 def load_eval_sets(cfg) -> list[EvalSet]:
     """The sets named by ``--eval-prompt-data``, else the built-in task's fixed prompts.
 
     Raises :class:`relax.errors.InputError` naming the set and the file:line of a
-    bad row. Empty when evaluation is off (``--eval-interval`` unset in ``relax train``).
+    bad row.
     """
     from relax.errors import InputError
     from relax.rollout.data import load_source
     from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
-    if getattr(cfg, "eval_interval", 1) is None:
-        return []
     if cfg.eval_prompt_data:
         sets = []
         for name, path in cfg.eval_prompt_data:
@@ -114,7 +111,7 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     ``model`` may be the trainer's DDP or FSDP2 model: DDP is unwrapped, FSDP2 generation
     runs in lockstep over ``group``. Call it on every rank.
     """
-    if not getattr(cfg, "eval_interval", None) or step % cfg.eval_interval:
+    if not cfg.eval_interval or step % cfg.eval_interval:
         return {}
     from relax.models import unwrap
 
@@ -134,15 +131,14 @@ def run_eval_command(cfg) -> int:
         from relax.models import pick_device
 
         device = pick_device(cfg.device, 0)
-        cfg.hf_checkpoint = cfg.checkpoint  # what the model loaders read
         models.quiet_transformers()
-        tokenizer = models.load_tokenizer(cfg)
+        tokenizer = models.load_tokenizer(cfg.checkpoint, "CHECKPOINT")
         if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
             from relax.errors import InputError
 
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
                              "chat template; remove the flag or evaluate a chat model")
-        model = models.load_policy(cfg, tokenizer, device).eval()
+        model = models.load_policy(cfg.checkpoint, tokenizer, device, seed=cfg.seed).eval()
         sets = load_eval_sets(cfg)
         from relax.rollout.data import check_formatted_lengths
 

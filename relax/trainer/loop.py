@@ -93,7 +93,8 @@ class Trainer:
             changed = check_resume(cfg, resume[0], resume[1], self.total_steps)
             if changed and ctx.is_main:
                 print(changed, file=sys.stderr)
-        self.eval_sets = load_eval_sets(cfg)  # a bad evaluation file fails here too
+        # a bad evaluation file fails here, before any model is loaded
+        self.eval_sets = load_eval_sets(cfg) if cfg.eval_interval else []
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
                            report=lambda line: print(line, file=sys.stderr))
@@ -108,7 +109,7 @@ class Trainer:
         self.logger = build_logger(
             is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
             start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
-            wandb=cfg.use_wandb, config=vars(cfg), samples=cfg.log_samples > 0,
+            wandb=cfg.use_wandb, config=cfg.to_dict(), samples=cfg.log_samples > 0,
         )
 
     def _check_paths(self) -> tuple[str, int] | None:
@@ -163,12 +164,12 @@ class Trainer:
     def _build_models(self, resume) -> None:
         cfg, ctx = self.cfg, self.ctx
         setup.quiet_transformers()  # no download/shard progress bars between summary lines
-        self.tokenizer = setup.load_tokenizer(cfg)
+        self.tokenizer = setup.load_tokenizer(cfg.hf_checkpoint)
         if cfg.apply_chat_template and not getattr(self.tokenizer, "chat_template", None):
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.hf_checkpoint} has "
                              "no chat template; remove the flag or use a chat model")
-        policy = setup.load_policy(cfg, self.tokenizer, ctx.device,
-                                   weights_dir=resume[0] if resume else None)
+        policy = setup.load_policy(resume[0] if resume else cfg.hf_checkpoint, self.tokenizer,
+                                   ctx.device, seed=cfg.seed)
         self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)
         self._check_prompt_lengths(policy)
         # the reference is the initial weights (or --ref-load), also when resuming
@@ -418,7 +419,7 @@ class Trainer:
                 tokenizer=self.tokenizer, step=step, ctx=self.ctx, fsdp=self.cfg.fsdp,
                 final=final, progress=progress,
                 extra={"advantage_estimator": self.cfg.advantage_estimator,
-                       "config": json.loads(json.dumps(vars(self.cfg), default=str))},
+                       "config": json.loads(json.dumps(self.cfg.to_dict(), default=str))},
                 keep_last=self.cfg.keep_last,
             )
         except Exception as e:
@@ -501,7 +502,7 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     stop = StopRequest()
     stop.install()
     try:
-        ctx = init_distributed(cfg.device, getattr(cfg, "distributed_timeout_minutes", None))
+        ctx = init_distributed(cfg.device, cfg.distributed_timeout_minutes)
         trainer = Trainer(cfg, ctx, console=console, stop=stop)
         try:
             history = trainer.fit()

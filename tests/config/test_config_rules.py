@@ -164,7 +164,6 @@ IGNORED = {
     "rpp-custom-advantage": ("reinforce_plus_plus",
                              ("--custom-advantage-function-path", "json:loads"),
                              "--custom-advantage-function-path"),
-    "grpo-kl-type-without-loss": ("grpo", ("--kl-loss-type", "k3"), "--kl-loss-type k3"),
     "grpo-kl-coef-without-loss": ("grpo", ("--kl-loss-coef", "0.1"), "--kl-loss-coef 0.1"),
 }
 
@@ -173,6 +172,14 @@ IGNORED = {
 def test_flags_the_estimator_ignores_are_rejected(cli, rejected, case):
     estimator, change, needle = IGNORED[case]
     rejected(cli(["train", *edit(ACCEPTED[estimator], change), "--dry-run"]), needle)
+
+
+def test_kl_loss_type_without_kl_loss_is_inert_and_accepted(cli):
+    """Valid upstream: --kl-loss-type alone changes nothing, so it is not rejected."""
+    for estimator, kind in (("grpo", "k3"), ("sapo", "low_var_kl")):
+        assert cli(["train", *ACCEPTED[estimator], "--kl-loss-type", kind, "--dry-run"]).code == 0
+    argv = edit(BASE, ("-", "--use-kl-loss"), ("--kl-loss-coef", "0"))  # keeps --kl-loss-type k2
+    assert cli(["train", *argv, "--dry-run"]).code == 0
 
 
 def test_ref_load_needs_a_kl(cli, rejected, tmp_path):

@@ -22,7 +22,6 @@ def test_not_due_returns_nothing_and_touches_no_model():
         assert maybe_evaluate(c, step, None, None, "cpu") == {}
     off = parse_train_config([])
     assert off.eval_interval is None and maybe_evaluate(off, 4, None, None, "cpu") == {}
-    assert load_eval_sets(off) == []
 
 
 def test_builtin_task_set_is_fixed_across_seeds():

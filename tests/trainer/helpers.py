@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import textwrap
@@ -37,9 +38,7 @@ def make_config(*flags, output_dir, tiny=True, **overrides):
     checks)."""
     cfg = parse_train_config([*(TINY if tiny else []), "--output-dir", str(output_dir), "--device",
                               "cpu", *flags])
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
-    return cfg
+    return dataclasses.replace(cfg, **overrides)
 
 
 def write_reward(tmp_path, body=PARITY_REWARD, name="rewards.py") -> str:

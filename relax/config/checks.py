@@ -1,0 +1,141 @@
+"""Helpers the ``relax train`` and ``relax eval`` rules share: the one-line message head, path
+checks that run no user code, reasoning-gym specs and ``--eval-prompt-data`` pairs.
+
+Every function reads a config (:mod:`relax.config.schema`) and raises
+:class:`~relax.errors.ConfigError`; none changes it.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import re
+
+from relax.errors import ConfigError, InputError
+from relax.rollout.reasoning_gym_source import PREFIX as GYM_PREFIX
+from relax.rollout.reasoning_gym_source import is_reasoning_gym, parse_spec
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _fmt(value) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def flag_of(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def head(cfg, *dests: str) -> str:
+    """``--flag VALUE`` for each field (bare ``--flag`` for switches)."""
+    parts = []
+    for dest in dests:
+        value = getattr(cfg, dest)
+        parts.append(flag_of(dest) if isinstance(value, bool) else f"{flag_of(dest)} {_fmt(value)}")
+    return " ".join(parts)
+
+
+def reject(cfg, dests, reason: str):
+    """Raise the one-line error naming ``dests`` (one field name or several) and their values."""
+    dests = (dests,) if isinstance(dests, str) else tuple(dests)
+    raise ConfigError(head(cfg, *dests), reason)
+
+
+def check_ranges(cfg, ranges: dict) -> None:
+    """``ranges``: field -> (predicate, what it must be)."""
+    for dest, (ok, what) in ranges.items():
+        if not ok(getattr(cfg, dest)):
+            reject(cfg, dest, what)
+
+
+def check_custom_path(cfg, dest: str) -> None:
+    """``module:function`` or ``path/file.py:function``; the file or module must exist.
+
+    A dotted module is found package by package on the file system (``find_spec`` on a dotted
+    name would import the parents), so no user code runs during validation."""
+    value = getattr(cfg, dest)
+    if value is None:
+        return
+    where, sep, func = value.rpartition(":")
+    if not sep or not where or not all(p.isidentifier() for p in func.split(".")):
+        reject(cfg, dest, "expected 'module:function' or 'path/file.py:function'")
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            reject(cfg, dest, f"file {where!r} does not exist; give an existing .py file")
+        return
+    parts = where.split(".")
+    if not all(p.isidentifier() for p in parts):
+        reject(cfg, dest, f"{where!r} is not a module name; expected 'module:function' or "
+               "'path/file.py:function'")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            if spec is None or spec.submodule_search_locations is None:
+                spec = None
+                break
+            spec = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[: i + 1]), list(spec.submodule_search_locations))
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        reject(cfg, dest, f"module {where!r} not found on the Python path; check the name or "
+               "use 'path/file.py:function'")
+
+
+def check_gym_spec(spec: str, flag: str, *, role: str):
+    """Parse a ``reasoning-gym:`` source (imports the package, generates nothing)."""
+    try:
+        return parse_spec(spec, flag, role=role)
+    except InputError as e:
+        first, _, reason = str(e).partition(": ")
+        raise ConfigError(first, reason) from None
+
+
+def check_gym_answer(cfg, explicit: set[str], sources: list) -> None:
+    """``--reasoning-gym-answer`` only means something with a reasoning-gym source and the
+    sources' own reward (not with --rm-type / --custom-rm-path)."""
+    if "reasoning_gym_answer" not in explicit:
+        return
+    if not any(is_reasoning_gym(s) for s in sources):
+        reject(cfg, "reasoning_gym_answer", "applies only to reasoning-gym:NAME sources of "
+               "--prompt-data / --eval-prompt-data; remove it")
+    if cfg.rm_type is not None or cfg.custom_rm_path is not None:
+        reject(cfg, "reasoning_gym_answer", "the reward comes from --rm-type / "
+               "--custom-rm-path, which read the response themselves; remove one of them")
+
+
+def eval_pairs(cfg) -> list[list[str]] | None:
+    """``--eval-prompt-data`` tokens -> ``[[name, path], ...]``; the files must exist.
+
+    One ``PATH`` names the set after the file stem (or the reasoning-gym dataset)."""
+    tokens = cfg.eval_prompt_data
+    if tokens is None:
+        return None
+    if len(tokens) == 1:
+        stem = (tokens[0][len(GYM_PREFIX):].partition("?")[0] if is_reasoning_gym(tokens[0])
+                else os.path.splitext(os.path.basename(tokens[0].rstrip("/")))[0])
+        pairs = [[re.sub(r"[^A-Za-z0-9_.-]", "_", stem) or "eval", tokens[0]]]
+    elif len(tokens) % 2:
+        reject(cfg, "eval_prompt_data", f"got {len(tokens)} values; give one PATH or "
+               "NAME PATH pairs, e.g. --eval-prompt-data gsm8k data/gsm8k/test.jsonl")
+    else:
+        pairs = [list(tokens[i:i + 2]) for i in range(0, len(tokens), 2)]
+    seen = set()
+    for name, path in pairs:
+        if not _NAME.match(name):
+            reject(cfg, "eval_prompt_data", f"name {name!r} must use only letters, digits, "
+                   "'_', '.' and '-' (it becomes the metric name eval/<name>/...)")
+        if name in seen:
+            reject(cfg, "eval_prompt_data", f"name {name!r} given twice; names must differ")
+        seen.add(name)
+        if is_reasoning_gym(path):
+            check_gym_spec(path, f"--eval-prompt-data {name}", role="eval")
+        elif not os.path.isfile(path):
+            reject(cfg, "eval_prompt_data", f"{path}: no such file; give a .jsonl or .parquet "
+                   "prompt file, or reasoning-gym:NAME")
+    return pairs

@@ -1,0 +1,389 @@
+"""The typed configuration of ``relax train`` and ``relax eval``: one frozen dataclass each.
+
+Every flag is a field; its ``option(...)`` holds the default (the only place it is written) and
+the help text that ``--help`` prints (``relax.config.flags`` builds the parsers from these
+fields) and that docs/configuration.md repeats (a test keeps them in sync). Fields with
+``flag=False`` are derived during resolution. A config is built once, after the built-in preset
+is applied, and never changed afterwards: resolution makes a new one (``dataclasses.replace``).
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from relax.config.presets import BUILTIN_TASK_NAMES
+from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
+from relax.rollout.reasoning_gym_source import ANSWER_FORMATS
+
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+RM_TYPES: tuple[str, ...] = ("math", *BUILTIN_TASK_NAMES)
+
+# Argument groups of ``relax train --help``, in order.
+GROUPS: dict[str, str] = {
+    "algorithm": "Advantage estimator, losses and KL (reinforce_plus_plus.md §2-§7).",
+    "batches": "Sizes in prompts and samples (responses).",
+    "model and data": "Defaults: the built-in tiny model and task.",
+    "optimizer": "AdamW, constant learning rate.",
+    "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
+    "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
+                  "held-out prompts (docs/configuration.md).",
+    "run": "Output, checkpoints, logging.",
+}
+
+
+def option(default, help: str, *, group: str, choices: tuple | None = None, nargs: str | None = None,
+           metavar: str | None = None, flag: bool = True, positional: bool = False):
+    """A config field: its default and the metadata its command-line flag is built from."""
+    return field(default=default, metadata=dict(
+        help=help, group=group, choices=choices, nargs=nargs, metavar=metavar, flag=flag,
+        positional=positional))
+
+
+def derived(default=None, help: str = ""):
+    """A field filled in by resolution, not a flag."""
+    return field(default=default, metadata=dict(help=help, flag=False))
+
+
+# ------------------------------------------------------------------ fields of both commands
+
+def _eval_prompt_data():
+    return option(None, "Default: the built-in task's fixed evaluation prompts. PATH, or NAME "
+                  "PATH pairs, of .jsonl/.parquet prompt files or reasoning-gym:NAME sources; "
+                  "fields --input-key / --label-key, scored with the run's reward.",
+                  group="evaluation", nargs="+", metavar="[NAME] PATH")
+
+
+def _n_samples_per_eval_prompt():
+    return option(1, "Default 1. Responses per evaluation prompt; pass@k is logged for k = 1, "
+                  "2, 4, ... up to this number.", group="evaluation")
+
+
+def _follows(what: str, fallback: str, rest: str):
+    """An evaluation sampling flag whose default follows the rollout's (relax/config/eval_flags.py)."""
+    return option(None, f"Default: in relax train the rollout's {what}, in relax eval {fallback}. "
+                  + rest, group="evaluation")
+
+
+def _eval_temperature():
+    return _follows("temperature", "1.0", "Sampling temperature >= 0; 0 is greedy.")
+
+
+def _eval_top_p():
+    return _follows("top-p", "1.0", "Nucleus sampling mass in (0, 1].")
+
+
+def _eval_top_k():
+    return _follows("top-k", "-1 (off)", "Top-k sampling, >= 1 or -1.")
+
+
+def _eval_max_response_len():
+    return _follows("maximum response length", "1024 (the preset's for the built-in task)",
+                    "Maximum generated tokens per evaluation response.")
+
+
+def _eval_batch_size():
+    return option(64, "Default 64. Sequences (prompts x samples) per generation call.",
+                  group="evaluation")
+
+
+def _eval_pass_threshold():
+    return option(1.0, "Default 1.0. A response passes (counts for pass@k) when its reward is "
+                  ">= this.", group="evaluation")
+
+
+def _input_key():
+    return option("input", "Default input. Prompt field of the prompt files' records.",
+                  group="model and data")
+
+
+def _label_key():
+    return option("label", "Default label. Label field of the prompt files' records, passed to "
+                  "the reward.", group="model and data")
+
+
+def _reasoning_gym_answer():
+    return option("tags", "Default tags (reasoning-gym's <answer> tags and system prompt). How "
+                  "the answer of a reasoning-gym source is read: tags, last_number or boxed.",
+                  group="model and data", choices=ANSWER_FORMATS)
+
+
+def _apply_chat_template():
+    return option(False, "Default off. Wrap prompts in the model tokenizer's chat template.",
+                  group="model and data")
+
+
+def _system_prompt():
+    return option(None, "Default none. System message: in the chat template with "
+                  "--apply-chat-template, else a line before the prompt.", group="model and data")
+
+
+def _rm_type():
+    return option(None, "Default: the built-in task's reward. Reward for prompt files: math "
+                  "(math-verify answer check) or a built-in task's reward.",
+                  group="model and data", choices=RM_TYPES)
+
+
+def _custom_rm_path():
+    return option(None, "Default none. 'module:function' or 'file.py:function' reward; "
+                  "excludes --rm-type.", group="model and data")
+
+
+def _builtin_task():
+    return option(BUILTIN_TASK_NAMES[0], f"Default {BUILTIN_TASK_NAMES[0]} (the preset may "
+                  "change it). Built-in task used without prompt files.",
+                  group="model and data", choices=BUILTIN_TASK_NAMES)
+
+
+def _seed():
+    return option(1234, "Default 1234. Seed of every RNG.", group="optimizer")
+
+
+def _bf16():
+    return option(None, "Default: on with CUDA, off on the CPU. Forward passes under bf16 "
+                  "autocast; fp32 master weights, AdamW state and log-prob math; reference "
+                  "stored in bf16.", group="modes")
+
+
+def _device():
+    return option("auto", "Default auto (cuda when available, else cpu).", group="modes",
+                  choices=DEVICES)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """``relax train`` settings (rules: reinforce_plus_plus.md §8 and relax/config/validate.py)."""
+
+    # algorithm
+    advantage_estimator: str = option(
+        "grpo", "Default grpo. The advantage estimator and with it the policy loss "
+        "(reinforce_plus_plus.md §3-§5, 7).", group="algorithm", choices=ESTIMATOR_NAMES)
+    normalize_advantages: bool = option(
+        False, "Default off. REINFORCE++ variants: global masked population normalization, "
+        "required (reinforce_plus_plus.md §6, 8). grpo/gspo/sapo: masked_whiten "
+        "(reinforce_plus_plus.md §5).", group="algorithm")
+    gamma: float = option(
+        1.0, "Default 1.0. Discount of the reward-to-go return, in (0, 1]; only "
+        "reinforce_plus_plus reads it (reinforce_plus_plus.md §3).", group="algorithm")
+    kl_coef: float = option(
+        0.0, "Default 0. Reward-shaping KL coefficient beta >= 0; only reinforce_plus_plus "
+        "(recipe 0.01, reinforce_plus_plus.md §3). Must be 0 for the others "
+        "(reinforce_plus_plus.md §4, 8).", group="algorithm")
+    kl_loss_type: str = option(
+        "k1", "Default k1. KL estimator of --use-kl-loss (reinforce_plus_plus.md §2), inert "
+        "without it; reinforce_plus_plus requires k1 (reward shaping), "
+        "reinforce_plus_plus_baseline's KL loss k2 (reinforce_plus_plus.md §8).",
+        group="algorithm", choices=KL_KINDS)
+    use_kl_loss: bool = option(
+        False, "Default off. Add the separate reference KL loss (reinforce_plus_plus.md §7); "
+        "rejected for reinforce_plus_plus (reinforce_plus_plus.md §8).", group="algorithm")
+    kl_loss_coef: float = option(
+        0.0, "Default 0. Weight of the KL loss, >= 0, needs --use-kl-loss; never nonzero "
+        "together with --kl-coef (reinforce_plus_plus.md §7, 8).", group="algorithm")
+    entropy_coef: float = option(
+        0.0, "Default 0. Entropy bonus weight, >= 0: loss -= coef * entropy "
+        "(reinforce_plus_plus.md §7).", group="algorithm")
+    eps_clip: float = option(
+        0.2, "Default 0.2. Lower PPO clip eps_low, in (0, 1) (reinforce_plus_plus.md §7); not "
+        "for sapo.", group="algorithm")
+    eps_clip_high: float | None = option(
+        None, "Default = --eps-clip. Upper PPO clip eps_high > 0 (reinforce_plus_plus.md §7); "
+        "not for sapo.", group="algorithm")
+    eps_clip_c: float | None = option(
+        None, "Default off. Dual-clip bound c > 1 for negative advantages "
+        "(reinforce_plus_plus.md §7); grpo and the REINFORCE++ variants only.", group="algorithm")
+    sapo_tau_pos: float = option(
+        1.0, "Default 1.0. SAPO gate temperature for A > 0 (reinforce_plus_plus.md §7); sapo "
+        "only.", group="algorithm")
+    sapo_tau_neg: float = option(
+        1.05, "Default 1.05. SAPO gate temperature for A <= 0 (reinforce_plus_plus.md §7); sapo "
+        "only.", group="algorithm")
+    disable_grpo_std_normalization: bool = option(
+        False, "Default off. grpo/gspo/sapo: do not divide the group-centred reward by the "
+        "group std (reinforce_plus_plus.md §5).", group="algorithm")
+    calculate_per_token_loss: bool = option(
+        False, "Default off (response mean). grpo/gspo/sapo: global token-mean reduction; "
+        "rejected for the REINFORCE++ variants (reinforce_plus_plus.md §7, 8).", group="algorithm")
+    custom_advantage_function_path: str | None = option(
+        None, "Default none. 'module:function' or 'file.py:function' replacing the advantage "
+        "of grpo/gspo/sapo; rejected for the REINFORCE++ variants (reinforce_plus_plus.md §8).",
+        group="algorithm")
+    custom_reward_post_process_path: str | None = option(
+        None, "Default none. 'module:function' or 'file.py:function' post-processing rewards; "
+        "rejected for reinforce_plus_plus_baseline (reinforce_plus_plus.md §8).",
+        group="algorithm")
+
+    # batches
+    rollout_batch_size: int = option(
+        8, "Default 8. Prompts per rollout step; a multiple of WORLD_SIZE.", group="batches")
+    n_samples_per_prompt: int = option(
+        1, "Default 1. Responses per prompt (a group); > 1 for reinforce_plus_plus_baseline "
+        "(reinforce_plus_plus.md §8).", group="batches")
+    global_batch_size: int | None = option(
+        None, "Default = rollout samples (one optimizer step per rollout). Samples per "
+        "optimizer step; divides the rollout samples, multiple of WORLD_SIZE x "
+        "--micro-batch-size (reinforce_plus_plus.md §7: one step's loss).", group="batches")
+    micro_batch_size: int | None = option(
+        None, "Default = global batch / WORLD_SIZE. Samples per forward/backward per rank.",
+        group="batches")
+    num_steps_per_rollout: int | None = option(
+        None, "Default = rollout samples / global batch. Optimizer steps per rollout step; "
+        "alone it sets the global batch.", group="batches")
+    num_rollout: int | None = option(
+        None, "Default none. Rollout steps to run; required without --prompt-data.",
+        group="batches")
+    num_epoch: int | None = option(
+        None, "Default 1. Passes over --prompt-data when --num-rollout is not given.",
+        group="batches")
+
+    # model and data
+    hf_checkpoint: str | None = option(
+        None, "Default: built-in tiny model. Hugging Face model directory (with config.json).",
+        group="model and data")
+    ref_load: str | None = option(
+        None, "Default: the initial policy weights. Reference model directory; only with a KL "
+        "(--kl-coef or --use-kl-loss).", group="model and data")
+    prompt_data: str | None = option(
+        None, "Default: the built-in task. Prompt file (.jsonl or .parquet; needs --rm-type or "
+        "--custom-rm-path), or reasoning-gym:NAME?key=value&... (a reasoning-gym dataset, "
+        "scored by its own verifier unless a reward flag is given).", group="model and data")
+    reasoning_gym_answer: str = _reasoning_gym_answer()
+    input_key: str = _input_key()
+    label_key: str = _label_key()
+    apply_chat_template: bool = _apply_chat_template()
+    system_prompt: str | None = _system_prompt()
+    rollout_shuffle: bool = option(
+        False, "Default off. Shuffle --prompt-data each epoch (seeded).", group="model and data")
+    rollout_max_response_len: int = option(
+        1024, "Default 1024. Maximum generated tokens per response; longer ones are truncated.",
+        group="model and data")
+    rollout_temperature: float = option(
+        1.0, "Default 1.0. Sampling temperature > 0.", group="model and data")
+    rollout_top_p: float = option(
+        1.0, "Default 1.0 (off). Nucleus sampling mass in (0, 1].", group="model and data")
+    rollout_top_k: int = option(
+        -1, "Default -1 (off). Top-k sampling, >= 1 or -1.", group="model and data")
+    rm_type: str | None = _rm_type()
+    custom_rm_path: str | None = _custom_rm_path()
+    builtin_task: str | None = _builtin_task()
+
+    # optimizer
+    lr: float = option(1e-6, "Default 1e-6. Learning rate > 0.", group="optimizer")
+    weight_decay: float = option(0.0, "Default 0. AdamW weight decay.", group="optimizer")
+    adam_beta1: float = option(0.9, "Default 0.9. AdamW beta1.", group="optimizer")
+    adam_beta2: float = option(0.999, "Default 0.999. AdamW beta2.", group="optimizer")
+    clip_grad: float = option(1.0, "Default 1.0. Gradient-norm clip > 0.", group="optimizer")
+    seed: int = _seed()
+
+    # modes
+    colocate: bool = option(
+        True, "Default on. Rollout then train on the same devices; accepted, it is the only "
+        "mode.", group="modes")
+    fully_async: bool = option(
+        False, "Default off. Rejected: not implemented; for the REINFORCE++ variants the "
+        "normalization needs a closed global batch (reinforce_plus_plus.md §8).", group="modes")
+    hybrid: bool = option(
+        False, "Default off. Rejected like --fully-async (reinforce_plus_plus.md §8).",
+        group="modes")
+    context_parallel_size: int = option(
+        1, "Default 1. Values other than 1 are rejected (reinforce_plus_plus.md §8, 9).",
+        group="modes")
+    fsdp: bool = option(
+        False, "Default off (DDP replication). Shard parameters with FSDP2 fully_shard.",
+        group="modes")
+    peak_tflops: float | None = option(
+        None, "Default: measured at start-up (a square matmul in the run's dtype). Peak "
+        "TFLOP/s per rank that perf/*_mfu divides by.", group="modes")
+    bf16: bool | None = _bf16()
+    device: str = _device()
+
+    # evaluation
+    eval_interval: int | None = option(
+        None, "Default none (no evaluation). Evaluate every N rollout steps and log "
+        "eval/<name>/pass@k and eval/<name>/mean_reward.", group="evaluation")
+    eval_prompt_data: list | None = _eval_prompt_data()
+    n_samples_per_eval_prompt: int = _n_samples_per_eval_prompt()
+    eval_temperature: float | None = _eval_temperature()
+    eval_top_p: float | None = _eval_top_p()
+    eval_top_k: int | None = _eval_top_k()
+    eval_max_response_len: int | None = _eval_max_response_len()
+    eval_batch_size: int = _eval_batch_size()
+    eval_pass_threshold: float = _eval_pass_threshold()
+
+    # run
+    output_dir: str | None = option(
+        None, "Default runs/<estimator>-<YYYYmmdd-HHMMSS>. Gets config.json and the metrics.",
+        group="run")
+    save: str | None = option(
+        None, "Default none (no checkpoints). Checkpoint directory.", group="run")
+    save_interval: int | None = option(
+        None, "Default: only at the end. Rollout steps between checkpoints; needs --save.",
+        group="run")
+    load: str | None = option(
+        None, "Default none. Checkpoint directory to resume from.", group="run")
+    keep_last: int | None = option(
+        None, "Default: keep all. Keep only the newest K interval checkpoints; needs --save.",
+        group="run")
+    reward_timeout: float = option(
+        30.0, "Default 30. Seconds per sample a reward function may take "
+        "(docs/reliability.md).", group="run")
+    reward_error_policy: str = option(
+        "raise", "Default raise. A reward that raises, times out or is NaN/Inf: stop with an "
+        "error naming the sample, or score it 0 and count it in rollout/reward_errors.",
+        group="run", choices=("raise", "zero"))
+    distributed_timeout_minutes: float = option(
+        10.0, "Default 10. Collective timeout: a rank that waits longer for its peers exits "
+        "with an error.", group="run")
+    log_samples: int = option(
+        4, "Default 4. Samples per rollout step appended to OUTPUT_DIR/samples.jsonl (prompt, "
+        "response, reward, label); 0 turns it off.", group="run")
+    use_tensorboard: bool = option(
+        False, "Default off. Also write TensorBoard event files.", group="run")
+    use_wandb: bool = option(
+        False, "Default off. Also log to Weights & Biases (needs wandb).", group="run")
+    dry_run: bool = option(
+        False, "Default off. Validate, print the resolved configuration as JSON, exit 0 "
+        "without loading a model or data.", group="run")
+
+    # resolved, not flags
+    world_size: int = derived(1, "Data-parallel ranks (WORLD_SIZE).")
+    builtin_preset_applied: bool = derived(False, "Whether the built-in preset set defaults.")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """``relax eval CHECKPOINT`` settings (rules: relax/config/eval_flags.py)."""
+
+    checkpoint: str = option(
+        "", "A --save directory of relax train (or a rollout_NNNNNN subdirectory, or any "
+        "Hugging Face causal LM directory).", group="evaluation", metavar="CHECKPOINT",
+        positional=True)
+    eval_prompt_data: list | None = _eval_prompt_data()
+    n_samples_per_eval_prompt: int = _n_samples_per_eval_prompt()
+    eval_temperature: float | None = _eval_temperature()
+    eval_top_p: float | None = _eval_top_p()
+    eval_top_k: int | None = _eval_top_k()
+    eval_max_response_len: int | None = _eval_max_response_len()
+    eval_batch_size: int = _eval_batch_size()
+    eval_pass_threshold: float = _eval_pass_threshold()
+    input_key: str = _input_key()
+    label_key: str = _label_key()
+    rm_type: str | None = _rm_type()
+    custom_rm_path: str | None = _custom_rm_path()
+    apply_chat_template: bool = _apply_chat_template()
+    system_prompt: str | None = _system_prompt()
+    reasoning_gym_answer: str = _reasoning_gym_answer()
+    builtin_task: str | None = _builtin_task()
+    seed: int = _seed()
+    bf16: bool | None = _bf16()
+    device: str = _device()
+    output_dir: str | None = option(
+        None, "Default none. Also write the metrics to OUTPUT_DIR/eval_metrics.json.",
+        group="evaluation")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
