@@ -16,6 +16,18 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relax import __version__
+from relax.config import (
+    ConfigError,
+    config_to_json,
+    parse_eval_config,
+    parse_train_config,
+    write_config,
+)
+from relax.errors import InputError
+from relax.plotting import PlotError, parse_plot_args, plot_runs
+from relax.rundirs import claim_eval_dir, claim_train_dirs
+
 
 @dataclass(frozen=True)
 class Command:
@@ -30,8 +42,6 @@ def _error(prog: str, message: str) -> int:
 
 
 def _run_train(argv: list[str]) -> int:
-    from relax.config import ConfigError, config_to_json, parse_train_config, write_config
-
     try:
         cfg = parse_train_config(argv)
     except ConfigError as e:
@@ -42,9 +52,6 @@ def _run_train(argv: list[str]) -> int:
     # Under torchrun every rank parses the same flags; rank 0 claims the directories (checks,
     # locks them for this process's lifetime) and writes config.json.
     if os.environ.get("RANK", "0") == "0":
-        from relax.errors import InputError
-        from relax.rundirs import claim_train_dirs
-
         try:
             claim_train_dirs(cfg)
         except InputError as e:
@@ -56,15 +63,10 @@ def _run_train(argv: list[str]) -> int:
 
 
 def _run_eval(argv: list[str]) -> int:
-    from relax.config import ConfigError, parse_eval_config
-
     try:
         cfg = parse_eval_config(argv)
     except ConfigError as e:
         return _error("relax eval", str(e))
-    from relax.errors import InputError
-    from relax.rundirs import claim_eval_dir
-
     try:
         claim_eval_dir(cfg)
     except InputError as e:
@@ -75,9 +77,6 @@ def _run_eval(argv: list[str]) -> int:
 
 
 def _run_plot(argv: list[str]) -> int:
-    from relax.config import ConfigError
-    from relax.plotting import PlotError, parse_plot_args, plot_runs
-
     try:
         ns = parse_plot_args(argv)
         drawn = plot_runs(ns.run_dirs, ns.output, panels=ns.panels, smooth=ns.smooth,
@@ -119,8 +118,6 @@ def main(argv: list[str] | None = None) -> int:
         _top_parser().print_help()
         return 0
     if argv[0] == "--version":
-        from relax import __version__
-
         print(f"relax {__version__}")
         return 0
     command = COMMANDS.get(argv[0])

@@ -15,6 +15,7 @@ import os
 import torch
 
 from relax.errors import InputError
+from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 
 
 def quiet_transformers() -> None:
@@ -43,8 +44,6 @@ def load_tokenizer(path: str | None, flag: str = "--hf-checkpoint"):
     """The tokenizer of the model directory ``path`` (left padding, a pad token), or the
     built-in character tokenizer when ``path`` is None; ``flag`` names ``path`` in errors."""
     if path is None:
-        from relax.rollout.tiny_model import build_tokenizer
-
         return build_tokenizer()
     quiet_transformers()
     from transformers import AutoTokenizer
@@ -80,8 +79,6 @@ def load_policy(path: str | None, tokenizer, device: torch.device, *, seed: int)
     """The trainable model in fp32 from the model directory ``path`` (a Hugging Face model or
     a resume checkpoint), or the built-in tiny model initialised from ``seed``."""
     if path is None:
-        from relax.rollout.tiny_model import build_tiny_model
-
         model = build_tiny_model(tokenizer, seed)
     else:
         model = _from_pretrained(path, torch.float32)
@@ -96,8 +93,6 @@ def load_reference(cfg, tokenizer, device: torch.device, *, bf16: bool = False):
     if cfg.ref_load or cfg.hf_checkpoint:
         model = _from_pretrained(cfg.ref_load or cfg.hf_checkpoint, dtype)
     else:
-        from relax.rollout.tiny_model import build_tiny_model
-
         model = build_tiny_model(tokenizer, cfg.seed).to(dtype)
     model.requires_grad_(False)
     return model.to(device).eval()
@@ -117,8 +112,6 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        from relax.errors import InputError
-
         raise InputError("--device cuda: no CUDA device is available; use --device cpu or auto")
     return torch.device("cuda", local_rank)
 

@@ -20,6 +20,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from relax.config.flags import OneLineParser, integer, text
+from relax.errors import ConfigError
+from relax.metrics.sinks import read_rows
+
 # panel -> (title, [(metric, linestyle)]); two series in a panel differ by line style
 PANELS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "reward": ("rollout/raw_reward", [("rollout/raw_reward", "-")]),
@@ -71,28 +75,23 @@ def load_run(path: str) -> Run:
             raise PlotError(f"{config_path}: cannot read it ({e.strerror})") from None
     run = Run(path, str(estimator))
     try:
-        with open(metrics_path, encoding="utf-8") as f:
-            lines = f.readlines()
+        lines = read_rows(metrics_path)
     except UnicodeDecodeError as e:
         raise PlotError(f"{metrics_path}: not UTF-8 text (byte {e.start}); it was not written "
                         "by relax train") from None
     except OSError as e:
         raise PlotError(f"{metrics_path}: cannot read it ({e.strerror})") from None
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            step = int(row["rollout/step"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError):
-            if lineno == len(lines) and not line.endswith("\n"):
+    for index, (lineno, line, row) in enumerate(lines):
+        if row is None:
+            if index == len(lines) - 1 and not line.endswith("\n"):
                 # A run killed mid-write leaves an unterminated last line; the trainer cuts it
                 # off on resume, and a plot of the killed run skips it the same way.
                 print(f"relax plot: warning: {metrics_path}:{lineno}: skipping the torn last "
                       "line of an interrupted run", file=sys.stderr)
                 continue
             raise PlotError(f"{metrics_path}:{lineno}: expected a JSON object with "
-                            "rollout/step") from None
+                            "rollout/step")
+        step = row["rollout/step"]
         for key, value in row.items():
             if key == "rollout/step" or not (value is None or isinstance(value, (int, float))):
                 continue
@@ -210,8 +209,6 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
 
 
 def build_plot_parser():
-    from relax.config.flags import OneLineParser, integer, text
-
     parser = OneLineParser(prog="relax plot", allow_abbrev=False, description=(
         "Curves from the metrics.jsonl of one or more relax train runs; runs of one "
         "estimator (config.json) are drawn as mean and min..max band."))
@@ -228,8 +225,6 @@ def build_plot_parser():
 
 
 def parse_plot_args(argv: list[str]) -> argparse.Namespace:
-    from relax.config import ConfigError
-
     ns = build_plot_parser().parse_strict(list(argv))
     if os.path.isdir(ns.output):
         raise ConfigError(f"--output {ns.output}", "is a directory; give an image file name")

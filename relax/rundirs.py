@@ -27,6 +27,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 
@@ -194,8 +195,6 @@ def check_free_space(save: str | None, parameters: int, *, disk_usage=None) -> N
     trainable parameters (a checkpoint is written whole before it replaces anything)."""
     if save is None:
         return
-    import shutil
-
     need = parameters * CHECKPOINT_BYTES_PER_PARAMETER
     where = os.path.abspath(save)
     while not os.path.exists(where):  # not created yet: the file system it will be on

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from relax.algorithms._checks import as_bool_mask, check_like_mask, compute_dtype
+from relax.collectives import all_reduce
 
 
 @dataclass(frozen=True)
@@ -55,23 +55,16 @@ class Moments:
     m2: Tensor  # 0-d: sum of squared deviations
 
 
-def all_reduce_sum(t: Tensor, group) -> Tensor:
-    """Sum ``t`` in place over ``group`` (``None``: one process, unchanged); returns ``t``."""
-    if group is not None:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
-    return t
-
-
 def masked_moments(values: Tensor, mask: Tensor, group) -> Moments:
     """Two-pass global moments of ``values`` over the bool ``mask`` (both ``[B, T]``).
 
     NaN or Inf at masked positions is selected away before any sum (reinforce_plus_plus.md §1)."""
     x = torch.where(mask, values.detach().double(), 0.0)
-    first = all_reduce_sum(torch.stack([x.sum(), mask.sum().double()]), group)
+    first = all_reduce(torch.stack([x.sum(), mask.sum().double()]), group)
     total, count = first[0], first[1]
     mean = total / count.clamp(min=1.0)
     centred = torch.where(mask, x - mean, 0.0)
-    second = all_reduce_sum(torch.stack([centred.sum(), centred.square().sum()]), group)
+    second = all_reduce(torch.stack([centred.sum(), centred.square().sum()]), group)
     return Moments(count, mean, centred, second[0], second[1])
 
 

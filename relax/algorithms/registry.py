@@ -29,12 +29,12 @@ from relax.algorithms.advantages import (
 from relax.algorithms.losses import gspo_loss, ppo_clip_loss, sapo_loss
 from relax.algorithms.normalization import (
     NormalizationStats,
-    all_reduce_sum,
     masked_moments,
     population_scale,
     stats_of,
     whiten_scale,
 )
+from relax.collectives import all_reduce
 from relax.estimators import FACTS, EstimatorFacts, facts
 
 
@@ -203,7 +203,7 @@ def compute_advantages_and_returns(
 def _rollout_metrics(rewards: Tensor, stats: NormalizationStats, group) -> dict[str, Tensor]:
     """§10 advantage metrics, global over ``group``; 0-d float64 tensors."""
     count = torch.tensor(float(rewards.shape[0]), dtype=torch.float64, device=rewards.device)
-    reward_sums = all_reduce_sum(torch.stack([rewards.detach().double().sum(), count]), group)
+    reward_sums = all_reduce(torch.stack([rewards.detach().double().sum(), count]), group)
     return {
         "rollout/raw_reward": reward_sums[0] / reward_sums[1].clamp(min=1.0),
         # returns are the raw advantages for every estimator (§3, 4, 5)

@@ -21,14 +21,17 @@ with a zero-weight copy of a prompt.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from relax.collectives import all_reduce, seed_for
 from relax.eval.passk import ks_for, pass_at_k
+from relax.models import eos_token_ids as find_eos_ids
 from relax.precision import autocast, use_bf16
+from relax.rollout.generate import generate, tokenize_prompts
+from relax.rollout.rewards import score
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,6 @@ class EvalSampling:
             max_response_len=cfg.eval_max_response_len, batch_size=cfg.eval_batch_size,
             pass_threshold=cfg.eval_pass_threshold, seed=cfg.seed, bf16=cfg.bf16,
         )
-
-
-def _seed(*parts) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _rank_world(group) -> tuple[int, int]:
@@ -105,60 +103,71 @@ def evaluate(
     (over all responses), ``eval/<name>/response_length`` (mean tokens) and
     ``eval/<name>/truncated`` (share without EOS); identical on every rank of ``group``.
     """
-    from relax.rollout.generate import generate, tokenize_prompts
-    from relax.rollout.rewards import score
-
     if len(prompts) != len(labels):
         raise ValueError(f"evaluate: {len(prompts)} prompts but {len(labels)} labels")
     if not prompts:
         raise ValueError(f"evaluate: the evaluation set {name!r} has no prompts")
     device = torch.device(device) if device is not None else _model_device(model)
     if eos_token_ids is None:
-        from relax.models import eos_token_ids as find_eos
-
-        eos_token_ids = find_eos(tokenizer, model)
+        eos_token_ids = find_eos_ids(tokenizer, model)
     rank, world = _rank_world(group)
-    n, ks = sampling.n_samples, ks_for(sampling.n_samples)
+    ks = ks_for(sampling.n_samples)
     generator = torch.Generator(device)
-    generator.manual_seed(_seed(sampling.seed, "eval", name, step, rank))
+    generator.manual_seed(seed_for(sampling.seed, "eval", name, step, rank))
     # sums: pass@k for each k, reward, responses, prompts, tokens, truncated
     sums = torch.zeros(len(ks) + 5, dtype=torch.float64)
     mine = _my_prompts(len(prompts), rank, world, pad=sync_group is not None)
-    per_call = max(1, sampling.batch_size // n)
+    per_call = max(1, sampling.batch_size // sampling.n_samples)
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(mine), per_call):
             chunk = mine[start:start + per_call]
-            texts = [prompts[i] for i, _ in chunk for _ in range(n)]
-            chunk_labels = [labels[i] for i, _ in chunk for _ in range(n)]
-            ids, mask = tokenize_prompts(tokenizer, texts, device)
-            with autocast(device, use_bf16(sampling.bf16, device)):
-                rollout = generate(
-                    model, ids, mask, max_new_tokens=sampling.max_response_len,
-                    eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
-                    temperature=sampling.temperature, top_p=sampling.top_p,
-                    top_k=sampling.top_k, generator=generator, sync_group=sync_group,
-                )
-            responses = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
-            rewards = score(reward_fn, texts, responses, chunk_labels, name=reward_name,
-                            index_base=start * n)
-            lengths = rollout.response_mask.sum(-1).cpu().tolist()
-            truncated = rollout.truncated.cpu().tolist()
-            for j, (_, weight) in enumerate(chunk):
-                rows = slice(j * n, (j + 1) * n)
-                passed = sum(r >= sampling.pass_threshold for r in rewards[rows])
-                for a, k in enumerate(ks):
-                    sums[a] += weight * pass_at_k(n, passed, k)
-                sums[len(ks):] += weight * torch.tensor([
-                    sum(rewards[rows]), n, 1, sum(lengths[rows]), sum(truncated[rows])],
-                    dtype=torch.float64)
+            sums += _chunk_sums(model, tokenizer, prompts, labels, chunk, reward_fn, sampling,
+                                ks, device=device, eos_token_ids=eos_token_ids,
+                                generator=generator, sync_group=sync_group,
+                                reward_name=reward_name, index_base=start * sampling.n_samples)
     finally:
         model.train(was_training)
-    if group is not None:
-        sums = sums.to(device)  # NCCL reduces device tensors; Gloo takes CPU ones
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
-        sums = sums.cpu()
+    return _metrics(all_reduce(sums.to(device), group).cpu(), ks, name)
+
+
+def _chunk_sums(model, tokenizer, prompts, labels, chunk, reward_fn, sampling: EvalSampling,
+                ks, *, device, eos_token_ids, generator, sync_group, reward_name,
+                index_base) -> torch.Tensor:
+    """Generate ``n`` responses for each ``(prompt index, weight)`` of ``chunk``, score them and
+    return their weighted sums in the layout of :func:`evaluate` (a padded duplicate prompt
+    has weight 0: it keeps the ranks' generation calls in lockstep and counts nothing)."""
+    n = sampling.n_samples
+    texts = [prompts[i] for i, _ in chunk for _ in range(n)]
+    chunk_labels = [labels[i] for i, _ in chunk for _ in range(n)]
+    ids, mask = tokenize_prompts(tokenizer, texts, device)
+    with autocast(device, use_bf16(sampling.bf16, device)):
+        rollout = generate(
+            model, ids, mask, max_new_tokens=sampling.max_response_len,
+            eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
+            temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, generator=generator, sync_group=sync_group,
+        )
+    responses = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+    rewards = score(reward_fn, texts, responses, chunk_labels, name=reward_name,
+                    index_base=index_base)
+    lengths = rollout.response_mask.sum(-1).cpu().tolist()
+    truncated = rollout.truncated.cpu().tolist()
+    sums = torch.zeros(len(ks) + 5, dtype=torch.float64)
+    for j, (_, weight) in enumerate(chunk):
+        rows = slice(j * n, (j + 1) * n)
+        passed = sum(r >= sampling.pass_threshold for r in rewards[rows])
+        for a, k in enumerate(ks):
+            sums[a] += weight * pass_at_k(n, passed, k)
+        sums[len(ks):] += weight * torch.tensor([
+            sum(rewards[rows]), n, 1, sum(lengths[rows]), sum(truncated[rows])],
+            dtype=torch.float64)
+    return sums
+
+
+def _metrics(sums: torch.Tensor, ks, name: str) -> dict[str, float]:
+    """The global sums of :func:`evaluate` as its metrics."""
     values = sums.tolist()
     reward_sum, responses_n, prompts_n, tokens, truncated_n = values[len(ks):]
     out = {f"eval/{name}/pass@{k}": values[a] / prompts_n for a, k in enumerate(ks)}

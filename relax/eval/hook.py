@@ -21,7 +21,17 @@ import sys
 import time
 from dataclasses import dataclass
 
+import torch
+
+from relax import models
+from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
+from relax.errors import InputError, RelaxError
 from relax.eval.evaluate import EvalSampling, evaluate
+from relax.rollout.data import check_formatted_lengths, format_prompt, load_source
+from relax.rollout.reasoning_gym_source import is_reasoning_gym
+from relax.rollout.rewards import build_reward_fn
+from relax.rollout.samples import PromptSample
+from relax.rollout.tasks import get_task
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,6 @@ class EvalSet:
 
     def as_samples(self) -> list:
         """The set as :class:`relax.rollout.data.PromptSample` s, named for error messages."""
-        from relax.rollout.data import PromptSample
-
         return [PromptSample(p, y, f"--eval-prompt-data {self.name} prompt {i + 1}")
                 for i, (p, y) in enumerate(zip(self.prompts, self.labels, strict=True))]
 
@@ -54,10 +62,6 @@ def load_eval_sets(cfg) -> list[EvalSet]:
     Raises :class:`relax.errors.InputError` naming the set and the file:line of a
     bad row.
     """
-    from relax.errors import InputError
-    from relax.rollout.data import load_source
-    from relax.rollout.reasoning_gym_source import is_reasoning_gym
-
     if cfg.eval_prompt_data:
         sets = []
         for name, path in cfg.eval_prompt_data:
@@ -70,9 +74,6 @@ def load_eval_sets(cfg) -> list[EvalSet]:
             sets.append(EvalSet(name, [r.prompt for r in rows], [r.label for r in rows],
                                 reasoning_gym=is_reasoning_gym(path)))
         return sets
-    from relax.config import BUILTIN_EVAL_PROMPTS
-    from relax.rollout.tasks import get_task
-
     task = get_task(cfg.builtin_task)
     # one fixed set per task, independent of --seed, so runs with different seeds compare
     rng = random.Random(f"relax-eval:{task.name}")
@@ -83,9 +84,6 @@ def load_eval_sets(cfg) -> list[EvalSet]:
 def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=None,
                   group=None, sync_group=None) -> dict[str, float]:
     """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds)."""
-    from relax.rollout.data import format_prompt
-    from relax.rollout.rewards import build_reward_fn
-
     start = time.perf_counter()
     sampling = EvalSampling.from_config(cfg)
     metrics: dict[str, float] = {}
@@ -113,35 +111,22 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     """
     if not cfg.eval_interval or step % cfg.eval_interval:
         return {}
-    from relax.models import unwrap
-
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
-    return evaluate_sets(cfg, sets, unwrap(model), tokenizer, device, step=step, group=group,
+    return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,
                          sync_group=group if cfg.fsdp else None)
 
 
 def run_eval_command(cfg) -> int:
     """``relax eval CHECKPOINT``: print the metrics as JSON; exit 0, or 2/1 on error."""
-    from relax.errors import RelaxError
-
     try:
-        import torch
-
-        from relax import models
-        from relax.models import pick_device
-
-        device = pick_device(cfg.device, 0)
+        device = models.pick_device(cfg.device, 0)
         models.quiet_transformers()
         tokenizer = models.load_tokenizer(cfg.checkpoint, "CHECKPOINT")
         if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-            from relax.errors import InputError
-
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
                              "chat template; remove the flag or evaluate a chat model")
         model = models.load_policy(cfg.checkpoint, tokenizer, device, seed=cfg.seed).eval()
         sets = load_eval_sets(cfg)
-        from relax.rollout.data import check_formatted_lengths
-
         for eval_set in sets:
             check_formatted_lengths(
                 tokenizer, eval_set.as_samples(), apply_chat_template=cfg.apply_chat_template,

@@ -112,12 +112,32 @@ def final_view(rows: list[dict]) -> list[dict]:
     return [last[s] for s in sorted(last)]
 
 
+def read_rows(path: str, *, errors: str = "strict") -> list[tuple[int, str, dict | None]]:
+    """Every non-blank line of a ``metrics.jsonl``: ``(line number, line, row)``, where ``row``
+    is the JSON object, or None when the line is not an object with an integer
+    ``rollout/step`` (a line torn by a kill, or not written by relax train).
+
+    The one parser of the format :class:`JsonlSink` writes. Raises ``OSError`` and (with
+    ``errors="strict"``) ``UnicodeDecodeError`` for the caller to word."""
+    out = []
+    with open(path, encoding="utf-8", errors=errors) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                row["rollout/step"] = int(row["rollout/step"])
+            except (ValueError, KeyError, TypeError, OverflowError):
+                row = None
+            out.append((lineno, line, row))
+    return out
+
+
 def read_metrics(path: str) -> list[dict]:
     """The final view of a ``metrics.jsonl`` (``path`` is the file or its run directory)."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
-    with open(path, encoding="utf-8") as f:
-        return final_view([json.loads(line) for line in f if line.strip()])
+    return final_view([row for _, _, row in read_rows(path) if row is not None])
 
 
 class TensorBoardSink:

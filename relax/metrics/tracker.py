@@ -18,6 +18,8 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from relax.collectives import all_reduce
+
 
 def _as_float(v) -> float:
     return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
@@ -86,5 +88,5 @@ class MetricTracker:
         if self.group is None:
             return t
         t = t.to(self.device)  # NCCL needs device tensors; Gloo takes CPU ones
-        dist.all_reduce(t, op=op, group=self.group)
+        all_reduce(t, self.group, op)
         return t.cpu()

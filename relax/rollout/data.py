@@ -11,17 +11,10 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
-from typing import Any
 
 from relax.errors import InputError, invalid_text
-
-
-@dataclass(frozen=True)
-class PromptSample:
-    prompt: Any  # a string, or a list of chat messages ({"role", "content"}) in data files
-    label: Any
-    source: str  # "file:line" (or "task:step") for error messages
+from relax.rollout import reasoning_gym_source as gym
+from relax.rollout.samples import PromptSample
 
 
 def _keys(row: dict) -> str:
@@ -132,8 +125,6 @@ def load_prompt_data(
 def load_source(spec: str, flag: str, cfg, *, role: str) -> list[PromptSample]:
     """The prompts of ``--prompt-data`` or one ``--eval-prompt-data`` set: a reasoning-gym
     dataset (``reasoning-gym:NAME?...``, generated here) or a data file."""
-    from relax.rollout import reasoning_gym_source as gym
-
     if gym.is_reasoning_gym(spec):
         return gym.load_samples(gym.parse_spec(spec, flag, role=role), flag,
                                 answer_format=cfg.reasoning_gym_answer,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from relax.errors import InputError
+from relax.rollout.samples import PromptSample
 
 PREFIX = "reasoning-gym:"
 ANSWER_FORMATS = ("tags", "last_number", "boxed")
@@ -174,8 +175,6 @@ def load_samples(spec: GymSpec, flag: str, *, answer_format: str,
     The prompt is the question, preceded by the answer format's system message unless
     ``system_prompt`` (``--system-prompt``) is given, which the formatter then adds itself.
     """
-    from relax.rollout.data import PromptSample
-
     reasoning_gym, _ = _package(flag)
     try:
         dataset = reasoning_gym.create_dataset(spec.name, **spec.options)

@@ -20,6 +20,9 @@ import threading
 from collections.abc import Callable
 
 from relax.errors import InputError, Interrupted, RewardError
+from relax.rollout.math_reward import math_reward
+from relax.rollout.reasoning_gym_source import make_reward
+from relax.rollout.tasks import get_task
 
 RewardFn = Callable[[list[str], list[str], list], list[float]]
 
@@ -63,15 +66,9 @@ def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
         return (load_function(custom_rm_path, "--custom-rm-path"),
                 f"--custom-rm-path {custom_rm_path}")
     if rm_type is None and gym_answer is not None:
-        from relax.rollout.reasoning_gym_source import make_reward
-
         return make_reward(gym_answer), f"reasoning-gym ({gym_answer})"
     if rm_type in (None, "math"):
-        from relax.rollout.math_reward import math_reward
-
         return math_reward, "math"
-    from relax.rollout.tasks import get_task
-
     try:
         return get_task(rm_type).reward, rm_type
     except ValueError as e:
@@ -152,7 +149,7 @@ def _as_floats(values, n: int, name: str, where: str) -> list[float]:
     what = f"reward function {name} must return a list of {n} real numbers"
     kind = type(values).__name__
     if type(values).__module__ == "torch" and hasattr(values, "tolist"):  # a tensor
-        if values.dim() != 1 or values.dtype.is_complex or values.dtype == _torch_bool():
+        if values.dim() != 1 or values.dtype.is_complex or str(values.dtype) == "torch.bool":
             raise RewardError(f"{what}, got a {values.dtype} tensor of shape "
                               f"{tuple(values.shape)}")
         values = values.tolist()
@@ -184,12 +181,6 @@ def _short(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _torch_bool():
-    import torch
-
-    return torch.bool
-
-
 def score_with_errors(
     fn: RewardFn,
     prompts: list[str],
@@ -210,56 +201,16 @@ def score_with_errors(
     (``policy="zero"``) scores 0.0 and gets one message in the returned list.
     """
     n = len(prompts)
-    batch_limit = None if timeout is None else timeout * max(n, 1)
-    where = f"samples {index_base}..{index_base + n - 1}"
-    batch_error = None
-    try:
-        values = _call(fn, (prompts, responses, labels), batch_limit)
-        values = _as_floats(values, n, name, where)
-    except _Timeout:
-        batch_error = RewardError(
-            f"reward function {name} did not return within {batch_limit:g} s for a batch of "
-            f"{n} samples ({where}; --reward-timeout {timeout:g} s per sample)")
-    except RewardError as e:  # wrong count or not numbers: a bug of the whole batch
-        if policy == "raise":
-            raise
-        batch_error = e
-    except _Raised as raised:
-        e = raised.error
-        batch_error = RewardError(
-            f"reward function {name} raised on a batch of {n} samples starting at sample "
-            f"{index_base}: {type(e).__name__}: {e}")
-        batch_error.__cause__ = e
+    values, batch_error = _score_batch(fn, prompts, responses, labels, name=name,
+                                       index_base=index_base, timeout=timeout, policy=policy)
     if batch_error is None:
-        errors = []
-        for i, v in enumerate(values):
-            if not math.isfinite(v):
-                msg = f"reward function {name} returned {v} for {_describe(i, prompts, index_base)}"
-                if policy == "raise":
-                    raise RewardError(msg)
-                errors.append(msg)
-                values[i] = 0.0
-        return values, errors
+        return _zero_non_finite(values, prompts, name=name, index_base=index_base, policy=policy)
     # Score the samples one by one, so a message can name the failing one.
     values, errors = [], []
     for i in range(n):
-        one = (prompts[i : i + 1], responses[i : i + 1], labels[i : i + 1])
-        msg = None
-        try:
-            (v,) = _as_floats(_call(fn, one, timeout), 1, name, f"sample {index_base + i}")
-            if not math.isfinite(v):
-                msg = f"reward function {name} returned {v} for {_describe(i, prompts, index_base)}"
-        except _Timeout:
-            msg = (f"reward function {name} timed out after {timeout:g} s (--reward-timeout) on "
-                   f"{_describe(i, prompts, index_base)}")
-        except RewardError as e:
-            msg = f"{e} on {_describe(i, prompts, index_base)}"
-        except _Raised as raised:
-            e = raised.error
-            msg = (f"reward function {name} raised on {_describe(i, prompts, index_base)}: "
-                   f"{type(e).__name__}: {e}")
+        v, msg = _score_one(fn, prompts, responses, labels, i, name=name,
+                            index_base=index_base, timeout=timeout)
         if msg is not None:
-            msg = " ".join(msg.split())  # one line, whatever the exception text holds
             if policy == "raise":
                 raise RewardError(msg) from batch_error.__cause__
             errors.append(msg)
@@ -268,6 +219,64 @@ def score_with_errors(
     if not errors and policy == "raise":
         raise batch_error  # every sample passes alone: the batch as a whole is the problem
     return values, errors
+
+
+def _score_batch(fn, prompts, responses, labels, *, name, index_base, timeout, policy):
+    """``(values, None)`` from one call on the whole batch, or ``(None, error)`` saying why
+    that call cannot be used (raised, timed out, or returned something else than n numbers;
+    the last raises at once under ``policy="raise"``: a bug of the whole batch)."""
+    n = len(prompts)
+    batch_limit = None if timeout is None else timeout * max(n, 1)
+    where = f"samples {index_base}..{index_base + n - 1}"
+    try:
+        return _as_floats(_call(fn, (prompts, responses, labels), batch_limit), n, name, where), None
+    except _Timeout:
+        return None, RewardError(
+            f"reward function {name} did not return within {batch_limit:g} s for a batch of "
+            f"{n} samples ({where}; --reward-timeout {timeout:g} s per sample)")
+    except RewardError as e:
+        if policy == "raise":
+            raise
+        return None, e
+    except _Raised as raised:
+        e = raised.error
+        error = RewardError(
+            f"reward function {name} raised on a batch of {n} samples starting at sample "
+            f"{index_base}: {type(e).__name__}: {e}")
+        error.__cause__ = e
+        return None, error
+
+
+def _zero_non_finite(values, prompts, *, name, index_base, policy):
+    """NaN/Inf rewards: a RewardError naming the sample, or 0.0 and a message each."""
+    errors = []
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            msg = f"reward function {name} returned {v} for {_describe(i, prompts, index_base)}"
+            if policy == "raise":
+                raise RewardError(msg)
+            errors.append(msg)
+            values[i] = 0.0
+    return values, errors
+
+
+def _score_one(fn, prompts, responses, labels, i, *, name, index_base, timeout):
+    """``(reward, None)`` of sample ``i`` alone, or ``(None, one-line message)`` when it fails."""
+    one = (prompts[i : i + 1], responses[i : i + 1], labels[i : i + 1])
+    where = _describe(i, prompts, index_base)
+    try:
+        (v,) = _as_floats(_call(fn, one, timeout), 1, name, f"sample {index_base + i}")
+        if math.isfinite(v):
+            return v, None
+        msg = f"reward function {name} returned {v} for {where}"
+    except _Timeout:
+        msg = f"reward function {name} timed out after {timeout:g} s (--reward-timeout) on {where}"
+    except RewardError as e:
+        msg = f"{e} on {where}"
+    except _Raised as raised:
+        e = raised.error
+        msg = f"reward function {name} raised on {where}: {type(e).__name__}: {e}"
+    return None, " ".join(msg.split())  # one line, whatever the exception text holds
 
 
 def score(fn: RewardFn, prompts: list[str], responses: list[str], labels: list, *,

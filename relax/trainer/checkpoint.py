@@ -34,6 +34,12 @@ import time
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 
 from relax.errors import InputError
 from relax.rundirs import SAVE_DIR_MARKER, SAVE_MARKER
@@ -78,12 +84,6 @@ def _is_relax_save(path: str) -> bool:
 
 def _state_dicts(model, optimizer, fsdp: bool):
     """Full (unsharded) model and optimizer state dicts on the CPU; a collective under FSDP."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if fsdp:
         return get_model_state_dict(model, options=opts), get_optimizer_state_dict(
@@ -340,8 +340,6 @@ def prune(save_dir: str, keep_last: int, *, newest: int) -> list[str]:
 
 def load_trainer_state(path: str, model, optimizer, *, fsdp: bool, ctx: DistContext) -> dict:
     """Restore the optimizer state and this rank's RNG states; return the saved progress."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     try:
         state = torch.load(os.path.join(path, STATE), map_location="cpu", weights_only=True)
     except Exception as e:  # verified above, so this is an incompatible or foreign file

@@ -20,7 +20,10 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+from relax.errors import InputError, RelaxError
 from relax.models import pick_device, unwrap  # noqa: F401  (the trainer's names for them)
 
 
@@ -39,8 +42,6 @@ class DistContext:
 
 def _check_launch_env(world_size: int) -> None:
     """What torchrun sets; without it ``init_process_group`` fails with a traceback."""
-    from relax.errors import InputError
-
     rank = os.environ.get("RANK")
     if rank is None or not rank.isdigit() or int(rank) >= world_size:
         raise InputError(f"WORLD_SIZE={world_size} RANK={rank}: a multi-process run needs RANK "
@@ -134,8 +135,6 @@ def _allreduce_sum_hook(process_group, bucket):
 def wrap_model(model: torch.nn.Module, ctx: DistContext, *, fsdp: bool) -> torch.nn.Module:
     """Replicate (DDP) or shard (FSDP2) ``model`` so gradients are summed over ranks."""
     if fsdp:
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
         if ctx.world_size == 1 and not dist.is_initialized():
             return model  # nothing to shard over; a single process behaves the same
         # one FSDP unit per transformer block, then the root (embeddings, norm, head)
@@ -151,8 +150,6 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, *, fsdp: bool) -> torch
         return model
     if ctx.world_size == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     ddp.register_comm_hook(ctx.group, _allreduce_sum_hook)
     return ddp
@@ -174,8 +171,6 @@ def reshard(model: torch.nn.Module) -> None:
     parameters gathered without autograd, their gradients never reach the shards (measured:
     a wrong gradient norm). Call this after generation and after the old log-prob pass.
     """
-    from torch.distributed.fsdp import FSDPModule
-
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
@@ -200,20 +195,8 @@ def raise_together(error: Exception | None, ctx: DistContext) -> None:
         flag = torch.tensor([0 if error is None else 1], device=ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
         if error is None and flag.item():
-            from relax.errors import RelaxError
-
             raise RelaxError("another data-parallel rank failed; see its message")
     if error is not None:
         raise error
 
 
-def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
-    if ctx.group is not None:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=ctx.group)
-    return tensor
-
-
-def all_reduce_max(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
-    if ctx.group is not None:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ctx.group)
-    return tensor

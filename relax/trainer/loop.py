@@ -34,12 +34,14 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+from relax.collectives import all_reduce, seed_for
 from relax.errors import InputError, Interrupted, PeerFailure, RelaxError, RewardError
 from relax.eval.hook import load_eval_sets, maybe_evaluate
-from relax.metrics import MetricTracker, build_logger
-from relax.metrics.sinks import spread_indices
+from relax.metrics.sinks import build_logger, spread_indices
+from relax.metrics.tracker import MetricTracker
 from relax.precision import autocast, use_bf16
 from relax.rollout.data import (
     PromptSource,
@@ -56,10 +58,10 @@ from relax.rollout.rewards import (
     load_function,
     score_with_errors,
 )
+from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import checkpoint, setup
 from relax.trainer.distributed import (
-    all_reduce_max,
     exit_rank,
     finish_together,
     init_distributed,
@@ -73,7 +75,7 @@ from relax.trainer.distributed import (
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
 from relax.trainer.resume import check_resume
-from relax.trainer.runtime import Timer, peak_memory_gb, rows_after, seed_for
+from relax.trainer.runtime import Timer, peak_memory_gb, rows_after
 from relax.trainer.signals import StopRequest
 from relax.trainer.update import LossSettings, train_on_rollout
 
@@ -132,8 +134,6 @@ class Trainer:
         if cfg.prompt_data:
             samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train")
         else:
-            from relax.rollout.tasks import get_task
-
             task = get_task(cfg.builtin_task)
         self.samples = samples
         # a built-in task scores with its own reward unless told otherwise
@@ -442,7 +442,7 @@ class Trainer:
         if self.ctx.group is None:
             return flag
         flag_t = torch.tensor([float(self.stop.signum or 0)], device=self.ctx.device)
-        signum = int(all_reduce_max(flag_t, self.ctx).item())
+        signum = int(all_reduce(flag_t, self.ctx.group, dist.ReduceOp.MAX).item())
         if signum and self.stop.signum is None:
             self.stop.signum = signum
         return bool(signum)

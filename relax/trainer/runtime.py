@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import resource
 import time
@@ -12,11 +10,7 @@ from collections import defaultdict
 
 import torch
 
-
-def seed_for(*parts) -> int:
-    """A 63-bit seed from (seed, rank, step, ...): independent streams without collisions."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+from relax.metrics.sinks import read_rows
 
 
 class Timer:
@@ -48,11 +42,6 @@ def rows_after(path: str, step: int) -> int:
     """Rows of ``metrics.jsonl`` for steps after ``step`` (0 when there is no file)."""
     if not os.path.isfile(path):
         return 0
-    count = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                count += int(json.loads(line)["rollout/step"]) > step
-            except (ValueError, KeyError, TypeError, OverflowError):
-                continue  # a torn line; the sink cuts it when it opens the file
-    return count
+    # a torn line (row None) is not counted; the sink cuts it when it opens the file
+    return sum(row is not None and row["rollout/step"] > step
+               for _, _, row in read_rows(path, errors="replace"))

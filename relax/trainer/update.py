@@ -28,8 +28,9 @@ from relax.algorithms import (
     response_mean,
     token_mean,
 )
+from relax.collectives import all_reduce
 from relax.errors import NonFiniteError
-from relax.trainer.distributed import DistContext, all_reduce_sum, no_grad_sync, unwrap
+from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
 from relax.trainer.logprobs import Experience, response_log_probs
 
 
@@ -164,50 +165,60 @@ def train_on_rollout(
         )
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = hasattr(model, "set_requires_gradient_sync")
+    names = s.metric_names + ("perf/backward_skipped_fraction",)
     history = []
     for start in range(0, len(exp), local_step):
         chunk = exp.rows(start, start + local_step)
         num_tokens = None
         if s.per_token:
             # keep the global token count on device: one all-reduce, no host sync
-            num_tokens = all_reduce_sum(chunk.response_mask.sum().to(torch.float64), ctx)
+            num_tokens = all_reduce(chunk.response_mask.sum().to(torch.float64), ctx.group)
         optimizer.zero_grad(set_to_none=True)
-        active, inert = _split(chunk, s, sharded)
-        stats = torch.zeros(len(s.metric_names) + 1, dtype=torch.float64,
-                            device=chunk.response_mask.device)
-        for i in range(0, len(active), micro_batch_size):
-            last = i + micro_batch_size >= len(active)
-            with no_grad_sync(model, skip=not last):
-                loss, part = micro_batch_loss(
-                    model, active.rows(i, i + micro_batch_size), s,
-                    num_responses=global_batch_size, num_tokens=num_tokens,
-                )
-                loss.backward()
-            stats[:-1] += part
-        if inert is not None:
-            # the metrics' share of the inert rows: the same function, without autograd, and on
-            # the bare module (a DDP forward may broadcast buffers, a collective)
-            with torch.no_grad():
-                for i in range(0, len(inert), micro_batch_size):
-                    stats[:-1] += micro_batch_loss(
-                        unwrap(model), inert.rows(i, i + micro_batch_size), s,
-                        num_responses=global_batch_size, num_tokens=num_tokens,
-                    )[1]
-            stats[-1] = len(inert) / global_batch_size
+        stats = _accumulate_gradients(model, chunk, s, sharded, micro_batch_size=micro_batch_size,
+                                      num_responses=global_batch_size, num_tokens=num_tokens)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
-        stats = all_reduce_sum(stats, ctx)
-        names = s.metric_names + ("perf/backward_skipped_fraction",)
-        values = dict(zip(names, stats.tolist(), strict=True))
+        values = dict(zip(names, all_reduce(stats, ctx.group).tolist(), strict=True))
         values["train/grad_norm"] = float(grad_norm)
-        bad = {k: v for k, v in values.items() if not math.isfinite(v)}
-        if "train/loss" in bad or "train/grad_norm" in bad:
-            raise NonFiniteError(
-                f"non-finite training values at optimizer step {len(history) + 1} of this "
-                f"rollout step ({', '.join(f'{k}={v}' for k, v in bad.items())}); stopped before "
-                "the optimizer step, nothing was saved. Try a lower --lr or --clip-grad"
-            )
+        _check_finite(values, len(history) + 1)
         optimizer.step()
         history.append(values)
     return history
+
+
+def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bool, *,
+                          micro_batch_size: int, num_responses: int, num_tokens) -> torch.Tensor:
+    """Backward over the micro-batches of one optimizer step; returns this rank's metric
+    partial sums (``s.metric_names`` and the skipped-backward share), float64."""
+    active, inert = _split(chunk, s, sharded)
+    stats = torch.zeros(len(s.metric_names) + 1, dtype=torch.float64,
+                        device=chunk.response_mask.device)
+    for i in range(0, len(active), micro_batch_size):
+        last = i + micro_batch_size >= len(active)
+        with no_grad_sync(model, skip=not last):
+            loss, part = micro_batch_loss(model, active.rows(i, i + micro_batch_size), s,
+                                          num_responses=num_responses, num_tokens=num_tokens)
+            loss.backward()
+        stats[:-1] += part
+    if inert is not None:
+        # the metrics' share of the inert rows: the same function, without autograd, and on
+        # the bare module (a DDP forward may broadcast buffers, a collective)
+        with torch.no_grad():
+            for i in range(0, len(inert), micro_batch_size):
+                stats[:-1] += micro_batch_loss(unwrap(model), inert.rows(i, i + micro_batch_size),
+                                               s, num_responses=num_responses,
+                                               num_tokens=num_tokens)[1]
+        stats[-1] = len(inert) / num_responses
+    return stats
+
+
+def _check_finite(values: dict[str, float], step: int) -> None:
+    """Stop before ``optimizer.step()`` on a non-finite loss or gradient norm."""
+    bad = {k: v for k, v in values.items() if not math.isfinite(v)}
+    if "train/loss" in bad or "train/grad_norm" in bad:
+        raise NonFiniteError(
+            f"non-finite training values at optimizer step {step} of this rollout step "
+            f"({', '.join(f'{k}={v}' for k, v in bad.items())}); stopped before the optimizer "
+            "step, nothing was saved. Try a lower --lr or --clip-grad"
+        )

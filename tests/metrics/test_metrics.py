@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from relax.metrics import JsonlSink, MetricTracker, build_logger, summary_line
-from relax.metrics.sinks import ConsoleSink
+from relax.metrics.sinks import ConsoleSink, JsonlSink, build_logger, summary_line
+from relax.metrics.tracker import MetricTracker
 from tests.distributed_utils import run_distributed
 from tests.metrics.workers import reduce_on_two_ranks
 

@@ -2,7 +2,7 @@
 
 import torch.distributed as dist
 
-from relax.metrics import MetricTracker
+from relax.metrics.tracker import MetricTracker
 
 
 def reduce_on_two_ranks():
