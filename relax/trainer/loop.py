@@ -148,9 +148,10 @@ class Trainer:
         if cfg.custom_advantage_function_path:
             self.custom_advantage = load_function(cfg.custom_advantage_function_path,
                                                   "--custom-advantage-function-path")
-        if cfg.rollout_batch_size % self.ctx.world_size:
-            raise InputError(f"--rollout-batch-size {cfg.rollout_batch_size}: not divisible by "
-                             f"the {self.ctx.world_size} data-parallel ranks")
+        if cfg.world_size != self.ctx.world_size:  # validation's batch rules assumed its own
+            raise InputError(f"the configuration was resolved for WORLD_SIZE={cfg.world_size} but "
+                             f"this run has {self.ctx.world_size} data-parallel ranks; parse the "
+                             "flags under this launch (parse_train_config reads WORLD_SIZE)")
         self.source = PromptSource(batch_size=cfg.rollout_batch_size, seed=cfg.seed,
                                    samples=samples, task=task, shuffle=cfg.rollout_shuffle)
         self.total_steps = cfg.num_rollout or cfg.num_epoch * self.source.steps_per_epoch
