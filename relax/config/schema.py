@@ -236,6 +236,18 @@ class TrainConfig:
     num_epoch: int | None = option(
         None, "Default 1. Passes over --prompt-data when --num-rollout is not given.",
         group="batches")
+    dynamic_sampling_filter_path: str | None = option(
+        None, "Default off. DAPO-style dynamic sampling: a group filter, nonzero_std (keep "
+        "groups whose rewards are not all equal) or 'module:function' / 'file.py:function' "
+        "(rewards, responses, label) -> bool. Prompts are generated in rounds until "
+        "--rollout-batch-size groups pass; the step trains on those only.", group="batches")
+    over_sampling_batch_size: int | None = option(
+        None, "Default = --rollout-batch-size. Prompts generated per dynamic-sampling round; "
+        ">= --rollout-batch-size, a multiple of WORLD_SIZE.", group="batches")
+    dynamic_sampling_max_rounds: int | None = option(
+        None, "Default 8. Bound on the dynamic-sampling rounds of one rollout step; when it is "
+        "reached the step trains on the groups that passed (rollout/groups_trained), or skips "
+        "the update when none did.", group="batches")
 
     # model and data
     hf_checkpoint: str | None = option(

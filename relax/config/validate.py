@@ -37,6 +37,7 @@ from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
+from relax.rollout.filters import BUILTIN_FILTER_NAMES
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -253,6 +254,30 @@ def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
         reject(cfg, "log_samples", "must be >= 0 samples per rollout step; 0 turns it off")
 
 
+def _check_dynamic_sampling(cfg: TrainConfig) -> None:
+    spec = cfg.dynamic_sampling_filter_path
+    if spec is None:
+        for dest in ("over_sampling_batch_size", "dynamic_sampling_max_rounds"):
+            if getattr(cfg, dest) is not None:
+                reject(cfg, dest, "has no effect without --dynamic-sampling-filter-path; add "
+                       "--dynamic-sampling-filter-path nonzero_std or remove it")
+        return
+    if spec in BUILTIN_FILTER_NAMES:
+        if cfg.n_samples_per_prompt < 2:
+            reject(cfg, ("dynamic_sampling_filter_path", "n_samples_per_prompt"), "a group of "
+                   "one sample never has two different rewards, so every group would be "
+                   "filtered; set --n-samples-per-prompt 8")
+    else:
+        check_custom_path(cfg, "dynamic_sampling_filter_path")
+    over = cfg.over_sampling_batch_size
+    if over is not None and over < cfg.rollout_batch_size:
+        reject(cfg, ("over_sampling_batch_size", "rollout_batch_size"), "a round must offer at "
+               "least the prompts a step trains on; use --over-sampling-batch-size >= "
+               "--rollout-batch-size")
+    if cfg.dynamic_sampling_max_rounds is not None and cfg.dynamic_sampling_max_rounds < 1:
+        reject(cfg, "dynamic_sampling_max_rounds", "must be >= 1 rounds per rollout step")
+
+
 # --------------------------------------------------------------------------- 6. batches
 
 def _divisors(n: int) -> str:
@@ -279,6 +304,9 @@ def _resolved_batches(cfg: TrainConfig, world_size: int) -> dict:
     if cfg.rollout_batch_size % world_size:
         reject(cfg, "rollout_batch_size", f"WORLD_SIZE={world_size} ranks need whole prompt "
                f"groups each; use a multiple of {world_size}")
+    if cfg.over_sampling_batch_size is not None and cfg.over_sampling_batch_size % world_size:
+        reject(cfg, "over_sampling_batch_size", f"WORLD_SIZE={world_size} ranks need whole "
+               f"prompt groups each; use a multiple of {world_size}")
     if global_batch % world_size:
         resolved = dataclasses.replace(cfg, global_batch_size=global_batch)
         reject(resolved, "global_batch_size", f"not divisible by WORLD_SIZE={world_size} ranks; "
@@ -323,6 +351,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     check_gym_answer(cfg, explicit, [cfg.prompt_data, *(
         p for _, p in resolved_train_eval(cfg)["eval_prompt_data"] or ())])
     _check_run(cfg, explicit)
+    _check_dynamic_sampling(cfg)
     output_dir = cfg.output_dir or os.path.join(
         "runs", f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(
@@ -335,4 +364,12 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
         builtin_task=None if cfg.prompt_data is not None else cfg.builtin_task,
         output_dir=output_dir,
         world_size=world_size,
+        **_resolved_dynamic_sampling(cfg),
     )
+
+
+def _resolved_dynamic_sampling(cfg: TrainConfig) -> dict:
+    if cfg.dynamic_sampling_filter_path is None:
+        return {}
+    return {"over_sampling_batch_size": cfg.over_sampling_batch_size or cfg.rollout_batch_size,
+            "dynamic_sampling_max_rounds": cfg.dynamic_sampling_max_rounds or 8}

@@ -210,10 +210,27 @@ class PromptSource:
 
     def position(self, step: int) -> dict[str, int]:
         """Data position before rollout ``step``: epoch and prompts consumed in it."""
+        return self.position_at(step * self.batch_size)
+
+    def position_at(self, cursor: int) -> dict[str, int]:
+        """Epoch and index in it of the prompt stream position ``cursor`` (prompts drawn so
+        far; dynamic sampling draws more than one batch per rollout step)."""
         if self.samples is None:
-            return {"epoch": 0, "index": step * self.batch_size}
-        epoch, k = divmod(step, self.steps_per_epoch)
-        return {"epoch": epoch, "index": k * self.batch_size}
+            return {"epoch": 0, "index": cursor}
+        epoch, index = divmod(cursor, self.steps_per_epoch * self.batch_size)
+        return {"epoch": epoch, "index": index}
+
+    def take(self, cursor: int, count: int) -> list[PromptSample]:
+        """``count`` prompts of the stream from position ``cursor``: the batches of consecutive
+        rollout steps laid end to end, so ``take(step * batch_size, batch_size)`` is
+        ``batch(step)``."""
+        out, batches = [], {}
+        for position in range(cursor, cursor + count):
+            step, j = divmod(position, self.batch_size)
+            if step not in batches:
+                batches[step] = self.batch(step)
+            out.append(batches[step][j])
+        return out
 
     def batch(self, step: int) -> list[PromptSample]:
         """The ``batch_size`` prompts of rollout ``step`` (0-based)."""

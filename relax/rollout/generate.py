@@ -8,7 +8,7 @@ pad token and are outside the mask.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,30 @@ class Rollout:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     truncated: torch.Tensor
+
+    def select(self, index) -> Rollout:
+        """The rows picked by ``index`` (a list or an index tensor)."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_ids.device)
+        return Rollout(*(getattr(self, f.name)[index] for f in fields(self)))
+
+
+def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
+    """Rows of several rollouts in one: prompts left-padded and responses right-padded to the
+    widest part, so every row keeps its tokens and positions (padding is masked)."""
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    T = max(r.response_ids.shape[1] for r in parts)
+
+    def pad(x, width, value, left):
+        extra = width - x.shape[1]
+        return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+    return Rollout(
+        torch.cat([pad(r.prompt_ids, P, pad_token_id, True) for r in parts]),
+        torch.cat([pad(r.prompt_mask, P, False, True) for r in parts]),
+        torch.cat([pad(r.response_ids, T, pad_token_id, False) for r in parts]),
+        torch.cat([pad(r.response_mask, T, False, False) for r in parts]),
+        torch.cat([r.truncated for r in parts]),
+    )
 
 
 def tokenize_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -63,17 +63,20 @@ class ModelShape:
 
 
 def phase_metrics(forward: float, *, log_prob_passes: int, skipped_fraction: float,
+                  generate_forward: float | None = None,
                   times: dict[str, float], peak_flops: float, decode_steps: int,
                   weight_bytes: int, bandwidth: float) -> dict[str, float]:
     """``perf/mfu`` (all model FLOPs of the step over its time), ``perf/update_mfu``,
     ``perf/log_prob_mfu`` and ``perf/generate_bandwidth_fraction``.
 
-    ``forward`` is the forward FLOPs of the step's rows summed over every rank and
+    ``forward`` is the forward FLOPs of the rows the step trains on, summed over every rank
+    (``generate_forward`` those of every generated row when dynamic sampling filtered some), and
     ``peak_flops`` the peak of all ranks together; ``times`` holds ``step``, ``update``,
     ``log_prob`` and ``generate`` seconds (the slowest rank's); ``decode_steps`` x
     ``weight_bytes`` is what one rank's decode read in ``times["generate"]``.
     """
-    flops = {"generate": forward, "log_prob": forward * log_prob_passes,
+    flops = {"generate": forward if generate_forward is None else generate_forward,
+             "log_prob": forward * log_prob_passes,
              "update": forward * (3 - 2 * skipped_fraction)}
     out = {}
     if times.get("step", 0) > 0:

@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -50,7 +51,8 @@ from relax.rollout.data import (
     load_source,
     report_overlap,
 )
-from relax.rollout.generate import generate, tokenize_prompts
+from relax.rollout.filters import kept_groups, load_group_filter
+from relax.rollout.generate import Rollout, concat_rollouts, generate, tokenize_prompts
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.rewards import (
     build_reward_fn,
@@ -78,6 +80,22 @@ from relax.trainer.resume import check_resume
 from relax.trainer.runtime import Timer, peak_memory_gb, rows_after
 from relax.trainer.signals import StopRequest
 from relax.trainer.update import LossSettings, train_on_rollout
+
+
+@dataclass
+class StepBatch:
+    """One rank's samples of a rollout step: what it trains on (``rollout`` and the lists and
+    tensors of its rows, whole groups) and what it generated (``generated``: every round of
+    dynamic sampling, for the generation metrics; ``decode_steps``: the decode loop's steps)."""
+
+    prompts: list[str]
+    labels: list
+    group_index: torch.Tensor  # [B] local group ids
+    rollout: Rollout
+    responses: list[str]
+    rewards: torch.Tensor  # [B]
+    generated: Rollout
+    decode_steps: int
 
 
 class Trainer:
@@ -148,6 +166,8 @@ class Trainer:
         if cfg.custom_advantage_function_path:
             self.custom_advantage = load_function(cfg.custom_advantage_function_path,
                                                   "--custom-advantage-function-path")
+        self.group_filter = (load_group_filter(cfg.dynamic_sampling_filter_path)
+                             if cfg.dynamic_sampling_filter_path else None)
         if cfg.world_size != self.ctx.world_size:  # validation's batch rules assumed its own
             raise InputError(f"the configuration was resolved for WORLD_SIZE={cfg.world_size} but "
                              f"this run has {self.ctx.world_size} data-parallel ranks; parse the "
@@ -182,7 +202,7 @@ class Trainer:
         self._measure_limits(policy)
         self.model = wrap_model(policy, ctx, fsdp=cfg.fsdp)
         self.optimizer = setup.build_optimizer(self.model, cfg)
-        self.start_step, self.resumed_from = 0, None
+        self.start_step, self.resumed_from, self.cursor = 0, None, 0
         if resume:
             progress = checkpoint.load_trainer_state(resume[0], self.model, self.optimizer,
                                                      fsdp=cfg.fsdp, ctx=ctx)
@@ -213,11 +233,18 @@ class Trainer:
                                     length_flag="--eval-max-response-len")
 
     def _check_progress(self, progress: dict) -> None:
-        """Say where the resumed run stands; warn when the data position no longer matches."""
+        """Continue the prompt stream where the checkpoint left it; say where the resumed run
+        stands; warn when the data position no longer matches."""
+        step = self.start_step
+        saved = progress.get("data")
+        self.cursor = (saved or {}).get("cursor", step * self.cfg.rollout_batch_size)
         if not self.ctx.is_main:
             return
-        step = self.start_step
-        saved, now = progress.get("data"), self.source.position(step)
+        now = self.source.position_at(self.cursor)
+        if saved is not None:
+            saved = {k: saved[k] for k in ("epoch", "index") if k in saved}
+        if self.group_filter is None and self.cursor != step * self.cfg.rollout_batch_size:
+            now = self.source.position(step)  # another --rollout-batch-size: warn below
         print(f"relax train: resuming from {self.resumed_from} at rollout step {step} "
               f"(data epoch {now['epoch']}, prompt {now['index']} of the epoch)",
               file=sys.stderr)
@@ -233,10 +260,11 @@ class Trainer:
                   "changed?); the run is no longer an exact continuation", file=sys.stderr)
 
     # ------------------------------------------------------------------ phases
-    def sample_prompts(self, step: int):
-        """This rank's whole prompt groups: prompts, labels, group_index [B] (local ids)."""
-        per_rank = self.cfg.rollout_batch_size // self.ctx.world_size
-        batch = self.source.batch(step)[self.ctx.rank * per_rank : (self.ctx.rank + 1) * per_rank]
+    def sample_prompts(self, cursor: int, count: int):
+        """This rank's whole groups of the ``count`` prompts at stream position ``cursor``:
+        prompts, labels, group_index [B] (local ids)."""
+        per_rank = count // self.ctx.world_size
+        batch = self.source.take(cursor + self.ctx.rank * per_rank, per_rank)
         n = self.cfg.n_samples_per_prompt
         texts = [format_prompt(self.tokenizer, s.prompt, apply_chat_template=self.cfg.
                                apply_chat_template, system_prompt=self.cfg.system_prompt)
@@ -246,10 +274,11 @@ class Trainer:
         group_index = torch.arange(len(batch), device=self.ctx.device).repeat_interleave(n)
         return prompts, labels, group_index
 
-    def generate(self, prompts: list[str], step: int):
+    def generate(self, prompts: list[str], step: int, round_: int = 0):
         ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
         generator = torch.Generator(self.ctx.device)
-        generator.manual_seed(seed_for(self.cfg.seed, "rollout", self.ctx.rank, step))
+        extra = (round_,) if round_ else ()  # round 0 draws what a run without rounds draws
+        generator.manual_seed(seed_for(self.cfg.seed, "rollout", self.ctx.rank, step, *extra))
         model = unwrap(self.model)
         model.eval()
         with autocast(self.ctx.device, self.bf16):
@@ -306,6 +335,71 @@ class Trainer:
             rewards = out
         return rewards
 
+    def collect(self, step: int) -> StepBatch:
+        """Generate and score this step's prompt groups: one round of --rollout-batch-size
+        prompts, or with dynamic sampling rounds of --over-sampling-batch-size prompts until
+        every rank holds its share of groups that pass the filter (or the round bound)."""
+        cfg, t = self.cfg, self.timer
+        rounds = cfg.dynamic_sampling_max_rounds if self.group_filter else 1
+        count = cfg.over_sampling_batch_size if self.group_filter else cfg.rollout_batch_size
+        quota = cfg.rollout_batch_size // self.ctx.world_size
+        parts, kept = [], []  # per round: (prompts, labels, rollout, responses, rewards); (round, group)
+        generated_groups = 0
+        for r in range(rounds):
+            prompts, labels, group_index = self.sample_prompts(self.cursor, count)
+            self.cursor += count
+            with t("generate"):
+                rollout = self.generate(prompts, step, r)
+            with t("reward"):
+                responses = self.decode(rollout)
+                rewards = self.score(prompts, responses, labels, group_index)
+            parts.append((prompts, labels, rollout, responses, rewards))
+            if self.group_filter is None:
+                return StepBatch(prompts, labels, group_index, rollout, responses, rewards,
+                                 rollout, rollout.response_ids.shape[1])
+            n = cfg.n_samples_per_prompt
+            generated_groups += len(prompts) // n
+            kept += [(r, g) for g in kept_groups(self.group_filter, rewards.tolist(), responses,
+                                                 labels, n)]
+            # every rank runs the same rounds (lockstep generation, equal update sizes)
+            short = torch.tensor([float(len(kept) < quota)], device=self.ctx.device)
+            if not all_reduce(short, self.ctx.group, dist.ReduceOp.MAX).item():
+                break
+        return self._kept_batch(parts, kept, quota, generated_groups, rounds=r + 1)
+
+    def _kept_batch(self, parts, kept, quota, generated_groups, *, rounds) -> StepBatch:
+        """The first groups that passed the filter, as many on every rank: the quota, or the
+        fewest any rank has when the round bound cut the sampling short."""
+        n = self.cfg.n_samples_per_prompt
+        have = torch.tensor([float(min(len(kept), quota))], device=self.ctx.device)
+        k = int(all_reduce(have, self.ctx.group, dist.ReduceOp.MIN).item())
+        self.tracker.add_sum("rollout/groups_generated", generated_groups)
+        self.tracker.add_sum("rollout/groups_kept", len(kept))
+        self.tracker.add_sum("rollout/groups_trained", k)
+        self.tracker.add_max("rollout/sampling_rounds", rounds)
+        self.tracker.add_ratio("rollout/filtered_fraction", generated_groups - len(kept),
+                               generated_groups)
+        all_rewards = torch.cat([p[4] for p in parts])
+        # rollout/raw_reward is the trained (kept) groups'; this one is every sample's
+        self.tracker.add_ratio("rollout/generated_reward", all_rewards.sum(), len(all_rewards))
+        if k < quota and self.ctx.is_main:
+            print(f"relax train: warning: dynamic sampling kept {k} of {quota} groups per rank "
+                  f"after {rounds} rounds (--dynamic-sampling-max-rounds); "
+                  + ("training on those" if k else "no update this step"), file=sys.stderr)
+        rows = [(r, g * n + j) for r, g in kept[:k] for j in range(n)]
+        generated = concat_rollouts([p[2] for p in parts], self.tokenizer.pad_token_id)
+        offsets = [0]
+        for p in parts:
+            offsets.append(offsets[-1] + len(p[0]))
+        flat = [offsets[r] + i for r, i in rows]
+        rollout = generated.select(flat)
+        pick = lambda column: [x for p in parts for x in p[column]]  # noqa: E731
+        prompts, labels, responses = ([pick(c)[i] for i in flat] for c in (0, 1, 3))
+        rewards = all_rewards[torch.as_tensor(flat, dtype=torch.long, device=self.ctx.device)]
+        group_index = torch.arange(k, device=self.ctx.device).repeat_interleave(n)
+        return StepBatch(prompts, labels, group_index, rollout, responses, rewards, generated,
+                         sum(p[2].response_ids.shape[1] for p in parts))
+
     def old_and_ref_log_probs(self, rollout):
         exp = experience_from_rollout(rollout)
         mbs, temp = self.cfg.micro_batch_size, self.cfg.rollout_temperature
@@ -346,10 +440,13 @@ class Trainer:
         return exp
 
     def update(self, exp):
+        cfg, global_batch = self.cfg, self.cfg.global_batch_size
+        if len(exp) * self.ctx.world_size < cfg.rollout_batch_size * cfg.n_samples_per_prompt:
+            global_batch = len(exp) * self.ctx.world_size  # dynamic sampling came up short: one step
         history = train_on_rollout(
             self.model, self.optimizer, exp, self.loss_settings, self.ctx,
-            global_batch_size=self.cfg.global_batch_size,
-            micro_batch_size=self.cfg.micro_batch_size, clip_grad=self.cfg.clip_grad,
+            global_batch_size=global_batch,
+            micro_batch_size=min(cfg.micro_batch_size, len(exp)), clip_grad=cfg.clip_grad,
         )
         for values in history:
             for name, value in values.items():
@@ -360,28 +457,30 @@ class Trainer:
         return maybe_evaluate(self.cfg, step, self.model, self.tokenizer, self.ctx.device,
                               group=self.ctx.group, eval_sets=self.eval_sets)
 
-    def log(self, step: int, rollout, times: dict[str, float],
+    def log(self, step: int, b: StepBatch, times: dict[str, float],
             extra: dict[str, float] | None = None) -> dict[str, float]:
-        mask = rollout.response_mask
+        mask = b.generated.response_mask
         B = mask.shape[0]
         self.tracker.add_ratio("rollout/response_length", mask.sum(), B)
-        self.tracker.add_ratio("rollout/truncated", rollout.truncated.sum(), B)
+        self.tracker.add_ratio("rollout/truncated", b.generated.truncated.sum(), B)
         self.tracker.add_sum("perf/generated_tokens", mask.sum())
         # the slowest rank sets the pace of a synchronous step
         for name, seconds in times.items():
             self.tracker.add_max(f"perf/{name}_time", seconds)
         self.tracker.add_max("perf/peak_memory_gb", peak_memory_gb(self.ctx.device))
-        responses = mask.sum(-1)
-        self.tracker.add_sum("perf/forward_flops", self.shape.forward_flops(
-            rollout.prompt_mask.sum(-1) + responses, responses))
+        for name, r in (("perf/forward_flops", b.rollout), ("perf/generate_flops", b.generated)):
+            responses = r.response_mask.sum(-1)
+            self.tracker.add_sum(name, self.shape.forward_flops(
+                r.prompt_mask.sum(-1) + responses, responses))
         metrics = self.tracker.reduce()
         passes = int(setup.needs_old_log_probs(self.cfg)) + int(self.ref is not None)
         metrics.update(phase_metrics(
             metrics.pop("perf/forward_flops"), log_prob_passes=passes,
+            generate_forward=metrics.pop("perf/generate_flops"),
             skipped_fraction=metrics.get("perf/backward_skipped_fraction", 0.0),
             times={k: metrics.get(f"perf/{k}_time", 0.0)
                    for k in ("step", "update", "log_prob", "generate")},
-            peak_flops=self.peak_flops * self.ctx.world_size, decode_steps=mask.shape[1],
+            peak_flops=self.peak_flops * self.ctx.world_size, decode_steps=b.decode_steps,
             weight_bytes=self.shape.weight_bytes, bandwidth=self.bandwidth))
         # the limits the ratios divide by, so a reader of metrics.jsonl can check them
         metrics["perf/peak_tflops"] = self.peak_flops / 1e12
@@ -392,22 +491,22 @@ class Trainer:
         self.logger.log(step, metrics)
         return metrics
 
-    def log_samples(self, step: int, prompts, responses, rewards, labels, rollout) -> None:
-        """``--log-samples`` of this step's samples, spread over rank 0's groups, to
-        samples.jsonl (and TensorBoard text / a W&B table when those are on)."""
+    def log_samples(self, step: int, b: StepBatch) -> None:
+        """``--log-samples`` of the samples this step trains on, spread over rank 0's groups,
+        to samples.jsonl (and TensorBoard text / a W&B table when those are on)."""
         if not self.ctx.is_main or not self.cfg.log_samples:
             return
-        lengths = rollout.response_mask.sum(dim=1).tolist()
-        rows = [{"prompt": prompts[i], "response": responses[i], "reward": float(rewards[i]),
-                 "label": labels[i], "response_length": int(lengths[i]),
-                 "truncated": bool(rollout.truncated[i])}
-                for i in spread_indices(self.cfg.log_samples, len(prompts))]
+        lengths = b.rollout.response_mask.sum(dim=1).tolist()
+        rows = [{"prompt": b.prompts[i], "response": b.responses[i],
+                 "reward": float(b.rewards[i]), "label": b.labels[i],
+                 "response_length": int(lengths[i]), "truncated": bool(b.rollout.truncated[i])}
+                for i in spread_indices(self.cfg.log_samples, len(b.prompts))]
         self.logger.log_samples(step, rows)
 
     def save(self, step: int, *, final: bool) -> str:
         progress = {
             "rollout_step": step,
-            "data": self.source.position(step),
+            "data": {**self.source.position_at(self.cursor), "cursor": self.cursor},
             # metrics.jsonl holds the rows of steps 1..step when this checkpoint is taken;
             # rows a crashed run wrote after it are superseded by the resumed run's rows
             "metrics": {"last_step": step, "file": "metrics.jsonl"},
@@ -469,24 +568,20 @@ class Trainer:
                 self.stop_now(step)
             t = self.timer
             with t("step"):
-                prompts, labels, group_index = self.sample_prompts(step)
-                with t("rollout"):
-                    with t("generate"):
-                        rollout = self.generate(prompts, step)
-                    with t("reward"):
-                        responses = self.decode(rollout)
-                        rewards = self.score(prompts, responses, labels, group_index)
+                with t("rollout"):  # generate and reward (in rounds with dynamic sampling)
+                    b = self.collect(step)
                 with t("train"):
-                    with t("log_prob"):
-                        exp = self.old_and_ref_log_probs(rollout)
-                    with t("advantage"):
-                        exp = self.advantages(exp, rewards, group_index)
-                    with t("update"):
-                        self.update(exp)
+                    if len(b.prompts):  # dynamic sampling may keep no group: then no update
+                        with t("log_prob"):
+                            exp = self.old_and_ref_log_probs(b.rollout)
+                        with t("advantage"):
+                            exp = self.advantages(exp, b.rewards, b.group_index)
+                        with t("update"):
+                            self.update(exp)
             with t("eval"):
                 evaluation = self.evaluate(step + 1)
-            history.append(self.log(step + 1, rollout, t.pop(), evaluation))
-            self.log_samples(step + 1, prompts, responses, rewards, labels, rollout)
+            history.append(self.log(step + 1, b, t.pop(), evaluation))
+            self.log_samples(step + 1, b)
             if self.cfg.save and self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0:
                 self.save(step + 1, final=False)
         if self.cfg.save:

@@ -153,10 +153,9 @@ def train_on_rollout(
 ) -> list[dict[str, float]]:
     """Run the optimizer steps over this rank's ``exp``; return each step's global metrics."""
     local_step = global_batch_size // ctx.world_size
-    if len(exp) % local_step or local_step % micro_batch_size:
+    if len(exp) % local_step:  # a last shorter micro-batch is fine: denominators are global
         raise ValueError(
-            f"local batch {len(exp)} is not whole optimizer steps of {local_step} samples in "
-            f"micro-batches of {micro_batch_size}"
+            f"local batch {len(exp)} is not whole optimizer steps of {local_step} samples"
         )
     if exp.old_log_probs is None and len(exp) != local_step:
         raise ValueError(

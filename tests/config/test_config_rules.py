@@ -233,3 +233,39 @@ def test_unknown_flag_suggests_the_closest(cli, rejected):
     rejected(cli(["train", "--lr"]), "--lr", "expected one argument")
     # no prefix matching: a shortened flag is unknown, not silently expanded
     rejected(cli(["train", "--normalize", "--dry-run"]), "--normalize")
+
+
+# ---------------------------------------------------------------- dynamic sampling
+
+DYNAMIC = ["--advantage-estimator", "grpo", "--n-samples-per-prompt", "4",
+           "--dynamic-sampling-filter-path", "nonzero_std"]
+
+
+def test_dynamic_sampling_accepted_and_resolved(cli):
+    cfg = cli(["train", *DYNAMIC, "--dry-run"]).config()
+    assert cfg["over_sampling_batch_size"] == cfg["rollout_batch_size"]
+    assert cfg["dynamic_sampling_max_rounds"] == 8
+    cfg = cli(["train", *DYNAMIC, "--over-sampling-batch-size", "32",
+               "--dynamic-sampling-filter-path", "json:loads", "--dry-run"]).config()
+    assert cfg["over_sampling_batch_size"] == 32
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--over-sampling-batch-size", "32"], ("--over-sampling-batch-size 32", "has no effect")),
+    (["--dynamic-sampling-max-rounds", "3"], ("--dynamic-sampling-max-rounds 3",)),
+    ([*DYNAMIC, "--over-sampling-batch-size", "4", "--rollout-batch-size", "8"],
+     ("--over-sampling-batch-size 4 --rollout-batch-size 8", ">= --rollout-batch-size")),
+    ([*DYNAMIC, "--dynamic-sampling-max-rounds", "0"], ("--dynamic-sampling-max-rounds 0",)),
+    ([*DYNAMIC, "--n-samples-per-prompt", "1"],
+     ("--dynamic-sampling-filter-path nonzero_std --n-samples-per-prompt 1",)),
+    ([*DYNAMIC, "--dynamic-sampling-filter-path", "no_such_module:f"],
+     ("--dynamic-sampling-filter-path no_such_module:f", "not found")),
+])
+def test_dynamic_sampling_rejections(cli, rejected, argv, needles):
+    rejected(cli(["train", *argv, "--dry-run"]), *needles)
+
+
+def test_over_sampling_needs_whole_groups_per_rank(cli, rejected, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rejected(cli(["train", *DYNAMIC, "--rollout-batch-size", "16", "--over-sampling-batch-size",
+                  "17", "--dry-run"]), "--over-sampling-batch-size 17", "WORLD_SIZE=2")
