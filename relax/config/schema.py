@@ -227,6 +227,18 @@ class TrainConfig:
     micro_batch_size: int | None = option(
         None, "Default = global batch / WORLD_SIZE. Samples per forward/backward per rank.",
         group="batches")
+    use_dynamic_batch_size: bool = option(
+        False, "Default off. Token-budget micro-batches: rows grouped by length into "
+        "micro-batches of at most --max-tokens-per-gpu padded tokens (instead of "
+        "--micro-batch-size rows); the loss is the same (reinforce_plus_plus.md §7).",
+        group="batches")
+    max_tokens_per_gpu: int | None = option(
+        None, "Default none; required by --use-dynamic-batch-size. Padded tokens (prompt + "
+        "response) per micro-batch of the update.", group="batches")
+    log_probs_max_tokens_per_gpu: int | None = option(
+        None, "Default = --max-tokens-per-gpu. The same budget for the no-grad old and "
+        "reference log-prob passes (no activations kept, so it can be larger).",
+        group="batches")
     num_steps_per_rollout: int | None = option(
         None, "Default = rollout samples / global batch. Optimizer steps per rollout step; "
         "alone it sets the global batch.", group="batches")

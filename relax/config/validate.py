@@ -254,6 +254,25 @@ def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
         reject(cfg, "log_samples", "must be >= 0 samples per rollout step; 0 turns it off")
 
 
+def _check_token_budget(cfg: TrainConfig) -> None:
+    budgets = ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu")
+    if not cfg.use_dynamic_batch_size:
+        for dest in budgets:
+            if getattr(cfg, dest) is not None:
+                reject(cfg, dest, "has no effect without --use-dynamic-batch-size; add it or "
+                       "remove the budget")
+        return
+    if cfg.max_tokens_per_gpu is None:
+        reject(cfg, "use_dynamic_batch_size", "needs --max-tokens-per-gpu N (padded tokens per "
+               "micro-batch)")
+    for dest in budgets:
+        value = getattr(cfg, dest)
+        if value is not None and value <= cfg.rollout_max_response_len:
+            reject(cfg, (dest, "rollout_max_response_len"), "a budget must hold at least one "
+                   "row: its prompt and a full response; use more than "
+                   f"{cfg.rollout_max_response_len} tokens")
+
+
 def _check_dynamic_sampling(cfg: TrainConfig) -> None:
     spec = cfg.dynamic_sampling_filter_path
     if spec is None:
@@ -352,6 +371,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
         p for _, p in resolved_train_eval(cfg)["eval_prompt_data"] or ())])
     _check_run(cfg, explicit)
     _check_dynamic_sampling(cfg)
+    _check_token_budget(cfg)
     output_dir = cfg.output_dir or os.path.join(
         "runs", f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(

@@ -9,54 +9,12 @@ the prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-
 import torch
 
 from relax.precision import autocast
 from relax.rollout.engine import cache_argument, distinct_prompts, unsupported_reason
-from relax.rollout.generate import Rollout
 from relax.trainer.distributed import unwrap
-
-
-@dataclass
-class Experience:
-    """One rank's training batch for a rollout step; every tensor has the batch dim first."""
-
-    input_ids: torch.Tensor  # [B, P+T]
-    attention_mask: torch.Tensor  # [B, P+T] long
-    position_ids: torch.Tensor  # [B, P+T]
-    response_mask: torch.Tensor  # [B, T] bool
-    old_log_probs: torch.Tensor | None = None  # [B, T]
-    ref_log_probs: torch.Tensor | None = None  # [B, T]
-    advantages: torch.Tensor | None = None  # [B, T]
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def rows(self, start: int, stop: int) -> Experience:
-        return self.select(slice(start, stop))
-
-    def select(self, index) -> Experience:
-        """The rows picked by ``index`` (a slice or a [k] index tensor) of every field."""
-        return replace(
-            self,
-            **{
-                f.name: getattr(self, f.name)[index]
-                for f in fields(self)
-                if getattr(self, f.name) is not None
-            },
-        )
-
-
-def experience_from_rollout(r: Rollout) -> Experience:
-    """Concatenate prompt and response; positions count attended tokens only (left padding)."""
-    # clone(): the rollout was made under inference_mode, and inference tensors cannot be saved
-    # for backward by the training pass.
-    input_ids = torch.cat([r.prompt_ids, r.response_ids], dim=1).clone()
-    attention_mask = torch.cat([r.prompt_mask, r.response_mask], dim=1).long()
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return Experience(input_ids, attention_mask, position_ids, r.response_mask.clone())
+from relax.trainer.experience import Experience, experience_from_rollout, micro_batches  # noqa: F401
 
 
 def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
@@ -213,17 +171,21 @@ def response_log_probs(
 
 
 def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temperature: float,
-                      bf16: bool = False, inference_mode: bool = True):
-    """``response_log_probs`` [B, T] over the whole batch in micro-batches, without autograd.
+                      bf16: bool = False, inference_mode: bool = True,
+                      max_tokens: int | None = None, group=None,
+                      flag: str = "--log-probs-max-tokens-per-gpu"):
+    """``response_log_probs`` [B, T] over the whole batch in micro-batches, without autograd:
+    ``micro_batch_size`` rows at a time, or token-budget micro-batches of at most
+    ``max_tokens`` padded tokens (:func:`relax.trainer.experience.micro_batches`).
 
     ``inference_mode=False`` (plain ``no_grad``) for an FSDP2 model, whose all-gather buffers
-    must stay usable by the training passes.
+    must stay usable by the training passes; its ranks then run equally many passes (``group``).
     """
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32,
+                      device=batch.response_mask.device)
     with torch.no_grad(), torch.inference_mode(inference_mode):
-        parts = [
-            response_log_probs(model, batch.rows(i, i + micro_batch_size),
-                               temperature=temperature, bf16=bf16)[0]
-            for i in range(0, len(batch), micro_batch_size)
-        ]
-        out = torch.cat(parts)
+        for index, mb in micro_batches(batch, size=micro_batch_size, max_tokens=max_tokens,
+                                       flag=flag, group=group, lockstep=not inference_mode):
+            lp = response_log_probs(model, mb, temperature=temperature, bf16=bf16)[0]
+            out[index, : lp.shape[1]] = lp
     return out.clone()  # outside inference mode: a normal tensor the loss may save for backward

@@ -402,16 +402,18 @@ class Trainer:
 
     def old_and_ref_log_probs(self, rollout):
         exp = experience_from_rollout(rollout)
-        mbs, temp = self.cfg.micro_batch_size, self.cfg.rollout_temperature
-        if setup.needs_old_log_probs(self.cfg):  # else the update uses its own (setup.py)
-            exp.old_log_probs = batched_log_probs(unwrap(self.model), exp, micro_batch_size=mbs,
-                                                  temperature=temp, bf16=self.bf16,
-                                                  inference_mode=not self.cfg.fsdp)
-            if self.cfg.fsdp:
+        cfg = self.cfg
+        budget = ((cfg.log_probs_max_tokens_per_gpu or cfg.max_tokens_per_gpu)
+                  if cfg.use_dynamic_batch_size else None)
+        common = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
+                      bf16=self.bf16, max_tokens=budget, group=self.ctx.group)
+        if setup.needs_old_log_probs(cfg):  # else the update uses its own (setup.py)
+            exp.old_log_probs = batched_log_probs(unwrap(self.model), exp, **common,
+                                                  inference_mode=not cfg.fsdp)
+            if cfg.fsdp:
                 reshard(self.model)
         if self.ref is not None:
-            exp.ref_log_probs = batched_log_probs(self.ref, exp, micro_batch_size=mbs,
-                                                  temperature=temp, bf16=self.bf16)
+            exp.ref_log_probs = batched_log_probs(self.ref, exp, **common)
         return exp
 
     def advantages(self, exp, rewards, group_index):

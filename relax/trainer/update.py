@@ -31,7 +31,8 @@ from relax.algorithms import (
 from relax.collectives import all_reduce
 from relax.errors import NonFiniteError
 from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
-from relax.trainer.logprobs import Experience, response_log_probs
+from relax.trainer.experience import Experience, micro_batches
+from relax.trainer.logprobs import response_log_probs
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class LossSettings:
     per_token: bool = False  # --calculate-per-token-loss (group-relative family only)
     temperature: float = 1.0
     bf16: bool = False  # forward passes under bf16 autocast (relax/precision.py)
+    max_tokens: int | None = None  # token-budget micro-batches (relax/trainer/experience.py)
 
     @classmethod
     def from_config(cls, cfg, *, bf16: bool = False) -> LossSettings:
@@ -59,6 +61,7 @@ class LossSettings:
             kl_loss_type=cfg.kl_loss_type, kl_loss_coef=cfg.kl_loss_coef,
             entropy_coef=cfg.entropy_coef, per_token=cfg.calculate_per_token_loss,
             temperature=cfg.rollout_temperature, bf16=bf16,
+            max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
         )
 
     @property
@@ -71,6 +74,10 @@ class LossSettings:
         names = ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                  "train/entropy")
         return names + (("train/kl_loss",) if self.use_kl_loss else ())
+
+    # after the metric partial sums: the skipped-backward share, then the micro-batches'
+    # token slots and attended tokens (the padding fraction is computed from their global sums)
+    EXTRA = ("perf/backward_skipped_fraction", "slots", "tokens")
 
 
 def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, num_tokens):
@@ -164,7 +171,7 @@ def train_on_rollout(
         )
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = hasattr(model, "set_requires_gradient_sync")
-    names = s.metric_names + ("perf/backward_skipped_fraction",)
+    names = s.metric_names + LossSettings.EXTRA
     history = []
     for start in range(0, len(exp), local_step):
         chunk = exp.rows(start, start + local_step)
@@ -174,12 +181,15 @@ def train_on_rollout(
             num_tokens = all_reduce(chunk.response_mask.sum().to(torch.float64), ctx.group)
         optimizer.zero_grad(set_to_none=True)
         stats = _accumulate_gradients(model, chunk, s, sharded, micro_batch_size=micro_batch_size,
-                                      num_responses=global_batch_size, num_tokens=num_tokens)
+                                      num_responses=global_batch_size, num_tokens=num_tokens,
+                                      group=ctx.group)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
         values = dict(zip(names, all_reduce(stats, ctx.group).tolist(), strict=True))
         values["train/grad_norm"] = float(grad_norm)
+        slots, tokens = values.pop("slots"), values.pop("tokens")
+        values["perf/update_padding_fraction"] = 1.0 - tokens / max(slots, 1.0)
         _check_finite(values, len(history) + 1)
         optimizer.step()
         history.append(values)
@@ -187,28 +197,33 @@ def train_on_rollout(
 
 
 def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bool, *,
-                          micro_batch_size: int, num_responses: int, num_tokens) -> torch.Tensor:
-    """Backward over the micro-batches of one optimizer step; returns this rank's metric
-    partial sums (``s.metric_names`` and the skipped-backward share), float64."""
+                          micro_batch_size: int, num_responses: int, num_tokens,
+                          group) -> torch.Tensor:
+    """Backward over the micro-batches of one optimizer step; returns this rank's partial
+    sums in the order of ``s.metric_names + LossSettings.EXTRA``, float64."""
     active, inert = _split(chunk, s, sharded)
-    stats = torch.zeros(len(s.metric_names) + 1, dtype=torch.float64,
+    k = len(s.metric_names)
+    stats = torch.zeros(k + len(LossSettings.EXTRA), dtype=torch.float64,
                         device=chunk.response_mask.device)
-    for i in range(0, len(active), micro_batch_size):
-        last = i + micro_batch_size >= len(active)
-        with no_grad_sync(model, skip=not last):
-            loss, part = micro_batch_loss(model, active.rows(i, i + micro_batch_size), s,
-                                          num_responses=num_responses, num_tokens=num_tokens)
+    batches = micro_batches(active, size=micro_batch_size, max_tokens=s.max_tokens,
+                            flag="--max-tokens-per-gpu", group=group, lockstep=sharded)
+    for i, (_, mb) in enumerate(batches):
+        with no_grad_sync(model, skip=i < len(batches) - 1):
+            loss, part = micro_batch_loss(model, mb, s, num_responses=num_responses,
+                                          num_tokens=num_tokens)
             loss.backward()
-        stats[:-1] += part
+        stats[:k] += part
+        stats[k + 1] += mb.attention_mask.numel()
+        stats[k + 2] += mb.attention_mask.sum()
     if inert is not None:
         # the metrics' share of the inert rows: the same function, without autograd, and on
         # the bare module (a DDP forward may broadcast buffers, a collective)
         with torch.no_grad():
-            for i in range(0, len(inert), micro_batch_size):
-                stats[:-1] += micro_batch_loss(unwrap(model), inert.rows(i, i + micro_batch_size),
-                                               s, num_responses=num_responses,
-                                               num_tokens=num_tokens)[1]
-        stats[-1] = len(inert) / num_responses
+            for _, mb in micro_batches(inert, size=micro_batch_size, max_tokens=s.max_tokens,
+                                       flag="--max-tokens-per-gpu"):
+                stats[:k] += micro_batch_loss(unwrap(model), mb, s, num_responses=num_responses,
+                                              num_tokens=num_tokens)[1]
+        stats[k] = len(inert) / num_responses
     return stats
 
 

@@ -269,3 +269,22 @@ def test_over_sampling_needs_whole_groups_per_rank(cli, rejected, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     rejected(cli(["train", *DYNAMIC, "--rollout-batch-size", "16", "--over-sampling-batch-size",
                   "17", "--dry-run"]), "--over-sampling-batch-size 17", "WORLD_SIZE=2")
+
+
+# ---------------------------------------------------------------- token-budget micro-batches
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--max-tokens-per-gpu", "4096"], ("--max-tokens-per-gpu 4096", "--use-dynamic-batch-size")),
+    (["--log-probs-max-tokens-per-gpu", "4096"], ("--log-probs-max-tokens-per-gpu 4096",)),
+    (["--use-dynamic-batch-size"], ("--use-dynamic-batch-size", "--max-tokens-per-gpu N")),
+    (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "5"],
+     ("--max-tokens-per-gpu 5 --rollout-max-response-len 5", "at least one row")),
+])
+def test_token_budget_rejections(cli, rejected, argv, needles):
+    rejected(cli(["train", *argv, "--dry-run"]), *needles)
+
+
+def test_token_budget_accepted(cli):
+    cfg = cli(["train", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64",
+               "--dry-run"]).config()
+    assert cfg["max_tokens_per_gpu"] == 64 and cfg["log_probs_max_tokens_per_gpu"] is None

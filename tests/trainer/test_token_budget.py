@@ -1,0 +1,116 @@
+"""Token-budget micro-batches (``--use-dynamic-batch-size --max-tokens-per-gpu``): grouping,
+trimming, and the one-step gradient, loss and metrics equal to fixed micro-batches."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from relax.errors import InputError
+from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer.distributed import DistContext
+from relax.trainer.experience import budget_groups, micro_batches, split_to, trimmed
+from relax.trainer.logprobs import batched_log_probs, response_log_probs
+from relax.trainer.update import LossSettings, train_on_rollout
+from tests.trainer.helpers import make_config, read_metrics
+from tests.trainer.workers import B, fixed_experience
+
+CTX = DistContext(0, 1, 0, torch.device("cpu"), None)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(build_tokenizer(), seed=5)
+
+
+def test_groups_fit_the_budget_longest_first():
+    lengths = [9, 3, 10, 4, 4, 2]
+    groups = budget_groups(lengths, 12, "--max-tokens-per-gpu")
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    for g in groups:
+        assert len(g) * max(lengths[i] for i in g) <= 12
+    assert groups[0] == [2]  # the longest row alone: 2 x 10 > 12
+    with pytest.raises(InputError, match=r"--max-tokens-per-gpu 8: a row of this step has 10 "):
+        budget_groups(lengths, 8, "--max-tokens-per-gpu")
+    assert [len(g) for g in split_to([[0, 1, 2, 3], [4]], 3)] == [2, 2, 1]
+
+
+def test_trimmed_micro_batch_gives_the_same_log_probs(model):
+    exp = fixed_experience(model)
+    full, _ = response_log_probs(model, exp)
+    for index, mb in micro_batches(exp, size=B, max_tokens=14, flag="--max-tokens-per-gpu"):
+        assert mb.input_ids.shape[1] <= exp.input_ids.shape[1]
+        assert mb.attention_mask.numel() <= 14 * 2  # rows x widest row <= the budget
+        lp, _ = response_log_probs(model, mb)
+        mask = mb.response_mask
+        want = full[index, : lp.shape[1]]
+        torch.testing.assert_close(lp[mask], want[mask], atol=1e-5, rtol=1e-5)
+    # the no-grad passes: same values at every valid position, 0 at the trimmed ones
+    fixed = batched_log_probs(model, exp, micro_batch_size=2, temperature=1.0)
+    budget = batched_log_probs(model, exp, micro_batch_size=2, temperature=1.0, max_tokens=14)
+    m = exp.response_mask
+    torch.testing.assert_close(budget[m], fixed[m], atol=1e-5, rtol=1e-5)
+    assert trimmed(exp).input_ids.shape[1] <= exp.input_ids.shape[1]
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_one_step_gradient_equals_fixed_micro_batches(model, per_token):
+    """Tolerance 1e-5: the same sums in another order, and attention over trimmed all-padding
+    columns (exactly zero weight) removed."""
+    exp = fixed_experience(model)
+    estimator = "grpo"
+    results = []
+    for max_tokens in (None, 14):
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        s = LossSettings(estimator=estimator, use_kl_loss=True, kl_loss_type="k3",
+                         kl_loss_coef=0.1, per_token=per_token, max_tokens=max_tokens)
+        (values,) = train_on_rollout(m, opt, exp, s, CTX, global_batch_size=B,
+                                     micro_batch_size=2, clip_grad=1e9)
+        results.append((values, [p.grad.clone() for p in m.parameters()]))
+    (fixed, grads_fixed), (budget, grads_budget) = results
+    for a, b in zip(grads_fixed, grads_budget, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    for name in ("train/loss", "train/pg_loss", "train/kl_loss", "train/entropy"):
+        assert budget[name] == pytest.approx(fixed[name], rel=1e-5, abs=1e-6)
+    assert budget["perf/update_padding_fraction"] < fixed["perf/update_padding_fraction"]
+
+
+def test_relax_train_with_token_budget(tmp_path):
+    cfg = make_config("--use-dynamic-batch-size", "--max-tokens-per-gpu", "64",
+                      "--log-probs-max-tokens-per-gpu", "128",
+                      "--advantage-estimator", "reinforce_plus_plus", "--normalize-advantages",
+                      "--kl-coef", "0.01", "--num-steps-per-rollout", "2",
+                      output_dir=tmp_path / "run")
+    from relax.trainer.loop import run
+
+    run(cfg, console=False)
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 2 and all(0.0 <= r["perf/update_padding_fraction"] < 1.0 for r in rows)
+
+
+def test_fsdp_ranks_run_equally_many_budget_micro_batches(tmp_path):
+    """Under FSDP2 every pass is a collective: ranks whose rows pack into different numbers of
+    micro-batches split theirs until the counts agree (a hang would fail the bounded wait)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.distributed_utils import free_port
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "relax", "train", "--num-rollout", "2", "--rollout-batch-size", "4",
+           "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
+           "--num-steps-per-rollout", "2", "--use-dynamic-batch-size",
+           "--max-tokens-per-gpu", "24", "--fsdp", "--device", "cpu", "--output-dir", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["rollout/step"] for r in read_metrics(out)] == [1, 2]
