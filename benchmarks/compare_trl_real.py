@@ -6,7 +6,8 @@ reads Relax's phase split and MFU from its ``metrics.jsonl``. Not part of the te
 Needs the ``bench`` and ``rl`` extras and the model directory::
 
     python scripts/fetch_smollm2.py
-    .venv/bin/python benchmarks/compare_trl_real.py --summary real.json
+    .venv/bin/python benchmarks/compare_trl_real.py --threads 1 --summary real.json
+    .venv/bin/python benchmarks/compare_trl_real.py --report real.json   # the tables again
     # --precisions fp32 bf16 --k1 1 --k2 2 --repeats 2 --model DIR --workdir DIR
 
 The same work for both:
@@ -33,9 +34,16 @@ Timing is ``compare_trl.py``'s: each trainer in its own process, for ``--k1`` an
 steps, per-step time = (wall(K2) - wall(K1)) / (K2 - K1), so imports, model loading and the
 start-up measurements cancel; runs alternate Relax, TRL, Relax, TRL; medians over
 ``--repeats``. Peak RSS is the child's ``ru_maxrss`` (max over the K2 runs). Relax's phase
-times and ``perf/*_mfu`` are those of the last step of each K2 run (medians). The reward of
-every step of every run is kept; a few steps of a 135M model cannot show a difference of
-learning, only a gross one of the reward or the sampling.
+times and ``perf/*_mfu`` are those of the last step of each K2 run (medians), next to each
+trainer's own timer of that step (Relax ``perf/step_time``; TRL's ``step_time``, its
+``training_step`` without the optimizer step), which no start-up noise reaches, and to the
+share of the counted FLOPs the hardware does (``hardware_share``: ``perf/*_mfu`` count a
+group's prompt for each of its rows, Relax's forwards run it once). The reward of every step
+of every run is kept; a few steps of a 135M model cannot show a difference of learning, only a
+gross one of the reward or the sampling.
+
+``--threads 1`` on a machine with other work: two OpenMP threads stall whenever the scheduler
+parks one of them (docs/performance.md), one thread per trainer does not.
 """
 
 from __future__ import annotations
@@ -132,6 +140,19 @@ def trl_child(a) -> None:
                                     "response_length": h.get("completions/mean_length")}) + "\n")
 
 
+def trl_step_times(log: str) -> list[float]:
+    """TRL's own ``step_time`` metric per step (its ``training_step``: generation, scoring,
+    reference pass, loss and backward; not the optimizer step), from the child's log."""
+    import ast
+
+    times = []
+    with open(log, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("{") and "'step_time'" in line:
+                times.append(float(ast.literal_eval(line.strip())["step_time"]))
+    return times
+
+
 def run(side, a, data, precision, steps, tag, env) -> dict:
     """One child run in a fresh directory: wall seconds, peak RSS and its per-step metrics."""
     out = os.path.join(a.workdir, "runs", f"{side}-{precision}-{steps}-{tag}")
@@ -145,6 +166,9 @@ def run(side, a, data, precision, steps, tag, env) -> dict:
                    "response_length": r["rollout/response_length"],
                    **{k: r[f"perf/{k}"] for k in PERF_KEYS if f"perf/{k}" in r}} for r in rows]
                  if side == "relax" else rows)
+    if side == "trl":
+        for row, seconds in zip(steps_out, trl_step_times(out + ".log"), strict=False):
+            row["step_time"] = seconds
     return {"wall_s": wall, "peak_rss_mib": rss, "steps": steps_out}
 
 
@@ -178,7 +202,58 @@ def compare(a, data, precision, env) -> dict:
     row["relax"]["perf"] = {k: statistics.median(s[k] for s in last)
                             for k in PERF_KEYS if all(k in s for s in last)}
     row["ratio"] = row["relax"]["per_step_s"] / row["trl"]["per_step_s"]
+    complete(row, a, data)
     return row
+
+
+def hardware_share(a, data, response_length: float) -> float:
+    """Hardware FLOPs / counted FLOPs of one forward of the batch: ``perf/*_mfu`` count each
+    group's prompt for every one of its ``samples`` rows (docs/performance.md, "Distance to the
+    limit"); Relax's training and reference forwards run it once per group. From the
+    chat-formatted prompts' token counts and the mean response length."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from relax.rollout.data import format_prompt
+    from relax.trainer.flops import ModelShape
+
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    with open(data, encoding="utf-8") as f:
+        questions = [json.loads(line)["input"] for line in f]
+    prompt = [len(tokenizer(format_prompt(tokenizer, q, apply_chat_template=True,
+                                          system_prompt=None), add_special_tokens=False)
+                  ["input_ids"]) for q in questions]
+    with torch.device("meta"):
+        shape = ModelShape.of(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.model)))
+    r, n = response_length, a.samples
+    body, head = 2 * shape.body_weights, 2 * shape.head_weights
+    attn = 4 * shape.layers * shape.attn_width
+    counted = sum(body * (p + r) + head * r + attn * (p + r) ** 2 for p in prompt)
+    # the prompt once per group: its weights and its own attention shared by the n rows
+    hardware = sum(body * (p / n + r) + head * r + attn * (p * p / n + (p + r) ** 2 - p * p)
+                   for p in prompt)
+    return hardware / counted
+
+
+def internal_step_times(a, side: str, precision: str) -> list[float]:
+    """Each trainer's own timer of the last step of each K2 run (Relax ``perf/step_time``,
+    TRL ``step_time``), read back from the run directories."""
+    times = []
+    for rep in range(a.repeats):
+        out = os.path.join(a.workdir, "runs", f"{side}-{precision}-{a.k2}-r{rep}")
+        if side == "trl":
+            times += trl_step_times(out + ".log")[-1:]
+        else:
+            with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+                times.append(json.loads(f.readlines()[-1])["perf/step_time"])
+    return times
+
+
+def complete(row: dict, a, data: str) -> None:
+    """Add the figures derived after the runs: the hardware share and the own timers."""
+    row["hardware_share"] = hardware_share(a, data, row["relax"]["response_length"])
+    for side in ("relax", "trl"):
+        row[side]["internal_step_s"] = internal_step_times(a, side, row["precision"])
 
 
 def markdown(rows) -> str:
@@ -198,6 +273,19 @@ def markdown(rows) -> str:
         perf = r["relax"]["perf"]
         out.append(f"| {r['precision']} | " + " | ".join(
             f"{perf[k]:.3g}" if k in perf else "-" for k in PERF_KEYS) + " |")
+    out.append("")
+    for r in rows:
+        share = r.get("hardware_share")
+        if share:
+            out.append(f"{r['precision']}: hardware FLOPs / counted FLOPs {share:.3f} (the prompt "
+                       "once per group); update and log-prob MFU of the hardware: "
+                       f"{r['relax']['perf'].get('update_mfu', 0) * share:.3f} and "
+                       f"{r['relax']['perf'].get('log_prob_mfu', 0) * share:.3f}")
+        for side in ("relax", "trl"):
+            internal = r[side].get("internal_step_s")
+            if internal:
+                out.append(f"{r['precision']} {side}: own per-step timer, last step of each K2 "
+                           f"run: {' '.join(f'{v:.1f}' for v in internal)} s")
     out.append("")
     for r in rows:
         for side in ("relax", "trl"):
@@ -234,7 +322,18 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for both (default: each trainer's own choice)")
     p.add_argument("--summary", default=None, help="write the results as JSON here")
+    p.add_argument("--report", default=None, metavar="SUMMARY",
+                   help="print the tables of a saved --summary (nothing is run)")
     a = p.parse_args(argv)
+    if a.report:
+        with open(a.report, encoding="utf-8") as f:
+            saved = json.load(f)
+        a = argparse.Namespace(**saved["args"])
+        for row in saved["timing"]:
+            if "hardware_share" not in row:
+                complete(row, a, write_prompts(a.workdir, a.k2 * a.prompts))
+        print(markdown(saved["timing"]))
+        return None
     if a.k2 <= a.k1:
         p.error("--k2 must be larger than --k1")
     if (a.prompts * a.samples) % MICRO_BATCH:
