@@ -234,12 +234,14 @@ def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
     # a fresh directory: Relax appends to an existing metrics.jsonl (resume semantics), and a
     # previous invocation's rows would enter the response lengths and rewards read back
     shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     command, metrics = SIDES[side]
     beta = a.beta if setting == "kl" else 0.0
     cmd = command(model_dir, data, steps, out, beta=beta, lr=a.lr, seed=seed,
                   micro_batch_size=a.micro_batch_size[size])
-    wall, rss = run_child(cmd, os.path.join(out, "log.txt"), env)
+    # the log beside the run directory: Relax refuses an output directory holding files it
+    # did not write
+    wall, rss = run_child(cmd, out + ".log", env)
     return wall, rss, metrics(out)
 
 
