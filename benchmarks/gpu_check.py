@@ -110,10 +110,23 @@ def train(args, size: dict, model_dir: str) -> dict:
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
     start = time.perf_counter()
     # the child's output is passed through, so a failure shows its own message
-    subprocess.run(cmd, check=True, env=env, timeout=args.train_timeout)
+    timed_out = None
+    try:
+        subprocess.run(cmd, check=True, env=env, timeout=args.train_timeout)
+    except subprocess.TimeoutExpired as e:
+        # one call of a lent GPU is all there is: report the steps that finished, then fail
+        timed_out = e
     wall = time.perf_counter() - start
-    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+    metrics = os.path.join(out, "metrics.jsonl")
+    rows = []
+    if os.path.isfile(metrics):
+        with open(metrics, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+    if not rows:
+        raise timed_out or RuntimeError(f"no step was logged in {metrics}")
+    if timed_out:
+        say(f"train: stopped at the {args.train_timeout:.0f} s limit after {len(rows)} steps; "
+            "their figures follow")
     later = rows[1:] or rows  # the first step pays for kernel selection and allocator growth
 
     def median(key):
@@ -137,6 +150,8 @@ def train(args, size: dict, model_dir: str) -> dict:
             f"{k} {result[k]:.3f}" for k in RATIOS if result[k] is not None)
         + f"; measured peak {result['peak_tflops']:.3g} TFLOP/s, copy bandwidth "
         f"{result['bandwidth_gb_per_s']:.0f} GB/s; peak {memory} {result['peak_memory_gb']:.2f} GiB")
+    if timed_out:
+        raise timed_out
     return result
 
 
@@ -258,8 +273,12 @@ def main(argv=None) -> int:
         try:
             summary[name] = fn(args, size, model_dir)
         except (subprocess.SubprocessError, OSError, RuntimeError, ValueError) as e:
+            detail = (f"timed out after {e.timeout:.0f} s"
+                      if isinstance(e, subprocess.TimeoutExpired)
+                      else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            summary[name] = {"error": detail}
             # one phase failing (a timeout, an out-of-memory) still lets the next one report
-            say(f"{name} FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            say(f"{name} FAILED: {detail}")
             failed.append(name)
         if args.device == "cuda":
             torch.cuda.empty_cache()

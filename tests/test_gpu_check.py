@@ -43,6 +43,16 @@ def test_tiny_cpu_mode_runs_every_phase(tmp_path):
     assert decode["ratio_transformers_over_relax"] > 0
 
 
+def test_a_training_run_out_of_time_fails_the_check_with_a_short_message(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "gpu_check.py"), "--size", "tiny",
+         "--device", "cpu", "--workdir", str(tmp_path / "check"), "--train-timeout", "0.5",
+         "--skip-decode"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 1
+    assert "train FAILED: timed out after 0 s" in proc.stdout  # not the whole command line
+    assert "FAILED: train" in proc.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_shell_script_stops_with_a_message_without_cuda():
     proc = subprocess.run(["bash", os.path.join(REPO, "benchmarks", "gpu_check.sh")],
