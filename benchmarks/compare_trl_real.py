@@ -166,9 +166,6 @@ def run(side, a, data, precision, steps, tag, env) -> dict:
                    "response_length": r["rollout/response_length"],
                    **{k: r[f"perf/{k}"] for k in PERF_KEYS if f"perf/{k}" in r}} for r in rows]
                  if side == "relax" else rows)
-    if side == "trl":
-        for row, seconds in zip(steps_out, trl_step_times(out + ".log"), strict=False):
-            row["step_time"] = seconds
     return {"wall_s": wall, "peak_rss_mib": rss, "steps": steps_out}
 
 
