@@ -126,10 +126,16 @@ def trl_command(model_dir, data, steps, out, *, beta, lr, seed, micro_batch_size
 
 
 def trl_trainer(model_dir, data, out, *, steps, beta, lr, seed, on_rewards=None,
-                bias_corrected_kl=False, callbacks=()):
+                bias_corrected_kl=False, callbacks=(), prompts=PROMPTS, samples=SAMPLES,
+                new_tokens=NEW_TOKENS, bf16=False, reward=None, chat=False):
     """TRL's ``GRPOTrainer`` set up for the comparison's work: the one place its settings live.
 
-    ``on_rewards(list)`` sees each batch's rewards; ``bias_corrected_kl`` is trl 1.16's
+    The defaults are this script's tiny setup; ``compare_trl_real.py`` passes its own batch
+    (``prompts`` x ``samples``, ``new_tokens``), ``reward`` (``f(prompts, responses, labels)``,
+    Relax's signature; default the copy task's), ``chat`` (each prompt as one user message, so
+    TRL applies the tokenizer's chat template as Relax's ``--apply-chat-template`` does) and
+    ``bf16`` (TRL's mixed precision: fp32 weights, bf16 autocast). ``on_rewards(list)`` sees
+    each batch's rewards; ``bias_corrected_kl`` is trl 1.16's
     default, which multiplies its k3 KL by the (differentiable) importance ratio and so turns
     the KL gradient into ``logp - logp_ref``, the k2 gradient, while the loss value stays k3.
     Relax's ``--kl-loss-type k3`` is SPEC 2's k3 with its exact gradient, so the comparison
@@ -144,20 +150,23 @@ def trl_trainer(model_dir, data, out, *, steps, beta, lr, seed, on_rewards=None,
 
     with open(data, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    task = CopyTask()
+    score = reward or CopyTask().reward
 
-    def copy_reward(prompts, completions, label, **_):
-        rewards = task.reward(prompts, completions, label)
+    def batch_reward(prompts, completions, label, **_):
+        if chat:  # conversational rows: TRL passes message lists, Relax's rewards take text
+            prompts = [p[-1]["content"] for p in prompts]
+            completions = [c[-1]["content"] for c in completions]
+        rewards = score(prompts, completions, label)
         if on_rewards is not None:
             on_rewards(rewards)
         return rewards
 
     args = GRPOConfig(
-        output_dir=out, use_cpu=True, bf16=False, seed=seed, report_to="none",
+        output_dir=out, use_cpu=True, bf16=bf16, seed=seed, report_to="none",
         save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=steps,
-        per_device_train_batch_size=PROMPTS * SAMPLES, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_iterations=1, num_generations=SAMPLES,
-        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
+        per_device_train_batch_size=prompts * samples, gradient_accumulation_steps=1,
+        steps_per_generation=1, num_iterations=1, num_generations=samples,
+        max_completion_length=new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         loss_type="grpo", scale_rewards="group", beta=beta, epsilon=0.2,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0,
@@ -166,10 +175,11 @@ def trl_trainer(model_dir, data, out, *, steps, beta, lr, seed, on_rewards=None,
     )
     return GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-        reward_funcs=copy_reward, args=args, processing_class=AutoTokenizer.from_pretrained(
+        reward_funcs=batch_reward, args=args, processing_class=AutoTokenizer.from_pretrained(
             model_dir), callbacks=list(callbacks),
-        train_dataset=Dataset.from_list([{"prompt": r["input"], "label": r["label"]}
-                                         for r in rows]))
+        train_dataset=Dataset.from_list([
+            {"prompt": [{"role": "user", "content": r["input"]}] if chat else r["input"],
+             "label": r["label"]} for r in rows]))
 
 
 def trl_child(a) -> None:
@@ -224,12 +234,14 @@ def run_side(side, workdir, size, setting, steps, tag, a, env, seed):
     # a fresh directory: Relax appends to an existing metrics.jsonl (resume semantics), and a
     # previous invocation's rows would enter the response lengths and rewards read back
     shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     command, metrics = SIDES[side]
     beta = a.beta if setting == "kl" else 0.0
     cmd = command(model_dir, data, steps, out, beta=beta, lr=a.lr, seed=seed,
                   micro_batch_size=a.micro_batch_size[size])
-    wall, rss = run_child(cmd, os.path.join(out, "log.txt"), env)
+    # the log beside the run directory: Relax refuses an output directory holding files it
+    # did not write
+    wall, rss = run_child(cmd, out + ".log", env)
     return wall, rss, metrics(out)
 
 

@@ -32,14 +32,23 @@ TINY_MODEL = dict(
 )
 
 
-def build_tokenizer():
-    """A character-level ``PreTrainedTokenizerFast`` with eos and pad tokens (pad id 0, eos 1)."""
+def build_tokenizer(vocab_size: int | None = None):
+    """A character-level ``PreTrainedTokenizerFast`` with eos and pad tokens (pad id 0, eos 1).
+
+    ``vocab_size`` pads the vocabulary with placeholder tokens ``<extra_i>`` up to that size,
+    for a model shaped like a real one (a 151,936-entry output layer costs what it costs in
+    Qwen3); text still encodes character by character, and sampled placeholders decode to
+    their names."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {PAD: 0, EOS: 1, UNK: 2}
     for c in CHARS:
         vocab[c] = len(vocab)
+    if vocab_size is not None and vocab_size < len(vocab):
+        raise ValueError(f"vocab_size {vocab_size}: the characters alone need {len(vocab)}")
+    for i in range((vocab_size or 0) - len(vocab)):
+        vocab[f"<extra_{i}>"] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     # every character is its own piece; `[\s\S]` because `.` would skip newlines
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
