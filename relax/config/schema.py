@@ -25,6 +25,7 @@ GROUPS: dict[str, str] = {
     "algorithm": "Advantage estimator, losses and KL (reinforce_plus_plus.md §2-§7).",
     "batches": "Sizes in prompts and samples (responses).",
     "model and data": "Defaults: the built-in tiny model and task.",
+    "lora": "Low-rank adapters instead of full fine-tuning (peft).",
     "optimizer": "AdamW, constant learning rate.",
     "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
     "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
@@ -260,6 +261,22 @@ class TrainConfig:
         None, "Default 8. Bound on the dynamic-sampling rounds of one rollout step; when it is "
         "reached the step trains on the groups that passed (rollout/groups_trained), or skips "
         "the update when none did.", group="batches")
+
+    # LoRA
+    lora_rank: int = option(
+        0, "Default 0 (off: full fine-tuning). LoRA rank R: train low-rank adapters (peft) on "
+        "--lora-target-modules instead of the weights; the reference is the same model with "
+        "the adapter off.", group="lora")
+    lora_alpha: float = option(
+        16.0, "Default 16. LoRA scaling alpha (the update is scaled by alpha / R).",
+        group="lora")
+    lora_dropout: float = option(
+        0.0, "Default 0. Dropout on the adapter's input, in [0, 1).", group="lora")
+    lora_target_modules: list | None = option(
+        None, "Default: every linear layer of the blocks (q_proj k_proj v_proj o_proj "
+        "gate_proj up_proj down_proj). Hugging Face module names, or Relax's Megatron names "
+        "linear_qkv linear_proj linear_fc1 linear_fc2.", group="lora", nargs="+",
+        metavar="NAME")
 
     # model and data
     hf_checkpoint: str | None = option(

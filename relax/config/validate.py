@@ -254,6 +254,30 @@ def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
         reject(cfg, "log_samples", "must be >= 0 samples per rollout step; 0 turns it off")
 
 
+def _check_lora(cfg: TrainConfig) -> None:
+    if cfg.lora_rank < 0:
+        reject(cfg, "lora_rank", "must be >= 0; 0 turns LoRA off")
+    if cfg.lora_rank == 0:
+        for dest in ("lora_alpha", "lora_dropout", "lora_target_modules"):
+            if getattr(cfg, dest) != _DEFAULTS[dest]:
+                reject(cfg, dest, "has no effect without --lora-rank R; add it or remove this")
+        return
+    if importlib.util.find_spec("peft") is None:
+        reject(cfg, "lora_rank", "needs the peft package; pip install 'relax-rl[train]'")
+    if cfg.lora_alpha <= 0:
+        reject(cfg, "lora_alpha", "must be > 0, e.g. 16")
+    if not 0.0 <= cfg.lora_dropout < 1.0:
+        reject(cfg, "lora_dropout", "must lie in [0, 1); the default is 0")
+    if cfg.fsdp:
+        reject(cfg, ("lora_rank", "fsdp"), "LoRA trains with DDP replication (the adapters are "
+               "small); remove --fsdp")
+    if cfg.load is not None or cfg.save is not None:
+        dest = "save" if cfg.save is not None else "load"
+        reject(cfg, ("lora_rank", dest), "checkpoints of LoRA runs are not written yet; train "
+               "without --save/--load (the final merged model is not saved either) or use full "
+               "fine-tuning")
+
+
 def _check_token_budget(cfg: TrainConfig) -> None:
     budgets = ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu")
     if not cfg.use_dynamic_batch_size:
@@ -372,6 +396,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     _check_run(cfg, explicit)
     _check_dynamic_sampling(cfg)
     _check_token_budget(cfg)
+    _check_lora(cfg)
     output_dir = cfg.output_dir or os.path.join(
         "runs", f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(

@@ -50,6 +50,9 @@ def unsupported_reason(model) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
         return "no model.layers / lm_head"
+    # a peft LoRA layer's .weight is its frozen base weight: reading weights would drop the adapter
+    if any(type(m).__module__.startswith("peft.") for m in model.modules()):
+        return "LoRA adapter layers (peft)"
     # no DTensor can exist unless its module was imported (importing it costs ~0.5 s and sympy)
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters()):

@@ -76,6 +76,7 @@ from relax.trainer.distributed import (
 )
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
+from relax.trainer.lora import ALL_LINEAR, adapter_disabled, add_lora
 from relax.trainer.resume import check_resume
 from relax.trainer.runtime import Timer, peak_memory_gb, rows_after
 from relax.trainer.signals import StopRequest
@@ -193,13 +194,21 @@ class Trainer:
                                    ctx.device, seed=cfg.seed)
         self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)
         self._check_prompt_lengths(policy)
-        # the reference is the initial weights (or --ref-load), also when resuming
+        self._measure_limits(policy)
+        self.lora = None
+        if cfg.lora_rank:
+            self.lora = add_lora(policy, rank=cfg.lora_rank, alpha=cfg.lora_alpha,
+                                 dropout=cfg.lora_dropout,
+                                 targets=cfg.lora_target_modules or list(ALL_LINEAR))
+        # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
+        # the initial weights are the policy with its adapter switched off
         self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device, bf16=self.bf16)
-                    if setup.needs_reference(cfg) else None)
+                    if setup.needs_reference(cfg) and not (self.lora and not cfg.ref_load)
+                    else None)
+        self.has_reference = setup.needs_reference(cfg)
         if ctx.is_main:
             check_free_space(cfg.save, sum(p.numel() for p in policy.parameters()
                                            if p.requires_grad))
-        self._measure_limits(policy)
         self.model = wrap_model(policy, ctx, fsdp=cfg.fsdp)
         self.optimizer = setup.build_optimizer(self.model, cfg)
         self.start_step, self.resumed_from, self.cursor = 0, None, 0
@@ -414,6 +423,9 @@ class Trainer:
                 reshard(self.model)
         if self.ref is not None:
             exp.ref_log_probs = batched_log_probs(self.ref, exp, **common)
+        elif self.has_reference:  # LoRA: the policy with its adapter off is the reference
+            with adapter_disabled(self.lora):
+                exp.ref_log_probs = batched_log_probs(unwrap(self.model), exp, **common)
         return exp
 
     def advantages(self, exp, rewards, group_index):
@@ -475,7 +487,7 @@ class Trainer:
             self.tracker.add_sum(name, self.shape.forward_flops(
                 r.prompt_mask.sum(-1) + responses, responses))
         metrics = self.tracker.reduce()
-        passes = int(setup.needs_old_log_probs(self.cfg)) + int(self.ref is not None)
+        passes = int(setup.needs_old_log_probs(self.cfg)) + int(self.has_reference)
         metrics.update(phase_metrics(
             metrics.pop("perf/forward_flops"), log_prob_passes=passes,
             generate_forward=metrics.pop("perf/generate_flops"),

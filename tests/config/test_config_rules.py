@@ -288,3 +288,22 @@ def test_token_budget_accepted(cli):
     cfg = cli(["train", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64",
                "--dry-run"]).config()
     assert cfg["max_tokens_per_gpu"] == 64 and cfg["log_probs_max_tokens_per_gpu"] is None
+
+
+# ---------------------------------------------------------------- LoRA
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--lora-alpha", "32"], ("--lora-alpha 32", "--lora-rank")),
+    (["--lora-target-modules", "q_proj"], ("--lora-target-modules q_proj",)),
+    (["--lora-rank", "-1"], ("--lora-rank -1",)),
+    (["--lora-rank", "8", "--lora-dropout", "1"], ("--lora-dropout 1",)),
+    (["--lora-rank", "8", "--fsdp"], ("--lora-rank 8 --fsdp", "remove --fsdp")),
+])
+def test_lora_rejections(cli, rejected, argv, needles):
+    rejected(cli(["train", *argv, "--dry-run"]), *needles)
+
+
+def test_lora_accepted(cli):
+    cfg = cli(["train", "--lora-rank", "8", "--lora-target-modules", "linear_qkv", "linear_fc1",
+               "--dry-run"]).config()
+    assert cfg["lora_rank"] == 8 and cfg["lora_target_modules"] == ["linear_qkv", "linear_fc1"]

@@ -1,0 +1,77 @@
+"""LoRA policy training (``--lora-rank R``), built on the ``peft`` library.
+
+The adapter is injected into the policy's own Hugging Face module, so generation, log-probs,
+DDP and the update see one ordinary model whose only trainable parameters are the LoRA
+matrices (AdamW keeps state for those only). The reference policy is the same module with the
+adapter switched off (:func:`adapter_disabled`): no second copy of the weights exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+
+from relax.errors import InputError
+
+# Relax's Megatron-style names -> the Hugging Face Llama/Qwen module names they cover
+MEGATRON_NAMES: dict[str, tuple[str, ...]] = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
+}
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def hf_target_names(names: list[str]) -> list[str]:
+    """``--lora-target-modules`` with Megatron names mapped to Hugging Face ones, in order."""
+    out: list[str] = []
+    for name in names:
+        for hf in MEGATRON_NAMES.get(name, (name,)):
+            if hf not in out:
+                out.append(hf)
+    return out
+
+
+def _linear_names(model: torch.nn.Module) -> list[str]:
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear)})
+
+
+def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
+             targets: list[str]):
+    """Inject LoRA adapters into ``model`` (in place) and return peft's tuner (a ``LoraModel``,
+    for switching the adapter off and saving it); ``model`` stays the module to train."""
+    from peft import LoraConfig, LoraModel
+
+    names = hf_target_names(targets)
+    present = _linear_names(model)
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise InputError(f"--lora-target-modules {' '.join(targets)}: the model has no linear "
+                         f"layer named {missing[0]!r}; its linear layers are "
+                         f"{', '.join(present)} (or Megatron names {', '.join(MEGATRON_NAMES)})")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names,
+                        bias="none")
+    tuner = LoraModel(model, config, "default")
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return tuner
+
+
+@contextlib.contextmanager
+def adapter_disabled(tuner):
+    """The base model (the reference policy) for the duration of the block."""
+    tuner.disable_adapter_layers()
+    try:
+        yield
+    finally:
+        tuner.enable_adapter_layers()
+
+
+def merged_copy(tuner) -> torch.nn.Module:
+    """A plain Hugging Face model with the adapter merged into its weights (the export); the
+    training model is left as it is."""
+    return copy.deepcopy(tuner).merge_and_unload()
