@@ -32,7 +32,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -52,7 +51,7 @@ from relax.rollout.data import (
     report_overlap,
 )
 from relax.rollout.filters import kept_groups, load_group_filter
-from relax.rollout.generate import Rollout, concat_rollouts, generate, tokenize_prompts
+from relax.rollout.generate import generate, tokenize_prompts
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.rewards import (
     build_reward_fn,
@@ -80,23 +79,8 @@ from relax.trainer.lora import ALL_LINEAR, adapter_disabled, add_lora
 from relax.trainer.resume import check_resume
 from relax.trainer.runtime import Timer, peak_memory_gb, rows_after
 from relax.trainer.signals import StopRequest
+from relax.trainer.step_batch import StepBatch, kept_batch
 from relax.trainer.update import LossSettings, train_on_rollout
-
-
-@dataclass
-class StepBatch:
-    """One rank's samples of a rollout step: what it trains on (``rollout`` and the lists and
-    tensors of its rows, whole groups) and what it generated (``generated``: every round of
-    dynamic sampling, for the generation metrics; ``decode_steps``: the decode loop's steps)."""
-
-    prompts: list[str]
-    labels: list
-    group_index: torch.Tensor  # [B] local group ids
-    rollout: Rollout
-    responses: list[str]
-    rewards: torch.Tensor  # [B]
-    generated: Rollout
-    decode_steps: int
 
 
 class Trainer:
@@ -352,7 +336,7 @@ class Trainer:
         rounds = cfg.dynamic_sampling_max_rounds if self.group_filter else 1
         count = cfg.over_sampling_batch_size if self.group_filter else cfg.rollout_batch_size
         quota = cfg.rollout_batch_size // self.ctx.world_size
-        parts, kept = [], []  # per round: (prompts, labels, rollout, responses, rewards); (round, group)
+        parts, kept = [], []  # every round's StepBatch; (round, group) of each kept group
         generated_groups = 0
         for r in range(rounds):
             prompts, labels, group_index = self.sample_prompts(self.cursor, count)
@@ -362,10 +346,11 @@ class Trainer:
             with t("reward"):
                 responses = self.decode(rollout)
                 rewards = self.score(prompts, responses, labels, group_index)
-            parts.append((prompts, labels, rollout, responses, rewards))
+            part = StepBatch(prompts, labels, group_index, rollout, responses, rewards, rollout,
+                             rollout.response_ids.shape[1])
             if self.group_filter is None:
-                return StepBatch(prompts, labels, group_index, rollout, responses, rewards,
-                                 rollout, rollout.response_ids.shape[1])
+                return part
+            parts.append(part)
             n = cfg.n_samples_per_prompt
             generated_groups += len(prompts) // n
             kept += [(r, g) for g in kept_groups(self.group_filter, rewards.tolist(), responses,
@@ -388,26 +373,14 @@ class Trainer:
         self.tracker.add_max("rollout/sampling_rounds", rounds)
         self.tracker.add_ratio("rollout/filtered_fraction", generated_groups - len(kept),
                                generated_groups)
-        all_rewards = torch.cat([p[4] for p in parts])
+        all_rewards = torch.cat([p.rewards for p in parts])
         # rollout/raw_reward is the trained (kept) groups'; this one is every sample's
         self.tracker.add_ratio("rollout/generated_reward", all_rewards.sum(), len(all_rewards))
         if k < quota and self.ctx.is_main:
             print(f"relax train: warning: dynamic sampling kept {k} of {quota} groups per rank "
                   f"after {rounds} rounds (--dynamic-sampling-max-rounds); "
                   + ("training on those" if k else "no update this step"), file=sys.stderr)
-        rows = [(r, g * n + j) for r, g in kept[:k] for j in range(n)]
-        generated = concat_rollouts([p[2] for p in parts], self.tokenizer.pad_token_id)
-        offsets = [0]
-        for p in parts:
-            offsets.append(offsets[-1] + len(p[0]))
-        flat = [offsets[r] + i for r, i in rows]
-        rollout = generated.select(flat)
-        pick = lambda column: [x for p in parts for x in p[column]]  # noqa: E731
-        prompts, labels, responses = ([pick(c)[i] for i in flat] for c in (0, 1, 3))
-        rewards = all_rewards[torch.as_tensor(flat, dtype=torch.long, device=self.ctx.device)]
-        group_index = torch.arange(k, device=self.ctx.device).repeat_interleave(n)
-        return StepBatch(prompts, labels, group_index, rollout, responses, rewards, generated,
-                         sum(p[2].response_ids.shape[1] for p in parts))
+        return kept_batch(parts, kept[:k], n, self.tokenizer.pad_token_id)
 
     def old_and_ref_log_probs(self, rollout):
         exp = experience_from_rollout(rollout)

@@ -1,0 +1,45 @@
+"""What one rank samples in a rollout step, and the batch dynamic sampling keeps of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relax.rollout.generate import Rollout, concat_rollouts
+
+
+@dataclass
+class StepBatch:
+    """One rank's samples of a rollout step: what it trains on (``rollout`` and the lists and
+    tensors of its rows, whole groups) and what it generated (``generated``: every round of
+    dynamic sampling, for the generation metrics; ``decode_steps``: the decode loop's steps)."""
+
+    prompts: list[str]
+    labels: list
+    group_index: torch.Tensor  # [B] local group ids
+    rollout: Rollout
+    responses: list[str]
+    rewards: torch.Tensor  # [B]
+    generated: Rollout
+    decode_steps: int
+
+
+def kept_batch(parts: list[StepBatch], kept: list[tuple[int, int]], n: int,
+               pad_token_id: int) -> StepBatch:
+    """The groups ``kept`` (``(round, group)`` pairs, in order) of the rounds ``parts``, as one
+    batch with local group ids 0..k-1; ``generated`` holds every row of every round."""
+    generated = concat_rollouts([p.rollout for p in parts], pad_token_id)
+    offsets = [0]
+    for p in parts:
+        offsets.append(offsets[-1] + len(p.prompts))
+    rows = [offsets[r] + g * n + j for r, g in kept for j in range(n)]
+    pick = lambda name: [x for p in parts for x in getattr(p, name)]  # noqa: E731
+    prompts, labels, responses = ([pick(f)[i] for i in rows]
+                                  for f in ("prompts", "labels", "responses"))
+    device = generated.prompt_ids.device
+    rewards = torch.cat([p.rewards for p in parts])[torch.tensor(rows, dtype=torch.long,
+                                                                 device=device)]
+    group_index = torch.arange(len(kept), device=device).repeat_interleave(n)
+    return StepBatch(prompts, labels, group_index, generated.select(rows), responses, rewards,
+                     generated, sum(p.rollout.response_ids.shape[1] for p in parts))
