@@ -29,6 +29,8 @@ GROUPS: dict[str, str] = {
     "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
     "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
                   "held-out prompts (docs/configuration.md).",
+    "environments": "Multi-turn episodes: the model acts, an environment answers "
+                    "(relax/rollout/envs.py, relax/rollout/episodes.py).",
     "run": "Output, checkpoints, logging.",
 }
 
@@ -310,6 +312,16 @@ class TrainConfig:
     eval_max_response_len: int | None = _eval_max_response_len()
     eval_batch_size: int = _eval_batch_size()
     eval_pass_threshold: float = _eval_pass_threshold()
+
+    # environments
+    env: str | None = option(
+        None, "Default none (single-turn prompts). Train on multi-turn episodes against an "
+        "environment: gem:ID, textarena:ID (pip install 'relax-rl[agents]') or "
+        "'module:factory' / 'file.py:factory' (relax/rollout/envs.py); excludes --prompt-data "
+        "and the reward flags (the environment scores the episode).", group="environments")
+    max_turns: int = option(
+        4, "Default 4. Most model turns per --env episode; each turn generates at most "
+        "--rollout-max-response-len tokens.", group="environments")
 
     # run
     output_dir: str | None = option(

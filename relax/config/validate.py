@@ -14,7 +14,8 @@ The rules, in the order they are checked:
 3. the reinforce_plus_plus.md §8 rows for both REINFORCE++ variants and the modes that no
    estimator implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
-5. data, reward, model paths, run directories, evaluation (``eval_flags.py``);
+5. environments (``--env``), data, reward, model paths, run directories, evaluation
+   (``eval_flags.py``);
 6. batch arithmetic against the data-parallel world size (``WORLD_SIZE``).
 """
 
@@ -62,6 +63,7 @@ _RANGES = {
     "num_rollout": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
     "num_epoch": (lambda v: v is None or v >= 1, "must be >= 1 passes over --prompt-data"),
     "rollout_max_response_len": (lambda v: v >= 1, "must be >= 1 tokens"),
+    "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
     "rollout_temperature": (lambda v: v > 0.0, "must be > 0; use 1.0 for plain sampling"),
     "rollout_top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 to turn it off"),
     "rollout_top_k": (lambda v: v == -1 or v >= 1, "must be >= 1, or -1 to turn top-k off"),
@@ -233,6 +235,39 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
                "'relax-rl[train]' or remove --use-tensorboard")
 
 
+ENV_LIBRARIES = {"gem": "gem", "textarena": "textarena"}  # --env prefix -> its module
+
+
+def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
+    """``--env``: the library is installed or the factory exists (nothing is imported); the
+    environment scores the episodes, so prompt data and reward flags have nothing to do."""
+    if cfg.env is None:
+        if "max_turns" in explicit:
+            reject(cfg, "max_turns", "only applies to --env episodes; add --env or remove it")
+        return
+    prefix, sep, env_id = cfg.env.partition(":")
+    if sep and prefix in ENV_LIBRARIES:
+        if not env_id:
+            reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
+        if importlib.util.find_spec(ENV_LIBRARIES[prefix]) is None:
+            reject(cfg, "env", f"the {prefix} library is not installed; pip install "
+                   "'relax-rl[agents]', or use gem:ID, textarena:ID or 'module:factory'")
+    else:
+        where = cfg.env.rpartition(":")[0]
+        if not where:
+            reject(cfg, "env", "expected gem:ID, textarena:ID, 'module:factory' or "
+                   "'path/file.py:factory'")
+        check_custom_path(cfg, "env")
+    if cfg.fsdp:
+        reject(cfg, ("env", "fsdp"), "sharded generation needs every rank to run the same "
+               "number of forward passes, and episodes end at different turns; remove --fsdp")
+    for dest in ("prompt_data", "rm_type", "custom_rm_path", "builtin_task", "eval_interval"):
+        if dest in explicit and getattr(cfg, dest) is not None:
+            why = ("evaluation runs on prompts, not episodes" if dest == "eval_interval" else
+                   "the environment makes the prompts and scores the episodes")
+            reject(cfg, ("env", dest), f"{why}; remove {flag_of(dest)}")
+
+
 def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
     if cfg.num_rollout is None and cfg.prompt_data is None:
         reject(cfg, "num_rollout", "the built-in task has no end; set --num-rollout N")
@@ -318,6 +353,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     _check_kl(cfg)
     _check_modes(cfg)
     _check_estimator_specific(cfg)
+    _check_env(cfg, explicit)
     _check_data_and_model(cfg, explicit)
     check_train_eval(cfg, explicit)
     check_gym_answer(cfg, explicit, [cfg.prompt_data, *(
@@ -332,7 +368,8 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
         eps_clip_high=cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high,
         num_epoch=1 if cfg.num_epoch is None else cfg.num_epoch,
         # the built-in task is not used with --prompt-data; keep the JSON honest
-        builtin_task=None if cfg.prompt_data is not None else cfg.builtin_task,
+        builtin_task=(None if cfg.prompt_data is not None or cfg.env is not None
+                      else cfg.builtin_task),
         output_dir=output_dir,
         world_size=world_size,
     )

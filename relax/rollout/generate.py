@@ -22,7 +22,9 @@ class Rollout:
 
     prompt_ids [B, P] (left-padded), prompt_mask [B, P] bool, response_ids [B, T] (right-padded
     with pad), response_mask [B, T] bool (generated tokens up to and including EOS),
-    truncated [B] bool (no EOS within the length limit).
+    truncated [B] bool (no EOS within the length limit). ``context_mask`` [B, T] bool: the
+    response tokens the model attends to, when they are more than the trained ones (an
+    episode's environment turns, relax/rollout/episodes.py); None means ``response_mask``.
     """
 
     prompt_ids: torch.Tensor
@@ -30,6 +32,7 @@ class Rollout:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     truncated: torch.Tensor
+    context_mask: torch.Tensor | None = None
 
 
 def tokenize_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,6 +50,8 @@ from relax.rollout.data import (
     load_source,
     report_overlap,
 )
+from relax.rollout.envs import environment_factory
+from relax.rollout.episodes import TurnRenderer, run_episodes
 from relax.rollout.generate import generate, tokenize_prompts
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.rewards import (
@@ -130,8 +132,13 @@ class Trainer:
 
     def _build_data_and_rewards(self) -> None:
         cfg = self.cfg
-        samples = task = None
-        if cfg.prompt_data:
+        samples = task = self.envs = None
+        if cfg.env:
+            # one environment per episode this rank plays in a step, built before any model
+            make_env = environment_factory(cfg.env)
+            per_rank = cfg.rollout_batch_size // self.ctx.world_size
+            self.envs = [make_env() for _ in range(per_rank * cfg.n_samples_per_prompt)]
+        elif cfg.prompt_data:
             samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train")
         else:
             task = get_task(cfg.builtin_task)
@@ -246,15 +253,22 @@ class Trainer:
         group_index = torch.arange(len(batch), device=self.ctx.device).repeat_interleave(n)
         return prompts, labels, group_index
 
-    def generate(self, prompts: list[str], step: int):
-        ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
+    def _generator(self, step: int) -> torch.Generator:
         generator = torch.Generator(self.ctx.device)
         generator.manual_seed(seed_for(self.cfg.seed, "rollout", self.ctx.rank, step))
+        return generator
+
+    def generate(self, prompts: list[str], step: int):
+        ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
+        return self.sample(ids, mask, self.cfg.rollout_max_response_len, self._generator(step))
+
+    def sample(self, ids, mask, max_new_tokens: int, generator):
+        """One batched generation from left-padded ``ids`` / ``mask`` [B, P]."""
         model = unwrap(self.model)
         model.eval()
         with autocast(self.ctx.device, self.bf16):
             rollout = generate(
-                model, ids, mask, max_new_tokens=self.cfg.rollout_max_response_len,
+                model, ids, mask, max_new_tokens=max_new_tokens,
                 eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
                 temperature=self.cfg.rollout_temperature, top_p=self.cfg.rollout_top_p,
                 top_k=self.cfg.rollout_top_k, generator=generator,
@@ -268,6 +282,54 @@ class Trainer:
 
     def decode(self, rollout) -> list[str]:
         return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+
+    def play_episodes(self, step: int):
+        """``--env``: this rank's episodes of ``step`` (relax/rollout/episodes.py).
+
+        Returns (first observations, labels, group_index [B], rollout, transcripts, rewards [B]).
+        The n episodes of a group start from the same environment seed, so the group baseline
+        compares plays of one game; seeds come from the run's seed, never from Python's global
+        ``random`` (environments reseed it)."""
+        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
+        groups = len(self.envs) // n
+        first = step * cfg.rollout_batch_size + self.ctx.rank * groups
+        seeds = [seed_for(cfg.seed, "env", first + g) % 2**31 for g in range(groups)
+                 for _ in range(n)]
+        eos = self.tokenizer.eos_token_id
+        generator = self._generator(step)
+        played = run_episodes(
+            self.envs, seeds, tokenizer=self.tokenizer,
+            format_prompt=lambda text: format_prompt(
+                self.tokenizer, text, apply_chat_template=cfg.apply_chat_template,
+                system_prompt=cfg.system_prompt),
+            render=TurnRenderer(self.tokenizer, chat=cfg.apply_chat_template,
+                                eos_token_id=self.eos_ids[0] if eos is None else eos),
+            sample=lambda ids, mask, k: self.sample(ids, mask, k, generator),
+            max_turns=cfg.max_turns, max_turn_tokens=cfg.rollout_max_response_len,
+            context=getattr(unwrap(self.model).config, "max_position_embeddings", None),
+            device=self.ctx.device,
+        )
+        error = None
+        if played.errors and cfg.reward_error_policy == "raise":
+            error = RewardError(f"--env {cfg.env}: {played.errors[0]} (--reward-error-policy "
+                                "zero scores such episodes 0)")
+        raise_together(error, self.ctx)
+        self.tracker.add_sum("rollout/reward_errors", len(played.errors))
+        for message in played.errors[:5]:
+            print(f"relax train: warning: {message}; scored 0 (--reward-error-policy zero)",
+                  file=sys.stderr)
+        rollout = played.rollout
+        self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(seeds))
+        group_index = torch.arange(groups, device=self.ctx.device).repeat_interleave(n)
+        rewards = torch.tensor(played.rewards, dtype=torch.float32, device=self.ctx.device)
+        rewards = self._post_process(rewards, group_index)
+        # samples.jsonl shows whole episodes: the environment's turns and the EOS that ends
+        # each model turn included, the padding not
+        transcripts = [self.tokenizer.decode(ids[keep].tolist(), skip_special_tokens=False)
+                       for ids, keep in zip(rollout.response_ids, rollout.context_mask,
+                                            strict=True)]
+        labels = [{"env_seed": s, "turns": k} for s, k in zip(seeds, played.turns, strict=True)]
+        return played.prompts, labels, group_index, rollout, transcripts, rewards
 
     def score(self, prompts, responses, labels, group_index) -> torch.Tensor:
         """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
@@ -291,6 +353,10 @@ class Trainer:
             print(f"relax train: warning: {prefix}{len(failures) - 5} more samples scored 0 in "
                   "this step (rollout/reward_errors counts them all)", file=sys.stderr)
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
+        return self._post_process(rewards, group_index)
+
+    def _post_process(self, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+        """``--custom-reward-post-process-path`` over rewards [B], checked; else unchanged."""
         if self.post_process is not None:
             flag = "--custom-reward-post-process-path"
             returned = call_plugin(self.post_process, flag, rewards.clone(), group_index.clone())
@@ -469,13 +535,19 @@ class Trainer:
                 self.stop_now(step)
             t = self.timer
             with t("step"):
-                prompts, labels, group_index = self.sample_prompts(step)
-                with t("rollout"):
-                    with t("generate"):
-                        rollout = self.generate(prompts, step)
-                    with t("reward"):
-                        responses = self.decode(rollout)
-                        rewards = self.score(prompts, responses, labels, group_index)
+                if self.envs is not None:
+                    # generation and the environment's turns interleave: one phase
+                    with t("rollout"), t("generate"):
+                        (prompts, labels, group_index, rollout, responses,
+                         rewards) = self.play_episodes(step)
+                else:
+                    prompts, labels, group_index = self.sample_prompts(step)
+                    with t("rollout"):
+                        with t("generate"):
+                            rollout = self.generate(prompts, step)
+                        with t("reward"):
+                            responses = self.decode(rollout)
+                            rewards = self.score(prompts, responses, labels, group_index)
                 with t("train"):
                     with t("log_prob"):
                         exp = self.old_and_ref_log_probs(rollout)
