@@ -322,6 +322,17 @@ class TrainConfig:
     max_turns: int = option(
         4, "Default 4. Most model turns per --env episode; each turn generates at most "
         "--rollout-max-response-len tokens.", group="environments")
+    use_agentic_rollout: bool = option(
+        False, "Default off. Each episode is a run of --agent-command against an "
+        "OpenAI-compatible endpoint on 127.0.0.1 that samples from the policy and records the "
+        "conversation token-in/token-out (relax/rollout/agent_server.py).", group="environments")
+    agent_command: str | None = option(
+        None, "Default none. The agent program, started once per episode with RELAX_BASE_URL, "
+        "RELAX_SESSION_ID, RELAX_INPUT_JSON and RELAX_OUTPUT_JSON in its environment; needs "
+        "--use-agentic-rollout.", group="environments")
+    agent_timeout: float = option(
+        600.0, "Default 600. Seconds an agent episode may run; then its process group is "
+        "killed and the episode fails (reward 0).", group="environments")
 
     # run
     output_dir: str | None = option(

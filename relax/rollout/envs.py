@@ -123,8 +123,8 @@ def environment_factory(spec: str) -> Callable[[], Environment]:
     env = _construct(factory, spec)
     for name in ("reset", "step"):
         if not callable(getattr(env, name, None)):
-            raise InputError(f"--env {spec}: the factory returned a {type(env).__name__} "
-                             f"without a {name}() method (relax/rollout/envs.py documents the "
+            raise InputError(f"--env {spec}: what the factory returned ({type(env).__name__}) "
+                             f"has no {name}() method (relax/rollout/envs.py documents the "
                              "interface)")
     return lambda: _construct(factory, spec)
 

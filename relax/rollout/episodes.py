@@ -32,38 +32,46 @@ from relax.rollout.generate import Rollout
 
 SENTINEL = "RELAXTURNSENTINEL"
 
+# For agent programs on a tokenizer without a chat template (the built-in tiny model): one
+# line per message, each closed by the EOS the model itself ends its turns with.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}")
+
 
 class TurnRenderer:
     """Token ids of the text between two model turns: the end of the model's turn when it did
-    not end it itself (cut at the length limit), the observation as a user turn, and the start
-    of the next model turn.
+    not end it itself (cut at the length limit), the new messages (an observation as a user
+    turn, or an agent's user and tool messages), and the start of the next model turn.
 
     With a chat template the text is taken from the template itself: a conversation with a
-    sentinel assistant message is rendered with and without one more user message, and the
-    part after the sentinel is what follows a model turn. Without one, the observation is a
-    line of its own after the model's EOS.
+    sentinel assistant message is rendered with the new messages after it, and the part after
+    the sentinel is what follows a model turn. Without one (``chat=False``), an observation is
+    a line of its own after the model's EOS. ``template`` overrides the tokenizer's.
     """
 
-    def __init__(self, tokenizer, *, chat: bool, eos_token_id: int):
+    def __init__(self, tokenizer, *, chat: bool, eos_token_id: int, template: str | None = None):
         self.tokenizer, self.chat, self.eos_token_id = tokenizer, chat, eos_token_id
+        self.template = template
         self.eos_text = tokenizer.decode([eos_token_id])
 
     def __call__(self, observation: str, ended: bool) -> list[int]:
         if self.chat:
-            text = self._chat_text(observation)
-            if ended and text.startswith(self.eos_text):
-                text = text[len(self.eos_text):]  # the model's own EOS already closed the turn
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return self.messages([{"role": "user", "content": observation}], ended=ended)
         ids = self.tokenizer(observation + "\n", add_special_tokens=False)["input_ids"]
         return ids if ended else [self.eos_token_id, *ids]
 
-    def _chat_text(self, observation: str) -> str:
-        messages = [{"role": "user", "content": "x"},
-                    {"role": "assistant", "content": SENTINEL}]
+    def messages(self, new: list[dict], *, ended: bool, tools=None) -> list[int]:
+        """The ids of ``new`` messages following a model turn, up to the next model turn."""
+        context = [{"role": "user", "content": "x"},
+                   {"role": "assistant", "content": SENTINEL}]
         full = self.tokenizer.apply_chat_template(
-            [*messages, {"role": "user", "content": observation}], tokenize=False,
-            add_generation_prompt=True)
-        return full[full.rindex(SENTINEL) + len(SENTINEL):]
+            [*context, *new], tools=tools, tokenize=False, add_generation_prompt=True,
+            chat_template=self.template)
+        text = full[full.rindex(SENTINEL) + len(SENTINEL):]
+        if ended and text.startswith(self.eos_text):
+            text = text[len(self.eos_text):]  # the model's own EOS already closed the turn
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -115,7 +123,7 @@ def run_episodes(
     ``context``: the model's window (None: unbounded).
     """
     prompts, episodes, errors = [], [], []
-    for i, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
+    for env, seed in zip(envs, seeds, strict=True):
         text = format_prompt(env.reset(seed))
         prompts.append(text)
         episodes.append(Episode(tokenizer(text, add_special_tokens=False)["input_ids"]))
@@ -128,7 +136,7 @@ def run_episodes(
         live = [i for i, e in enumerate(episodes) if e.live]
         if not live:
             break
-        ids, mask = _left_pad([episodes[i].prompt + episodes[i].ids for i in live],
+        ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
                               tokenizer.pad_token_id, device)
         out = sample(ids, mask, max_turn_tokens)
         for row, i in enumerate(live):
@@ -152,12 +160,12 @@ def run_episodes(
             e.add(render(str(observation), ended=not bool(out.truncated[row])), trained=False)
             if context is not None and len(e.prompt) + len(e.ids) + max_turn_tokens > context:
                 e.live = False  # no room for another full turn: truncated
-    return EpisodeRollout(_as_rollout(episodes, tokenizer.pad_token_id, device),
+    return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
                           [e.reward for e in episodes], [e.turns for e in episodes], errors,
                           prompts)
 
 
-def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
@@ -167,10 +175,10 @@ def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, to
     return ids.to(device), mask.to(device)
 
 
-def _as_rollout(episodes: list[Episode], pad: int, device) -> Rollout:
+def as_rollout(episodes: list[Episode], pad: int, device) -> Rollout:
     """Left-padded prompts [B, P]; right-padded turns [B, T] with ``response_mask`` on the
     model's tokens and ``context_mask`` on every token (model and environment)."""
-    prompt_ids, prompt_mask = _left_pad([e.prompt for e in episodes], pad, device)
+    prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], pad, device)
     T = max(1, max(len(e.ids) for e in episodes))
     B = len(episodes)
     ids = torch.full((B, T), pad, dtype=torch.long)

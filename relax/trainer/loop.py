@@ -43,6 +43,7 @@ from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
 from relax.metrics.tracker import MetricTracker
 from relax.precision import autocast, use_bf16
+from relax.rollout.agent_server import AgentRunner
 from relax.rollout.data import (
     PromptSource,
     check_formatted_lengths,
@@ -132,7 +133,7 @@ class Trainer:
 
     def _build_data_and_rewards(self) -> None:
         cfg = self.cfg
-        samples = task = self.envs = None
+        samples = task = self.envs = self.agents = None
         if cfg.env:
             # one environment per episode this rank plays in a step, built before any model
             make_env = environment_factory(cfg.env)
@@ -284,19 +285,44 @@ class Trainer:
         return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
 
     def play_episodes(self, step: int):
-        """``--env``: this rank's episodes of ``step`` (relax/rollout/episodes.py).
+        """``--env`` or ``--use-agentic-rollout``: this rank's episodes of ``step``
+        (relax/rollout/episodes.py, relax/rollout/agent_server.py).
 
-        Returns (first observations, labels, group_index [B], rollout, transcripts, rewards [B]).
-        The n episodes of a group start from the same environment seed, so the group baseline
-        compares plays of one game; seeds come from the run's seed, never from Python's global
-        ``random`` (environments reseed it)."""
+        Returns (prompts, labels, group_index [B], rollout, transcripts, rewards [B]), what
+        the single-turn phases return, so the training phases are the same."""
+        generator = self._generator(step)
+
+        def sample(ids, mask, max_new_tokens):  # every turn of the step draws from one stream
+            return self.sample(ids, mask, max_new_tokens, generator)
+
+        if self.envs is not None:
+            played, labels = self._play_environments(step, sample)
+        else:
+            played, labels = self._play_agents(step, sample)
+        n = self.cfg.n_samples_per_prompt
+        rollout = played.rollout
+        self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(played.turns))
+        group_index = torch.arange(len(played.turns) // n,
+                                   device=self.ctx.device).repeat_interleave(n)
+        rewards = torch.tensor(played.rewards, dtype=torch.float32, device=self.ctx.device)
+        rewards = self._post_process(rewards, group_index)
+        # samples.jsonl shows whole episodes: the environment's turns and the EOS that ends
+        # each model turn included, the padding not
+        transcripts = [self.tokenizer.decode(ids[keep].tolist(), skip_special_tokens=False)
+                       for ids, keep in zip(rollout.response_ids, rollout.context_mask,
+                                            strict=True)]
+        return played.prompts, labels, group_index, rollout, transcripts, rewards
+
+    def _play_environments(self, step: int, sample):
+        """The n episodes of a group start from the same environment seed, so the group
+        baseline compares plays of one game; seeds come from the run's seed, never from
+        Python's global ``random`` (environments reseed it)."""
         cfg, n = self.cfg, self.cfg.n_samples_per_prompt
         groups = len(self.envs) // n
         first = step * cfg.rollout_batch_size + self.ctx.rank * groups
         seeds = [seed_for(cfg.seed, "env", first + g) % 2**31 for g in range(groups)
                  for _ in range(n)]
         eos = self.tokenizer.eos_token_id
-        generator = self._generator(step)
         played = run_episodes(
             self.envs, seeds, tokenizer=self.tokenizer,
             format_prompt=lambda text: format_prompt(
@@ -304,9 +330,8 @@ class Trainer:
                 system_prompt=cfg.system_prompt),
             render=TurnRenderer(self.tokenizer, chat=cfg.apply_chat_template,
                                 eos_token_id=self.eos_ids[0] if eos is None else eos),
-            sample=lambda ids, mask, k: self.sample(ids, mask, k, generator),
-            max_turns=cfg.max_turns, max_turn_tokens=cfg.rollout_max_response_len,
-            context=getattr(unwrap(self.model).config, "max_position_embeddings", None),
+            sample=sample, max_turns=cfg.max_turns,
+            max_turn_tokens=cfg.rollout_max_response_len, context=self._context(),
             device=self.ctx.device,
         )
         error = None
@@ -315,21 +340,40 @@ class Trainer:
                                 "zero scores such episodes 0)")
         raise_together(error, self.ctx)
         self.tracker.add_sum("rollout/reward_errors", len(played.errors))
-        for message in played.errors[:5]:
-            print(f"relax train: warning: {message}; scored 0 (--reward-error-policy zero)",
-                  file=sys.stderr)
-        rollout = played.rollout
-        self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(seeds))
-        group_index = torch.arange(groups, device=self.ctx.device).repeat_interleave(n)
-        rewards = torch.tensor(played.rewards, dtype=torch.float32, device=self.ctx.device)
-        rewards = self._post_process(rewards, group_index)
-        # samples.jsonl shows whole episodes: the environment's turns and the EOS that ends
-        # each model turn included, the padding not
-        transcripts = [self.tokenizer.decode(ids[keep].tolist(), skip_special_tokens=False)
-                       for ids, keep in zip(rollout.response_ids, rollout.context_mask,
-                                            strict=True)]
+        self._warn(played.errors, "scored 0 (--reward-error-policy zero)")
         labels = [{"env_seed": s, "turns": k} for s, k in zip(seeds, played.turns, strict=True)]
-        return played.prompts, labels, group_index, rollout, transcripts, rewards
+        return played, labels
+
+    def _play_agents(self, step: int, sample):
+        """One agent run per sample of this rank's prompt groups; a failed run scores 0."""
+        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
+        if self.agents is None:
+            eos = self.tokenizer.eos_token_id
+            self.agents = AgentRunner(
+                cfg.agent_command, timeout_s=cfg.agent_timeout, max_turns=cfg.max_turns,
+                max_turn_tokens=cfg.rollout_max_response_len, tokenizer=self.tokenizer,
+                eos_token_id=self.eos_ids[0] if eos is None else eos,
+                context=self._context(), device=self.ctx.device)
+        per_rank = cfg.rollout_batch_size // self.ctx.world_size
+        batch = self.source.batch(step)[self.ctx.rank * per_rank:(self.ctx.rank + 1) * per_rank]
+        base = (step * cfg.rollout_batch_size + self.ctx.rank * per_rank) * n
+        inputs = [{"prompt": s.prompt, "label": s.label, "index": base + k, "step": step}
+                  for k, s in enumerate(x for x in batch for _ in range(n))]
+        played = self.agents.run(inputs, sample)
+        self.tracker.add_sum("rollout/agent_failures", len(played.failures))
+        self._warn(played.failures, "scored 0")
+        return played, [x["label"] for x in inputs]
+
+    def _context(self) -> int | None:
+        return getattr(unwrap(self.model).config, "max_position_embeddings", None)
+
+    def _warn(self, messages: list[str], outcome: str) -> None:
+        prefix = f"[rank {self.ctx.rank}] " if self.ctx.world_size > 1 else ""
+        for message in messages[:5]:  # a service that is down would flood the log
+            print(f"relax train: warning: {prefix}{message}; {outcome}", file=sys.stderr)
+        if len(messages) > 5:
+            print(f"relax train: warning: {prefix}{len(messages) - 5} more episodes "
+                  f"{outcome} in this step", file=sys.stderr)
 
     def score(self, prompts, responses, labels, group_index) -> torch.Tensor:
         """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
@@ -535,7 +579,7 @@ class Trainer:
                 self.stop_now(step)
             t = self.timer
             with t("step"):
-                if self.envs is not None:
+                if self.envs is not None or self.cfg.use_agentic_rollout:
                     # generation and the environment's turns interleave: one phase
                     with t("rollout"), t("generate"):
                         (prompts, labels, group_index, rollout, responses,
@@ -567,6 +611,8 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
+        if self.agents is not None:
+            self.agents.close()
 
 
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:

@@ -53,7 +53,7 @@ def test_mask_is_exactly_the_sampled_tokens(tiny, chat):
     render = TurnRenderer(tok, chat=chat, eos_token_id=tok.eos_token_id)
     r = played.rollout
     assert len(calls) == 3 and played.turns == [3, 3, 3, 3]
-    for i, seed in enumerate(seeds):
+    for i in range(len(seeds)):
         sampled = [c[2].response_ids[i][c[2].response_mask[i]].tolist() for c in calls]
         # what the episode holds: turn, observation, turn, observation, turn
         expected, trained = [], []
