@@ -67,7 +67,8 @@ class _Session:
     episode: Episode | None = None
     messages: list = field(default_factory=list)  # the last call's messages + our reply
     ended: bool = True  # the last model turn ended with EOS
-    error: str | None = None
+    error: str | None = None  # the conversation can no longer be recorded
+    refused: str | None = None  # why the last refused call was refused
 
 
 @dataclass
@@ -76,6 +77,12 @@ class _Request:
     body: dict
     done: threading.Event = field(default_factory=threading.Event)
     reply: tuple[int, dict] | None = None
+
+
+class _Server(ThreadingHTTPServer):
+    # every agent of a step may connect at once; the default backlog of 5 refuses the rest
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -170,8 +177,7 @@ class AgentRunner:
         self.template = template
         self.render = TurnRenderer(tokenizer, chat=True, eos_token_id=eos_token_id,
                                    template=template)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.sessions, self.server.requests = {}, queue.Queue()
         self.server.timeout_s = timeout_s
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -231,7 +237,10 @@ class AgentRunner:
             json.dump({"session_id": sid, **payload}, f)
         env = {**os.environ, "RELAX_BASE_URL": f"{self.base}/sessions/{sid}/v1",
                "RELAX_SESSION_ID": sid, "RELAX_INPUT_JSON": paths["in.json"],
-               "RELAX_OUTPUT_JSON": paths["out.json"]}
+               "RELAX_OUTPUT_JSON": paths["out.json"],
+               # an HTTP proxy in the environment must not carry the agent's calls away
+               "NO_PROXY": ",".join(filter(None, ["127.0.0.1", os.environ.get("NO_PROXY")])),
+               "no_proxy": ",".join(filter(None, ["127.0.0.1", os.environ.get("no_proxy")]))}
         log = open(paths["log"], "wb")
         try:
             # its own process group, so a timeout kills whatever the agent started too
@@ -279,7 +288,7 @@ class AgentRunner:
         elif proc.returncode != 0:
             why = f"exited with status {proc.returncode}"
         elif session.error is not None:
-            why = session.error
+            why = f"exited 0 after the endpoint refused a call ({session.error})"
         else:
             try:
                 with open(run["paths"]["out.json"], encoding="utf-8") as f:
@@ -289,6 +298,8 @@ class AgentRunner:
                 return reward, None
             except (OSError, ValueError, KeyError, TypeError) as e:
                 why = f"wrote no valid {{\"reward\": number}} to RELAX_OUTPUT_JSON ({e})"
+        if session.refused is not None and proc.returncode != 0:
+            why += f" after the endpoint refused a call ({session.refused})"
         with open(run["paths"]["log"], "rb") as f:
             tail = f.read()[-TAIL_CHARS:].decode("utf-8", "replace")
         tail = " | ".join(line for line in tail.splitlines() if line.strip())
@@ -303,6 +314,7 @@ class AgentRunner:
             if problem is None:
                 ready.append(request)
             else:
+                request.session.refused = problem
                 request.reply = (400, _error(problem))
                 request.done.set()
         if not ready:
