@@ -40,6 +40,7 @@ from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
+from relax.rollout.envs import LIBRARIES
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -239,9 +240,6 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
                "'relax-rl[train]' or remove --use-tensorboard")
 
 
-ENV_LIBRARIES = {"gem": "gem", "textarena": "textarena"}  # --env prefix -> its module
-
-
 def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
     """``--env``: the library is installed or the factory exists (nothing is imported); the
     environment scores the episodes, so prompt data and reward flags have nothing to do."""
@@ -253,10 +251,10 @@ def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
     if cfg.use_agentic_rollout:
         reject(cfg, ("env", "use_agentic_rollout"), "two episode sources; keep one")
     prefix, sep, env_id = cfg.env.partition(":")
-    if sep and prefix in ENV_LIBRARIES:
+    if sep and prefix in LIBRARIES:
         if not env_id:
             reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
-        if importlib.util.find_spec(ENV_LIBRARIES[prefix]) is None:
+        if importlib.util.find_spec(LIBRARIES[prefix]) is None:
             reject(cfg, "env", f"the {prefix} library is not installed; pip install "
                    "'relax-rl[agents]', or use gem:ID, textarena:ID or 'module:factory'")
     else:
@@ -310,7 +308,8 @@ def _check_agents(cfg: TrainConfig, explicit: set[str]) -> None:
 
 def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
     if cfg.num_rollout is None and cfg.prompt_data is None:
-        reject(cfg, "num_rollout", "the built-in task has no end; set --num-rollout N")
+        what = "--env episodes have" if cfg.env else "the built-in task has"
+        reject(cfg, "num_rollout", f"{what} no end; set --num-rollout N")
     if cfg.num_epoch is not None:
         if cfg.prompt_data is None:
             reject(cfg, "num_epoch", "only applies to --prompt-data; use --num-rollout")

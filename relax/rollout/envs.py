@@ -32,7 +32,8 @@ from typing import Protocol
 from relax.errors import InputError
 from relax.rollout.rewards import load_function
 
-LIBRARIES = {"gem": "gem", "textarena": "textarena"}  # --env prefix -> importable module
+# --env prefix -> the importable module (validation checks it is installed without importing)
+LIBRARIES = {"gem": "gem", "textarena": "textarena"}
 
 
 class Environment(Protocol):
@@ -96,11 +97,8 @@ def _library_factory(prefix: str, env_id: str) -> Callable[[], Environment]:
     if importlib.util.find_spec(module) is None:
         raise InputError(f"--env {prefix}:{env_id}: the {prefix} library is not installed; "
                          "pip install 'relax-rl[agents]'")
-    lib = importlib.import_module(module)
-    if prefix == "gem":
-        make, wrap = lib.make, GemEnv
-    else:
-        make, wrap = lib.make, TextArenaEnv
+    make = importlib.import_module(module).make
+    wrap = GemEnv if prefix == "gem" else TextArenaEnv
     try:
         make(env_id)
     except Exception as e:  # an unknown id is bad input: say what the library said

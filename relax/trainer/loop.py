@@ -43,7 +43,6 @@ from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
 from relax.metrics.tracker import MetricTracker
 from relax.precision import autocast, use_bf16
-from relax.rollout.agent_server import AgentRunner
 from relax.rollout.data import (
     PromptSource,
     check_formatted_lengths,
@@ -51,8 +50,6 @@ from relax.rollout.data import (
     load_source,
     report_overlap,
 )
-from relax.rollout.envs import environment_factory
-from relax.rollout.episodes import TurnRenderer, run_episodes
 from relax.rollout.generate import generate, tokenize_prompts
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.rewards import (
@@ -75,6 +72,7 @@ from relax.trainer.distributed import (
     unwrap,
     wrap_model,
 )
+from relax.trainer.episode_rollout import EpisodeSource
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
 from relax.trainer.resume import check_resume
@@ -133,15 +131,13 @@ class Trainer:
 
     def _build_data_and_rewards(self) -> None:
         cfg = self.cfg
-        samples = task = self.envs = self.agents = None
-        if cfg.env:
-            # one environment per episode this rank plays in a step, built before any model
-            make_env = environment_factory(cfg.env)
-            per_rank = cfg.rollout_batch_size // self.ctx.world_size
-            self.envs = [make_env() for _ in range(per_rank * cfg.n_samples_per_prompt)]
-        elif cfg.prompt_data:
+        samples = task = None
+        # environments are built here, before any model, so bad input stops the run early
+        self.episodes = (EpisodeSource(cfg, self.ctx) if cfg.env or cfg.use_agentic_rollout
+                         else None)
+        if cfg.prompt_data:
             samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train")
-        else:
+        elif not cfg.env:  # an environment makes its own prompts
             task = get_task(cfg.builtin_task)
         self.samples = samples
         # a built-in task scores with its own reward unless told otherwise
@@ -295,10 +291,12 @@ class Trainer:
         def sample(ids, mask, max_new_tokens):  # every turn of the step draws from one stream
             return self.sample(ids, mask, max_new_tokens, generator)
 
-        if self.envs is not None:
-            played, labels = self._play_environments(step, sample)
-        else:
-            played, labels = self._play_agents(step, sample)
+        eos = self.tokenizer.eos_token_id
+        played, labels = self.episodes.play(
+            step, sample, tracker=self.tracker, tokenizer=self.tokenizer,
+            eos_token_id=self.eos_ids[0] if eos is None else eos,
+            context=getattr(unwrap(self.model).config, "max_position_embeddings", None),
+            prompts=self.source)
         n = self.cfg.n_samples_per_prompt
         rollout = played.rollout
         self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(played.turns))
@@ -312,68 +310,6 @@ class Trainer:
                        for ids, keep in zip(rollout.response_ids, rollout.context_mask,
                                             strict=True)]
         return played.prompts, labels, group_index, rollout, transcripts, rewards
-
-    def _play_environments(self, step: int, sample):
-        """The n episodes of a group start from the same environment seed, so the group
-        baseline compares plays of one game; seeds come from the run's seed, never from
-        Python's global ``random`` (environments reseed it)."""
-        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
-        groups = len(self.envs) // n
-        first = step * cfg.rollout_batch_size + self.ctx.rank * groups
-        seeds = [seed_for(cfg.seed, "env", first + g) % 2**31 for g in range(groups)
-                 for _ in range(n)]
-        eos = self.tokenizer.eos_token_id
-        played = run_episodes(
-            self.envs, seeds, tokenizer=self.tokenizer,
-            format_prompt=lambda text: format_prompt(
-                self.tokenizer, text, apply_chat_template=cfg.apply_chat_template,
-                system_prompt=cfg.system_prompt),
-            render=TurnRenderer(self.tokenizer, chat=cfg.apply_chat_template,
-                                eos_token_id=self.eos_ids[0] if eos is None else eos),
-            sample=sample, max_turns=cfg.max_turns,
-            max_turn_tokens=cfg.rollout_max_response_len, context=self._context(),
-            device=self.ctx.device,
-        )
-        error = None
-        if played.errors and cfg.reward_error_policy == "raise":
-            error = RewardError(f"--env {cfg.env}: {played.errors[0]} (--reward-error-policy "
-                                "zero scores such episodes 0)")
-        raise_together(error, self.ctx)
-        self.tracker.add_sum("rollout/reward_errors", len(played.errors))
-        self._warn(played.errors, "scored 0 (--reward-error-policy zero)")
-        labels = [{"env_seed": s, "turns": k} for s, k in zip(seeds, played.turns, strict=True)]
-        return played, labels
-
-    def _play_agents(self, step: int, sample):
-        """One agent run per sample of this rank's prompt groups; a failed run scores 0."""
-        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
-        if self.agents is None:
-            eos = self.tokenizer.eos_token_id
-            self.agents = AgentRunner(
-                cfg.agent_command, timeout_s=cfg.agent_timeout, max_turns=cfg.max_turns,
-                max_turn_tokens=cfg.rollout_max_response_len, tokenizer=self.tokenizer,
-                eos_token_id=self.eos_ids[0] if eos is None else eos,
-                context=self._context(), device=self.ctx.device)
-        per_rank = cfg.rollout_batch_size // self.ctx.world_size
-        batch = self.source.batch(step)[self.ctx.rank * per_rank:(self.ctx.rank + 1) * per_rank]
-        base = (step * cfg.rollout_batch_size + self.ctx.rank * per_rank) * n
-        inputs = [{"prompt": s.prompt, "label": s.label, "index": base + k, "step": step}
-                  for k, s in enumerate(x for x in batch for _ in range(n))]
-        played = self.agents.run(inputs, sample)
-        self.tracker.add_sum("rollout/agent_failures", len(played.failures))
-        self._warn(played.failures, "scored 0")
-        return played, [x["label"] for x in inputs]
-
-    def _context(self) -> int | None:
-        return getattr(unwrap(self.model).config, "max_position_embeddings", None)
-
-    def _warn(self, messages: list[str], outcome: str) -> None:
-        prefix = f"[rank {self.ctx.rank}] " if self.ctx.world_size > 1 else ""
-        for message in messages[:5]:  # a service that is down would flood the log
-            print(f"relax train: warning: {prefix}{message}; {outcome}", file=sys.stderr)
-        if len(messages) > 5:
-            print(f"relax train: warning: {prefix}{len(messages) - 5} more episodes "
-                  f"{outcome} in this step", file=sys.stderr)
 
     def score(self, prompts, responses, labels, group_index) -> torch.Tensor:
         """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
@@ -579,7 +515,7 @@ class Trainer:
                 self.stop_now(step)
             t = self.timer
             with t("step"):
-                if self.envs is not None or self.cfg.use_agentic_rollout:
+                if self.episodes is not None:
                     # generation and the environment's turns interleave: one phase
                     with t("rollout"), t("generate"):
                         (prompts, labels, group_index, rollout, responses,
@@ -611,8 +547,8 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
-        if self.agents is not None:
-            self.agents.close()
+        if self.episodes is not None:
+            self.episodes.close()
 
 
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
