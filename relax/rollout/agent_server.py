@@ -120,6 +120,12 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 raise ValueError("expected a JSON object with a messages list")
+            # one recorded continuation per call: several choices or a stream would need a
+            # sample per choice and chunked replies, which the recording does not make
+            if body.get("stream"):
+                raise ValueError("stream=true is not supported; call without streaming")
+            if body.get("n", 1) != 1:
+                raise ValueError("n must be 1 (one recorded continuation per call)")
         except ValueError as e:
             self._send(400, _error(f"bad request: {e}"))
             return

@@ -121,11 +121,24 @@ def test_tool_calls_are_parsed():
                       "function": {"name": "calc", "arguments": '{"a": 1}'}}]
 
 
-def test_the_endpoint_listens_on_localhost_only(tiny):
+def test_the_endpoint_listens_on_localhost_only_and_refuses_what_it_cannot_record(tiny):
+    import urllib.error
+    import urllib.request
+
     runner = AgentRunner(command("ok"), timeout_s=5, max_turns=2, max_turn_tokens=4,
                          tokenizer=tiny[0], eos_token_id=1, context=256, device="cpu")
     try:
         assert runner.server.server_address[0] == "127.0.0.1"
+        url = f"{runner.base}/sessions/nosuch/v1/chat/completions"
+        body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10)
+        runner.server.sessions["s"] = object()  # a known session: the body is checked first
+        for bad in ({"messages": [], "stream": True}, {"messages": [], "n": 2}, {"x": 1}):
+            request = urllib.request.Request(url.replace("nosuch", "s"),
+                                             data=json.dumps(bad).encode())
+            with pytest.raises(urllib.error.HTTPError, match="400"):
+                urllib.request.urlopen(request, timeout=10)
     finally:
         runner.close()
 
