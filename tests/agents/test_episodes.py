@@ -99,7 +99,9 @@ def test_the_model_reads_the_environment_tokens(tiny):
     """Log-probs of the batched training forward equal a forward over each unpadded episode,
     which attends to every token: environment tokens are context, not holes of attention."""
     tok, model = tiny
-    played, _ = _play(tok, model, [1, 2, 3])
+    # two episodes of one seed share their prompt: the training forward then runs it once
+    # and the turns attend to its cached keys (logprobs._response_logits), also checked here
+    played, _ = _play(tok, model, [1, 1, 2])
     exp = experience_from_rollout(played.rollout)
     P = played.rollout.prompt_ids.shape[1]
     assert torch.equal(exp.attention_mask[:, P:].bool(), played.rollout.context_mask)
