@@ -29,8 +29,8 @@ GROUPS: dict[str, str] = {
     "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
     "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
                   "held-out prompts (docs/configuration.md).",
-    "environments": "Multi-turn episodes: the model acts, an environment answers "
-                    "(relax/rollout/envs.py, relax/rollout/episodes.py).",
+    "environments": "Multi-turn episodes: the model acts, an environment or an agent program's "
+                    "tools answer (relax/rollout/envs.py, episodes.py, agent_server.py).",
     "run": "Output, checkpoints, logging.",
 }
 
@@ -320,8 +320,8 @@ class TrainConfig:
         "'module:factory' / 'file.py:factory' (relax/rollout/envs.py); excludes --prompt-data "
         "and the reward flags (the environment scores the episode).", group="environments")
     max_turns: int = option(
-        4, "Default 4. Most model turns per --env episode; each turn generates at most "
-        "--rollout-max-response-len tokens.", group="environments")
+        4, "Default 4. Most model turns per --env or --use-agentic-rollout episode; each turn "
+        "generates at most --rollout-max-response-len tokens.", group="environments")
     use_agentic_rollout: bool = option(
         False, "Default off. Each episode is a run of --agent-command against an "
         "OpenAI-compatible endpoint on 127.0.0.1 that samples from the policy and records the "
