@@ -417,7 +417,8 @@ class Trainer:
         for name, seconds in times.items():
             self.tracker.add_max(f"perf/{name}_time", seconds)
         self.tracker.add_max("perf/peak_memory_gb", peak_memory_gb(self.ctx.device))
-        responses = mask.sum(-1)
+        # an episode's training forward also runs over the environment's tokens
+        responses = (mask if rollout.context_mask is None else rollout.context_mask).sum(-1)
         self.tracker.add_sum("perf/forward_flops", self.shape.forward_flops(
             rollout.prompt_mask.sum(-1) + responses, responses))
         metrics = self.tracker.reduce()
