@@ -164,3 +164,20 @@ def test_one_rank_environment_failure_stops_both(tmp_path):
     assert proc.returncode != 0
     lines = [x for x in proc.stderr.splitlines() if x.startswith("relax train: error:")]
     assert any("[rank 1]" in x and "rank 1's environment failed" in x for x in lines), lines
+
+
+def test_episodes_resume_exactly(tmp_path):
+    """Environment seeds are a function of (seed, step, group), so --load continues the
+    episodes an uninterrupted run would have played."""
+    common = [*RECIPES["grpo"], *ENV]
+    full = make_config(*common, "--num-rollout", "3", output_dir=tmp_path / "full")
+    uninterrupted, _ = _fit(full)
+    first = make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                        output_dir=tmp_path / "part")
+    _fit(first)
+    resumed = make_config(*common, "--num-rollout", "3", "--load", str(tmp_path / "ckpt"),
+                          output_dir=tmp_path / "part")
+    tail, _ = _fit(resumed)
+    assert len(tail) == 1
+    for key in ("rollout/raw_reward", "rollout/response_length", "train/loss"):
+        assert tail[0][key] == pytest.approx(uninterrupted[2][key], rel=1e-6, abs=1e-9), key
