@@ -30,6 +30,8 @@ GROUPS: dict[str, str] = {
     "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
     "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
                   "held-out prompts (docs/configuration.md).",
+    "environments": "Multi-turn episodes: the model acts, an environment or an agent program's "
+                    "tools answer (relax/rollout/envs.py, episodes.py, agent_server.py).",
     "run": "Output, checkpoints, logging.",
 }
 
@@ -351,6 +353,27 @@ class TrainConfig:
     eval_max_response_len: int | None = _eval_max_response_len()
     eval_batch_size: int = _eval_batch_size()
     eval_pass_threshold: float = _eval_pass_threshold()
+
+    # environments
+    env: str | None = option(
+        None, "Default none (single-turn prompts). Train on multi-turn episodes against an "
+        "environment: gem:ID, textarena:ID (pip install 'relax-rl[agents]') or "
+        "'module:factory' / 'file.py:factory' (relax/rollout/envs.py); excludes --prompt-data "
+        "and the reward flags (the environment scores the episode).", group="environments")
+    max_turns: int = option(
+        4, "Default 4. Most model turns per --env or --use-agentic-rollout episode; each turn "
+        "generates at most --rollout-max-response-len tokens.", group="environments")
+    use_agentic_rollout: bool = option(
+        False, "Default off. Each episode is a run of --agent-command against an "
+        "OpenAI-compatible endpoint on 127.0.0.1 that samples from the policy and records the "
+        "conversation token-in/token-out (relax/rollout/agent_server.py).", group="environments")
+    agent_command: str | None = option(
+        None, "Default none. The agent program, started once per episode with RELAX_BASE_URL, "
+        "RELAX_SESSION_ID, RELAX_INPUT_JSON and RELAX_OUTPUT_JSON in its environment; needs "
+        "--use-agentic-rollout.", group="environments")
+    agent_timeout: float = option(
+        600.0, "Default 600. Seconds an agent episode may run; then its process group is "
+        "killed and the episode fails (reward 0).", group="environments")
 
     # run
     output_dir: str | None = option(

@@ -14,7 +14,8 @@ The rules, in the order they are checked:
 3. the reinforce_plus_plus.md §8 rows for both REINFORCE++ variants and the modes that no
    estimator implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
-5. data, reward, model paths, run directories, evaluation (``eval_flags.py``);
+5. environments (``--env``), data, reward, model paths, run directories, evaluation
+   (``eval_flags.py``);
 6. batch arithmetic against the data-parallel world size (``WORLD_SIZE``).
 """
 
@@ -23,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shlex
+import shutil
 import time
 
 from relax.config.checks import (
@@ -37,6 +40,7 @@ from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
+from relax.rollout.envs import LIBRARIES
 from relax.rollout.filters import BUILTIN_FILTER_NAMES
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
@@ -63,6 +67,9 @@ _RANGES = {
     "num_rollout": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
     "num_epoch": (lambda v: v is None or v >= 1, "must be >= 1 passes over --prompt-data"),
     "rollout_max_response_len": (lambda v: v >= 1, "must be >= 1 tokens"),
+    "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
+    "agent_timeout": (lambda v: 0.0 < v <= 86400.0,
+                      "must lie in (0, 86400] seconds (one day); the default is 600"),
     "rollout_temperature": (lambda v: v > 0.0, "must be > 0; use 1.0 for plain sampling"),
     "rollout_top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 to turn it off"),
     "rollout_top_k": (lambda v: v == -1 or v >= 1, "must be >= 1, or -1 to turn top-k off"),
@@ -210,7 +217,7 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
             for dest in ("input_key", "label_key"):
                 if dest in explicit:
                     reject(cfg, dest, "a reasoning-gym source has no record keys; remove it")
-        elif cfg.rm_type is None and cfg.custom_rm_path is None:
+        elif cfg.rm_type is None and cfg.custom_rm_path is None and not cfg.use_agentic_rollout:
             reject(cfg, "prompt_data", "needs a reward; add --rm-type math or --custom-rm-path "
                    "module:function")
     else:
@@ -234,9 +241,76 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
                "'relax-rl[train]' or remove --use-tensorboard")
 
 
+def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
+    """``--env``: the library is installed or the factory exists (nothing is imported); the
+    environment scores the episodes, so prompt data and reward flags have nothing to do."""
+    if cfg.env is None:
+        if "max_turns" in explicit and not cfg.use_agentic_rollout:
+            reject(cfg, "max_turns", "only applies to --env or --use-agentic-rollout episodes; "
+                   "add one or remove it")
+        return
+    if cfg.use_agentic_rollout:
+        reject(cfg, ("env", "use_agentic_rollout"), "two episode sources; keep one")
+    prefix, sep, env_id = cfg.env.partition(":")
+    if sep and prefix in LIBRARIES:
+        if not env_id:
+            reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
+        if importlib.util.find_spec(LIBRARIES[prefix]) is None:
+            reject(cfg, "env", f"the {prefix} library is not installed; pip install "
+                   "'relax-rl[agents]', or use gem:ID, textarena:ID or 'module:factory'")
+    else:
+        where, _, factory = cfg.env.rpartition(":")
+        if not where or not factory.isidentifier():
+            reject(cfg, "env", "expected gem:ID, textarena:ID, 'module:factory' or "
+                   "'path/file.py:factory'")
+        check_custom_path(cfg, "env")
+    if cfg.fsdp:
+        reject(cfg, ("env", "fsdp"), "sharded generation needs every rank to run the same "
+               "number of forward passes, and episodes end at different turns; remove --fsdp")
+    for dest in ("prompt_data", "rm_type", "custom_rm_path", "builtin_task", "eval_interval"):
+        if dest in explicit and getattr(cfg, dest) is not None:
+            why = ("evaluation runs on prompts, not episodes" if dest == "eval_interval" else
+                   "the environment makes the prompts and scores the episodes")
+            reject(cfg, ("env", dest), f"{why}; remove {flag_of(dest)}")
+
+
+def _check_agents(cfg: TrainConfig, explicit: set[str]) -> None:
+    """``--use-agentic-rollout``: the command can start, and flags that only the trainer's own
+    prompt formatting or reward would read are rejected (the agent writes the messages and
+    reports the reward)."""
+    if not cfg.use_agentic_rollout:
+        for dest in ("agent_command", "agent_timeout"):
+            if dest in explicit:
+                reject(cfg, dest, "only applies to --use-agentic-rollout; add it or remove "
+                       f"{flag_of(dest)}")
+        return
+    if cfg.agent_command is None:
+        reject(cfg, "use_agentic_rollout", "needs --agent-command CMD, the agent program to "
+               "run per episode")
+    try:
+        argv = shlex.split(cfg.agent_command)
+    except ValueError as e:
+        reject(cfg, "agent_command", f"cannot be split into arguments ({e}); check the quotes")
+    program = argv[0] if argv else ""
+    found = (os.path.isfile(program) and os.access(program, os.X_OK)) if os.sep in program \
+        else shutil.which(program) is not None
+    if not found:
+        reject(cfg, "agent_command", f"{program!r} is not an executable file or a program on "
+               "PATH; give a command that starts, e.g. 'python my_agent.py'")
+    for dest in ("rm_type", "custom_rm_path", "apply_chat_template", "system_prompt",
+                 "eval_interval", "fsdp"):
+        if getattr(cfg, dest) not in (None, False):
+            why = {"eval_interval": "evaluation runs on prompts, not agent episodes",
+                   "fsdp": "sharded generation needs every rank to run the same number of "
+                           "forward passes, and agents call at their own pace"}.get(
+                dest, "the agent writes the messages and reports the reward")
+            reject(cfg, ("use_agentic_rollout", dest), f"{why}; remove {flag_of(dest)}")
+
+
 def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
     if cfg.num_rollout is None and cfg.prompt_data is None:
-        reject(cfg, "num_rollout", "the built-in task has no end; set --num-rollout N")
+        what = "--env episodes have" if cfg.env else "the built-in task has"
+        reject(cfg, "num_rollout", f"{what} no end; set --num-rollout N")
     if cfg.num_epoch is not None:
         if cfg.prompt_data is None:
             reject(cfg, "num_epoch", "only applies to --prompt-data; use --num-rollout")
@@ -312,6 +386,10 @@ def _check_dynamic_sampling(cfg: TrainConfig) -> None:
                    "filtered; set --n-samples-per-prompt 8")
     else:
         check_custom_path(cfg, "dynamic_sampling_filter_path")
+    if cfg.env is not None or cfg.use_agentic_rollout:
+        flag = "env" if cfg.env is not None else "use_agentic_rollout"
+        reject(cfg, ("dynamic_sampling_filter_path", flag), "dynamic sampling filters the "
+               "groups of single-turn rollouts; episodes are not filtered yet, remove one")
     over = cfg.over_sampling_batch_size
     if over is not None and over < cfg.rollout_batch_size:
         reject(cfg, ("over_sampling_batch_size", "rollout_batch_size"), "a round must offer at "
@@ -389,6 +467,8 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     _check_kl(cfg)
     _check_modes(cfg)
     _check_estimator_specific(cfg)
+    _check_env(cfg, explicit)
+    _check_agents(cfg, explicit)
     _check_data_and_model(cfg, explicit)
     check_train_eval(cfg, explicit)
     check_gym_answer(cfg, explicit, [cfg.prompt_data, *(
@@ -406,7 +486,8 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
         eps_clip_high=cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high,
         num_epoch=1 if cfg.num_epoch is None else cfg.num_epoch,
         # the built-in task is not used with --prompt-data; keep the JSON honest
-        builtin_task=None if cfg.prompt_data is not None else cfg.builtin_task,
+        builtin_task=(None if cfg.prompt_data is not None or cfg.env is not None
+                      else cfg.builtin_task),
         output_dir=output_dir,
         world_size=world_size,
         **_resolved_dynamic_sampling(cfg),

@@ -22,7 +22,9 @@ class Rollout:
 
     prompt_ids [B, P] (left-padded), prompt_mask [B, P] bool, response_ids [B, T] (right-padded
     with pad), response_mask [B, T] bool (generated tokens up to and including EOS),
-    truncated [B] bool (no EOS within the length limit).
+    truncated [B] bool (no EOS within the length limit). ``context_mask`` [B, T] bool: the
+    response tokens the model attends to, when they are more than the trained ones (an
+    episode's environment turns, relax/rollout/episodes.py); None means ``response_mask``.
     """
 
     prompt_ids: torch.Tensor
@@ -30,11 +32,13 @@ class Rollout:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     truncated: torch.Tensor
+    context_mask: torch.Tensor | None = None
 
     def select(self, index) -> Rollout:
         """The rows picked by ``index`` (a list or an index tensor)."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_ids.device)
-        return Rollout(*(getattr(self, f.name)[index] for f in fields(self)))
+        return Rollout(*(None if getattr(self, f.name) is None else getattr(self, f.name)[index]
+                         for f in fields(self)))
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
@@ -53,6 +57,9 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         torch.cat([pad(r.response_ids, T, pad_token_id, False) for r in parts]),
         torch.cat([pad(r.response_mask, T, False, False) for r in parts]),
         torch.cat([r.truncated for r in parts]),
+        None if all(r.context_mask is None for r in parts) else torch.cat([
+            pad(r.response_mask if r.context_mask is None else r.context_mask, T, False, False)
+            for r in parts]),
     )
 
 

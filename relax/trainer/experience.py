@@ -56,11 +56,15 @@ class Experience:
 
 
 def experience_from_rollout(r: Rollout) -> Experience:
-    """Concatenate prompt and response; positions count attended tokens only (left padding)."""
+    """Concatenate prompt and response; positions count attended tokens only (left padding).
+
+    The attention covers ``context_mask`` when the rollout has one (an episode's environment
+    tokens are read by the model but are holes of the loss mask, ``response_mask``)."""
     # clone(): the rollout was made under inference_mode, and inference tensors cannot be saved
     # for backward by the training pass.
     input_ids = torch.cat([r.prompt_ids, r.response_ids], dim=1).clone()
-    attention_mask = torch.cat([r.prompt_mask, r.response_mask], dim=1).long()
+    attended = r.response_mask if r.context_mask is None else r.context_mask
+    attention_mask = torch.cat([r.prompt_mask, attended], dim=1).long()
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return Experience(input_ids, attention_mask, position_ids, r.response_mask.clone())
 

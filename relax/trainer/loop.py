@@ -1,9 +1,12 @@
 """The synchronous colocate loop (reinforce_plus_plus.md §9): one closed global batch per rollout step.
 
     for each rollout step:
-        prompts   = sample_prompts(step)          whole prompt groups per data-parallel rank
-        rollout   = generate(prompts)             current policy, KV cache, stop at EOS / length
-        rewards   = score(prompts, rollout)       math, a built-in task, or --custom-rm-path
+        batch     = collect(step)                 whole prompt groups per data-parallel rank:
+                    prompts = sample_prompts(...)     the next prompts of the stream
+                    rollout = generate(prompts)       current policy, KV cache, stop at EOS / length
+                    rewards = score(prompts, rollout) math, a built-in task, or --custom-rm-path
+                    (in rounds, keeping the groups the --dynamic-sampling-filter-path passes;
+                    with --env / --use-agentic-rollout: play_episodes(step) instead)
         exp       = old_and_ref_log_probs(...)    training model / frozen reference, no autograd
         exp       = advantages(exp, rewards)      compute_advantages_and_returns over the DP group
         history   = update(exp)                   --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
@@ -73,6 +76,7 @@ from relax.trainer.distributed import (
     unwrap,
     wrap_model,
 )
+from relax.trainer.episode_rollout import EpisodeSource
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.logprobs import batched_log_probs, experience_from_rollout
 from relax.trainer.lora import ALL_LINEAR, adapter_disabled, add_lora
@@ -134,9 +138,12 @@ class Trainer:
     def _build_data_and_rewards(self) -> None:
         cfg = self.cfg
         samples = task = None
+        # environments are built here, before any model, so bad input stops the run early
+        self.episodes = (EpisodeSource(cfg, self.ctx) if cfg.env or cfg.use_agentic_rollout
+                         else None)
         if cfg.prompt_data:
             samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train")
-        else:
+        elif not cfg.env:  # an environment makes its own prompts
             task = get_task(cfg.builtin_task)
         self.samples = samples
         # a built-in task scores with its own reward unless told otherwise
@@ -267,16 +274,24 @@ class Trainer:
         group_index = torch.arange(len(batch), device=self.ctx.device).repeat_interleave(n)
         return prompts, labels, group_index
 
-    def generate(self, prompts: list[str], step: int, round_: int = 0):
-        ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
+    def _generator(self, step: int, round_: int = 0) -> torch.Generator:
         generator = torch.Generator(self.ctx.device)
         extra = (round_,) if round_ else ()  # round 0 draws what a run without rounds draws
         generator.manual_seed(seed_for(self.cfg.seed, "rollout", self.ctx.rank, step, *extra))
+        return generator
+
+    def generate(self, prompts: list[str], step: int, round_: int = 0):
+        ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
+        return self.sample(ids, mask, self.cfg.rollout_max_response_len,
+                           self._generator(step, round_))
+
+    def sample(self, ids, mask, max_new_tokens: int, generator):
+        """One batched generation from left-padded ``ids`` / ``mask`` [B, P]."""
         model = unwrap(self.model)
         model.eval()
         with autocast(self.ctx.device, self.bf16):
             rollout = generate(
-                model, ids, mask, max_new_tokens=self.cfg.rollout_max_response_len,
+                model, ids, mask, max_new_tokens=max_new_tokens,
                 eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
                 temperature=self.cfg.rollout_temperature, top_p=self.cfg.rollout_top_p,
                 top_k=self.cfg.rollout_top_k, generator=generator,
@@ -290,6 +305,38 @@ class Trainer:
 
     def decode(self, rollout) -> list[str]:
         return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+
+    def play_episodes(self, step: int):
+        """``--env`` or ``--use-agentic-rollout``: this rank's episodes of ``step``
+        (relax/rollout/episodes.py, relax/rollout/agent_server.py).
+
+        Returns the :class:`StepBatch` the single-turn phases return (the transcripts as its
+        responses), so the training phases are the same."""
+        generator = self._generator(step)
+
+        def sample(ids, mask, max_new_tokens):  # every turn of the step draws from one stream
+            return self.sample(ids, mask, max_new_tokens, generator)
+
+        eos = self.tokenizer.eos_token_id
+        played, labels = self.episodes.play(
+            step, sample, tracker=self.tracker, tokenizer=self.tokenizer,
+            eos_token_id=self.eos_ids[0] if eos is None else eos,
+            context=getattr(unwrap(self.model).config, "max_position_embeddings", None),
+            prompts=self.source)
+        n = self.cfg.n_samples_per_prompt
+        rollout = played.rollout
+        self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(played.turns))
+        group_index = torch.arange(len(played.turns) // n,
+                                   device=self.ctx.device).repeat_interleave(n)
+        rewards = torch.tensor(played.rewards, dtype=torch.float32, device=self.ctx.device)
+        rewards = self._post_process(rewards, group_index)
+        # samples.jsonl shows whole episodes: the environment's turns and the EOS that ends
+        # each model turn included, the padding not
+        transcripts = [self.tokenizer.decode(ids[keep].tolist(), skip_special_tokens=False)
+                       for ids, keep in zip(rollout.response_ids, rollout.context_mask,
+                                            strict=True)]
+        return StepBatch(played.prompts, labels, group_index, rollout, transcripts, rewards,
+                         rollout, rollout.response_ids.shape[1])
 
     def score(self, prompts, responses, labels, group_index) -> torch.Tensor:
         """Rewards [B] float32; a bad reward names its sample (global index over ranks)."""
@@ -313,6 +360,10 @@ class Trainer:
             print(f"relax train: warning: {prefix}{len(failures) - 5} more samples scored 0 in "
                   "this step (rollout/reward_errors counts them all)", file=sys.stderr)
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
+        return self._post_process(rewards, group_index)
+
+    def _post_process(self, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+        """``--custom-reward-post-process-path`` over rewards [B], checked; else unchanged."""
         if self.post_process is not None:
             flag = "--custom-reward-post-process-path"
             returned = call_plugin(self.post_process, flag, rewards.clone(), group_index.clone())
@@ -456,7 +507,8 @@ class Trainer:
             self.tracker.add_max(f"perf/{name}_time", seconds)
         self.tracker.add_max("perf/peak_memory_gb", peak_memory_gb(self.ctx.device))
         for name, r in (("perf/forward_flops", b.rollout), ("perf/generate_flops", b.generated)):
-            responses = r.response_mask.sum(-1)
+            # an episode's training forward also runs over the environment's tokens
+            responses = (r.response_mask if r.context_mask is None else r.context_mask).sum(-1)
             self.tracker.add_sum(name, self.shape.forward_flops(
                 r.prompt_mask.sum(-1) + responses, responses))
         metrics = self.tracker.reduce()
@@ -555,8 +607,13 @@ class Trainer:
                 self.stop_now(step)
             t = self.timer
             with t("step"):
-                with t("rollout"):  # generate and reward (in rounds with dynamic sampling)
-                    b = self.collect(step)
+                with t("rollout"):  # generate and reward: rounds with dynamic sampling, turns
+                    # with --env (an episode interleaves generation and the environment)
+                    if self.episodes is not None:
+                        with t("generate"):
+                            b = self.play_episodes(step)
+                    else:
+                        b = self.collect(step)
                 with t("train"):
                     if len(b.prompts):  # dynamic sampling may keep no group: then no update
                         with t("log_prob"):
@@ -577,6 +634,8 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
+        if self.episodes is not None:
+            self.episodes.close()
 
 
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:

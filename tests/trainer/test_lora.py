@@ -14,8 +14,8 @@ from relax.errors import InputError
 from relax.rollout.engine import unsupported_reason
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import init_distributed, unwrap
-from relax.trainer.lora import adapter_disabled, add_lora, hf_target_names, merged_copy
 from relax.trainer.loop import Trainer
+from relax.trainer.lora import adapter_disabled, add_lora, hf_target_names, merged_copy
 from tests.distributed_utils import free_port
 from tests.trainer.helpers import RECIPES, make_config, read_metrics, write_reward
 

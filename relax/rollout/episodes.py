@@ -1,0 +1,195 @@
+"""Episode rollout: each sample is a multi-turn episode against an environment (``--env``).
+
+    observation = env.reset(seed)                      the episode's prompt
+    for turn in 1 .. --max-turns:
+        action ids  = generate(context)                one batched call for every live episode
+        observation, reward, done = env.step(decode(action ids))
+        context    += action ids (trained, mask 1) + rendered observation (context, mask 0)
+
+An episode becomes one ordinary sample: the response is every turn concatenated, with the
+environment's tokens as holes in the loss mask (reinforce_plus_plus.md §1 allows holes), and
+its reward is the **sum of the step rewards** the environment returned (for environments that
+reward only the last step, such as textarena's, that is the terminal reward). So every
+estimator, both REINFORCE++ variants included, trains on the episode unchanged.
+
+Token-in/token-out: the model's sampled ids are appended exactly as drawn (never decoded and
+re-tokenized); only the environment's text is tokenized. Each turn re-runs the model over the
+growing context with the engine's batched generation (relax/rollout/generate.py): the KV
+cache of a turn is not kept for the next, which costs one prefill per turn and keeps the
+engine unchanged. An episode also ends, counted as truncated, when its context could not hold
+another full turn within the model's context window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from relax.errors import InputError
+from relax.rollout.generate import Rollout
+
+SENTINEL = "RELAXTURNSENTINEL"
+
+# For agent programs on a tokenizer without a chat template (the built-in tiny model): one
+# line per message, each closed by the EOS the model itself ends its turns with.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+class TurnRenderer:
+    """Token ids of the text between two model turns: the end of the model's turn when it did
+    not end it itself (cut at the length limit), the new messages (an observation as a user
+    turn, or an agent's user and tool messages), and the start of the next model turn.
+
+    With a chat template the text is taken from the template itself: a conversation with a
+    sentinel assistant message is rendered with the new messages after it, and the part after
+    the sentinel is what follows a model turn. Without one (``chat=False``), an observation is
+    a line of its own after the model's EOS. ``template`` overrides the tokenizer's.
+    """
+
+    def __init__(self, tokenizer, *, chat: bool, eos_token_id: int, template: str | None = None):
+        self.tokenizer, self.chat, self.eos_token_id = tokenizer, chat, eos_token_id
+        self.template = template
+        self.eos_text = tokenizer.decode([eos_token_id])
+
+    def __call__(self, observation: str, ended: bool) -> list[int]:
+        if self.chat:
+            return self.messages([{"role": "user", "content": observation}], ended=ended)
+        ids = self.tokenizer(observation + "\n", add_special_tokens=False)["input_ids"]
+        return ids if ended else [self.eos_token_id, *ids]
+
+    def messages(self, new: list[dict], *, ended: bool, tools=None) -> list[int]:
+        """The ids of ``new`` messages following a model turn, up to the next model turn."""
+        context = [{"role": "user", "content": "x"},
+                   {"role": "assistant", "content": SENTINEL}]
+        full = self.tokenizer.apply_chat_template(
+            [*context, *new], tools=tools, tokenize=False, add_generation_prompt=True,
+            chat_template=self.template)
+        text = full[full.rindex(SENTINEL) + len(SENTINEL):]
+        if ended and text.startswith(self.eos_text):
+            text = text[len(self.eos_text):]  # the model's own EOS already closed the turn
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class Episode:
+    """One episode's growing token sequence: ``ids`` after the prompt, ``trained`` flags."""
+
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    trained: list[bool] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    done: bool = False  # the environment ended it
+    live: bool = True
+    error: str | None = None
+
+    def add(self, ids: list[int], trained: bool) -> None:
+        self.ids.extend(ids)
+        self.trained.extend([trained] * len(ids))
+
+
+@dataclass
+class EpisodeRollout:
+    """The episodes as a :class:`Rollout` (``context_mask`` set) plus per-episode facts [B]."""
+
+    rollout: Rollout
+    rewards: list[float]
+    turns: list[int]
+    errors: list[str]  # "episode i: ..." for environments that raised (scored 0)
+    prompts: list[str]  # first observations, as formatted for the model
+
+
+def run_episodes(
+    envs: list,
+    seeds: list[int],
+    *,
+    tokenizer,
+    format_prompt: Callable[[str], str],
+    render: TurnRenderer,
+    sample: Callable[[torch.Tensor, torch.Tensor, int], Rollout],
+    max_turns: int,
+    max_turn_tokens: int,
+    context: int | None,
+    device,
+) -> EpisodeRollout:
+    """Play ``envs[i]`` from ``reset(seeds[i])`` for up to ``max_turns`` model turns.
+
+    ``sample(ids [b, L] left-padded, mask [b, L], max_new_tokens)`` is the trainer's batched
+    generation (its own seeded generator); it is called once per turn with every live episode.
+    ``context``: the model's window (None: unbounded).
+    """
+    prompts, episodes, errors = [], [], []
+    for env, seed in zip(envs, seeds, strict=True):
+        text = format_prompt(env.reset(seed))
+        prompts.append(text)
+        episodes.append(Episode(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        if context is not None and len(episodes[-1].prompt) + max_turn_tokens > context:
+            raise InputError(f"--env: the first observation of seed {seed} is "
+                             f"{len(episodes[-1].prompt)} tokens; with "
+                             f"--rollout-max-response-len {max_turn_tokens} it does not fit "
+                             f"the model's context of {context} tokens")
+    for turn in range(max_turns):
+        live = [i for i, e in enumerate(episodes) if e.live]
+        if not live:
+            break
+        ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
+                              tokenizer.pad_token_id, device)
+        out = sample(ids, mask, max_turn_tokens)
+        for row, i in enumerate(live):
+            e = episodes[i]
+            action = out.response_ids[row][out.response_mask[row]].tolist()
+            e.add(action, trained=True)
+            e.turns += 1
+            try:
+                observation, reward, done = envs[i].step(
+                    tokenizer.decode(action, skip_special_tokens=True))
+                e.reward += float(reward)
+            except Exception as exc:  # a broken environment fails its episode, not the run
+                e.error = (f"episode {i} (seed {seeds[i]}), turn {turn + 1}: the environment "
+                           f"raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+                errors.append(e.error)
+                e.reward, e.live = 0.0, False
+                continue
+            if done or turn == max_turns - 1:
+                e.done, e.live = bool(done), False
+                continue
+            e.add(render(str(observation), ended=not bool(out.truncated[row])), trained=False)
+            if context is not None and len(e.prompt) + len(e.ids) + max_turn_tokens > context:
+                e.live = False  # no room for another full turn: truncated
+    return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
+                          [e.reward for e in episodes], [e.turns for e in episodes], errors,
+                          prompts)
+
+
+def left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = True
+    return ids.to(device), mask.to(device)
+
+
+def as_rollout(episodes: list[Episode], pad: int, device) -> Rollout:
+    """Left-padded prompts [B, P]; right-padded turns [B, T] with ``response_mask`` on the
+    model's tokens and ``context_mask`` on every token (model and environment)."""
+    prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], pad, device)
+    T = max(1, max(len(e.ids) for e in episodes))
+    B = len(episodes)
+    ids = torch.full((B, T), pad, dtype=torch.long)
+    trained = torch.zeros((B, T), dtype=torch.bool)
+    present = torch.zeros((B, T), dtype=torch.bool)
+    for i, e in enumerate(episodes):
+        n = len(e.ids)
+        ids[i, :n] = torch.tensor(e.ids, dtype=torch.long)
+        trained[i, :n] = torch.tensor(e.trained, dtype=torch.bool)
+        present[i, :n] = True
+    # truncated: the environment did not end the episode (turn limit, context, or an error)
+    truncated = torch.tensor([not e.done for e in episodes], dtype=torch.bool)
+    return Rollout(prompt_ids, prompt_mask, ids.to(device), trained.to(device),
+                   truncated.to(device), context_mask=present.to(device))
