@@ -366,6 +366,14 @@ class TrainConfig:
     keep_last: int | None = option(
         None, "Default: keep all. Keep only the newest K interval checkpoints; needs --save.",
         group="run")
+    async_save: bool = option(
+        False, "Default off. Write each interval checkpoint on a background thread while the "
+        "next rollout step runs; a checkpoint counts only once completely written "
+        "(docs/reliability.md).", group="run")
+    checkpoint_checksums: bool = option(
+        False, "Default off (file sizes only). Record the SHA-256 of every checkpoint file "
+        "when saving and compare it at --load (reads every byte of the checkpoint).",
+        group="run")
     reward_timeout: float = option(
         30.0, "Default 30. Seconds per sample a reward function may take "
         "(docs/reliability.md).", group="run")
