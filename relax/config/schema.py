@@ -408,8 +408,8 @@ class EvalConfig:
     """``relax eval CHECKPOINT`` settings (rules: relax/config/eval_flags.py)."""
 
     checkpoint: str = option(
-        "", "A --save directory of relax train (or a rollout_NNNNNN subdirectory, or any "
-        "Hugging Face causal LM directory).", group="evaluation", metavar="CHECKPOINT",
+        "", "A --save directory of relax train (its final model), a directory written by "
+        "relax export, or any Hugging Face causal LM directory.", group="evaluation", metavar="CHECKPOINT",
         positional=True)
     eval_prompt_data: list | None = _eval_prompt_data()
     n_samples_per_eval_prompt: int = _n_samples_per_eval_prompt()

@@ -55,8 +55,8 @@ _STEP_DIR = re.compile(r"^rollout_(\d{6,})$")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def _say(message: str) -> None:
-    print(f"relax train: {message}", file=sys.stderr, flush=True)
+def _say(message: str, prog: str = "relax train") -> None:
+    print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
 
 def check_save_dir(path: str | None) -> None:
@@ -202,28 +202,23 @@ def _candidates(load_dir: str) -> list[tuple[int, str]]:
     return sorted(found, key=lambda c: (c[0], c[1] == load_dir), reverse=True)
 
 
-def latest_checkpoint(load_dir: str, *, report: bool = True,
-                      checksums: bool = False) -> tuple[str, int] | None:
+def latest_checkpoint(load_dir: str, *, report: bool = True, checksums: bool = False,
+                      prog: str = "relax train", where: str = "--load"
+                      ) -> tuple[str, int] | None:
     """The newest complete checkpoint under ``--load DIR`` (or DIR itself).
 
     Incomplete or corrupt ones are skipped, each with one line on stderr saying why.
+    ``checksums``: also compare the SHA-256 the manifests record (none without
+    ``--checkpoint-checksums`` at save time: then sizes only).
     """
     for _, path in _candidates(load_dir):
         step, why = verify_checkpoint(path, checksums=checksums)
         if step is not None:
-            if checksums and report and not _has_checksums(path):
-                _say(f"--load: {path} was saved without --checkpoint-checksums; only its file "
-                     "sizes were checked")
             return path, step
         if report:
-            _say(f"--load: skipping checkpoint {path}: {why}; falling back to the previous "
-                 "complete one")
+            _say(f"{where}: skipping checkpoint {path}: {why}; falling back to the previous "
+                 "complete one", prog)
     return None
-
-
-def _has_checksums(path: str) -> bool:
-    files = read_manifest(path).get("files") or {}
-    return all("sha256" in f for f in files.values())
 
 
 # ---------------------------------------------------------------------------- housekeeping
@@ -469,7 +464,7 @@ def export_checkpoint(source: str, out: str) -> tuple[str, int]:
     checkpoint). ``out`` must be new or empty; it appears in one rename when complete.
     Returns the checkpoint used and its step.
     """
-    found = latest_checkpoint(source, report=True, checksums=True)
+    found = latest_checkpoint(source, checksums=True, prog="relax export", where="CHECKPOINT")
     if found is None:
         raise InputError(f"CHECKPOINT {source}: no complete Relax checkpoint in it")
     ckpt, step = found
