@@ -63,7 +63,8 @@ def worker(model_dir: str, save_dir: str, mode: str) -> None:
     tokenizer = load_tokenizer(model_dir)
     model = wrap_model(load_policy(model_dir, tokenizer, ctx.device, seed=0), ctx, fsdp=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    ids = torch.arange(16).view(1, 16) + 100 * (ctx.rank + 1)
+    vocab = model.config.vocab_size
+    ids = ((torch.arange(16) + 7 * (ctx.rank + 1)) % vocab).view(1, 16)
     model(input_ids=ids).logits.float().mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from relax.errors import InputError
+from relax.models import quiet_transformers
 from relax.trainer.distributed import unwrap
 
 METADATA = ".metadata"  # DCP writes it last, once every rank's shard is on disk
@@ -240,6 +241,7 @@ def full_model_state(model, *, fsdp: bool, is_main: bool) -> dict | None:
 def load_hf_model(folder: str, *, what: str = "CHECKPOINT"):
     """A causal LM built from ``folder/config.json`` with the weights of the DCP checkpoint
     in ``folder``, in one process (for ``relax export`` and ``relax eval``)."""
+    quiet_transformers()  # no progress bars between the command's own lines
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:

@@ -75,6 +75,8 @@ def test_two_rank_fsdp_save_is_sharded_and_resumes_in_one_process(tmp_path, caps
     assert {"config.json", "tokenizer.json"} <= set(os.listdir(out))
     assert main(["export", str(ckpt), str(out)]) == 2  # never into a non-empty directory
     assert "OUTPUT_DIR" in capsys.readouterr().err
+    assert main(["eval", str(ckpt)]) == 2  # shards, not a model: says to export it first
+    assert "relax export CHECKPOINT OUTPUT_DIR" in capsys.readouterr().err
 
 
 def _tiny(seed=0):
