@@ -147,3 +147,32 @@ def test_async_and_checksummed_runs_train_like_a_plain_run(tmp_path):
     assert all("sha256" in f for f in meta["files"].values())
     assert checkpoint.latest_checkpoint(str(save), checksums=True) == (
         str(save / "rollout_000003"), 3)
+
+
+def test_one_process_checkpoint_resumes_on_two_fsdp_ranks(tmp_path, capsys):
+    """The other direction: saved by one process, continued by two FSDP2 ranks (each reads
+    only its half); switching --fsdp at the same world size is named as well."""
+    save = tmp_path / "save"
+    flags = [*SMALL, "--custom-rm-path", write_gate_reward(tmp_path), "--rollout-batch-size",
+             "4"]
+    first = make_config(*flags, "--num-rollout", "2", "--fsdp", "--save", str(save),
+                        tiny=False, output_dir=tmp_path / "run")
+    trainer = Trainer(first, init_distributed("cpu"), console=False)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    switched = make_config(*flags, "--num-rollout", "3", "--load", str(save), tiny=False,
+                           output_dir=tmp_path / "switched")
+    Trainer(switched, init_distributed("cpu"), console=False).close()
+    assert "saved with --fsdp, resuming without" in capsys.readouterr().err
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = start_ranks([*flags, "--num-rollout", "3", "--fsdp", "--load", str(save), "--save",
+                         str(save), "--output-dir", str(tmp_path / "two")], env)
+    assert finish_all(ranks) == [0, 0], ranks[0].lines[-20:] + ranks[1].lines[-20:]
+    assert any("saved with 1 ranks, resuming with 2" in x for x in ranks[0].lines)
+    meta = json.loads((save / "rollout_000003" / checkpoint.MARKER).read_text())
+    assert meta["world_size"] == 2
+    assert sorted(n for n in meta["files"] if n.endswith(".distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]
