@@ -121,11 +121,19 @@ _METADATA_GLOBALS = {
 }
 
 
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        if module == "torch.distributed.checkpoint.metadata" or (module, name) in \
-                _METADATA_GLOBALS:
+        if (module, name) in _METADATA_GLOBALS:
             return super().find_class(module, name)
+        # only the classes defined in DCP's metadata module: a dotted name such as "os.system"
+        # would otherwise reach through that module's own imports
+        if module == _METADATA_MODULE and "." not in name:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == module:
+                return found
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")

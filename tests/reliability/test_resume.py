@@ -172,9 +172,16 @@ def test_loaded_state_is_safe(tmp_path):
         sharded_state.read_rank_file(str(ckpt), 0)
     import pickle
 
-    (ckpt / ".metadata").write_bytes(pickle.dumps(Payload()))
-    with pytest.raises(InputError, match="cannot read .metadata"):
-        checkpoint.load_trainer_state(str(ckpt), model, optimizer, fsdp=False, ctx=ctx)
+    def short(text: str) -> bytes:
+        return b"\x8c" + bytes([len(text)]) + text.encode()
+
+    # os.system reached through the allowed module's own "import os" (a dotted global name)
+    through = (b"\x80\x04" + short("torch.distributed.checkpoint.metadata") + short("os.system")
+               + b"\x93" + short(f"touch {marker}") + b"\x85R.")
+    for planted in (pickle.dumps(Payload()), through):
+        (ckpt / ".metadata").write_bytes(planted)
+        with pytest.raises(InputError, match="cannot read .metadata"):
+            checkpoint.load_trainer_state(str(ckpt), model, optimizer, fsdp=False, ctx=ctx)
     assert not marker.exists()
 
 
