@@ -1,4 +1,5 @@
-"""The ``relax`` command line: ``relax train``, ``relax eval`` and ``relax plot``.
+"""The ``relax`` command line: ``relax train``, ``relax eval``, ``relax export`` and
+``relax plot``.
 
 Thin by design (STYLE 5): parse and validate through :mod:`relax.config`, then hand the
 resolved configuration to the trainer. Heavy libraries are imported only after a
@@ -24,6 +25,7 @@ from relax.config import (
     parse_train_config,
     write_config,
 )
+from relax.config.flags import OneLineParser
 from relax.errors import InputError
 from relax.plotting import PlotError, parse_plot_args, plot_runs
 from relax.rundirs import claim_eval_dir, claim_train_dirs
@@ -76,6 +78,34 @@ def _run_eval(argv: list[str]) -> int:
     return int(run_eval_command(cfg))
 
 
+def _export_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="relax export", description="Write the model of a training checkpoint (a "
+        "rollout_NNNNNN directory, or a --save directory: its newest complete checkpoint) as "
+        "a Hugging Face directory (safetensors) that --hf-checkpoint and relax eval load. "
+        "Runs in one process; only the model is read, never the optimizer state.")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT")
+    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="a new or empty directory")
+    return parser
+
+
+def _run_export(argv: list[str]) -> int:
+    try:
+        ns = _export_parser().parse_strict(argv)
+    except ConfigError as e:
+        return _error("relax export", str(e))
+    if not os.path.isdir(ns.checkpoint):
+        return _error("relax export", f"CHECKPOINT {ns.checkpoint}: no such directory")
+    from relax.trainer.checkpoint import export_checkpoint  # lazy: torch and transformers
+
+    try:
+        ckpt, step = export_checkpoint(ns.checkpoint, ns.output_dir)
+    except InputError as e:
+        return _error("relax export", str(e))
+    print(f"relax export: wrote {ns.output_dir} (the model of {ckpt}, rollout step {step})")
+    return 0
+
+
 def _run_plot(argv: list[str]) -> int:
     try:
         ns = parse_plot_args(argv)
@@ -92,6 +122,8 @@ COMMANDS: dict[str, Command] = {
     for c in (
         Command("train", "train a policy (relax train --help lists the flags)", _run_train),
         Command("eval", "evaluate a saved checkpoint: pass@k and mean reward", _run_eval),
+        Command("export", "write a checkpoint's model as a Hugging Face directory",
+                _run_export),
         Command("plot", "draw training curves of one or more runs into an image", _run_plot),
     )
 }

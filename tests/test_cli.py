@@ -53,7 +53,7 @@ def test_dispatch_errors_are_one_line():
         code, out, err = call(argv)
         assert code == 2 and out == "" and err.count("\n") == 1 and needle in err
         assert err.startswith("relax: error: ")
-    assert set(COMMANDS) == {"train", "eval", "plot"}
+    assert set(COMMANDS) == {"train", "eval", "export", "plot"}
 
 
 def test_dry_run_subprocess_prints_json_and_loads_nothing_heavy():

@@ -98,9 +98,13 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     if not os.path.isdir(ckpt):
         raise ConfigError(ckpt, "no such directory; give a checkpoint written by relax train "
                           "--save (or any Hugging Face model directory)")
+    if os.path.isfile(os.path.join(ckpt, ".metadata")):
+        raise ConfigError(ckpt, "a sharded training checkpoint (model and optimizer state); "
+                          "write its model with: relax export CHECKPOINT OUTPUT_DIR, then "
+                          "evaluate OUTPUT_DIR (or give the --save directory: its final model)")
     if not os.path.isfile(os.path.join(ckpt, "config.json")):
-        raise ConfigError(ckpt, "no config.json in it; give the --save directory of a run or "
-                          "one of its rollout_NNNNNN subdirectories")
+        raise ConfigError(ckpt, "no config.json in it; give the --save directory of a run, a "
+                          "directory written by relax export, or any Hugging Face model")
     pairs = eval_pairs(cfg)
     check_custom_path(cfg, "custom_rm_path")
     if cfg.rm_type is not None and cfg.custom_rm_path is not None:

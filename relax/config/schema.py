@@ -389,6 +389,14 @@ class TrainConfig:
     keep_last: int | None = option(
         None, "Default: keep all. Keep only the newest K interval checkpoints; needs --save.",
         group="run")
+    async_save: bool = option(
+        False, "Default off. Write each interval checkpoint on a background thread while the "
+        "next rollout step runs; a checkpoint counts only once completely written "
+        "(docs/reliability.md).", group="run")
+    checkpoint_checksums: bool = option(
+        False, "Default off (file sizes only). Record the SHA-256 of every checkpoint file "
+        "when saving and compare it at --load (reads every byte of the checkpoint).",
+        group="run")
     reward_timeout: float = option(
         30.0, "Default 30. Seconds per sample a reward function may take "
         "(docs/reliability.md).", group="run")
@@ -423,8 +431,8 @@ class EvalConfig:
     """``relax eval CHECKPOINT`` settings (rules: relax/config/eval_flags.py)."""
 
     checkpoint: str = option(
-        "", "A --save directory of relax train (or a rollout_NNNNNN subdirectory, or any "
-        "Hugging Face causal LM directory).", group="evaluation", metavar="CHECKPOINT",
+        "", "A --save directory of relax train (its final model), a directory written by "
+        "relax export, or any Hugging Face causal LM directory.", group="evaluation", metavar="CHECKPOINT",
         positional=True)
     eval_prompt_data: list | None = _eval_prompt_data()
     n_samples_per_eval_prompt: int = _n_samples_per_eval_prompt()

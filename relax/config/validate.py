@@ -317,8 +317,8 @@ def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
         if "num_rollout" in explicit:
             reject(cfg, ("num_rollout", "num_epoch"), "give one length: rollout steps or "
                    "passes over --prompt-data")
-    for dest in ("save_interval", "keep_last"):
-        if getattr(cfg, dest) is not None and cfg.save is None:
+    for dest in ("save_interval", "keep_last", "async_save"):
+        if getattr(cfg, dest) not in (None, False) and cfg.save is None:
             reject(cfg, dest, "nothing is saved without --save DIR; add --save")
     for dest in ("save", "output_dir"):
         value = getattr(cfg, dest)

@@ -1,24 +1,33 @@
-"""Crash-safe checkpoints and exact resume (docs/reliability.md).
+"""Crash-safe sharded checkpoints and exact resume (docs/reliability.md).
 
 Layout of ``--save DIR``:
 
-- ``DIR/rollout_000010/`` ...: a checkpoint every ``--save-interval`` rollout steps (and when a
-  signal stops the run); ``--keep-last K`` keeps the newest K of them;
-- ``DIR/`` itself: the final model, so ``--hf-checkpoint DIR`` and ``relax eval DIR`` load it.
+- ``DIR/rollout_000010/`` ...: a checkpoint every ``--save-interval`` rollout steps, when a
+  signal stops the run, and at the last step (so a finished run can be continued with a
+  higher ``--num-rollout``); ``--keep-last K`` keeps the newest K of them;
+- ``DIR/`` itself: the final model as a Hugging Face directory (safetensors), so
+  ``--hf-checkpoint DIR`` and ``relax eval DIR`` load it. Only the model: gathered once, at
+  the end, on rank 0; ``relax export`` writes the same for any checkpoint.
 
-Each checkpoint holds:
+A checkpoint directory holds:
 
-- the model as a Hugging Face directory (``config.json``, ``model.safetensors``; weights are
-  only ever read from safetensors) and the tokenizer files;
-- ``trainer_state.pt``: optimizer state, the RNG states of every rank (python, numpy, torch,
-  cuda) and the progress (rollout step, data epoch and position, metrics cursor) -- only
-  tensors, numbers, strings and lists, read back with ``torch.load(weights_only=True)``;
-- ``relax_save.json``: the manifest (rollout step, progress, size and SHA-256 of every file).
+- the model and optimizer state written through torch.distributed.checkpoint: ``.metadata``
+  and one ``__<rank>_0.distcp`` shard file per writing rank (relax/trainer/sharded_state.py);
+- ``rank_NNNNN.pt``, one per rank: that rank's RNG states (python, numpy, torch, cuda), read
+  back with ``torch.load(weights_only=True)``;
+- ``config.json`` and the tokenizer files (the model the state belongs to; what ``relax
+  export`` copies into a Hugging Face directory);
+- ``relax_save.json``: the manifest, written last (rollout step, progress, world size, the
+  run's configuration, and the byte size -- with ``--checkpoint-checksums`` also the SHA-256
+  -- of every other file).
 
-Crash safety: an interval checkpoint is written into ``DIR/.tmp-*``, its files fsynced, the
-manifest written last, and the directory renamed into place in one ``rename``. A directory
-whose manifest is missing, unreadable or disagrees with a file (size or checksum) is never
-loaded: :func:`latest_checkpoint` says why and falls back to the previous complete one.
+Crash safety: every rank writes into ``DIR/.tmp-<step>``; once DCP has written ``.metadata``
+(it does so after every rank's shard is on disk) rank 0 writes the manifest and renames the
+directory to ``rollout_NNNNNN`` in one ``rename``. A directory whose manifest is missing,
+unreadable or disagrees with a file's size is never loaded: :func:`latest_checkpoint` says why
+and falls back to the previous complete one. With ``--async-save`` the shards are written on a
+background thread while the next rollout step runs; the rename happens only after the write
+completed, so an interrupted asynchronous save is as invisible as an interrupted one.
 """
 
 from __future__ import annotations
@@ -26,35 +35,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 
-import numpy as np
-import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
+import torch.distributed as dist
 
-from relax.errors import InputError
+from relax.errors import InputError, RelaxError
 from relax.rundirs import SAVE_DIR_MARKER, SAVE_MARKER
+from relax.trainer import sharded_state
 from relax.trainer.distributed import DistContext, unwrap
+from relax.trainer.sharded_state import METADATA, rank_file
 
 MARKER = SAVE_MARKER  # the manifest (relax/rundirs.py knows it to recognise a save)
-STATE = "trainer_state.pt"
-FORMAT = 2
+FORMAT = 3  # 2: the gathered torch.save layout of earlier Relax versions
 _STEP_DIR = re.compile(r"^rollout_(\d{6,})$")
-# a resumed model is read from these only (never a pickled *.bin / *.pt weight file)
-_SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def _say(message: str) -> None:
-    print(f"relax train: {message}", file=sys.stderr, flush=True)
+def _say(message: str, prog: str = "relax train") -> None:
+    print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
 
 def check_save_dir(path: str | None) -> None:
@@ -79,55 +81,8 @@ def _is_relax_save(path: str) -> bool:
                for d in os.listdir(path))
 
 
-# ---------------------------------------------------------------------------- state
-
-
-def _state_dicts(model, optimizer, fsdp: bool):
-    """Full (unsharded) model and optimizer state dicts on the CPU; a collective under FSDP."""
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    if fsdp:
-        return get_model_state_dict(model, options=opts), get_optimizer_state_dict(
-            model, optimizer, options=opts
-        )
-    inner = unwrap(model)
-    return {k: v.detach().cpu() for k, v in inner.state_dict().items()}, (
-        get_optimizer_state_dict(inner, optimizer, options=opts)
-    )
-
-
-def rng_state() -> dict:
-    """This process's RNG states, in types ``torch.load(weights_only=True)`` accepts."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
-                  float(cached)],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _gather_rng(ctx: DistContext) -> list[dict]:
-    """Every rank's RNG states, in rank order (a collective when distributed)."""
-    mine = rng_state()
-    if ctx.group is None:
-        return [mine]
-    out = [None] * ctx.world_size
-    torch.distributed.all_gather_object(out, mine, group=ctx.group)
-    return out
+def step_dir(save_dir: str, step: int) -> str:
+    return os.path.join(save_dir, f"rollout_{step:06d}")
 
 
 # ---------------------------------------------------------------------------- manifest
@@ -149,49 +104,72 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def _manifest(folder: str) -> dict[str, dict]:
-    """Size and SHA-256 of every plain file of ``folder`` (not subdirectories), fsynced."""
+def _list_files(folder: str, *, checksums: bool) -> dict[str, dict]:
+    """Size (and SHA-256 when asked) of every plain file of ``folder``, each fsynced.
+
+    Sizes alone catch a truncated or missing file at the cost of a ``stat``; a checksum
+    reads every byte, which at billions of parameters is minutes per save and per resume.
+    """
     files = {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if name == MARKER or not os.path.isfile(path):
             continue
         _fsync(path)
-        files[name] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+        files[name] = {"size": os.path.getsize(path)}
+        if checksums:
+            files[name]["sha256"] = _sha256(path)
     return files
 
 
-def _write_marker(folder: str, step: int, files: dict, progress: dict, extra: dict) -> None:
+def _write_marker(folder: str, meta: dict) -> None:
     tmp = os.path.join(folder, MARKER + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"format": FORMAT, "rollout_step": step, "time": time.time(),
-                   "progress": progress, "files": files, **extra}, f, indent=2)
+        json.dump({"format": FORMAT, "time": time.time(), **meta}, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(folder, MARKER))
 
 
-def verify_checkpoint(path: str) -> tuple[int | None, str | None]:
-    """``(rollout step, None)`` for a complete checkpoint, else ``(None, why not)``."""
-    marker = os.path.join(path, MARKER)
-    if not os.path.isfile(marker):
+def read_manifest(path: str) -> dict:
+    with open(os.path.join(path, MARKER), encoding="utf-8") as f:
+        meta = json.load(f)
+    if not isinstance(meta, dict):
+        raise TypeError("not a JSON object")
+    return meta
+
+
+def verify_checkpoint(path: str, *, checksums: bool = False) -> tuple[int | None, str | None]:
+    """``(rollout step, None)`` for a complete checkpoint, else ``(None, why not)``.
+
+    The cheap check: the manifest is there (so the rename happened), DCP's ``.metadata``, a
+    state file for every rank and the model config are listed, every listed file exists with
+    its size, and no unlisted pickle file lies beside them. ``checksums`` also compares the
+    SHA-256 of every file whose checksum the manifest records.
+    """
+    if not os.path.isfile(os.path.join(path, MARKER)):
         return None, f"no {MARKER} (an interrupted save)"
     try:
-        with open(marker, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = read_manifest(path)
         step = int(meta["rollout_step"])
         files = meta.get("files")
+        world = int(meta.get("world_size", 0))
     except (OSError, ValueError, KeyError, TypeError) as e:
         return None, f"unreadable {MARKER} ({type(e).__name__})"
+    if meta.get("format") != FORMAT:
+        return None, (f"written by another Relax version (format {meta.get('format')}); "
+                      "its model can still be used with --hf-checkpoint")
     if not isinstance(files, dict):
-        return None, f"{MARKER} lists no files (written by an older Relax?)"
-    if STATE not in files or not any(w in files for w in _SAFE_WEIGHTS):
-        return None, f"{MARKER} lists no {STATE} or safetensors weights"
+        return None, f"{MARKER} lists no files"
+    need = [METADATA, "config.json", *(rank_file(r) for r in range(world))]
+    missing = [n for n in need if n not in files]
+    if world < 1 or missing:
+        return None, f"{MARKER} does not list {missing[0] if missing else 'a world size'}"
     # a pickled weight file the manifest does not list could be picked up by a model loader
     stray = [n for n in os.listdir(path) if n not in files and n != MARKER
-             and n.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))]
+             and n.endswith(_PICKLE_SUFFIXES)]
     if stray:
-        return None, f"unlisted pickle file {sorted(stray)[0]} (only safetensors weights load)"
+        return None, f"unlisted pickle file {sorted(stray)[0]}"
     for name, want in sorted(files.items()):
         if not (isinstance(name, str) and isinstance(want, dict)):
             return None, f"{MARKER} has a malformed entry for {name!r}"
@@ -200,7 +178,7 @@ def verify_checkpoint(path: str) -> tuple[int | None, str | None]:
             return None, f"{name} is missing"
         if os.path.getsize(file) != want.get("size"):
             return None, f"{name} has {os.path.getsize(file)} bytes, expected {want.get('size')}"
-        if _sha256(file) != want.get("sha256"):
+        if checksums and "sha256" in want and _sha256(file) != want["sha256"]:
             return None, f"{name} fails its SHA-256 checksum"
     return step, None
 
@@ -212,33 +190,38 @@ def _candidates(load_dir: str) -> list[tuple[int, str]]:
         m = _STEP_DIR.match(d)
         if m and os.path.isdir(os.path.join(load_dir, d)):
             found.append((int(m.group(1)), os.path.join(load_dir, d)))
-    if any(os.path.exists(os.path.join(load_dir, f)) for f in (MARKER, STATE)):
+    if os.path.exists(os.path.join(load_dir, MARKER)):
         try:
-            with open(os.path.join(load_dir, MARKER), encoding="utf-8") as f:
-                step = int(json.load(f)["rollout_step"])
+            meta = read_manifest(load_dir)
+            kind, step = meta.get("kind"), int(meta["rollout_step"])
         except (OSError, ValueError, KeyError, TypeError):
-            step = 1 << 62  # try it first, so its rejection is reported
-        found.append((step, load_dir))
-    # newest first; at equal steps the final save in DIR itself before rollout_N
+            kind, step = None, 1 << 62  # try it first, so its rejection is reported
+        if kind != "model":  # the final model of DIR is no trainer state; its step's is
+            found.append((step, load_dir))
+    # newest first; at equal steps --load's own directory first (it was named)
     return sorted(found, key=lambda c: (c[0], c[1] == load_dir), reverse=True)
 
 
-def latest_checkpoint(load_dir: str, *, report: bool = True) -> tuple[str, int] | None:
+def latest_checkpoint(load_dir: str, *, report: bool = True, checksums: bool = False,
+                      prog: str = "relax train", where: str = "--load"
+                      ) -> tuple[str, int] | None:
     """The newest complete checkpoint under ``--load DIR`` (or DIR itself).
 
     Incomplete or corrupt ones are skipped, each with one line on stderr saying why.
+    ``checksums``: also compare the SHA-256 the manifests record (none without
+    ``--checkpoint-checksums`` at save time: then sizes only).
     """
     for _, path in _candidates(load_dir):
-        step, why = verify_checkpoint(path)
+        step, why = verify_checkpoint(path, checksums=checksums)
         if step is not None:
             return path, step
         if report:
-            _say(f"--load: skipping checkpoint {path}: {why}; falling back to the previous "
-                 "complete one")
+            _say(f"{where}: skipping checkpoint {path}: {why}; falling back to the previous "
+                 "complete one", prog)
     return None
 
 
-# ---------------------------------------------------------------------------- save / load
+# ---------------------------------------------------------------------------- housekeeping
 
 
 def _move_aside(path: str) -> str | None:
@@ -252,8 +235,9 @@ def _move_aside(path: str) -> str | None:
 
 def is_write_failure(e: BaseException) -> str | None:
     """The reason when ``e`` is a failed file write (a full disk, a quota, a removed
-    directory), as each writer reports it; else None. safetensors and torch.save wrap the
-    OS error in their own exception types."""
+    directory), as each writer reports it; else None. safetensors, torch.save and DCP wrap
+    the OS error in their own exception types (DCP's holds one per failing rank)."""
+    e = sharded_state.reason(e)
     if isinstance(e, OSError):
         return e.strerror or type(e).__name__
     text = " ".join(str(e).split())
@@ -270,51 +254,6 @@ def remove_stale_temps(save_dir: str | None) -> None:
         for d in os.listdir(save_dir):
             if d.startswith(".tmp-") or ".old-" in d:
                 shutil.rmtree(os.path.join(save_dir, d), ignore_errors=True)
-
-
-def save_checkpoint(save_dir: str, *, model, optimizer, tokenizer, step: int, ctx: DistContext,
-                    fsdp: bool, final: bool, progress: dict | None = None,
-                    extra: dict | None = None, keep_last: int | None = None) -> str:
-    """Write the checkpoint of ``step`` (every rank calls this; rank 0 writes)."""
-    extra, progress = extra or {}, progress or {}
-    model_sd, optim_sd = _state_dicts(model, optimizer, fsdp)
-    rng = _gather_rng(ctx)
-    target = save_dir if final else os.path.join(save_dir, f"rollout_{step:06d}")
-    if ctx.is_main:
-        os.makedirs(save_dir, exist_ok=True)
-        tmp = os.path.join(save_dir, f".tmp-{'final' if final else step}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        unwrap(model).save_pretrained(tmp, state_dict=model_sd, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        torch.save({"optimizer": optim_sd, "rng": rng, "progress": progress},
-                   os.path.join(tmp, STATE))
-        files = _manifest(tmp)
-        if final:
-            # DIR also holds the interval checkpoints, so its files move in one by one: the
-            # old manifest goes first and the new one comes last, so a crash in between
-            # leaves DIR without a manifest (skipped), never a mix that looks complete.
-            old_marker = os.path.join(save_dir, MARKER)
-            if os.path.exists(old_marker):
-                _say(f"replacing the earlier Relax save in {save_dir}")
-                os.remove(old_marker)
-            for name in os.listdir(tmp):
-                os.replace(os.path.join(tmp, name), os.path.join(save_dir, name))
-            os.rmdir(tmp)
-            _write_marker(save_dir, step, files, progress, extra)
-        else:
-            _write_marker(tmp, step, files, progress, extra)
-            _fsync(tmp)
-            aside = _move_aside(target)  # the same step saved again after a resume
-            os.replace(tmp, target)
-            _fsync(save_dir)
-            if aside:
-                shutil.rmtree(aside, ignore_errors=True)
-            if keep_last:
-                prune(save_dir, keep_last, newest=step)
-    if ctx.group is not None:
-        torch.distributed.barrier(group=ctx.group)
-    return target
 
 
 def prune(save_dir: str, keep_last: int, *, newest: int) -> list[str]:
@@ -338,26 +277,219 @@ def prune(save_dir: str, keep_last: int, *, newest: int) -> list[str]:
     return removed
 
 
+# ---------------------------------------------------------------------------- save
+
+
+@dataclass
+class _Pending:
+    """A started save: its DCP future (None once written) and where it goes."""
+
+    step: int
+    tmp: str
+    target: str
+    meta: dict
+    future: object = None
+
+
+class Checkpointer:
+    """Writes the checkpoints of one run (every rank holds one; rank 0 renames and prunes).
+
+    ``async_save``: the shards are written by a background thread through a Gloo group of
+    their own; :meth:`poll` (after every step) publishes a finished save, :meth:`wait` blocks
+    until it is on disk (before the next save, a signal stop and the final save).
+    """
+
+    def __init__(self, save_dir: str, ctx: DistContext, *, fsdp: bool, async_save: bool = False,
+                 checksums: bool = False, keep_last: int | None = None):
+        self.save_dir, self.ctx, self.fsdp = save_dir, ctx, fsdp
+        self.async_save, self.checksums, self.keep_last = async_save, checksums, keep_last
+        # every rank creates it in the same order (new_group is collective)
+        self.async_group = (dist.new_group(backend="gloo") if async_save and ctx.group is not None
+                            else None)
+        self.pending: _Pending | None = None
+        self.saved_step: int | None = None  # the newest step saved (or being saved) by this run
+
+    def save(self, step: int, *, model, optimizer, tokenizer, meta: dict,
+             blocking: bool = False) -> str:
+        """Start the checkpoint of ``step`` (every rank calls this); return its directory.
+
+        Returns once it is complete unless ``--async-save`` and not ``blocking``. A step saved
+        (or being saved) already is only waited for: a signal after an interval save.
+        """
+        if step == self.saved_step:
+            if blocking:
+                self.wait()
+            return step_dir(self.save_dir, step)
+        self.wait()
+        pending = _Pending(step, os.path.join(self.save_dir, f".tmp-{step}"),
+                           step_dir(self.save_dir, step), meta)
+        try:
+            os.makedirs(pending.tmp, exist_ok=True)
+            sharded_state.write_rank_file(pending.tmp, self.ctx.rank)
+            if self.ctx.is_main:
+                unwrap(model).config.save_pretrained(pending.tmp)
+                tokenizer.save_pretrained(pending.tmp)
+            state = sharded_state.sharded_state(model, optimizer, fsdp=self.fsdp)
+            asynchronous = self.async_save and not blocking
+            pending.future = sharded_state.save_sharded(
+                state, pending.tmp, asynchronous=asynchronous,
+                group=self.async_group if asynchronous else self.ctx.group)
+        except BaseException as e:  # DCP's CheckpointException is not an Exception
+            self._fail(pending, e)
+        self.pending, self.saved_step = pending, step
+        if pending.future is None:
+            self.wait()
+        return pending.target
+
+    def poll(self) -> None:
+        """Publish an asynchronous save that has finished (no collective; rank 0 renames)."""
+        p = self.pending
+        if p is not None and p.future is not None and p.future.done() and \
+                p.future.exception() is None:
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the started save is complete and, on rank 0, renamed into place."""
+        p = self.pending
+        if p is None:
+            return
+        try:
+            if p.future is not None:
+                p.future.result()
+                p.future = None
+            if self.ctx.is_main:
+                self._publish(p)
+        except BaseException as e:
+            self._fail(p, e)
+        self.pending = None
+        if self.ctx.group is not None and self.async_group is None:
+            # a synchronous save returns on every rank once the checkpoint is in place
+            dist.barrier(group=self.ctx.group)
+
+    def _publish(self, p: _Pending) -> None:
+        files = _list_files(p.tmp, checksums=self.checksums)
+        _write_marker(p.tmp, {"kind": "checkpoint", "rollout_step": p.step,
+                              "world_size": self.ctx.world_size, "fsdp": self.fsdp,
+                              "files": files, **p.meta})
+        _fsync(p.tmp)
+        aside = _move_aside(p.target)  # the same step saved again after a resume
+        os.replace(p.tmp, p.target)
+        _fsync(self.save_dir)
+        if aside:
+            shutil.rmtree(aside, ignore_errors=True)
+        if self.keep_last:
+            prune(self.save_dir, self.keep_last, newest=p.step)
+
+    def _fail(self, p: _Pending, e: BaseException):
+        """A failed write becomes one line naming the last complete checkpoint."""
+        self.pending = None
+        reason = is_write_failure(e)
+        if reason is None:
+            raise e
+        if self.ctx.is_main:
+            shutil.rmtree(p.tmp, ignore_errors=True)
+        last = latest_checkpoint(self.save_dir, report=False)
+        kept = (f"the last complete checkpoint is {last[0]} (step {last[1]}); free space and "
+                f"continue with --load {self.save_dir}" if last else
+                "no complete checkpoint was written")
+        raise RelaxError(f"--save {self.save_dir}: writing the checkpoint of rollout step "
+                         f"{p.step} failed ({reason}); {kept}") from e
+
+    def save_final(self, step: int, *, model, optimizer, tokenizer, meta: dict) -> str:
+        """The checkpoint of the last step (unless saved already), then the final model as a
+        Hugging Face directory in ``DIR`` itself, gathered on rank 0 only."""
+        if self.saved_step != step:
+            self.save(step, model=model, optimizer=optimizer, tokenizer=tokenizer, meta=meta,
+                      blocking=True)
+        self.wait()
+        weights = sharded_state.full_model_state(model, fsdp=self.fsdp, is_main=self.ctx.is_main)
+        if self.ctx.is_main:
+            tmp = os.path.join(self.save_dir, f".tmp-final-{os.getpid()}")
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+                unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+                files = _list_files(tmp, checksums=self.checksums)
+                # DIR also holds the checkpoints, so the files move in one by one: the old
+                # manifest goes first and the new one comes last, so a crash in between leaves
+                # DIR without a manifest, never a mix that looks complete
+                old_marker = os.path.join(self.save_dir, MARKER)
+                if os.path.exists(old_marker):
+                    _say(f"replacing the earlier Relax save in {self.save_dir}")
+                    os.remove(old_marker)
+                for name in os.listdir(tmp):
+                    os.replace(os.path.join(tmp, name), os.path.join(self.save_dir, name))
+                os.rmdir(tmp)
+                _write_marker(self.save_dir, {"kind": "model", "rollout_step": step,
+                                              "files": files, **meta})
+            except Exception as e:
+                self._fail(_Pending(step, tmp, self.save_dir, meta), e)
+        if self.ctx.group is not None:
+            dist.barrier(group=self.ctx.group)
+        return self.save_dir
+
+
+# ---------------------------------------------------------------------------- load
+
+
 def load_trainer_state(path: str, model, optimizer, *, fsdp: bool, ctx: DistContext) -> dict:
-    """Restore the optimizer state and this rank's RNG states; return the saved progress."""
+    """Restore the model, optimizer and this rank's RNG states; return the saved progress.
+
+    Another world size or ``--fsdp`` setting loads the same weights and optimizer state
+    (DCP reshards them); what that means for exactness is printed once.
+    """
+    meta = read_manifest(path)
+    sharded_state.load_sharded(path, model, optimizer, fsdp=fsdp)
+    saved_world, saved_fsdp = int(meta["world_size"]), bool(meta.get("fsdp"))
+    rng = sharded_state.read_rank_file(path, ctx.rank % saved_world)
+    if ctx.is_main and saved_world != ctx.world_size:
+        _say(f"--load {path}: saved with {saved_world} ranks, resuming with {ctx.world_size}: "
+             "weights and optimizer state are restored exactly, but each rank now samples "
+             "other prompts with other seeds (RNG states are reused by rank modulo), so the "
+             "run continues correctly but not as an exact continuation")
+    elif ctx.is_main and saved_fsdp != fsdp:
+        _say(f"--load {path}: saved {'with' if saved_fsdp else 'without'} --fsdp, resuming "
+             f"{'with' if fsdp else 'without'}: weights and optimizer state are restored "
+             "exactly; gradient sums are reduced in another order, so later steps agree with "
+             "the interrupted run only up to float rounding")
+    sharded_state.set_rng_state(rng)
+    return dict(meta.get("progress") or {})
+
+
+def export_checkpoint(source: str, out: str) -> tuple[str, int]:
+    """``relax export``: write the model of a checkpoint as a Hugging Face directory.
+
+    ``source`` is a checkpoint directory or a ``--save`` directory (its newest complete
+    checkpoint). ``out`` must be new or empty; it appears in one rename when complete.
+    Returns the checkpoint used and its step.
+    """
+    found = latest_checkpoint(source, checksums=True, prog="relax export", where="CHECKPOINT")
+    if found is None:
+        raise InputError(f"CHECKPOINT {source}: no complete Relax checkpoint in it")
+    ckpt, step = found
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise InputError(f"OUTPUT_DIR {out}: exists and is not an empty directory; choose a "
+                         "new one")
+    model = sharded_state.load_hf_model(ckpt)
+    tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
     try:
-        state = torch.load(os.path.join(path, STATE), map_location="cpu", weights_only=True)
-    except Exception as e:  # verified above, so this is an incompatible or foreign file
-        raise InputError(f"--load {path}: cannot read {STATE}: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from e
-    target = model if fsdp else unwrap(model)
-    try:
-        set_optimizer_state_dict(
-            target, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=fsdp)
-        )
-        rng = state["rng"]
-        if not isinstance(rng, list) or not rng:
-            raise TypeError("no RNG states")
-    except Exception as e:  # loaded, but not the state of this model's optimizer
-        raise InputError(f"--load {path}: {STATE} is not a Relax trainer state for this model "
-                         f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from e
-    if len(rng) != ctx.world_size and ctx.is_main:
-        _say(f"--load {path}: saved with {len(rng)} ranks, resuming with {ctx.world_size}; "
-             "RNG states are reused by rank modulo")
-    set_rng_state(rng[ctx.rank % len(rng)])
-    return dict(state.get("progress") or {})
+        skip = {MARKER, METADATA}
+        for name in os.listdir(ckpt):  # config, generation config, tokenizer files
+            if name in skip or name.endswith((".distcp", *_PICKLE_SUFFIXES)):
+                continue
+            if os.path.isfile(os.path.join(ckpt, name)):
+                shutil.copy2(os.path.join(ckpt, name), os.path.join(tmp, name))
+        model.save_pretrained(tmp, safe_serialization=True)
+        for name in os.listdir(tmp):
+            _fsync(os.path.join(tmp, name))
+        if os.path.isdir(out):
+            os.rmdir(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ckpt, step
+

@@ -114,6 +114,9 @@ class Trainer:
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.save)
+        self.checkpointer = checkpoint.Checkpointer(
+            cfg.save, ctx, fsdp=cfg.fsdp, async_save=cfg.async_save,
+            checksums=cfg.checkpoint_checksums, keep_last=cfg.keep_last) if cfg.save else None
         self.tracker = MetricTracker(ctx.group, ctx.device)
         self.logger = build_logger(
             is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
@@ -130,7 +133,8 @@ class Trainer:
             return None
         if not os.path.isdir(cfg.load):
             raise InputError(f"--load {cfg.load}: no such directory")
-        resume = checkpoint.latest_checkpoint(cfg.load, report=self.ctx.is_main)
+        resume = checkpoint.latest_checkpoint(cfg.load, report=self.ctx.is_main,
+                                              checksums=cfg.checkpoint_checksums)
         if resume is None:
             raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
         return resume
@@ -181,8 +185,8 @@ class Trainer:
         if cfg.apply_chat_template and not getattr(self.tokenizer, "chat_template", None):
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.hf_checkpoint} has "
                              "no chat template; remove the flag or use a chat model")
-        policy = setup.load_policy(resume[0] if resume else cfg.hf_checkpoint, self.tokenizer,
-                                   ctx.device, seed=cfg.seed)
+        # a resumed run starts from the same model; the checkpoint's state replaces its weights
+        policy = setup.load_policy(cfg.hf_checkpoint, self.tokenizer, ctx.device, seed=cfg.seed)
         self.eos_ids = setup.eos_token_ids(self.tokenizer, policy)
         self._check_prompt_lengths(policy)
         self._measure_limits(policy)
@@ -542,7 +546,9 @@ class Trainer:
                 for i in spread_indices(self.cfg.log_samples, len(b.prompts))]
         self.logger.log_samples(step, rows)
 
-    def save(self, step: int, *, final: bool) -> str:
+    def save(self, step: int, *, final: bool, blocking: bool = False) -> str:
+        """The checkpoint of ``step`` (with ``--async-save`` only started unless ``blocking``),
+        or with ``final`` also the Hugging Face model in ``--save`` itself."""
         progress = {
             "rollout_step": step,
             "data": {**self.source.position_at(self.cursor), "cursor": self.cursor},
@@ -552,28 +558,13 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "seed": self.cfg.seed,
         }
-        try:
-            path = checkpoint.save_checkpoint(
-                self.cfg.save, model=self.model, optimizer=self.optimizer,
-                tokenizer=self.tokenizer, step=step, ctx=self.ctx, fsdp=self.cfg.fsdp,
-                final=final, progress=progress,
-                extra={"advantage_estimator": self.cfg.advantage_estimator,
-                       "config": json.loads(json.dumps(self.cfg.to_dict(), default=str))},
-                keep_last=self.cfg.keep_last,
-            )
-        except Exception as e:
-            if not checkpoint.is_write_failure(e):
-                raise
-            checkpoint.remove_stale_temps(self.cfg.save)
-            last = checkpoint.latest_checkpoint(self.cfg.save, report=False) if os.path.isdir(
-                self.cfg.save) else None
-            kept = (f"the last complete checkpoint is {last[0]} (step {last[1]}); free space "
-                    f"and continue with --load {self.cfg.save}" if last else
-                    "no complete checkpoint was written")
-            raise RelaxError(f"--save {self.cfg.save}: writing the checkpoint of rollout step "
-                             f"{step} failed ({checkpoint.is_write_failure(e)}); {kept}") from e
-        self.saved_step = step
-        return path
+        meta = {"progress": progress, "advantage_estimator": self.cfg.advantage_estimator,
+                "config": json.loads(json.dumps(self.cfg.to_dict(), default=str))}
+        state = dict(model=self.model, optimizer=self.optimizer, tokenizer=self.tokenizer,
+                     meta=meta)
+        if final:
+            return self.checkpointer.save_final(step, **state)
+        return self.checkpointer.save(step, blocking=blocking, **state)
 
     def stop_requested(self) -> bool:
         """Whether any rank got SIGTERM/SIGINT; ranks agree, so all stop at the same step."""
@@ -591,8 +582,7 @@ class Trainer:
         signum = self.stop.signum
         where = ""
         if self.cfg.save and step > self.start_step:
-            path = (os.path.join(self.cfg.save, f"rollout_{step:06d}")
-                    if self.saved_step == step else self.save(step, final=False))
+            path = self.save(step, final=False, blocking=True)
             where = f"; checkpoint {path}; continue with --load {self.cfg.save}"
         elif self.cfg.save:
             where = "; no new step to save"
@@ -601,7 +591,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, float]]:
-        history, self.saved_step = [], None
+        history = []
         for step in range(self.start_step, self.total_steps):
             if self.stop_requested():
                 self.stop_now(step)
@@ -626,6 +616,8 @@ class Trainer:
                 evaluation = self.evaluate(step + 1)
             history.append(self.log(step + 1, b, t.pop(), evaluation))
             self.log_samples(step + 1, b)
+            if self.checkpointer is not None:
+                self.checkpointer.poll()  # publish an --async-save that has finished
             if self.cfg.save and self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0:
                 self.save(step + 1, final=False)
         if self.cfg.save:

@@ -31,7 +31,7 @@ MODEL_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
 # settings that name places or control this invocation only: never reported as changed
 LOCAL = {"load", "save", "output_dir", "dry_run", "num_rollout", "num_epoch", "world_size",
          "device", "use_tensorboard", "use_wandb", "log_samples", "distributed_timeout_minutes",
-         "keep_last", "save_interval"}
+         "keep_last", "save_interval", "async_save", "checkpoint_checksums"}
 
 
 def _read_json(path: str, what: str) -> dict:

@@ -121,12 +121,15 @@ def _limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
 
-def test_a_full_disk_mid_run_keeps_and_names_the_last_checkpoint(tmp_path):
-    """The tiny model's checkpoint is ~0.4 MB: the first interval save fails like a full disk."""
+@pytest.mark.parametrize("saving", [[], ["--async-save"]], ids=["sync", "async"])
+def test_a_full_disk_mid_run_keeps_and_names_the_last_checkpoint(tmp_path, saving):
+    """The tiny model's checkpoint is ~1.6 MB: the first interval save fails like a full disk
+    (with --async-save on the writer thread, reported when the run waits for it)."""
     save = tmp_path / "save"
     proc = subprocess.run(
         [sys.executable, "-m", "relax", "train", *SMALL, "--save", str(save), "--save-interval",
-         "1", "--output-dir", str(tmp_path / "o")], capture_output=True, text=True, timeout=180,
+         "1", *saving, "--output-dir", str(tmp_path / "o")], capture_output=True, text=True,
+        timeout=180,
         env=env(), preexec_fn=_limit_file_size)
     assert proc.returncode == 1, proc.stderr[-2000:]
     line = one_error_line(proc)

@@ -93,20 +93,18 @@ def test_malformed_manifest_and_foreign_trainer_state(tmp_path):
     manifest = json.loads((step2 / "relax_save.json").read_text())
     manifest["files"]["config.json"] = "not an entry"
     (step2 / "relax_save.json").write_text(json.dumps(manifest))
-    (save / "relax_save.json").unlink()  # the final save: resume must fall back to step 1
     out = relax("train", *SMALL, "--num-rollout", "3", "--load", save, "--save", save,
                 "--output-dir", tmp_path / "o")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "malformed entry for 'config.json'" in out.stderr
     assert "resuming from" in out.stderr and "rollout_000001" in out.stderr
-    # a trainer_state.pt from elsewhere, with a manifest that matches it
+    # a rank state file from elsewhere, with a manifest that matches it
     step1 = save / "rollout_000001"
-    torch.save({"optimizer": {"foo": 1}, "rng": "x"}, step1 / "trainer_state.pt")
-    from relax.trainer.checkpoint import _manifest, _write_marker
+    torch.save({"optimizer": {"foo": 1}, "rng": "x"}, step1 / "rank_00000.pt")
+    from relax.trainer.checkpoint import _list_files, _write_marker
 
     meta = json.loads((step1 / "relax_save.json").read_text())
-    _write_marker(str(step1), 1, _manifest(str(step1)), meta["progress"],
-                  {"advantage_estimator": "grpo"})
+    _write_marker(str(step1), {**meta, "files": _list_files(str(step1), checksums=False)})
     for d in save.iterdir():
         if d.name != "rollout_000001" and d.is_dir():
             import shutil
@@ -116,7 +114,7 @@ def test_malformed_manifest_and_foreign_trainer_state(tmp_path):
     out = relax("train", *SMALL, "--num-rollout", "3", "--load", save, "--save", save,
                 "--output-dir", tmp_path / "o")
     assert out.returncode == 2
-    assert "trainer_state.pt is not a Relax trainer state" in one_error_line(out)
+    assert "rank_00000.pt is not a Relax trainer state" in one_error_line(out)
 
 
 @pytest.mark.parametrize("flags, head", [

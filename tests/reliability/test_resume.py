@@ -65,14 +65,14 @@ def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, caps
         "rollout_000002", "rollout_000003"]
     assert [r["rollout/step"] for r in read_rows(out)] == [1, 2, 3]
 
-    # a checkpoint of step 4 whose weights file was cut short (a disk that filled up, a copy
+    # a checkpoint of step 4 whose shard file was cut short (a disk that filled up, a copy
     # interrupted half way): it must be skipped with a message, never loaded
     bad = save / "rollout_000004"
     shutil.copytree(save / "rollout_000003", bad)
     meta = json.loads((bad / checkpoint.MARKER).read_text())
     meta["rollout_step"] = 4
     (bad / checkpoint.MARKER).write_text(json.dumps(meta))
-    weights = bad / "model.safetensors"
+    weights = bad / "__0_0.distcp"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
     # and a row for step 4, as if the run had logged step 4 and died before checkpointing it
@@ -85,7 +85,7 @@ def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, caps
                               output_dir=out)
     trainer, tail = _fit(resumed_cfg)
     err = capsys.readouterr().err
-    assert "skipping checkpoint" in err and "rollout_000004: model.safetensors has" in err
+    assert "skipping checkpoint" in err and "rollout_000004: __0_0.distcp has" in err
     assert trainer.start_step == 3 and len(tail) == 3
     assert "holds 1 rows of steps after 3 from the interrupted run" in err
 
@@ -106,59 +106,83 @@ def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, caps
     assert checkpoint.verify_checkpoint(str(save / "rollout_000006")) == (6, None)
 
 
-def _tiny_checkpoint(tmp_path, steps=2):
+def _tiny_checkpoint(tmp_path, *flags, steps=2):
     reward = write_gate_reward(tmp_path)
     cfg = make_config(*SMALL, "--custom-rm-path", reward, "--num-rollout", str(steps),
-                      "--save", str(tmp_path / "save"), "--save-interval", "1", tiny=False,
-                      output_dir=tmp_path / "run")
+                      "--save", str(tmp_path / "save"), "--save-interval", "1", *flags,
+                      tiny=False, output_dir=tmp_path / "run")
     _fit(cfg)
     return tmp_path / "save"
 
 
 def test_partial_and_tampered_checkpoints_are_never_loaded(tmp_path, capsys):
-    save = _tiny_checkpoint(tmp_path)
-    assert checkpoint.latest_checkpoint(str(save)) == (str(save), 2)  # the final save
-    # no manifest: an interrupted final save
-    (save / checkpoint.MARKER).unlink()
+    save = _tiny_checkpoint(tmp_path, "--checkpoint-checksums", steps=3)
+    assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000003"), 3)
+    # no manifest: a save interrupted before its rename (a planted copy; a real one is a .tmp)
+    (save / "rollout_000003" / checkpoint.MARKER).unlink()
     assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000002"), 2)
-    # a flipped byte of the optimizer state, same size: caught by the checksum
-    state = save / "rollout_000002" / checkpoint.STATE
-    data = bytearray(state.read_bytes())
+    # DCP's .metadata missing: the shards cannot be read
+    (save / "rollout_000002" / ".metadata").unlink()
+    # a flipped byte of a shard, same size: only the checksums (on request) see it
+    shard = save / "rollout_000001" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    state.write_bytes(bytes(data))
+    shard.write_bytes(bytes(data))
     assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000001"), 1)
+    assert checkpoint.latest_checkpoint(str(save), checksums=True) is None
     err = capsys.readouterr().err
-    assert "no relax_save.json" in err and "trainer_state.pt fails its SHA-256" in err
+    assert "rollout_000003: no relax_save.json" in err
+    assert "rollout_000002: .metadata is missing" in err
+    assert "rollout_000001: __0_0.distcp fails its SHA-256 checksum" in err
     # a leftover temporary directory of a killed save is not a checkpoint candidate
-    shutil.copytree(save / "rollout_000001", save / ".tmp-3-999")
-    assert checkpoint.latest_checkpoint(str(save)) == (str(save / "rollout_000001"), 1)
-    shutil.rmtree(save / "rollout_000001")
+    shard.write_bytes(bytes(data[: len(data) // 2]))
+    shutil.copytree(save / "rollout_000001", save / ".tmp-4")
     assert checkpoint.latest_checkpoint(str(save)) is None
+    assert "rollout_000001: __0_0.distcp has" in capsys.readouterr().err
 
 
 def test_loaded_state_is_safe(tmp_path):
-    """Weights only from safetensors; trainer_state.pt only through weights_only=True."""
+    """Weights only from DCP tensors; every pickle read through weights_only=True or an
+    allow-list (DCP's .metadata), so a planted payload is refused, never run."""
+    from relax.trainer import sharded_state
+
     save = _tiny_checkpoint(tmp_path, steps=1)
     ckpt = save / "rollout_000001"
     meta = json.loads((ckpt / checkpoint.MARKER).read_text())
-    assert "model.safetensors" in meta["files"]
-    assert not [p for p in ckpt.iterdir() if p.suffix == ".bin"]
+    assert {".metadata", "__0_0.distcp", "rank_00000.pt"} <= set(meta["files"])
     # a planted pickle weight file (which a model loader might pick up) voids the checkpoint
     (ckpt / "pytorch_model.bin").write_bytes(b"not listed in the manifest")
     assert checkpoint.verify_checkpoint(str(ckpt)) == (
-        None, "unlisted pickle file pytorch_model.bin (only safetensors weights load)")
+        None, "unlisted pickle file pytorch_model.bin")
     (ckpt / "pytorch_model.bin").unlink()
 
-    class Payload:  # unpickling this would run code; weights_only must refuse it
-        def __reduce__(self):
-            return (os.system, ("echo pwned",))
+    marker = tmp_path / "pwned"
 
-    torch.save({"optimizer": Payload(), "rng": [], "progress": {}}, ckpt / checkpoint.STATE)
+    class Payload:  # unpickling this would run code; the readers must refuse it
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
     from relax.trainer.distributed import DistContext
 
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
-    with pytest.raises(InputError, match="cannot read trainer_state.pt"):
-        checkpoint.load_trainer_state(str(ckpt), torch.nn.Linear(1, 1), None, fsdp=False, ctx=ctx)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    torch.save({"rng": Payload()}, ckpt / "rank_00000.pt")
+    with pytest.raises(InputError, match="rank_00000.pt is not a Relax trainer state"):
+        sharded_state.read_rank_file(str(ckpt), 0)
+    import pickle
+
+    def short(text: str) -> bytes:
+        return b"\x8c" + bytes([len(text)]) + text.encode()
+
+    # os.system reached through the allowed module's own "import os" (a dotted global name)
+    through = (b"\x80\x04" + short("torch.distributed.checkpoint.metadata") + short("os.system")
+               + b"\x93" + short(f"touch {marker}") + b"\x85R.")
+    for planted in (pickle.dumps(Payload()), through):
+        (ckpt / ".metadata").write_bytes(planted)
+        with pytest.raises(InputError, match="cannot read .metadata"):
+            checkpoint.load_trainer_state(str(ckpt), model, optimizer, fsdp=False, ctx=ctx)
+    assert not marker.exists()
 
 
 def test_rng_state_round_trip_covers_python_numpy_torch():
@@ -166,9 +190,11 @@ def test_rng_state_round_trip_covers_python_numpy_torch():
 
     import numpy as np
 
-    state = checkpoint.rng_state()
+    from relax.trainer.sharded_state import rng_state, set_rng_state
+
+    state = rng_state()
     draws = (random.random(), np.random.rand(), torch.rand(1).item())
-    checkpoint.set_rng_state(state)
+    set_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
 
 

@@ -56,15 +56,21 @@ def fit_until_interrupted(cfg, match: str) -> Interrupted:
     return e.value
 
 
-def test_sigint_in_process_stops_after_the_step_with_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("saving", [[], ["--save-interval", "1", "--async-save"]],
+                         ids=["final-only", "async-interval"])
+def test_sigint_in_process_stops_after_the_step_with_a_checkpoint(tmp_path, saving):
+    # with --async-save the interval save of step 1 is still being written when the stop
+    # asks for the checkpoint of step 1: it is waited for, published, and named
     # the reward interrupts its own process during step 1, like Ctrl-C at the terminal
     reward = write_reward(tmp_path, "import os, signal\ncalls = []\n"
                           "def f(p, r, l):\n    calls.append(1)\n"
                           "    if len(calls) == 1:\n        os.kill(os.getpid(), signal.SIGINT)\n"
                           "    return [0.5] * len(p)\n", "sigint_reward.py")
     cfg = make_config(*SMALL, "--custom-rm-path", f"{reward}:f", "--num-rollout", "3",
-                      "--save", str(tmp_path / "save"), tiny=False, output_dir=tmp_path / "run")
-    error = fit_until_interrupted(cfg, "stopped by SIGINT after rollout step 1 of 3")
+                      "--save", str(tmp_path / "save"), *saving, tiny=False,
+                      output_dir=tmp_path / "run")
+    error = fit_until_interrupted(cfg, "stopped by SIGINT after rollout step 1 of 3; "
+                                  "checkpoint .*rollout_000001")
     assert error.exit_code == 130
     assert checkpoint.latest_checkpoint(str(tmp_path / "save"))[1] == 1
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
