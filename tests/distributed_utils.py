@@ -24,6 +24,8 @@ import os
 import pickle
 import queue
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -38,6 +40,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun_relax(*flags: str, timeout: float = 180,
+                   hang: str = "torchrun did not finish") -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m relax train FLAGS`` on 127.0.0.1, one intra-op thread
+    per rank (two ranks share the CI machine's cores). A run past ``timeout`` seconds fails
+    the test with ``hang`` and the ranks' stderr: a hang is a failure, never a stalled suite."""
+    import pytest
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "relax", "train", *flags]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{hang} within {timeout:g} s (hang?):\n{e.stderr}")
 
 
 def _child(fn: Callable, rank: int, world_size: int, port: int, args: tuple,

@@ -17,7 +17,7 @@ from relax.rollout.generate import generate
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
-from tests.distributed_utils import free_port
+from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, make_config, read_metrics
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "agent_program.py")
@@ -193,16 +193,10 @@ def test_an_agent_command_that_does_not_start_exits_2(tmp_path):
 
 def test_two_process_gloo_agents(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", "--use-agentic-rollout", "--agent-command", command("ok"),
-           "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-           "--rollout-max-response-len", "4", "--device", "cpu", "--output-dir", str(out)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    proc = torchrun_relax("--use-agentic-rollout", "--agent-command", command("ok"),
+                          "--num-rollout", "2", "--rollout-batch-size", "2",
+                          "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
+                          "--device", "cpu", "--output-dir", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     for step, row in enumerate(rows):

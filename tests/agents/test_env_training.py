@@ -11,25 +11,13 @@ import pytest
 
 from relax.config import ConfigError
 from relax.errors import RewardError
-from relax.trainer.distributed import init_distributed, unwrap
-from relax.trainer.loop import Trainer
 from tests.agents import scripted
-from tests.distributed_utils import free_port
-from tests.trainer.helpers import RECIPES, make_config, read_metrics
+from tests.distributed_utils import torchrun_relax
+from tests.trainer.helpers import RECIPES, fit, make_config, read_metrics
 
 ENV = ["--env", "tests.agents.scripted:countdown", "--max-turns", "3"]
 
 
-def _fit(cfg):
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
-    initial = {n: p.detach().clone() for n, p in unwrap(trainer.model).named_parameters()}
-    try:
-        history = trainer.fit()
-    finally:
-        trainer.close()
-    moved = max((p.detach() - initial[n]).abs().max().item()
-                for n, p in unwrap(trainer.model).named_parameters())
-    return history, moved
 
 
 @pytest.mark.parametrize("estimator", ["reinforce_plus_plus", "reinforce_plus_plus_baseline",
@@ -37,7 +25,7 @@ def _fit(cfg):
 def test_episode_rewards_reach_the_estimator(estimator, tmp_path):
     scripted.REWARDS.clear()
     cfg = make_config(*RECIPES[estimator], *ENV, output_dir=tmp_path / "run")
-    _, moved = _fit(cfg)
+    _, _, moved = fit(cfg)
     assert moved > 1e-4, "the update did not change the parameters"
     rows = read_metrics(tmp_path / "run")
     assert [r["rollout/step"] for r in rows] == [1, 2]
@@ -65,7 +53,7 @@ def test_environments_that_reseed_global_random_change_nothing(tmp_path):
     for name in ("countdown", "quiet_countdown"):
         cfg = make_config("--env", f"tests.agents.scripted:{name}", "--max-turns", "3",
                           "--log-samples", "16", output_dir=tmp_path / name)
-        _fit(cfg)
+        fit(cfg)
         with open(tmp_path / name / "samples.jsonl") as f:
             rows = [json.loads(line) for line in f]
         samples.append([(r["response"], r["label"]["env_seed"]) for r in rows])
@@ -77,10 +65,10 @@ def test_environments_that_reseed_global_random_change_nothing(tmp_path):
 def test_a_raising_environment_stops_the_run_or_scores_zero(tmp_path):
     cfg = make_config("--env", "tests.agents.scripted:broken", output_dir=tmp_path / "a")
     with pytest.raises(RewardError, match="the environment raised RuntimeError: the game"):
-        _fit(cfg)
+        fit(cfg)
     cfg = make_config("--env", "tests.agents.scripted:broken", "--reward-error-policy", "zero",
                       output_dir=tmp_path / "b")
-    _fit(cfg)
+    fit(cfg)
     rows = read_metrics(tmp_path / "b")
     assert all(r["rollout/reward_errors"] > 0 for r in rows)
 
@@ -130,16 +118,10 @@ def test_a_factory_without_step_exits_2(tmp_path):
 def test_two_process_gloo_episodes(tmp_path):
     """Each rank plays its own episodes; metrics are global, the run ends within a bound."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", *RECIPES["reinforce_plus_plus_baseline"], *ENV,
-           "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-           "--rollout-max-response-len", "4", "--device", "cpu", "--output-dir", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    proc = torchrun_relax(*RECIPES["reinforce_plus_plus_baseline"], *ENV, "--num-rollout", "2",
+                          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+                          "--rollout-max-response-len", "4", "--device", "cpu", "--output-dir",
+                          str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["rollout/step"] for r in rows] == [1, 2]
@@ -151,16 +133,10 @@ def test_two_process_gloo_episodes(tmp_path):
 
 
 def test_one_rank_environment_failure_stops_both(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", "--env", "tests.agents.scripted:rank_broken",
-           "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-           "--device", "cpu", "--output-dir", str(tmp_path / "run")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"a rank kept waiting after the other failed (hang):\n{e.stderr}")
+    proc = torchrun_relax("--env", "tests.agents.scripted:rank_broken", "--num-rollout", "2",
+                          "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--device",
+                          "cpu", "--output-dir", str(tmp_path / "run"), timeout=120,
+                          hang="a rank kept waiting after the other failed")
     assert proc.returncode != 0
     lines = [x for x in proc.stderr.splitlines() if x.startswith("relax train: error:")]
     assert any("[rank 1]" in x and "rank 1's environment failed" in x for x in lines), lines
@@ -171,13 +147,13 @@ def test_episodes_resume_exactly(tmp_path):
     episodes an uninterrupted run would have played."""
     common = [*RECIPES["grpo"], *ENV]
     full = make_config(*common, "--num-rollout", "3", output_dir=tmp_path / "full")
-    uninterrupted, _ = _fit(full)
+    _, uninterrupted, _ = fit(full)
     first = make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
                         output_dir=tmp_path / "part")
-    _fit(first)
+    fit(first)
     resumed = make_config(*common, "--num-rollout", "3", "--load", str(tmp_path / "ckpt"),
                           output_dir=tmp_path / "part")
-    tail, _ = _fit(resumed)
+    _, tail, _ = fit(resumed)
     assert len(tail) == 1
     for key in ("rollout/raw_reward", "rollout/response_length", "train/loss"):
         assert tail[0][key] == pytest.approx(uninterrupted[2][key], rel=1e-6, abs=1e-9), key

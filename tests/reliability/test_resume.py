@@ -16,8 +16,6 @@ import torch
 from relax.errors import InputError
 from relax.metrics.sinks import read_metrics
 from relax.trainer import checkpoint
-from relax.trainer.distributed import init_distributed
-from relax.trainer.loop import Trainer
 from tests.reliability.helpers import (
     BASELINE,
     SMALL,
@@ -29,15 +27,7 @@ from tests.reliability.helpers import (
     wait_for_file,
     write_gate_reward,
 )
-from tests.trainer.helpers import make_config
-
-
-def _fit(cfg):
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
-    try:
-        return trainer, trainer.fit()
-    finally:
-        trainer.close()
+from tests.trainer.helpers import fit, make_config
 
 
 def _assert_same(got: dict, want: dict, step: int) -> None:
@@ -83,13 +73,13 @@ def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, caps
     resumed_cfg = make_config(*flags, "--load", str(save), "--save", str(save),
                               "--save-interval", "1", "--keep-last", "2", tiny=False,
                               output_dir=out)
-    trainer, tail = _fit(resumed_cfg)
+    trainer, tail, _ = fit(resumed_cfg)
     err = capsys.readouterr().err
     assert "skipping checkpoint" in err and "rollout_000004: __0_0.distcp has" in err
     assert trainer.start_step == 3 and len(tail) == 3
     assert "holds 1 rows of steps after 3 from the interrupted run" in err
 
-    _, full = _fit(make_config(*flags, tiny=False, output_dir=tmp_path / "full"))
+    _, full, _ = fit(make_config(*flags, tiny=False, output_dir=tmp_path / "full"))
     for step, (got, want) in enumerate(zip(tail, full[3:], strict=True), start=4):
         _assert_same(got, want, step)
     # metrics.jsonl continued: step 4 is in the file twice, once in the final view, and the
@@ -111,7 +101,7 @@ def _tiny_checkpoint(tmp_path, *flags, steps=2):
     cfg = make_config(*SMALL, "--custom-rm-path", reward, "--num-rollout", str(steps),
                       "--save", str(tmp_path / "save"), "--save-interval", "1", *flags,
                       tiny=False, output_dir=tmp_path / "run")
-    _fit(cfg)
+    fit(cfg)
     return tmp_path / "save"
 
 

@@ -8,6 +8,8 @@ import os
 import textwrap
 
 from relax.config import parse_train_config
+from relax.trainer.distributed import init_distributed, unwrap
+from relax.trainer.loop import Trainer
 
 TINY = ["--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
         "--rollout-max-response-len", "4"]
@@ -56,3 +58,17 @@ def write_jsonl(tmp_path, rows, name="data.jsonl") -> str:
 def read_metrics(output_dir) -> list[dict]:
     with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as f:
         return [json.loads(line) for line in f]
+
+
+def fit(cfg):
+    """Train ``cfg`` in this process: ``(trainer, history, moved)``, ``moved`` the largest
+    absolute change of any parameter (0.0 when no update happened)."""
+    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
+    initial = {n: p.detach().clone() for n, p in unwrap(trainer.model).named_parameters()}
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    moved = max((p.detach() - initial[n]).abs().max().item()
+                for n, p in unwrap(trainer.model).named_parameters())
+    return trainer, history, moved

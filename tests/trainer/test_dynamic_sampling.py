@@ -4,10 +4,6 @@ the float64 reference), the round bound, bad filters, and two Gloo ranks agreein
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -20,7 +16,7 @@ from relax.rollout.tasks import get_task
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
 from tests.algorithms import reference as ref
-from tests.distributed_utils import free_port
+from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, make_config, read_metrics, write_reward
 
 # one sample in two is rewarded at random: many groups mixed, some all-equal
@@ -120,18 +116,12 @@ def test_round_bound_trains_on_fewer_groups_or_skips(tmp_path, capsys):
 def test_two_ranks_agree_on_rounds_and_kept_groups(tmp_path):
     reward = write_reward(tmp_path, COIN, "coin.py")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", *RECIPES["reinforce_plus_plus_baseline"],
-           "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-           "--rollout-max-response-len", "4", "--custom-rm-path", f"{reward}:coin",
-           "--dynamic-sampling-filter-path", "nonzero_std", "--over-sampling-batch-size", "4",
-           "--device", "cpu", "--output-dir", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    proc = torchrun_relax(*RECIPES["reinforce_plus_plus_baseline"], "--num-rollout", "2",
+                          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+                          "--rollout-max-response-len", "4", "--custom-rm-path", f"{reward}:coin",
+                          "--dynamic-sampling-filter-path", "nonzero_std",
+                          "--over-sampling-batch-size", "4", "--device", "cpu", "--output-dir",
+                          str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in read_metrics(out):
         assert r["rollout/groups_trained"] == 4  # 2 per rank, summed

@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 
-from relax.trainer.distributed import init_distributed, unwrap
-from relax.trainer.loop import Trainer
-from tests.trainer.helpers import RECIPES, make_config, read_metrics, write_jsonl, write_reward
+from relax.trainer.distributed import unwrap
+from tests.trainer.helpers import RECIPES, fit, make_config, read_metrics, write_jsonl, write_reward
 
 SPEC_METRICS = [
     "rollout/raw_reward", "rollout/returns", "rollout/advantages", "rollout/response_length",
@@ -21,16 +20,6 @@ PERF = ["perf/step_time", "perf/rollout_time", "perf/train_time", "perf/generate
         "perf/peak_memory_gb"]
 
 
-def _fit(cfg):
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
-    initial = {n: p.detach().clone() for n, p in unwrap(trainer.model).named_parameters()}
-    try:
-        history = trainer.fit()
-    finally:
-        trainer.close()
-    moved = max((p.detach() - initial[n]).abs().max().item()
-                for n, p in unwrap(trainer.model).named_parameters())
-    return trainer, history, moved
 
 
 @pytest.mark.parametrize("estimator", sorted(RECIPES))
@@ -38,7 +27,7 @@ def test_two_rollout_steps_per_estimator(estimator, tmp_path):
     reward = write_reward(tmp_path)
     cfg = make_config(*RECIPES[estimator], "--custom-rm-path", f"{reward}:parity",
                       output_dir=tmp_path / "run")
-    _, history, moved = _fit(cfg)
+    _, history, moved = fit(cfg)
     assert moved > 1e-4, "the update did not change the parameters"
     rows = read_metrics(tmp_path / "run")
     assert [r["rollout/step"] for r in rows] == [1, 2]
@@ -63,7 +52,7 @@ def test_micro_batches_and_several_optimizer_steps(tmp_path):
     cfg = make_config("--custom-rm-path", f"{reward}:parity", "--global-batch-size", "8",
                       "--micro-batch-size", "2", output_dir=tmp_path / "run")
     assert cfg.num_steps_per_rollout == 2
-    _, history, moved = _fit(cfg)
+    _, history, moved = fit(cfg)
     # the second optimizer step sees a moved policy, so the ratio leaves 1 there
     assert moved > 1e-4 and history[-1]["train/ppo_kl"] != 0.0
 
@@ -90,7 +79,7 @@ def test_hf_directory_jsonl_and_custom_reward_then_reload_the_save(tmp_path):
     flags = ["--hf-checkpoint", str(tmp_path / "hf"), "--prompt-data", data, "--input-key",
              "question", "--label-key", "answer", "--custom-rm-path", f"{reward}:fn",
              "--lr", "1e-2", "--save", str(tmp_path / "save")]
-    trainer, history, moved = _fit(make_config(*flags, output_dir=tmp_path / "run"))
+    trainer, history, moved = fit(make_config(*flags, output_dir=tmp_path / "run"))
     assert moved > 1e-4 and len(history) == 2
 
     from transformers import AutoModelForCausalLM
@@ -104,7 +93,7 @@ def test_hf_directory_jsonl_and_custom_reward_then_reload_the_save(tmp_path):
                         "--input-key", "question", "--label-key", "answer", "--rm-type", "math",
                         "--num-rollout", "1", "--save", str(tmp_path / "save"),
                         output_dir=tmp_path / "run2")
-    _, history2, _ = _fit(again)
+    _, history2, _ = fit(again)
     assert len(history2) == 1
 
 
@@ -114,16 +103,16 @@ def test_interval_saves_and_exact_resume(tmp_path):
               "reinforce_plus_plus_baseline", "--normalize-advantages", "--use-kl-loss",
               "--kl-loss-type", "k2", "--kl-loss-coef", "0.01"]
     full = make_config(*common, "--num-rollout", "4", output_dir=tmp_path / "full")
-    _, uninterrupted, _ = _fit(full)
+    _, uninterrupted, _ = fit(full)
 
     first = make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
                         "--save-interval", "1", output_dir=tmp_path / "part")
-    _fit(first)
+    fit(first)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("roll")) \
         == ["rollout_000001", "rollout_000002"]
     resumed = make_config(*common, "--num-rollout", "4", "--load", str(tmp_path / "ckpt"),
                           output_dir=tmp_path / "part")
-    trainer, tail, _ = _fit(resumed)
+    trainer, tail, _ = fit(resumed)
     assert trainer.start_step == 2 and len(tail) == 2
     for got, want in zip(tail, uninterrupted[2:], strict=True):
         for key in ("rollout/raw_reward", "train/loss", "train/grad_norm", "train/kl_loss"):
@@ -138,7 +127,7 @@ def test_reward_post_process_is_applied(tmp_path):
                         "    return torch.zeros_like(rewards)\n", "post.py")
     cfg = make_config("--custom-rm-path", f"{reward}:parity", "--custom-reward-post-process-path",
                       f"{post}:zero", "--num-rollout", "1", output_dir=tmp_path / "run")
-    _, history, moved = _fit(cfg)
+    _, history, moved = fit(cfg)
     # every reward is 0 after post-processing: zero advantages, no policy gradient
     assert history[0]["rollout/raw_reward"] == 0.0 and history[0]["rollout/advantages"] == 0.0
     assert history[0]["train/pg_loss"] == 0.0

@@ -3,10 +3,6 @@ its adapter off, only the adapter trained, the engine's fallback, and two DDP ra
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,7 +12,7 @@ from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
 from relax.trainer.lora import adapter_disabled, add_lora, hf_target_names, merged_copy
-from tests.distributed_utils import free_port
+from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, make_config, read_metrics, write_reward
 
 pytest.importorskip("peft")
@@ -81,17 +77,10 @@ def test_training_moves_only_the_adapter_and_the_reference_is_the_base(tmp_path)
 def test_lora_with_two_ddp_ranks(tmp_path):
     reward = write_reward(tmp_path)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", *RECIPES["reinforce_plus_plus_baseline"],
-           "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-           "--rollout-max-response-len", "4", "--custom-rm-path", f"{reward}:parity",
-           "--lora-rank", "4", "--device", "cpu", "--output-dir", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    proc = torchrun_relax(*RECIPES["reinforce_plus_plus_baseline"], "--num-rollout", "2",
+                          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+                          "--rollout-max-response-len", "4", "--custom-rm-path", f"{reward}:parity",
+                          "--lora-rank", "4", "--device", "cpu", "--output-dir", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["rollout/step"] for r in rows] == [1, 2] and rows[0]["train/kl_loss"] == 0.0

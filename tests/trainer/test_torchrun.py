@@ -1,13 +1,10 @@
 """``torchrun --nproc_per_node 2 -m relax train``: two real Gloo processes, bounded wait."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.distributed_utils import free_port
+from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward
 
 
@@ -15,18 +12,11 @@ from tests.trainer.helpers import RECIPES, read_metrics, write_reward
 def test_two_process_gloo_run(tmp_path, fsdp):
     reward = write_reward(tmp_path)
     out, save = tmp_path / "run", tmp_path / "save"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", *RECIPES["reinforce_plus_plus_baseline"],
-           "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-           "--rollout-max-response-len", "4", "--micro-batch-size", "4",
-           "--custom-rm-path", f"{reward}:parity", "--device", "cpu",
-           "--output-dir", str(out), "--save", str(save), *(["--fsdp"] if fsdp else [])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    proc = torchrun_relax(*RECIPES["reinforce_plus_plus_baseline"], "--num-rollout", "2",
+                          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+                          "--rollout-max-response-len", "4", "--micro-batch-size", "4",
+                          "--custom-rm-path", f"{reward}:parity", "--device", "cpu", "--output-dir",
+                          str(out), "--save", str(save), *(["--fsdp"] if fsdp else []))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     # written by rank 0 only: one line per rollout step, not one per rank
@@ -50,16 +40,10 @@ def test_reward_failure_on_one_rank_stops_both(tmp_path):
                           "    if os.environ['RANK'] == '1':\n"
                           "        raise RuntimeError('reward service down')\n"
                           "    return [0.0] * len(p)\n")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", "--num-rollout", "2", "--rollout-batch-size", "2",
-           "--n-samples-per-prompt", "2", "--custom-rm-path", f"{reward}:f", "--device", "cpu",
-           "--output-dir", str(tmp_path / "run")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"a rank kept waiting after the other failed (hang):\n{e.stderr}")
+    proc = torchrun_relax("--num-rollout", "2", "--rollout-batch-size", "2",
+                          "--n-samples-per-prompt", "2", "--custom-rm-path", f"{reward}:f",
+                          "--device", "cpu", "--output-dir", str(tmp_path / "run"), timeout=120,
+                          hang="a rank kept waiting after the other failed")
     assert proc.returncode != 0
     lines = [x for x in proc.stderr.splitlines() if x.startswith("relax train: error:")]
     assert any("[rank 1] reward function" in x and "reward service down" in x for x in lines)
