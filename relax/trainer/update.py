@@ -223,6 +223,8 @@ def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bo
                                        flag="--max-tokens-per-gpu"):
                 stats[:k] += micro_batch_loss(unwrap(model), mb, s, num_responses=num_responses,
                                               num_tokens=num_tokens)[1]
+                stats[k + 1] += mb.attention_mask.numel()
+                stats[k + 2] += mb.attention_mask.sum()
         stats[k] = len(inert) / num_responses
     return stats
 

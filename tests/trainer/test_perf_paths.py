@@ -139,6 +139,10 @@ def test_zero_advantage_rows_skip_the_backward_with_the_same_step(model, estimat
     for got, ref, inert in zip(history, full_history, (3, 1), strict=True):
         assert got.pop("perf/backward_skipped_fraction") == inert / (B // 2)
         assert ref.pop("perf/backward_skipped_fraction") == 0.0
+        # the passes differ (inert rows run apart, forward only), so does their padding
+        for padding in (got.pop("perf/update_padding_fraction"),
+                        ref.pop("perf/update_padding_fraction")):
+            assert 0.0 <= padding < 1.0
         assert got == pytest.approx(ref, rel=1e-5, abs=1e-7)
         assert abs(ref["train/ppo_kl"]) > 1e-3  # ratios away from 1: the factors are not trivial
 

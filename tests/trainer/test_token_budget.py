@@ -14,6 +14,7 @@ from relax.trainer.distributed import DistContext
 from relax.trainer.experience import budget_groups, micro_batches, split_to, trimmed
 from relax.trainer.logprobs import batched_log_probs, response_log_probs
 from relax.trainer.update import LossSettings, train_on_rollout
+from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import make_config, read_metrics
 from tests.trainer.workers import B, fixed_experience
 
@@ -94,23 +95,28 @@ def test_relax_train_with_token_budget(tmp_path):
 def test_fsdp_ranks_run_equally_many_budget_micro_batches(tmp_path):
     """Under FSDP2 every pass is a collective: ranks whose rows pack into different numbers of
     micro-batches split theirs until the counts agree (a hang would fail the bounded wait)."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.distributed_utils import free_port
-
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", "--num-rollout", "2", "--rollout-batch-size", "4",
-           "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
-           "--num-steps-per-rollout", "2", "--use-dynamic-batch-size",
-           "--max-tokens-per-gpu", "24", "--fsdp", "--device", "cpu", "--output-dir", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish within 180 s (hang?):\n{e.stderr}")
+    proc = torchrun_relax("--num-rollout", "2", "--rollout-batch-size", "4",
+                          "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
+                          "--num-steps-per-rollout", "2", "--use-dynamic-batch-size",
+                          "--max-tokens-per-gpu", "24", "--fsdp", "--device", "cpu", "--output-dir",
+                          str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["rollout/step"] for r in read_metrics(out)] == [1, 2]
+
+
+def test_a_last_shorter_micro_batch_changes_nothing(model):
+    """reinforce_plus_plus.md §7: every reduction divides by the optimizer step's global count,
+    so 8 rows in micro-batches of 3, 3 and 2 give the gradient of one micro-batch of 8."""
+    exp = fixed_experience(model)
+    grads = []
+    for size in (B, 3):
+        m = copy.deepcopy(model)
+        s = LossSettings(estimator="reinforce_plus_plus_baseline", use_kl_loss=True,
+                         kl_loss_type="k2", kl_loss_coef=0.1)
+        train_on_rollout(m, torch.optim.SGD(m.parameters(), lr=0.0), exp, s, CTX,
+                         global_batch_size=B, micro_batch_size=size, clip_grad=1e9)
+        grads.append([p.grad.clone() for p in m.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    assert any(float(g.abs().max()) > 0 for g in grads[0])
