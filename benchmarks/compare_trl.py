@@ -356,6 +356,22 @@ def markdown(rows, reward_rows) -> str:
     return "\n".join(lines)
 
 
+def child_env(threads: int | None) -> dict:
+    """The trainers' environment (``OMP_NUM_THREADS`` when ``--threads`` is given), after one
+    line naming the machine and the library versions."""
+    import torch
+    import transformers
+    import trl
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__}, transformers {transformers.__version__}, trl "
+          f"{trl.__version__}, Python {platform.python_version()}", flush=True)
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
 def main(argv=None) -> None:
     if argv is None:
         argv = sys.argv[1:]
@@ -406,16 +422,7 @@ def main(argv=None) -> None:
     if any(m < 1 or (PROMPTS * SAMPLES) % m for m in a.micro_batch_size.values()):
         p.error(f"--micro-batch-size: each value must divide {PROMPTS * SAMPLES}")
     os.makedirs(a.workdir, exist_ok=True)
-    env = dict(os.environ)
-    if a.threads:
-        env["OMP_NUM_THREADS"] = str(a.threads)
-    import torch
-    import transformers
-    import trl
-
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, trl "
-          f"{trl.__version__}, Python {platform.python_version()}", flush=True)
+    env = child_env(a.threads)
     rows = [] if a.skip_timing else timing(a, env)
     if rows and a.summary:
         with open(a.summary, "w", encoding="utf-8") as f:

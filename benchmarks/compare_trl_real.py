@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -340,16 +339,7 @@ def main(argv=None) -> None:
         p.error(f"--model {a.model}: no config.json (python scripts/fetch_smollm2.py)")
     a.model = os.path.abspath(a.model)
     os.makedirs(a.workdir, exist_ok=True)
-    env = dict(os.environ)
-    if a.threads:
-        env["OMP_NUM_THREADS"] = str(a.threads)
-    import torch
-    import transformers
-    import trl
-
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, trl "
-          f"{trl.__version__}, Python {platform.python_version()}", flush=True)
+    env = C.child_env(a.threads)
     data = write_prompts(a.workdir, a.k2 * a.prompts)
     rows = []
     for precision in a.precisions:

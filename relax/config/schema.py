@@ -259,8 +259,8 @@ class TrainConfig:
     over_sampling_batch_size: int | None = option(
         None, "Default = --rollout-batch-size. Prompts generated per dynamic-sampling round; "
         ">= --rollout-batch-size, a multiple of WORLD_SIZE.", group="batches")
-    dynamic_sampling_max_rounds: int | None = option(
-        None, "Default 8. Bound on the dynamic-sampling rounds of one rollout step; when it is "
+    dynamic_sampling_max_rounds: int = option(
+        8, "Default 8. Bound on the dynamic-sampling rounds of one rollout step; when it is "
         "reached the step trains on the groups that passed (rollout/groups_trained), or skips "
         "the update when none did.", group="batches")
 

@@ -375,7 +375,7 @@ def _check_dynamic_sampling(cfg: TrainConfig) -> None:
     spec = cfg.dynamic_sampling_filter_path
     if spec is None:
         for dest in ("over_sampling_batch_size", "dynamic_sampling_max_rounds"):
-            if getattr(cfg, dest) is not None:
+            if getattr(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, "has no effect without --dynamic-sampling-filter-path; add "
                        "--dynamic-sampling-filter-path nonzero_std or remove it")
         return
@@ -395,7 +395,7 @@ def _check_dynamic_sampling(cfg: TrainConfig) -> None:
         reject(cfg, ("over_sampling_batch_size", "rollout_batch_size"), "a round must offer at "
                "least the prompts a step trains on; use --over-sampling-batch-size >= "
                "--rollout-batch-size")
-    if cfg.dynamic_sampling_max_rounds is not None and cfg.dynamic_sampling_max_rounds < 1:
+    if cfg.dynamic_sampling_max_rounds < 1:
         reject(cfg, "dynamic_sampling_max_rounds", "must be >= 1 rounds per rollout step")
 
 
@@ -497,5 +497,4 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
 def _resolved_dynamic_sampling(cfg: TrainConfig) -> dict:
     if cfg.dynamic_sampling_filter_path is None:
         return {}
-    return {"over_sampling_batch_size": cfg.over_sampling_batch_size or cfg.rollout_batch_size,
-            "dynamic_sampling_max_rounds": cfg.dynamic_sampling_max_rounds or 8}
+    return {"over_sampling_batch_size": cfg.over_sampling_batch_size or cfg.rollout_batch_size}

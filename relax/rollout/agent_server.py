@@ -52,8 +52,8 @@ from relax.rollout.episodes import (
     Episode,
     TurnRenderer,
     as_rollout,
-    left_pad,
 )
+from relax.rollout.generate import left_pad
 
 BATCH_WINDOW_S = 0.02
 TAIL_CHARS = 600

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relax.errors import InputError
-from relax.rollout.generate import Rollout
+from relax.rollout.generate import Rollout, left_pad
 
 SENTINEL = "RELAXTURNSENTINEL"
 
@@ -163,16 +163,6 @@ def run_episodes(
     return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
                           [e.reward for e in episodes], [e.turns for e in episodes], errors,
                           prompts)
-
-
-def left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = True
-    return ids.to(device), mask.to(device)
 
 
 def as_rollout(episodes: list[Episode], pad: int, device) -> Rollout:

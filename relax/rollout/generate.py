@@ -69,12 +69,18 @@ def tokenize_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor,
     for i, r in enumerate(rows):
         if not r:
             raise ValueError(f"prompt {i} tokenizes to nothing: {texts[i][:60]!r}")
+    return left_pad(rows, tokenizer.pad_token_id, device)
+
+
+def left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as left-padded ids [B, P] and mask [B, P] bool (the layout generation and
+    the training batch expect: every row's next token in the last column)."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r)
-        mask[i, width - len(r) :] = True
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = True
     return ids.to(device), mask.to(device)
 
 

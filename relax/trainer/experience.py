@@ -79,16 +79,11 @@ def trimmed(exp: Experience) -> Experience:
     start = int(attended[0]) if len(attended) else P
     valid = exp.response_mask.any(dim=0).nonzero()
     width = int(valid[-1]) + 1 if len(valid) else 1
-    cut = {"input_ids": (start, P + width), "attention_mask": (start, P + width),
-           "position_ids": (start, P + width)}
-    values = {}
-    for name in ("input_ids", "attention_mask", "position_ids"):
-        lo, hi = cut[name]
-        values[name] = getattr(exp, name)[:, lo:hi]
-    for name in ("response_mask", "old_log_probs", "ref_log_probs", "advantages"):
-        value = getattr(exp, name)
-        values[name] = None if value is None else value[:, :width]
-    return Experience(**values)
+    # [B, P+T] fields lose both ends, [B, T] fields their tail
+    return Experience(**{
+        f.name: None if (value := getattr(exp, f.name)) is None
+        else value[:, start:P + width] if value.shape[1] == P + T else value[:, :width]
+        for f in fields(exp)})
 
 
 def budget_groups(lengths: list[int], max_tokens: int, flag: str) -> list[list[int]]:

@@ -488,7 +488,7 @@ class Trainer:
         history = train_on_rollout(
             self.model, self.optimizer, exp, self.loss_settings, self.ctx,
             global_batch_size=global_batch,
-            micro_batch_size=min(cfg.micro_batch_size, len(exp)), clip_grad=cfg.clip_grad,
+            micro_batch_size=cfg.micro_batch_size, clip_grad=cfg.clip_grad,
         )
         for values in history:
             for name, value in values.items():

@@ -34,9 +34,10 @@ def kept_batch(parts: list[StepBatch], kept: list[tuple[int, int]], n: int,
     for p in parts:
         offsets.append(offsets[-1] + len(p.prompts))
     rows = [offsets[r] + g * n + j for r, g in kept for j in range(n)]
-    pick = lambda name: [x for p in parts for x in getattr(p, name)]  # noqa: E731
-    prompts, labels, responses = ([pick(f)[i] for i in rows]
-                                  for f in ("prompts", "labels", "responses"))
+    prompts, labels, responses = (
+        [every[i] for i in rows]
+        for every in ([x for p in parts for x in getattr(p, name)]
+                      for name in ("prompts", "labels", "responses")))
     device = generated.prompt_ids.device
     rewards = torch.cat([p.rewards for p in parts])[torch.tensor(rows, dtype=torch.long,
                                                                  device=device)]
