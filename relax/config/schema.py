@@ -381,6 +381,11 @@ class TrainConfig:
         group="run")
     save: str | None = option(
         None, "Default none (no checkpoints). Checkpoint directory.", group="run")
+    exit_duration_in_mins: float | None = option(
+        None, "Default none. A wall-clock budget: after the first rollout step that ends this "
+        "many minutes after relax train started, evaluate (with --eval-interval) and save "
+        "(with --save) as at the last step, then exit 0. Resuming with --load continues the "
+        "remaining steps on a fresh budget.", group="run")
     save_interval: int | None = option(
         None, "Default: only at the end. Rollout steps between checkpoints; needs --save.",
         group="run")

@@ -317,6 +317,8 @@ def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
         if "num_rollout" in explicit:
             reject(cfg, ("num_rollout", "num_epoch"), "give one length: rollout steps or "
                    "passes over --prompt-data")
+    if cfg.exit_duration_in_mins is not None and not cfg.exit_duration_in_mins > 0:
+        reject(cfg, "exit_duration_in_mins", "must be > 0 minutes")
     for dest in ("save_interval", "keep_last", "async_save"):
         if getattr(cfg, dest) not in (None, False) and cfg.save is None:
             reject(cfg, dest, "nothing is saved without --save DIR; add --save")

@@ -102,14 +102,15 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
 
 
 def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
-                   eval_sets: list[EvalSet] | None = None) -> dict[str, float]:
+                   eval_sets: list[EvalSet] | None = None, last: bool = False) -> dict[str, float]:
     """Evaluate when ``--eval-interval`` divides ``step`` (1-based finished rollout steps;
-    ``step`` 0 before training evaluates too); else return ``{}`` at once.
+    ``step`` 0 before training evaluates too) or ``step`` is the ``last`` one of a run that
+    ends early (``--exit-duration-in-mins``), so it ends measured; else return ``{}`` at once.
 
     ``model`` may be the trainer's DDP or FSDP2 model: DDP is unwrapped, FSDP2 generation
     runs in lockstep over ``group``. Call it on every rank.
     """
-    if not cfg.eval_interval or step % cfg.eval_interval:
+    if not cfg.eval_interval or (step % cfg.eval_interval and not last):
         return {}
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
     return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,

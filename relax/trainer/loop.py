@@ -92,6 +92,8 @@ class Trainer:
 
     def __init__(self, cfg, ctx, *, console: bool = True, stop: StopRequest | None = None):
         self.cfg, self.ctx = cfg, ctx
+        self.started = time.monotonic()  # --exit-duration-in-mins counts from here
+        self.ended_early: str | None = None
         self.stop = stop or StopRequest()
         self.timer = Timer(ctx.device)
         self.bf16 = use_bf16(cfg.bf16, ctx.device)
@@ -494,10 +496,23 @@ class Trainer:
             for name, value in values.items():
                 self.tracker.add_global(name, value)
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        """``eval/<set>/...`` metrics when ``--eval-interval`` divides ``step``, else ``{}``."""
+    def evaluate(self, step: int, *, last: bool = False) -> dict[str, float]:
+        """``eval/<set>/...`` metrics when ``--eval-interval`` divides ``step`` or ``step``
+        is the ``last`` of a run cut short, else ``{}``."""
         return maybe_evaluate(self.cfg, step, self.model, self.tokenizer, self.ctx.device,
-                              group=self.ctx.group, eval_sets=self.eval_sets)
+                              group=self.ctx.group, eval_sets=self.eval_sets, last=last)
+
+    def out_of_time(self) -> bool:
+        """Whether ``--exit-duration-in-mins`` has passed; the ranks agree (MAX), so every
+        rank ends after the same step."""
+        limit = self.cfg.exit_duration_in_mins
+        if limit is None:
+            return False
+        late = torch.tensor([float(time.monotonic() - self.started >= 60.0 * limit)],
+                            device=self.ctx.device)
+        if self.ctx.group is not None:
+            late = all_reduce(late, self.ctx.group, dist.ReduceOp.MAX)
+        return bool(late.item())
 
     def log(self, step: int, b: StepBatch, times: dict[str, float],
             extra: dict[str, float] | None = None) -> dict[str, float]:
@@ -612,16 +627,23 @@ class Trainer:
                             exp = self.advantages(exp, b.rewards, b.group_index)
                         with t("update"):
                             self.update(exp)
+            # a run out of time ends here as if this were its last step: measured and saved
+            last = step + 1 < self.total_steps and self.out_of_time()
             with t("eval"):
-                evaluation = self.evaluate(step + 1)
+                evaluation = self.evaluate(step + 1, last=last)
             history.append(self.log(step + 1, b, t.pop(), evaluation))
             self.log_samples(step + 1, b)
             if self.checkpointer is not None:
                 self.checkpointer.poll()  # publish an --async-save that has finished
+            if last:
+                self.ended_early = (f"stopped by --exit-duration-in-mins "
+                                    f"{self.cfg.exit_duration_in_mins:g} after rollout step "
+                                    f"{step + 1} of {self.total_steps}")
+                break
             if self.cfg.save and self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0:
                 self.save(step + 1, final=False)
         if self.cfg.save:
-            self.save(self.total_steps, final=True)
+            self.save(self.start_step + len(history), final=True)
         return history
 
     def close(self) -> None:
@@ -640,6 +662,7 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
         trainer = Trainer(cfg, ctx, console=console, stop=stop)
         try:
             history = trainer.fit()
+            ended_early = trainer.ended_early
             finish_together(ctx)
         finally:
             trainer.close()
@@ -657,6 +680,9 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
         stop.restore()
     if ctx.is_main and console:
         where = f"; model saved to {cfg.save}" if cfg.save else ""
+        if ended_early:
+            where += f" ({ended_early}; continue with --load {cfg.save})" if cfg.save else \
+                f" ({ended_early})"
         print(f"relax train: {len(history)} rollout steps in {time.perf_counter() - start:.1f} s; "
               f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}{where}",
               file=sys.stderr)
