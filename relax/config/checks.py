@@ -13,6 +13,7 @@ import os
 import re
 
 from relax.errors import ConfigError, InputError
+from relax.rollout.envs import LIBRARIES
 from relax.rollout.reasoning_gym_source import PREFIX as GYM_PREFIX
 from relax.rollout.reasoning_gym_source import is_reasoning_gym, parse_spec
 
@@ -85,6 +86,24 @@ def check_custom_path(cfg, dest: str) -> None:
     if spec is None:
         reject(cfg, dest, f"module {where!r} not found on the Python path; check the name or "
                "use 'path/file.py:function'")
+
+
+def check_env_name(cfg) -> None:
+    """``--env``: gem:ID / textarena:ID with the library installed, or an importable
+    'module:factory' / 'path/file.py:factory' (nothing is imported: relax/rollout/envs.py)."""
+    prefix, sep, env_id = cfg.env.partition(":")
+    if sep and prefix in LIBRARIES:
+        if not env_id:
+            reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
+        if importlib.util.find_spec(LIBRARIES[prefix]) is None:
+            reject(cfg, "env", f"the {prefix} library is not installed; pip install "
+                   "'relax-rl[agents]', or use gem:ID, textarena:ID or 'module:factory'")
+        return
+    where, _, factory = cfg.env.rpartition(":")
+    if not where or not factory.isidentifier():
+        reject(cfg, "env", "expected gem:ID, textarena:ID, 'module:factory' or "
+               "'path/file.py:factory'")
+    check_custom_path(cfg, "env")
 
 
 def check_gym_spec(spec: str, flag: str, *, role: str):

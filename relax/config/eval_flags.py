@@ -23,9 +23,11 @@ import os
 
 from relax.config.checks import (
     check_custom_path,
+    check_env_name,
     check_gym_answer,
     check_ranges,
     eval_pairs,
+    flag_of,
     head,
     reject,
 )
@@ -48,6 +50,8 @@ EVAL_RANGES = {
                    "must be >= 1, or -1 to turn top-k off"),
     "eval_max_response_len": (lambda v: v is None or v >= 1, "must be >= 1 tokens"),
     "eval_batch_size": (lambda v: v >= 1, "must be >= 1 sequences per generation call"),
+    "eval_episodes": (lambda v: v >= 1, "must be >= 1 episodes"),
+    "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
 }
 # eval sampling field -> the rollout field it follows in ``relax train``
 FOLLOWS = {
@@ -58,7 +62,8 @@ FOLLOWS = {
 }
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
 # the fields that only matter when an evaluation runs (train: --eval-interval)
-EVAL_FIELDS = ("eval_prompt_data", *EVAL_RANGES, "eval_pass_threshold")
+EVAL_FIELDS = ("eval_prompt_data", *(f for f in EVAL_RANGES if f != "max_turns"),
+               "eval_pass_threshold")
 
 
 def check_train_eval(cfg: TrainConfig, explicit: set[str]) -> None:
@@ -66,6 +71,9 @@ def check_train_eval(cfg: TrainConfig, explicit: set[str]) -> None:
     if cfg.eval_interval is not None and cfg.eval_interval < 1:
         reject(cfg, "eval_interval", "must be >= 1 rollout steps")
     check_ranges(cfg, EVAL_RANGES)
+    if "eval_episodes" in explicit and cfg.env is None:
+        reject(cfg, "eval_episodes", "only applies to --env (evaluation of prompts runs on "
+               "--eval-prompt-data); remove it")
     if cfg.eval_interval is None:
         for dest in EVAL_FIELDS:
             if dest in explicit:
@@ -105,6 +113,15 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     if not os.path.isfile(os.path.join(ckpt, "config.json")):
         raise ConfigError(ckpt, "no config.json in it; give the --save directory of a run, a "
                           "directory written by relax export, or any Hugging Face model")
+    if cfg.output_dir is not None and os.path.exists(cfg.output_dir) and not os.path.isdir(
+            cfg.output_dir):
+        reject(cfg, "output_dir", "exists and is not a directory; choose another path")
+    if cfg.env is not None:
+        _check_eval_env(cfg, explicit)
+        return None
+    for dest in ("max_turns", "eval_episodes"):
+        if dest in explicit:
+            reject(cfg, dest, "only applies to --env episodes; add --env or remove it")
     pairs = eval_pairs(cfg)
     check_custom_path(cfg, "custom_rm_path")
     if cfg.rm_type is not None and cfg.custom_rm_path is not None:
@@ -125,10 +142,17 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
             raise ConfigError(f"--eval-prompt-data {files[0]}", "needs a reward; add --rm-type "
                               "math or --custom-rm-path module:function")
     check_gym_answer(cfg, explicit, [p for _, p in pairs or ()])
-    if cfg.output_dir is not None and os.path.exists(cfg.output_dir) and not os.path.isdir(
-            cfg.output_dir):
-        reject(cfg, "output_dir", "exists and is not a directory; choose another path")
     return pairs
+
+
+def _check_eval_env(cfg: EvalConfig, explicit: set[str]) -> None:
+    """``relax eval --env``: the environment makes the prompts and scores the episodes."""
+    check_env_name(cfg)
+    for dest in ("eval_prompt_data", "rm_type", "custom_rm_path", "builtin_task", "input_key",
+                 "label_key", "reasoning_gym_answer"):
+        if dest in explicit:
+            reject(cfg, ("env", dest), "the environment makes the prompts and scores the "
+                   f"episodes; remove {flag_of(dest)}")
 
 
 def resolve_eval_command(cfg: EvalConfig, explicit: set[str]) -> EvalConfig:
@@ -136,7 +160,7 @@ def resolve_eval_command(cfg: EvalConfig, explicit: set[str]) -> EvalConfig:
     the resolved config: named sets, and the sampling settings the training run used by
     default (the built-in preset's for the built-in model)."""
     pairs = _check_eval_command(cfg, explicit)
-    builtin_task = cfg.builtin_task if pairs is None else None
+    builtin_task = cfg.builtin_task if pairs is None and cfg.env is None else None
     train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     if builtin_task is not None:
         train_defaults.update(BUILTIN_PRESET)

@@ -96,6 +96,28 @@ def _eval_pass_threshold():
                   ">= this.", group="evaluation")
 
 
+def _env():
+    return option(
+        None, "Default none (single-turn prompts). Multi-turn episodes against an environment: "
+        "gem:ID, textarena:ID (pip install 'relax-rl[agents]') or 'module:factory' / "
+        "'file.py:factory' (relax/rollout/envs.py); excludes prompt data and the reward flags "
+        "(the environment scores the episode).", group="environments")
+
+
+def _max_turns():
+    return option(
+        4, "Default 4. Most model turns per --env or --use-agentic-rollout episode; each turn "
+        "generates at most the response length (--rollout-max-response-len; in evaluation "
+        "--eval-max-response-len).", group="environments")
+
+
+def _eval_episodes():
+    return option(
+        64, "Default 64. With --env: episodes of the held-out environment seeds 1000000000, "
+        "1000000001, ... an evaluation plays (--n-samples-per-eval-prompt plays each); an "
+        "episode passes when its reward is >= --eval-pass-threshold.", group="evaluation")
+
+
 def _input_key():
     return option("input", "Default input. Prompt field of the prompt files' records.",
                   group="model and data")
@@ -355,14 +377,9 @@ class TrainConfig:
     eval_pass_threshold: float = _eval_pass_threshold()
 
     # environments
-    env: str | None = option(
-        None, "Default none (single-turn prompts). Train on multi-turn episodes against an "
-        "environment: gem:ID, textarena:ID (pip install 'relax-rl[agents]') or "
-        "'module:factory' / 'file.py:factory' (relax/rollout/envs.py); excludes --prompt-data "
-        "and the reward flags (the environment scores the episode).", group="environments")
-    max_turns: int = option(
-        4, "Default 4. Most model turns per --env or --use-agentic-rollout episode; each turn "
-        "generates at most --rollout-max-response-len tokens.", group="environments")
+    env: str | None = _env()
+    max_turns: int = _max_turns()
+    eval_episodes: int = _eval_episodes()
     use_agentic_rollout: bool = option(
         False, "Default off. Each episode is a run of --agent-command against an "
         "OpenAI-compatible endpoint on 127.0.0.1 that samples from the policy and records the "
@@ -458,6 +475,9 @@ class EvalConfig:
     seed: int = _seed()
     bf16: bool | None = _bf16()
     device: str = _device()
+    env: str | None = _env()
+    max_turns: int = _max_turns()
+    eval_episodes: int = _eval_episodes()
     output_dir: str | None = option(
         None, "Default none. Also write the metrics to OUTPUT_DIR/eval_metrics.json.",
         group="evaluation")

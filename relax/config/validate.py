@@ -30,6 +30,7 @@ import time
 
 from relax.config.checks import (
     check_custom_path,
+    check_env_name,
     check_gym_answer,
     check_gym_spec,
     check_ranges,
@@ -40,7 +41,6 @@ from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
-from relax.rollout.envs import LIBRARIES
 from relax.rollout.filters import BUILTIN_FILTER_NAMES
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
@@ -251,25 +251,15 @@ def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
         return
     if cfg.use_agentic_rollout:
         reject(cfg, ("env", "use_agentic_rollout"), "two episode sources; keep one")
-    prefix, sep, env_id = cfg.env.partition(":")
-    if sep and prefix in LIBRARIES:
-        if not env_id:
-            reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
-        if importlib.util.find_spec(LIBRARIES[prefix]) is None:
-            reject(cfg, "env", f"the {prefix} library is not installed; pip install "
-                   "'relax-rl[agents]', or use gem:ID, textarena:ID or 'module:factory'")
-    else:
-        where, _, factory = cfg.env.rpartition(":")
-        if not where or not factory.isidentifier():
-            reject(cfg, "env", "expected gem:ID, textarena:ID, 'module:factory' or "
-                   "'path/file.py:factory'")
-        check_custom_path(cfg, "env")
+    check_env_name(cfg)
     if cfg.fsdp:
         reject(cfg, ("env", "fsdp"), "sharded generation needs every rank to run the same "
                "number of forward passes, and episodes end at different turns; remove --fsdp")
-    for dest in ("prompt_data", "rm_type", "custom_rm_path", "builtin_task", "eval_interval"):
+    for dest in ("prompt_data", "rm_type", "custom_rm_path", "builtin_task",
+                 "eval_prompt_data"):
         if dest in explicit and getattr(cfg, dest) is not None:
-            why = ("evaluation runs on prompts, not episodes" if dest == "eval_interval" else
+            why = ("evaluation plays --eval-episodes episodes of held-out environment seeds"
+                   if dest == "eval_prompt_data" else
                    "the environment makes the prompts and scores the episodes")
             reject(cfg, ("env", dest), f"{why}; remove {flag_of(dest)}")
 

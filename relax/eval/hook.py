@@ -26,8 +26,11 @@ import torch
 from relax import models
 from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
 from relax.errors import InputError, RelaxError
+from relax.eval.episodes import evaluate_episodes
 from relax.eval.evaluate import EvalSampling, evaluate
 from relax.rollout.data import check_formatted_lengths, format_prompt, load_source
+from relax.rollout.envs import environment_factory
+from relax.rollout.episodes import turn_io
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.rewards import build_reward_fn
 from relax.rollout.samples import PromptSample
@@ -101,6 +104,22 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     return metrics
 
 
+def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dict[str, float]:
+    """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/episodes.py) as
+    ``eval/env/...``; adds ``perf/eval_time`` (seconds)."""
+    start = time.perf_counter()
+    eos = tokenizer.eos_token_id
+    format_prompt, render = turn_io(
+        tokenizer, apply_chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt,
+        eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
+    metrics = evaluate_episodes(
+        model, tokenizer, environment_factory(cfg.env), EvalSampling.from_config(cfg),
+        episodes=cfg.eval_episodes, max_turns=cfg.max_turns, format_prompt=format_prompt,
+        render=render, name="env", step=step, device=device, group=group)
+    metrics["perf/eval_time"] = time.perf_counter() - start
+    return metrics
+
+
 def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
                    eval_sets: list[EvalSet] | None = None, last: bool = False) -> dict[str, float]:
     """Evaluate when ``--eval-interval`` divides ``step`` (1-based finished rollout steps;
@@ -112,6 +131,8 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     """
     if not cfg.eval_interval or (step % cfg.eval_interval and not last):
         return {}
+    if cfg.env:
+        return evaluate_env(cfg, models.unwrap(model), tokenizer, device, step=step, group=group)
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
     return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,
                          sync_group=group if cfg.fsdp else None)
@@ -127,16 +148,13 @@ def run_eval_command(cfg) -> int:
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
                              "chat template; remove the flag or evaluate a chat model")
         model = models.load_policy(cfg.checkpoint, tokenizer, device, seed=cfg.seed).eval()
-        sets = load_eval_sets(cfg)
-        for eval_set in sets:
-            check_formatted_lengths(
-                tokenizer, eval_set.as_samples(), apply_chat_template=cfg.apply_chat_template,
-                system_prompt=cfg.system_prompt, max_response=cfg.eval_max_response_len,
-                context=getattr(model.config, "max_position_embeddings", None),
-                length_flag="--eval-max-response-len")
         if device.type == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
-        metrics = evaluate_sets(cfg, sets, model, tokenizer, device)
+        if cfg.env:
+            metrics = evaluate_env(cfg, model, tokenizer, device)
+        else:
+            metrics = evaluate_sets(cfg, _checked_sets(cfg, model, tokenizer), model,
+                                    tokenizer, device)
     except RelaxError as e:
         print(f"relax eval: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -147,3 +165,16 @@ def run_eval_command(cfg) -> int:
         with open(os.path.join(cfg.output_dir, "eval_metrics.json"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
     return 0
+
+
+def _checked_sets(cfg, model, tokenizer) -> list[EvalSet]:
+    """The evaluation sets, every prompt checked to fit the model's context with the
+    response length (InputError names the prompt)."""
+    sets = load_eval_sets(cfg)
+    for eval_set in sets:
+        check_formatted_lengths(
+            tokenizer, eval_set.as_samples(), apply_chat_template=cfg.apply_chat_template,
+            system_prompt=cfg.system_prompt, max_response=cfg.eval_max_response_len,
+            context=getattr(model.config, "max_position_embeddings", None),
+            length_flag="--eval-max-response-len")
+    return sets

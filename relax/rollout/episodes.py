@@ -28,9 +28,14 @@ from dataclasses import dataclass, field
 import torch
 
 from relax.errors import InputError
+from relax.rollout.data import format_prompt
 from relax.rollout.generate import Rollout, left_pad
 
 SENTINEL = "RELAXTURNSENTINEL"
+
+# Environment seeds from here on are held out for evaluation (relax/eval/episodes.py); the
+# training episodes draw theirs below it (relax/trainer/episode_rollout.py).
+HELDOUT_SEED = 1_000_000_000
 
 # For agent programs on a tokenizer without a chat template (the built-in tiny model): one
 # line per message, each closed by the EOS the model itself ends its turns with.
@@ -74,6 +79,17 @@ class TurnRenderer:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def turn_io(tokenizer, *, apply_chat_template: bool, system_prompt: str | None,
+            eos_token_id: int) -> tuple[Callable[[str], str], TurnRenderer]:
+    """How an environment's text reaches the model: the first observation formatted as the
+    prompt (chat template, system prompt) and the renderer of the later observations."""
+    def first(text: str) -> str:
+        return format_prompt(tokenizer, text, apply_chat_template=apply_chat_template,
+                             system_prompt=system_prompt)
+
+    return first, TurnRenderer(tokenizer, chat=apply_chat_template, eos_token_id=eos_token_id)
+
+
 @dataclass
 class Episode:
     """One episode's growing token sequence: ``ids`` after the prompt, ``trained`` flags."""
@@ -115,12 +131,14 @@ def run_episodes(
     max_turn_tokens: int,
     context: int | None,
     device,
+    length_flag: str = "--rollout-max-response-len",
 ) -> EpisodeRollout:
     """Play ``envs[i]`` from ``reset(seeds[i])`` for up to ``max_turns`` model turns.
 
     ``sample(ids [b, L] left-padded, mask [b, L], max_new_tokens)`` is the trainer's batched
     generation (its own seeded generator); it is called once per turn with every live episode.
-    ``context``: the model's window (None: unbounded).
+    ``context``: the model's window (None: unbounded); ``length_flag`` names the flag of
+    ``max_turn_tokens`` in the error when the first observation leaves no room for a turn.
     """
     prompts, episodes, errors = [], [], []
     for env, seed in zip(envs, seeds, strict=True):
@@ -130,7 +148,7 @@ def run_episodes(
         if context is not None and len(episodes[-1].prompt) + max_turn_tokens > context:
             raise InputError(f"--env: the first observation of seed {seed} is "
                              f"{len(episodes[-1].prompt)} tokens; with "
-                             f"--rollout-max-response-len {max_turn_tokens} it does not fit "
+                             f"{length_flag} {max_turn_tokens} it does not fit "
                              f"the model's context of {context} tokens")
     for turn in range(max_turns):
         live = [i for i, e in enumerate(episodes) if e.live]

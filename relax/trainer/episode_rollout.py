@@ -15,9 +15,8 @@ import sys
 from relax.collectives import seed_for
 from relax.errors import RewardError
 from relax.rollout.agent_server import AgentRunner
-from relax.rollout.data import format_prompt
 from relax.rollout.envs import environment_factory
-from relax.rollout.episodes import TurnRenderer, run_episodes
+from relax.rollout.episodes import HELDOUT_SEED, run_episodes, turn_io
 from relax.trainer.distributed import raise_together
 
 
@@ -58,15 +57,14 @@ class EpisodeSource:
         Python's global ``random`` (environments reseed it)."""
         cfg, n = self.cfg, self.cfg.n_samples_per_prompt
         first = step * cfg.rollout_batch_size + self.ctx.rank * self.per_rank
-        seeds = [seed_for(cfg.seed, "env", first + g) % 2**31 for g in range(self.per_rank)
-                 for _ in range(n)]
+        # below HELDOUT_SEED: the evaluation's seeds are never trained on
+        seeds = [seed_for(cfg.seed, "env", first + g) % HELDOUT_SEED
+                 for g in range(self.per_rank) for _ in range(n)]
+        format_prompt, render = turn_io(tokenizer, apply_chat_template=cfg.apply_chat_template,
+                                        system_prompt=cfg.system_prompt,
+                                        eos_token_id=eos_token_id)
         played = run_episodes(
-            self.envs, seeds, tokenizer=tokenizer,
-            format_prompt=lambda text: format_prompt(
-                tokenizer, text, apply_chat_template=cfg.apply_chat_template,
-                system_prompt=cfg.system_prompt),
-            render=TurnRenderer(tokenizer, chat=cfg.apply_chat_template,
-                                eos_token_id=eos_token_id),
+            self.envs, seeds, tokenizer=tokenizer, format_prompt=format_prompt, render=render,
             sample=sample, max_turns=cfg.max_turns,
             max_turn_tokens=cfg.rollout_max_response_len, context=context,
             device=self.ctx.device,

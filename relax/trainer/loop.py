@@ -105,7 +105,8 @@ class Trainer:
             if changed and ctx.is_main:
                 print(changed, file=sys.stderr)
         # a bad evaluation file fails here, before any model is loaded
-        self.eval_sets = load_eval_sets(cfg) if cfg.eval_interval else []
+        # (--env evaluates on held-out environment seeds instead: relax/eval/episodes.py)
+        self.eval_sets = load_eval_sets(cfg) if cfg.eval_interval and not cfg.env else []
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
                            report=lambda line: print(line, file=sys.stderr))

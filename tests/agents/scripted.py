@@ -76,3 +76,23 @@ def rank_broken():
 
 def no_step():
     return object()
+
+
+JUDGED: list[int] = []  # the seeds Judge.reset saw
+
+
+class Judge:
+    """One turn; the reward depends on the seed only (1.0 when seed % 3 == 0, else 0.25), so
+    the evaluation's metrics can be computed by hand from the seeds."""
+
+    def reset(self, seed: int) -> str:
+        JUDGED.append(seed)
+        self.seed = seed
+        return f"go{seed % 7}"
+
+    def step(self, action: str):
+        return "", 1.0 if self.seed % 3 == 0 else 0.25, True
+
+
+def judge():
+    return Judge()
