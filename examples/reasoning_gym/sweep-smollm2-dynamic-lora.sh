@@ -20,7 +20,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=${ROOT:-runs/smollm2-ds-lora}
 SEEDS=${SEEDS:-1 2}
 ARMS=${ARMS:-full dynamic lora}
-MINUTES=${MINUTES:-8}
+MINUTES=${MINUTES:-9}
 MODEL_DIR=${MODEL_DIR:-models/SmolLM2-135M-Instruct}
 TASK=${TASK:-basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=3&operators=+&allow_parentheses=false&allow_negation=false}
 EVAL_SIZE=${EVAL_SIZE:-200}
