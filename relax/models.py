@@ -60,7 +60,41 @@ def load_tokenizer(path: str | None, flag: str = "--hf-checkpoint"):
     return tok
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_dir(path: str) -> bool:
+    """A PEFT adapter directory (what ``--lora-rank`` runs save), not a whole model."""
+    return (os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
+            and not os.path.isfile(os.path.join(path, "config.json")))
+
+
+def load_adapter_model(path: str, dtype: torch.dtype = torch.float32):
+    """The base model of the PEFT adapter in ``path`` with the adapter merged into its weights:
+    a plain causal LM. The base is the adapter config's ``base_model_name_or_path``, a
+    directory (relative paths are taken from ``path``: the built-in model's base is saved
+    next to its adapter)."""
+    import json
+
+    from peft import PeftModel
+
+    with open(os.path.join(path, ADAPTER_CONFIG), encoding="utf-8") as f:
+        base = json.load(f).get("base_model_name_or_path") or ""
+    base_dir = base if os.path.isabs(base) else os.path.join(path, base)
+    if not base or not os.path.isfile(os.path.join(base_dir, "config.json")):
+        raise InputError(f"{path}: the adapter's base model {base!r} is not a model directory "
+                         f"here; put the base model there (or edit base_model_name_or_path in "
+                         f"{ADAPTER_CONFIG}), or use the merged model the run saved")
+    model = _from_pretrained(base_dir, dtype)
+    try:
+        return PeftModel.from_pretrained(model, path).merge_and_unload()
+    except Exception as e:
+        raise InputError(f"{path}: cannot apply the adapter to {base_dir}: {_first_line(e)}") from e
+
+
 def _from_pretrained(path: str, dtype: torch.dtype):
+    if is_adapter_dir(path):
+        return load_adapter_model(path, dtype)
     quiet_transformers()
     from transformers import AutoModelForCausalLM
 

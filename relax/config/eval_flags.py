@@ -110,9 +110,11 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
         raise ConfigError(ckpt, "a sharded training checkpoint (model and optimizer state); "
                           "write its model with: relax export CHECKPOINT OUTPUT_DIR, then "
                           "evaluate OUTPUT_DIR (or give the --save directory: its final model)")
-    if not os.path.isfile(os.path.join(ckpt, "config.json")):
+    if not any(os.path.isfile(os.path.join(ckpt, name))
+               for name in ("config.json", "adapter_config.json")):
         raise ConfigError(ckpt, "no config.json in it; give the --save directory of a run, a "
-                          "directory written by relax export, or any Hugging Face model")
+                          "directory written by relax export, a PEFT adapter directory, or "
+                          "any Hugging Face model")
     if cfg.output_dir is not None and os.path.exists(cfg.output_dir) and not os.path.isdir(
             cfg.output_dir):
         reject(cfg, "output_dir", "exists and is not a directory; choose another path")

@@ -337,11 +337,6 @@ def _check_lora(cfg: TrainConfig) -> None:
     if cfg.fsdp:
         reject(cfg, ("lora_rank", "fsdp"), "LoRA trains with DDP replication (the adapters are "
                "small); remove --fsdp")
-    if cfg.load is not None or cfg.save is not None:
-        dest = "save" if cfg.save is not None else "load"
-        reject(cfg, ("lora_rank", dest), "checkpoints of LoRA runs are not written yet; train "
-               "without --save/--load (the final merged model is not saved either) or use full "
-               "fine-tuning")
 
 
 def _check_token_budget(cfg: TrainConfig) -> None:

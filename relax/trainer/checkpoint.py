@@ -44,9 +44,11 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from relax.errors import InputError, RelaxError
+from relax.models import load_adapter_model
 from relax.rundirs import SAVE_DIR_MARKER, SAVE_MARKER
 from relax.trainer import sharded_state
 from relax.trainer.distributed import DistContext, unwrap
+from relax.trainer.lora import ADAPTER_DIR, merged_copy, save_adapter
 from relax.trainer.sharded_state import METADATA, rank_file
 
 MARKER = SAVE_MARKER  # the manifest (relax/rundirs.py knows it to recognise a save)
@@ -111,14 +113,17 @@ def _list_files(folder: str, *, checksums: bool) -> dict[str, dict]:
     reads every byte, which at billions of parameters is minutes per save and per resume.
     """
     files = {}
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if name == MARKER or not os.path.isfile(path):
-            continue
-        _fsync(path)
-        files[name] = {"size": os.path.getsize(path)}
-        if checksums:
-            files[name]["sha256"] = _sha256(path)
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder)  # "adapter/adapter_model.safetensors"
+            if rel == MARKER or not os.path.isfile(path) or os.path.islink(path):
+                continue
+            _fsync(path)
+            files[rel] = {"size": os.path.getsize(path)}
+            if checksums:
+                files[rel]["sha256"] = _sha256(path)
     return files
 
 
@@ -174,7 +179,9 @@ def verify_checkpoint(path: str, *, checksums: bool = False) -> tuple[int | None
         if not (isinstance(name, str) and isinstance(want, dict)):
             return None, f"{MARKER} has a malformed entry for {name!r}"
         file = os.path.join(path, name)
-        if os.path.basename(name) != name or not os.path.isfile(file):
+        # names are relative paths inside the checkpoint ("adapter/..."), never outside it
+        parts = name.split("/")
+        if os.path.isabs(name) or ".." in parts or "" in parts or not os.path.isfile(file):
             return None, f"{name} is missing"
         if os.path.getsize(file) != want.get("size"):
             return None, f"{name} has {os.path.getsize(file)} bytes, expected {want.get('size')}"
@@ -300,8 +307,12 @@ class Checkpointer:
     """
 
     def __init__(self, save_dir: str, ctx: DistContext, *, fsdp: bool, async_save: bool = False,
-                 checksums: bool = False, keep_last: int | None = None):
+                 checksums: bool = False, keep_last: int | None = None, lora=None,
+                 base: str | None = None):
         self.save_dir, self.ctx, self.fsdp = save_dir, ctx, fsdp
+        # LoRA (relax/trainer/lora.py): checkpoints hold the adapter and its optimizer state,
+        # plus the adapter in PEFT's format; ``base`` is the --hf-checkpoint it adapts
+        self.lora, self.base = lora, base
         self.async_save, self.checksums, self.keep_last = async_save, checksums, keep_last
         # every rank creates it in the same order (new_group is collective)
         self.async_group = (dist.new_group(backend="gloo") if async_save and ctx.group is not None
@@ -329,7 +340,11 @@ class Checkpointer:
             if self.ctx.is_main:
                 unwrap(model).config.save_pretrained(pending.tmp)
                 tokenizer.save_pretrained(pending.tmp)
-            state = sharded_state.sharded_state(model, optimizer, fsdp=self.fsdp)
+                if self.lora is not None:
+                    save_adapter(unwrap(model), self.lora, os.path.join(pending.tmp, ADAPTER_DIR),
+                                 base=self.base, tokenizer=tokenizer)
+            state = sharded_state.sharded_state(model, optimizer, fsdp=self.fsdp,
+                                                trainable_only=self.lora is not None)
             asynchronous = self.async_save and not blocking
             pending.future = sharded_state.save_sharded(
                 state, pending.tmp, asynchronous=asynchronous,
@@ -402,13 +417,20 @@ class Checkpointer:
             self.save(step, model=model, optimizer=optimizer, tokenizer=tokenizer, meta=meta,
                       blocking=True)
         self.wait()
-        weights = sharded_state.full_model_state(model, fsdp=self.fsdp, is_main=self.ctx.is_main)
+        weights = (sharded_state.full_model_state(model, fsdp=self.fsdp, is_main=self.ctx.is_main)
+                   if self.lora is None else None)
         if self.ctx.is_main:
             tmp = os.path.join(self.save_dir, f".tmp-final-{os.getpid()}")
             try:
                 shutil.rmtree(tmp, ignore_errors=True)
                 os.makedirs(tmp)
-                unwrap(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+                if self.lora is None:
+                    unwrap(model).save_pretrained(tmp, state_dict=weights,
+                                                  safe_serialization=True)
+                else:  # the merged model, and the adapter itself next to it
+                    merged_copy(self.lora).save_pretrained(tmp, safe_serialization=True)
+                    save_adapter(unwrap(model), self.lora, os.path.join(tmp, ADAPTER_DIR),
+                                 base=self.base, tokenizer=tokenizer)
                 tokenizer.save_pretrained(tmp)
                 files = _list_files(tmp, checksums=self.checksums)
                 # DIR also holds the checkpoints, so the files move in one by one: the old
@@ -419,7 +441,10 @@ class Checkpointer:
                     _say(f"replacing the earlier Relax save in {self.save_dir}")
                     os.remove(old_marker)
                 for name in os.listdir(tmp):
-                    os.replace(os.path.join(tmp, name), os.path.join(self.save_dir, name))
+                    target = os.path.join(self.save_dir, name)
+                    if os.path.isdir(target) and not os.path.islink(target):
+                        shutil.rmtree(target)  # an earlier final save's adapter/
+                    os.replace(os.path.join(tmp, name), target)
                 os.rmdir(tmp)
                 _write_marker(self.save_dir, {"kind": "model", "rollout_step": step,
                                               "files": files, **meta})
@@ -433,14 +458,16 @@ class Checkpointer:
 # ---------------------------------------------------------------------------- load
 
 
-def load_trainer_state(path: str, model, optimizer, *, fsdp: bool, ctx: DistContext) -> dict:
-    """Restore the model, optimizer and this rank's RNG states; return the saved progress.
+def load_trainer_state(path: str, model, optimizer, *, fsdp: bool, ctx: DistContext,
+                       trainable_only: bool = False) -> dict:
+    """Restore the model (``trainable_only``: its LoRA adapter), optimizer and this rank's RNG
+    states; return the saved progress.
 
     Another world size or ``--fsdp`` setting loads the same weights and optimizer state
     (DCP reshards them); what that means for exactness is printed once.
     """
     meta = read_manifest(path)
-    sharded_state.load_sharded(path, model, optimizer, fsdp=fsdp)
+    sharded_state.load_sharded(path, model, optimizer, fsdp=fsdp, trainable_only=trainable_only)
     saved_world, saved_fsdp = int(meta["world_size"]), bool(meta.get("fsdp"))
     rng = sharded_state.read_rank_file(path, ctx.rank % saved_world)
     if ctx.is_main and saved_world != ctx.world_size:
@@ -471,7 +498,10 @@ def export_checkpoint(source: str, out: str) -> tuple[str, int]:
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise InputError(f"OUTPUT_DIR {out}: exists and is not an empty directory; choose a "
                          "new one")
-    model = sharded_state.load_hf_model(ckpt)
+    adapter = os.path.join(ckpt, ADAPTER_DIR)
+    # a LoRA checkpoint's shards hold the adapter only: its PEFT copy merged into the base
+    model = (load_adapter_model(adapter) if os.path.isdir(adapter)
+             else sharded_state.load_hf_model(ckpt))
     tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

@@ -119,7 +119,8 @@ class Trainer:
             checkpoint.remove_stale_temps(cfg.save)
         self.checkpointer = checkpoint.Checkpointer(
             cfg.save, ctx, fsdp=cfg.fsdp, async_save=cfg.async_save,
-            checksums=cfg.checkpoint_checksums, keep_last=cfg.keep_last) if cfg.save else None
+            checksums=cfg.checkpoint_checksums, keep_last=cfg.keep_last, lora=self.lora,
+            base=cfg.hf_checkpoint) if cfg.save else None
         self.tracker = MetricTracker(ctx.group, ctx.device)
         self.logger = build_logger(
             is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
@@ -197,7 +198,8 @@ class Trainer:
         if cfg.lora_rank:
             self.lora = add_lora(policy, rank=cfg.lora_rank, alpha=cfg.lora_alpha,
                                  dropout=cfg.lora_dropout,
-                                 targets=cfg.lora_target_modules or list(ALL_LINEAR))
+                                 targets=cfg.lora_target_modules or list(ALL_LINEAR),
+                                 seed=seed_for(cfg.seed, "lora") % 2**63)
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
         # the initial weights are the policy with its adapter switched off
         self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device, bf16=self.bf16)
@@ -212,7 +214,8 @@ class Trainer:
         self.start_step, self.resumed_from, self.cursor = 0, None, 0
         if resume:
             progress = checkpoint.load_trainer_state(resume[0], self.model, self.optimizer,
-                                                     fsdp=cfg.fsdp, ctx=ctx)
+                                                     fsdp=cfg.fsdp, ctx=ctx,
+                                                     trainable_only=self.lora is not None)
             self.start_step, self.resumed_from = resume[1], resume[0]
             self._check_progress(progress)
 

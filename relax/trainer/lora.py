@@ -4,12 +4,17 @@ The adapter is injected into the policy's own Hugging Face module, so generation
 DDP and the update see one ordinary model whose only trainable parameters are the LoRA
 matrices (AdamW keeps state for those only). The reference policy is the same module with the
 adapter switched off (:func:`adapter_disabled`): no second copy of the weights exists.
+
+Checkpoints of a LoRA run hold the trainable (adapter) weights and their optimizer state only
+(relax/trainer/sharded_state.py, ``trainable_only``), and an ``adapter/`` directory in PEFT's
+format (:func:`save_adapter`); the final save is the merged model plus that directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 
 import torch
 
@@ -41,9 +46,13 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
 
 
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
-             targets: list[str]):
+             targets: list[str], seed: int = 0):
     """Inject LoRA adapters into ``model`` (in place) and return peft's tuner (a ``LoraModel``,
-    for switching the adapter off and saving it); ``model`` stays the module to train."""
+    for switching the adapter off and saving it); ``model`` stays the module to train.
+
+    peft draws the initial ``lora_A`` from the global RNG; it is drawn here from ``seed`` (the
+    run's --seed) in a forked RNG, so a run's adapter starts the same whatever ran before it
+    in the process, and the global stream is left as it was."""
     from peft import LoraConfig, LoraModel
 
     names = hf_target_names(targets)
@@ -55,7 +64,9 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
                          f"{', '.join(present)} (or Megatron names {', '.join(MEGATRON_NAMES)})")
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names,
                         bias="none")
-    tuner = LoraModel(model, config, "default")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tuner = LoraModel(model, config, "default")
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
     return tuner
@@ -75,3 +86,32 @@ def merged_copy(tuner) -> torch.nn.Module:
     """A plain Hugging Face model with the adapter merged into its weights (the export); the
     training model is left as it is."""
     return copy.deepcopy(tuner).merge_and_unload()
+
+
+ADAPTER_DIR = "adapter"  # inside a checkpoint and inside the final --save directory
+
+
+def save_adapter(model: torch.nn.Module, tuner, folder: str, *, base: str | None,
+                 tokenizer) -> None:
+    """Write the adapter in PEFT's format into ``folder`` (new): ``adapter_config.json``,
+    ``adapter_model.safetensors`` (keys ``base_model.model.<module>.lora_A.weight``) and the
+    tokenizer, so ``PeftModel.from_pretrained(base_model, folder)`` and ``relax eval folder``
+    load it. ``base``: the --hf-checkpoint directory, recorded as the base model; None (the
+    built-in model, which exists only in code) saves the base into ``folder/base``."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    os.makedirs(folder)
+    weights = get_peft_model_state_dict(model, adapter_name="default")
+    save_file({f"base_model.model.{k}": v.detach().cpu().contiguous()
+               for k, v in weights.items()},
+              os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = copy.deepcopy(tuner.peft_config["default"])
+    if base is None:
+        copy.deepcopy(tuner).unload().save_pretrained(os.path.join(folder, "base"))
+        tokenizer.save_pretrained(os.path.join(folder, "base"))
+        config.base_model_name_or_path = "base"
+    else:
+        config.base_model_name_or_path = os.path.abspath(base)
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)

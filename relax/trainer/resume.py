@@ -65,6 +65,15 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
                              f"this run has {flag} {getattr(cfg, key)}; resume with {flag} "
                              f"{recorded[key]}, or start a new run without --load")
     _check_model(cfg, checkpoint, where)
+    # an adapter checkpoint holds the adapter only, a full one no adapter: neither loads
+    # into the other's model
+    saved_rank = int(saved.get("lora_rank") or 0)
+    if saved_rank != cfg.lora_rank:
+        was = f"--lora-rank {saved_rank}" if saved_rank else "full fine-tuning"
+        raise InputError(f"{where}: the checkpoint was trained with {was}, this run has "
+                         f"--lora-rank {cfg.lora_rank}; resume with "
+                         f"{'--lora-rank ' + str(saved_rank) if saved_rank else 'no --lora-rank'}"
+                         ", or start a new run without --load")
     changed = [f"--{k.replace('_', '-')} {saved[k]} -> {getattr(cfg, k)}"
                for k in sorted(saved) if k not in LOCAL and k not in IDENTITY
                and hasattr(cfg, k) and saved[k] != _jsonable(getattr(cfg, k))]

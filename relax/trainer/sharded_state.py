@@ -174,13 +174,30 @@ def _target(model, fsdp: bool):
     return model if fsdp else unwrap(model)
 
 
-def sharded_state(model, optimizer, *, fsdp: bool) -> dict:
-    """``{"model": ..., "optim": ...}`` as this rank holds them (DTensor shards under FSDP2).
+def _options(trainable_only: bool) -> StateDictOptions:
+    # LoRA: the frozen base weights are the --hf-checkpoint's and are not saved; loading
+    # fills the adapter and leaves the base as loaded (strict=False: the base is absent)
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def sharded_state(model, optimizer, *, fsdp: bool, trainable_only: bool = False) -> dict:
+    """``{"model": ..., "optim": ...}`` as this rank holds them (DTensor shards under FSDP2);
+    ``trainable_only``: the parameters that train (a LoRA adapter) without the frozen ones.
 
     Views of the live parameters, not copies: ``dcp.save`` writes them before returning;
     ``dcp.async_save`` copies them to CPU memory first (its stager), so training may go on.
     """
-    model_sd, optim_sd = get_state_dict(_target(model, fsdp), optimizer)
+    return _state(_target(model, fsdp), optimizer, trainable_only)
+
+
+def _state(target, optimizer, trainable_only: bool) -> dict:
+    model_sd, optim_sd = get_state_dict(target, optimizer, options=_options(trainable_only))
+    if trainable_only:
+        # ignore_frozen_params misses the second name of a tied weight (lm_head.weight tied
+        # to the frozen embedding): keep exactly the parameters that train
+        trainable = {n for n, p in target.named_parameters(remove_duplicate=False)
+                     if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trainable}
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -209,17 +226,19 @@ def reason(e: BaseException) -> BaseException:
     return e
 
 
-def load_sharded(folder: str, model, optimizer, *, fsdp: bool) -> None:
+def load_sharded(folder: str, model, optimizer, *, fsdp: bool,
+                 trainable_only: bool = False) -> None:
     """Fill this rank's model and optimizer state from the DCP checkpoint in ``folder``
-    (any world size it was saved at; a collective when distributed)."""
+    (any world size it was saved at; a collective when distributed); ``trainable_only`` as
+    in :func:`sharded_state`."""
     target = _target(model, fsdp)
-    model_sd, optim_sd = get_state_dict(target, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    options = _options(trainable_only)
+    state = _state(target, optimizer, trainable_only)
     try:
         dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
                  no_dist=not dist.is_initialized())
         set_state_dict(target, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=options)
     except (Exception, CheckpointException) as e:  # another model's checkpoint, a bad shard
         e = reason(e)
         if isinstance(e, InputError):

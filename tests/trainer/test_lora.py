@@ -80,7 +80,13 @@ def test_lora_with_two_ddp_ranks(tmp_path):
     proc = torchrun_relax(*RECIPES["reinforce_plus_plus_baseline"], "--num-rollout", "2",
                           "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
                           "--rollout-max-response-len", "4", "--custom-rm-path", f"{reward}:parity",
-                          "--lora-rank", "4", "--device", "cpu", "--output-dir", str(out))
+                          "--lora-rank", "4", "--device", "cpu", "--output-dir", str(out),
+                          "--save", str(tmp_path / "save"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["rollout/step"] for r in rows] == [1, 2] and rows[0]["train/kl_loss"] == 0.0
+    # rank 0 writes the adapter (PEFT format) and the merged model; both ranks the shards
+    save = tmp_path / "save"
+    assert (save / "adapter" / "adapter_model.safetensors").is_file()
+    assert (save / "model.safetensors").is_file()
+    assert (save / "rollout_000002" / "adapter" / "adapter_config.json").is_file()
