@@ -24,9 +24,9 @@ from relax.metrics.sinks import read_metrics
 
 
 def _row(arm: str, seed: int, metrics: list[dict], key: str) -> dict | None:
-    last = metrics[-1]
-    if f"{key}/pass@1" not in last:
+    if not metrics or f"{key}/pass@1" not in metrics[-1]:
         return None  # unfinished
+    last = metrics[-1]
     rewards = [m["rollout/raw_reward"] for m in metrics]
     seconds = sum(m["perf/step_time"] + m.get("perf/eval_time", 0.0) for m in metrics)
     return dict(arm=arm, seed=seed, steps=len(metrics), pass1=last[f"{key}/pass@1"],
