@@ -3,7 +3,8 @@
 # benchmarks/ab_step_time.py (medians over steps 2..N of each run, then over the repeats):
 #
 #   1. token-budget micro-batches: fixed micro-batches of 8 rows (A) vs
-#      --use-dynamic-batch-size --max-tokens-per-gpu 2048 (B), responses capped at 128 tokens
+#      --use-dynamic-batch-size --max-tokens-per-gpu 1536 (B: 8 rows of 192 tokens, the worst
+#      case of a fixed micro-batch of 8 with a 64-token prompt), responses capped at 128 tokens
 #      on reasoning-gym sums (most answers are short, some run to the cap): padding fraction
 #      of the update passes, update-phase and step time;
 #   2. LoRA: full fine-tuning (A) vs --lora-rank 16 --lora-alpha 32 (B) at the same batch:
@@ -26,7 +27,7 @@ COMMON=(--hf-checkpoint "${MODEL_DIR}" --prompt-data "${TASK}" --reasoning-gym-a
 
 echo "## token-budget micro-batches"
 "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
-  --b-flags "--use-dynamic-batch-size --max-tokens-per-gpu 2048" \
+  --b-flags "--use-dynamic-batch-size --max-tokens-per-gpu 1536" \
   -- "${COMMON[@]}" --rollout-max-response-len 128 --micro-batch-size 8
 echo
 echo "## LoRA"
