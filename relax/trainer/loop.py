@@ -199,7 +199,7 @@ class Trainer:
             self.lora = add_lora(policy, rank=cfg.lora_rank, alpha=cfg.lora_alpha,
                                  dropout=cfg.lora_dropout,
                                  targets=cfg.lora_target_modules or list(ALL_LINEAR),
-                                 seed=seed_for(cfg.seed, "lora") % 2**63)
+                                 seed=seed_for(cfg.seed, "lora"))
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
         # the initial weights are the policy with its adapter switched off
         self.ref = (setup.load_reference(cfg, self.tokenizer, ctx.device, bf16=self.bf16)
