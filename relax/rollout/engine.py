@@ -18,7 +18,9 @@ Python call per module. This engine computes the same function from the same par
 
 The architecture contract it relies on is checked by ``unsupported_reason``; a model that does
 not match (another family, sliding-window layers, an activation other than SiLU, a sharded
-FSDP2 model whose parameters are DTensors) is decoded through its own ``forward`` instead.
+FSDP2 model whose parameters are DTensors, peft layers other than plain LoRA linears) is
+decoded through its own ``forward`` instead. A peft LoRA linear layer (``--lora-rank``) runs as
+its base weight plus the adapter's low-rank path.
 The logits equal the model's own forward up to float rounding
 (tests/rollout/test_engine.py checks both against a float64 run of the Hugging Face model).
 """
@@ -50,9 +52,13 @@ def unsupported_reason(model) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
         return "no model.layers / lm_head"
-    # a peft LoRA layer's .weight is its frozen base weight: reading weights would drop the adapter
-    if any(type(m).__module__.startswith("peft.") for m in model.modules()):
-        return "LoRA adapter layers (peft)"
+    # a peft layer wraps a base module (its .weight is the frozen base): plain LoRA linear
+    # layers run through _Linear; anything else (DoRA, embeddings, an active dropout) would be
+    # skipped by reading weights
+    for m in model.modules():
+        if (type(m).__module__.startswith("peft.") and hasattr(m, "base_layer")
+                and _lora_parts(m) is None):
+            return f"peft layer {type(m).__name__} (the engine runs plain LoRA linear layers)"
     # no DTensor can exist unless its module was imported (importing it costs ~0.5 s and sympy)
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters()):
@@ -77,6 +83,46 @@ def cache_argument(model) -> str:
         "past_key_values")
 
 
+def _lora_parts(module):
+    """``(base linear, [(A, B, scale), ...])`` of a peft LoRA linear layer and its active
+    adapters (none while disabled or merged into the base weight), or None for a peft layer
+    the engine cannot run exactly: DoRA, a LoRA dropout that is not the identity (the engine
+    samples without dropout), a base that is not a Linear (embeddings), other tuners."""
+    base, lora_a, lora_b = module.base_layer, getattr(module, "lora_A", None), getattr(
+        module, "lora_B", None)
+    if lora_a is None or lora_b is None or type(base) is not torch.nn.Linear:
+        return None
+    parts = []
+    if not (module.disable_adapters or module.merged):
+        for name in module.active_adapters:
+            if name not in lora_a:
+                continue
+            if module.use_dora.get(name) or not isinstance(module.lora_dropout[name],
+                                                           torch.nn.Identity):
+                return None
+            parts.append((lora_a[name].weight, lora_b[name].weight, module.scaling[name]))
+    return base, parts
+
+
+class _Linear:
+    """A linear layer as the engine computes it: ``F.linear`` with the module's weight and bias
+    (references, read when the engine is built for a rollout), plus for a peft LoRA layer each
+    active adapter's ``scale * B (A x)``, peft's own formula without its module calls."""
+
+    def __init__(self, module):
+        if hasattr(module, "base_layer"):
+            base, self.adapters = _lora_parts(module)
+        else:
+            base, self.adapters = module, []
+        self.weight, self.bias = base.weight, getattr(base, "bias", None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        for a, b, scale in self.adapters:
+            out = out + F.linear(F.linear(x, a), b) * scale
+        return out
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # the Hugging Face RMSNorm: statistics in float32, then the weight in the input dtype
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
@@ -94,20 +140,22 @@ class _Layer:
 
     def __init__(self, layer, num_heads: int, num_kv_heads: int, head_dim: int):
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.q, self.k, self.v, self.o = (_Linear(m) for m in (attn.q_proj, attn.k_proj,
+                                                                  attn.v_proj, attn.o_proj))
         self.q_norm = getattr(attn, "q_norm", None)
         self.k_norm = getattr(attn, "k_norm", None)
         self.scaling = getattr(attn, "scaling", head_dim**-0.5)
         self.in_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.gate, self.up, self.down = (_Linear(m) for m in (mlp.gate_proj, mlp.up_proj,
+                                                              mlp.down_proj))
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
 
     def qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """h [..., H] -> q [..., nh, hd], k and v [..., nkv, hd]; normed and rotated."""
         lead = h.shape[:-1]
-        q = F.linear(h, self.q.weight, self.q.bias).view(*lead, self.num_heads, self.head_dim)
-        k = F.linear(h, self.k.weight, self.k.bias).view(*lead, self.num_kv_heads, self.head_dim)
-        v = F.linear(h, self.v.weight, self.v.bias).view(*lead, self.num_kv_heads, self.head_dim)
+        q = self.q(h).view(*lead, self.num_heads, self.head_dim)
+        k = self.k(h).view(*lead, self.num_kv_heads, self.head_dim)
+        v = self.v(h).view(*lead, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
             q = _rms(q, self.q_norm.weight, self.q_norm.variance_epsilon)
             k = _rms(k, self.k_norm.weight, self.k_norm.variance_epsilon)
@@ -116,10 +164,8 @@ class _Layer:
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.post_norm.weight, self.post_norm.variance_epsilon)
-        act = F.silu(F.linear(h, self.gate.weight, self.gate.bias)) * F.linear(
-            h, self.up.weight, self.up.bias
-        )
-        return x + F.linear(act, self.down.weight, self.down.bias)
+        act = F.silu(self.gate(h)) * self.up(h)
+        return x + self.down(act)
 
 
 class DecodeEngine:
@@ -136,7 +182,8 @@ class DecodeEngine:
             raise ValueError(f"the decode engine cannot run this model: {reason}")
         cfg = model.config
         inner = model.model
-        self.embed, self.final_norm, self.lm_head = inner.embed_tokens, inner.norm, model.lm_head
+        self.embed, self.final_norm = inner.embed_tokens, inner.norm
+        self.lm_head = _Linear(model.lm_head)
         self.rotary = inner.rotary_emb
         num_heads = cfg.num_attention_heads
         num_kv_heads = getattr(cfg, "num_key_value_heads", None) or num_heads
@@ -179,7 +226,7 @@ class DecodeEngine:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=allowed, scale=layer.scaling, enable_gqa=self.groups > 1
             )
-            x = x + F.linear(out.transpose(1, 2).reshape(U, P, -1), layer.o.weight, layer.o.bias)
+            x = x + layer.o(out.transpose(1, 2).reshape(U, P, -1))
             x = layer.mlp(x)
             kc = k.new_empty(B, self.num_kv_heads, L, self.head_dim)
             vc = torch.empty_like(kc)
@@ -213,7 +260,7 @@ class DecodeEngine:
             scores = torch.matmul(q, kc[:, :, :n].transpose(-1, -2)) * layer.scaling + bias
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             out = torch.matmul(probs, vc[:, :, :n]).reshape(B, -1)
-            x = x + F.linear(out, layer.o.weight, layer.o.bias)
+            x = x + layer.o(out)
             x = layer.mlp(x)
         self.length = n
         self.next_position = self.next_position + 1
@@ -227,5 +274,5 @@ class DecodeEngine:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.final_norm.weight, self.final_norm.variance_epsilon)
-        return F.linear(h, self.lm_head.weight, getattr(self.lm_head, "bias", None))
+        return self.lm_head(h)
 

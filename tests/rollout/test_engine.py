@@ -40,6 +40,40 @@ CONFIGS = {
 def test_logits_match_the_model_forward(name):
     model = _model(CONFIGS[name]())
     assert unsupported_reason(model) is None
+    _assert_engine_matches(model)
+
+
+def test_lora_layers_match_the_peft_forward():
+    """A peft LoRA model (every linear layer and the head adapted, B non-zero) decodes through
+    the engine with the adapter's low-rank path; switched off, the base model's function."""
+    pytest.importorskip("peft")
+    from relax.trainer.lora import adapter_disabled, add_lora
+
+    model = _model(CONFIGS["llama (bias, untied head)"]())
+    tuner = add_lora(model, rank=4, alpha=8, dropout=0.0,
+                     targets=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "lm_head"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    model = model.double()
+    assert unsupported_reason(model) is None
+    _assert_engine_matches(model)
+    with adapter_disabled(tuner):
+        _assert_engine_matches(model)
+
+
+def test_lora_dropout_falls_back_to_the_model_forward():
+    pytest.importorskip("peft")
+    from relax.trainer.lora import add_lora
+
+    model = _model(CONFIGS["qwen3"]())
+    add_lora(model, rank=4, alpha=8, dropout=0.1, targets=["q_proj"])
+    assert unsupported_reason(model) == ("peft layer Linear (the engine runs plain LoRA linear "
+                                         "layers)")
+
+
+def _assert_engine_matches(model):
     g = torch.Generator().manual_seed(1)
     # left-padded prompts of lengths 2..5, two of them repeated (a group shares its prompt)
     lengths = [5, 2, 5, 3, 2]
