@@ -7,8 +7,10 @@
 #      case of a fixed micro-batch of 8 with a 64-token prompt), responses capped at 128 tokens
 #      on reasoning-gym sums (most answers are short, some run to the cap): padding fraction
 #      of the update passes, update-phase and step time;
-#   2. LoRA: full fine-tuning (A) vs --lora-rank 16 --lora-alpha 32 (B) at the same batch:
-#      peak memory (the process's peak RSS on the CPU) and step time.
+#   2. LoRA: full fine-tuning (A) vs --lora-rank 16 --lora-alpha 32 (B) at the same batch,
+#      micro-batches of 16 and of 4 rows (activations scale with it, the parameter-sized
+#      state LoRA removes does not): peak memory (the process's peak RSS on the CPU) and
+#      step time.
 #
 #   MODEL_DIR=$(python scripts/fetch_smollm2.py) bash benchmarks/batching_and_lora.sh
 #
@@ -29,8 +31,10 @@ echo "## token-budget micro-batches"
 "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
   --b-flags "--use-dynamic-batch-size --max-tokens-per-gpu 1536" \
   -- "${COMMON[@]}" --rollout-max-response-len 128 --micro-batch-size 8
-echo
-echo "## LoRA"
-"${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
-  --b-flags "--lora-rank 16 --lora-alpha 32" \
-  -- "${COMMON[@]}" --rollout-max-response-len 64 --micro-batch-size 16
+for mb in ${LORA_MICRO_BATCHES:-16 4}; do
+  echo
+  echo "## LoRA, micro-batch ${mb}"
+  "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
+    --b-flags "--lora-rank 16 --lora-alpha 32" \
+    -- "${COMMON[@]}" --rollout-max-response-len 64 --micro-batch-size "${mb}"
+done
