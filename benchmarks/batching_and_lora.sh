@@ -7,10 +7,10 @@
 #      case of a fixed micro-batch of 8 with a 64-token prompt), responses capped at 128 tokens
 #      on reasoning-gym sums (most answers are short, some run to the cap): padding fraction
 #      of the update passes, update-phase and step time;
-#   2. LoRA: full fine-tuning (A) vs --lora-rank 16 --lora-alpha 32 (B) at the same batch,
-#      micro-batches of 16 and of 4 rows (activations scale with it, the parameter-sized
-#      state LoRA removes does not): peak memory (the process's peak RSS on the CPU) and
-#      step time.
+#   2. LoRA: full fine-tuning (A) vs --lora-rank 16 --lora-alpha 32 (B) at the same batch and
+#      micro-batch (16 rows; LORA_MICRO_BATCHES="16 4" adds 4: activations scale with the
+#      micro-batch, the parameter-sized state LoRA removes does not): peak memory (the
+#      process's peak RSS on the CPU) and step time.
 #
 #   MODEL_DIR=$(python scripts/fetch_smollm2.py) bash benchmarks/batching_and_lora.sh
 #
@@ -31,7 +31,7 @@ echo "## token-budget micro-batches"
 "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
   --b-flags "--use-dynamic-batch-size --max-tokens-per-gpu 1536" \
   -- "${COMMON[@]}" --rollout-max-response-len 128 --micro-batch-size 8
-for mb in ${LORA_MICRO_BATCHES:-16 4}; do
+for mb in ${LORA_MICRO_BATCHES:-16}; do
   echo
   echo "## LoRA, micro-batch ${mb}"
   "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
