@@ -105,8 +105,16 @@ def test_round_bound_trains_on_fewer_groups_or_skips(tmp_path, capsys):
     assert moved == 0.0  # nothing passed: no update
     assert all(r["rollout/groups_trained"] == 0 and r["rollout/sampling_rounds"] == 2 for r in rows)
     assert "kept 0 of 4 groups per rank after 2 rounds" in capsys.readouterr().err
-    first = write_reward(tmp_path, "calls = []\ndef first(r, s, y):\n    calls.append(1)\n"
-                         "    return len(calls) % 4 == 1\n", "first.py")
+    # keeps the first group of each round of 4 whose coin flips differ (a group of equal
+    # rewards has zero advantage and would move nothing: the coin is not seeded)
+    first = write_reward(tmp_path, "state = {'n': 0, 'kept': False}\n"
+                         "def first(r, s, y):\n"
+                         "    if state['n'] % 4 == 0:\n"
+                         "        state['kept'] = False\n"
+                         "    state['n'] += 1\n"
+                         "    keep = not state['kept'] and len(set(r)) > 1\n"
+                         "    state['kept'] = state['kept'] or keep\n"
+                         "    return keep\n", "first.py")
     rows, moved = _run(tmp_path, "--dynamic-sampling-filter-path", f"{first}:first",
                        "--dynamic-sampling-max-rounds", "1", "--micro-batch-size", "8",
                        name="short")
