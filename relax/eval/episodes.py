@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from relax.collectives import all_reduce, seed_for
-from relax.eval.evaluate import EvalSampling
+from relax.eval.evaluate import EvalSampling, _model_device, _my_prompts, _rank_world
 from relax.eval.passk import ks_for, pass_at_k
 from relax.models import eos_token_ids as find_eos_ids
 from relax.precision import autocast, use_bf16
@@ -39,9 +39,8 @@ def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, epi
     ``eval/<name>/pass@k``, ``mean_reward``, ``episode_turns`` (model turns per episode),
     ``response_length`` (model tokens per episode) and ``truncated`` (share the environment
     did not end: turn limit, context, or an environment error), identical on every rank."""
-    rank = 0 if group is None else torch.distributed.get_rank(group)
-    world = 1 if group is None else torch.distributed.get_world_size(group)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    rank, world = _rank_world(group)
+    device = torch.device(device) if device is not None else _model_device(model)
     n, ks = sampling.n_samples, ks_for(sampling.n_samples)
     eos_ids = find_eos_ids(tokenizer, model)
     generator = torch.Generator(device)
@@ -54,7 +53,7 @@ def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, epi
                             temperature=sampling.temperature, top_p=sampling.top_p,
                             top_k=sampling.top_k, generator=generator)
 
-    mine = list(range(rank, episodes, world))
+    mine = [i for i, _ in _my_prompts(episodes, rank, world, pad=False)]
     per_call = max(1, sampling.batch_size // n)  # seeds per batch, n plays each
     envs = [make_env() for _ in range(min(per_call, max(1, len(mine))) * n)]
     # sums: pass@k for each k, reward, episodes, seeds, turns, model tokens, truncated
