@@ -75,8 +75,12 @@ def worker(model_dir: str, save_dir: str, mode: str) -> None:
     start = time.perf_counter()
     returned = None
     if hasattr(checkpoint, "Checkpointer"):
-        saver = checkpoint.Checkpointer(save_dir, ctx, fsdp=True, async_save=mode == "async")
-        saver.save(1, model=model, optimizer=optimizer, tokenizer=tokenizer, meta=meta)
+        from relax.trainer.policy import Policy
+
+        policy = Policy(model=model, optimizer=optimizer, tokenizer=tokenizer, ctx=ctx, fsdp=True)
+        saver = checkpoint.Checkpointer(save_dir, ctx, policy, fsdp=True,
+                                        async_save=mode == "async")
+        saver.save(1, meta=meta)
         returned = time.perf_counter() - start
         saver.wait()
     else:

@@ -34,7 +34,7 @@ from relax.rollout.generate import Rollout, left_pad
 SENTINEL = "RELAXTURNSENTINEL"
 
 # Environment seeds from here on are held out for evaluation (relax/eval/episodes.py); the
-# training episodes draw theirs below it (relax/trainer/episode_rollout.py).
+# training episodes draw theirs below it (relax/rollout/episode_collector.py).
 HELDOUT_SEED = 1_000_000_000
 
 # For agent programs on a tokenizer without a chat template (the built-in tiny model): one

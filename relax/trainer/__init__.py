@@ -16,7 +16,7 @@ from relax.errors import (
 
 
 def train(cfg) -> int:
-    from relax.trainer.loop import train as _train
+    from relax.trainer.launch import train as _train
 
     return _train(cfg)
 

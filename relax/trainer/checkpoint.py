@@ -47,8 +47,8 @@ from relax.errors import InputError, RelaxError
 from relax.models import load_adapter_model
 from relax.rundirs import SAVE_DIR_MARKER, SAVE_MARKER
 from relax.trainer import sharded_state
-from relax.trainer.distributed import DistContext, unwrap
-from relax.trainer.lora import ADAPTER_DIR, merged_copy, save_adapter
+from relax.trainer.distributed import DistContext
+from relax.trainer.lora import ADAPTER_DIR
 from relax.trainer.sharded_state import METADATA, rank_file
 
 MARKER = SAVE_MARKER  # the manifest (relax/rundirs.py knows it to recognise a save)
@@ -306,22 +306,54 @@ class Checkpointer:
     until it is on disk (before the next save, a signal stop and the final save).
     """
 
-    def __init__(self, save_dir: str, ctx: DistContext, *, fsdp: bool, async_save: bool = False,
-                 checksums: bool = False, keep_last: int | None = None, lora=None,
-                 base: str | None = None):
+    def __init__(self, save_dir: str | None, ctx: DistContext, policy, *, fsdp: bool,
+                 async_save: bool = False, checksums: bool = False,
+                 keep_last: int | None = None, save_interval: int | None = None):
         self.save_dir, self.ctx, self.fsdp = save_dir, ctx, fsdp
-        # LoRA (relax/trainer/lora.py): checkpoints hold the adapter and its optimizer state,
-        # plus the adapter in PEFT's format; ``base`` is the --hf-checkpoint it adapts
-        self.lora, self.base = lora, base
+        # what a checkpoint holds is the policy's to say (relax/trainer/policy.py)
+        self.policy = policy
         self.async_save, self.checksums, self.keep_last = async_save, checksums, keep_last
+        self.save_interval = save_interval
         # every rank creates it in the same order (new_group is collective)
-        self.async_group = (dist.new_group(backend="gloo") if async_save and ctx.group is not None
-                            else None)
+        self.async_group = (dist.new_group(backend="gloo")
+                            if save_dir and async_save and ctx.group is not None else None)
         self.pending: _Pending | None = None
         self.saved_step: int | None = None  # the newest step saved (or being saved) by this run
+        self.final_step: int | None = None  # the step of the final save, once written
 
-    def save(self, step: int, *, model, optimizer, tokenizer, meta: dict,
-             blocking: bool = False) -> str:
+    def maybe_save(self, step: int, meta, *, last: bool) -> str | None:
+        """After rollout step ``step``: the final save when ``last``, an interval checkpoint
+        when ``--save-interval`` divides ``step``, else nothing; an ``--async-save`` that has
+        finished is published either way. ``meta()`` gives the manifest's fields. Without
+        ``--save`` nothing is written."""
+        if self.save_dir is None:
+            return None
+        self.poll()
+        if last:
+            return self.finish(step, meta)
+        if self.save_interval and step % self.save_interval == 0:
+            return self.save(step, meta=meta())
+        return None
+
+    def finish(self, step: int, meta) -> str | None:
+        """The final save of a run that ended after ``step`` (once; nothing without
+        ``--save``)."""
+        if self.save_dir is None or self.final_step == step:
+            return None
+        self.final_step = step
+        return self.save_final(step, meta=meta())
+
+    def save_for_stop(self, step: int, meta, *, new: bool) -> str:
+        """A signal stop after ``step``: its checkpoint when it is ``new`` (a step this run
+        trained), waited for; returns the clause the stop line ends with."""
+        if self.save_dir is None:
+            return ""
+        if not new:
+            return "; no new step to save"
+        path = self.save(step, meta=meta(), blocking=True)
+        return f"; checkpoint {path}; continue with --load {self.save_dir}"
+
+    def save(self, step: int, *, meta: dict, blocking: bool = False) -> str:
         """Start the checkpoint of ``step`` (every rank calls this); return its directory.
 
         Returns once it is complete unless ``--async-save`` and not ``blocking``. A step saved
@@ -338,13 +370,8 @@ class Checkpointer:
             os.makedirs(pending.tmp, exist_ok=True)
             sharded_state.write_rank_file(pending.tmp, self.ctx.rank)
             if self.ctx.is_main:
-                unwrap(model).config.save_pretrained(pending.tmp)
-                tokenizer.save_pretrained(pending.tmp)
-                if self.lora is not None:
-                    save_adapter(unwrap(model), self.lora, os.path.join(pending.tmp, ADAPTER_DIR),
-                                 base=self.base, tokenizer=tokenizer)
-            state = sharded_state.sharded_state(model, optimizer, fsdp=self.fsdp,
-                                                trainable_only=self.lora is not None)
+                self.policy.write_checkpoint_files(pending.tmp)
+            state = self.policy.checkpoint_state()
             asynchronous = self.async_save and not blocking
             pending.future = sharded_state.save_sharded(
                 state, pending.tmp, asynchronous=asynchronous,
@@ -410,28 +437,19 @@ class Checkpointer:
         raise RelaxError(f"--save {self.save_dir}: writing the checkpoint of rollout step "
                          f"{p.step} failed ({reason}); {kept}") from e
 
-    def save_final(self, step: int, *, model, optimizer, tokenizer, meta: dict) -> str:
+    def save_final(self, step: int, *, meta: dict) -> str:
         """The checkpoint of the last step (unless saved already), then the final model as a
         Hugging Face directory in ``DIR`` itself, gathered on rank 0 only."""
         if self.saved_step != step:
-            self.save(step, model=model, optimizer=optimizer, tokenizer=tokenizer, meta=meta,
-                      blocking=True)
+            self.save(step, meta=meta, blocking=True)
         self.wait()
-        weights = (sharded_state.full_model_state(model, fsdp=self.fsdp, is_main=self.ctx.is_main)
-                   if self.lora is None else None)
+        weights = self.policy.weights()
         if self.ctx.is_main:
             tmp = os.path.join(self.save_dir, f".tmp-final-{os.getpid()}")
             try:
                 shutil.rmtree(tmp, ignore_errors=True)
                 os.makedirs(tmp)
-                if self.lora is None:
-                    unwrap(model).save_pretrained(tmp, state_dict=weights,
-                                                  safe_serialization=True)
-                else:  # the merged model, and the adapter itself next to it
-                    merged_copy(self.lora).save_pretrained(tmp, safe_serialization=True)
-                    save_adapter(unwrap(model), self.lora, os.path.join(tmp, ADAPTER_DIR),
-                                 base=self.base, tokenizer=tokenizer)
-                tokenizer.save_pretrained(tmp)
+                self.policy.write_model(tmp, weights)
                 files = _list_files(tmp, checksums=self.checksums)
                 # DIR also holds the checkpoints, so the files move in one by one: the old
                 # manifest goes first and the new one comes last, so a crash in between leaves
@@ -458,16 +476,15 @@ class Checkpointer:
 # ---------------------------------------------------------------------------- load
 
 
-def load_trainer_state(path: str, model, optimizer, *, fsdp: bool, ctx: DistContext,
-                       trainable_only: bool = False) -> dict:
-    """Restore the model (``trainable_only``: its LoRA adapter), optimizer and this rank's RNG
+def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> dict:
+    """Restore the policy's checkpointed state (relax/trainer/policy.py) and this rank's RNG
     states; return the saved progress.
 
     Another world size or ``--fsdp`` setting loads the same weights and optimizer state
     (DCP reshards them); what that means for exactness is printed once.
     """
     meta = read_manifest(path)
-    sharded_state.load_sharded(path, model, optimizer, fsdp=fsdp, trainable_only=trainable_only)
+    policy.load_checkpoint_state(path)
     saved_world, saved_fsdp = int(meta["world_size"]), bool(meta.get("fsdp"))
     rng = sharded_state.read_rank_file(path, ctx.rank % saved_world)
     if ctx.is_main and saved_world != ctx.world_size:

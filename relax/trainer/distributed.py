@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from relax.errors import InputError, RelaxError
+from relax.errors import InputError
 from relax.models import pick_device, unwrap  # noqa: F401  (the trainer's names for them)
 
 
@@ -183,20 +183,3 @@ def no_grad_sync(model: torch.nn.Module, skip: bool):
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(not skip)
     return contextlib.nullcontext()
-
-
-def raise_together(error: Exception | None, ctx: DistContext) -> None:
-    """Raise on every rank when any rank failed, so none waits forever in a collective.
-
-    A rank-local failure (a reward function raising on this rank's samples) would otherwise
-    leave the other ranks blocked in their next all-reduce. One small MAX all-reduce per call.
-    """
-    if ctx.group is not None:
-        flag = torch.tensor([0 if error is None else 1], device=ctx.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
-        if error is None and flag.item():
-            raise RelaxError("another data-parallel rank failed; see its message")
-    if error is not None:
-        raise error
-
-

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from relax.errors import InputError
 from relax.rundirs import SAVE_MARKER
+from relax.trainer.runtime import rows_after
 
 # settings that identify a run: changing one makes the checkpoint another run's
 IDENTITY = ("seed", "advantage_estimator")
@@ -100,3 +102,28 @@ def _check_model(cfg, checkpoint: str, where: str) -> None:
                          f"{cfg.hf_checkpoint} ({k} {mine[k]} vs {base[k]}); the reference "
                          "model and the tokenizer come from --hf-checkpoint, so point it at the "
                          "model this run started from")
+
+
+def report_resume(cfg, path: str, step: int, saved: dict | None, position: dict, *,
+                  fixed_stride: bool, source) -> None:
+    """Say where the resumed run stands (rank 0), and warn when ``metrics.jsonl`` holds rows
+    of the interrupted run past ``step`` or the data position no longer matches the
+    checkpoint's. ``position``: the collector's (epoch, index, cursor); ``fixed_stride``: every
+    step consumes --rollout-batch-size prompts (no dynamic sampling rounds)."""
+    now = {k: position[k] for k in ("epoch", "index")}
+    if saved is not None:
+        saved = {k: saved[k] for k in ("epoch", "index") if k in saved}
+    if fixed_stride and position["cursor"] != step * cfg.rollout_batch_size:
+        now = source.position(step)  # another --rollout-batch-size: warn below
+    print(f"relax train: resuming from {path} at rollout step {step} "
+          f"(data epoch {now['epoch']}, prompt {now['index']} of the epoch)", file=sys.stderr)
+    metrics = os.path.join(cfg.output_dir, "metrics.jsonl")
+    stale = rows_after(metrics, step)
+    if stale:
+        print(f"relax train: {metrics} holds {stale} rows of steps after {step} from the "
+              "interrupted run; the rows this run appends supersede them (readers keep the "
+              "last row of each step)", file=sys.stderr)
+    if saved is not None and saved != now:
+        print(f"relax train: warning: the checkpoint was at data position {saved}, this "
+              f"configuration puts step {step} at {now} (--rollout-batch-size or the data "
+              "changed?); the run is no longer an exact continuation", file=sys.stderr)

@@ -147,13 +147,13 @@ def test_agent_rewards_reach_the_estimator(tmp_path):
     cfg = make_config(*RECIPES["reinforce_plus_plus_baseline"], "--use-agentic-rollout",
                       "--agent-command", command("ok"), output_dir=tmp_path / "run")
     trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
-    initial = {n: p.detach().clone() for n, p in unwrap(trainer.model).named_parameters()}
+    initial = {n: p.detach().clone() for n, p in unwrap(trainer.policy.model).named_parameters()}
     try:
         trainer.fit()
     finally:
         trainer.close()
     moved = max((p.detach() - initial[n]).abs().max().item()
-                for n, p in unwrap(trainer.model).named_parameters())
+                for n, p in unwrap(trainer.policy.model).named_parameters())
     assert moved > 1e-4
     rows = read_metrics(tmp_path / "run")
     for step, row in enumerate(rows):

@@ -11,7 +11,7 @@ from relax.config import parse_train_config
 
 
 def test_eval_metrics_reach_metrics_jsonl(tmp_path):
-    from relax.trainer.loop import run
+    from relax.trainer.launch import run
 
     cfg = parse_train_config([
         "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",

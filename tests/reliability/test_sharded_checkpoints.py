@@ -15,6 +15,7 @@ from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import checkpoint, sharded_state
 from relax.trainer.distributed import DistContext, init_distributed
 from relax.trainer.loop import Trainer
+from relax.trainer.policy import Policy
 from tests.reliability.helpers import SMALL, finish_all, start_ranks, write_gate_reward
 from tests.trainer.helpers import make_config
 
@@ -52,12 +53,12 @@ def test_two_rank_fsdp_save_is_sharded_and_resumes_in_one_process(tmp_path, caps
     trainer = Trainer(resumed, init_distributed("cpu"), console=False)
     try:
         assert trainer.start_step == 2
-        state = trainer.model.state_dict()
+        state = trainer.policy.model.state_dict()
         for name, value in final.items():
             assert torch.equal(state[name], value), name
-        moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
-        assert len(moments) == len(list(trainer.model.parameters()))
-        assert all(float(s["step"]) == 2 for s in trainer.optimizer.state.values())
+        moments = [s["exp_avg"] for s in trainer.policy.optimizer.state.values()]
+        assert len(moments) == len(list(trainer.policy.model.parameters()))
+        assert all(float(s["step"]) == 2 for s in trainer.policy.optimizer.state.values())
         assert any(m.abs().sum() > 0 for m in moments)
         assert len(trainer.fit()) == 1
     finally:
@@ -92,10 +93,10 @@ def test_async_save_counts_only_once_complete_and_holds_the_step_it_started_at(t
     save, crashed = tmp_path / "save", tmp_path / "crashed"
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     tokenizer, model, optimizer = _tiny()
-    saver = checkpoint.Checkpointer(str(save), ctx, fsdp=False, async_save=True)
+    policy = Policy(model=model, optimizer=optimizer, tokenizer=tokenizer, ctx=ctx)
+    saver = checkpoint.Checkpointer(str(save), ctx, policy, fsdp=False, async_save=True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    target = saver.save(1, model=model, optimizer=optimizer, tokenizer=tokenizer,
-                        meta={"progress": {}})
+    target = saver.save(1, meta={"progress": {}})
     with torch.no_grad():  # the next step changes the weights while the write may still run
         for p in model.parameters():
             p.add_(1.0)

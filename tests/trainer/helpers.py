@@ -64,11 +64,11 @@ def fit(cfg):
     """Train ``cfg`` in this process: ``(trainer, history, moved)``, ``moved`` the largest
     absolute change of any parameter (0.0 when no update happened)."""
     trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
-    initial = {n: p.detach().clone() for n, p in unwrap(trainer.model).named_parameters()}
+    initial = {n: p.detach().clone() for n, p in unwrap(trainer.policy.model).named_parameters()}
     try:
         history = trainer.fit()
     finally:
         trainer.close()
     moved = max((p.detach() - initial[n]).abs().max().item()
-                for n, p in unwrap(trainer.model).named_parameters())
+                for n, p in unwrap(trainer.policy.model).named_parameters())
     return trainer, history, moved

@@ -68,13 +68,13 @@ def _run(tmp_path, *flags, record=None, name="run"):
             return out
 
         trainer.advantages = spy
-    initial = [p.detach().clone() for p in unwrap(trainer.model).parameters()]
+    initial = [p.detach().clone() for p in unwrap(trainer.policy.model).parameters()]
     try:
         trainer.fit()
     finally:
         trainer.close()
     moved = max((p.detach() - q).abs().max().item()
-                for p, q in zip(unwrap(trainer.model).parameters(), initial, strict=True))
+                for p, q in zip(unwrap(trainer.policy.model).parameters(), initial, strict=True))
     return read_metrics(tmp_path / name), moved
 
 

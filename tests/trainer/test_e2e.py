@@ -85,7 +85,7 @@ def test_hf_directory_jsonl_and_custom_reward_then_reload_the_save(tmp_path):
     from transformers import AutoModelForCausalLM
 
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "save")
-    for name, p in unwrap(trainer.model).named_parameters():
+    for name, p in unwrap(trainer.policy.model).named_parameters():
         torch.testing.assert_close(dict(saved.named_parameters())[name], p.detach(), msg=name)
     # the save is itself a model directory --hf-checkpoint accepts, and a Relax save that a
     # new run may replace (not refused)

@@ -58,10 +58,10 @@ def test_training_moves_only_the_adapter_and_the_reference_is_the_base(tmp_path)
                       f"{reward}:parity", "--lora-rank", "4", "--lora-target-modules",
                       "linear_qkv", "--lr", "1e-2", output_dir=tmp_path / "run")
     trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
-    model = unwrap(trainer.model)
-    assert trainer.ref is None  # no second copy of the weights
+    model = unwrap(trainer.policy.model)
+    assert trainer.policy.ref is None  # no second copy of the weights
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt_params = sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"])
+    opt_params = sum(p.numel() for g in trainer.policy.optimizer.param_groups for p in g["params"])
     assert opt_params == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     try:
         trainer.fit()

@@ -30,7 +30,7 @@ def _flags(tmp_path):
 
 
 def _lora_state(trainer) -> dict:
-    return {n: p.detach().clone() for n, p in unwrap(trainer.model).named_parameters()
+    return {n: p.detach().clone() for n, p in unwrap(trainer.policy.model).named_parameters()
             if "lora_" in n}
 
 
@@ -71,7 +71,7 @@ def test_the_adapter_is_peft_format_and_the_final_model_is_merged(tmp_path):
     trainer, _, moved = fit(make_config(*_flags(tmp_path), *STEPS, "--save", str(save),
                                         output_dir=tmp_path / "run"))
     assert moved > 0
-    model = unwrap(trainer.model).eval()
+    model = unwrap(trainer.policy.model).eval()
     want = _logits(model, IDS)
     # peft's own loader on the adapter directory (the built-in model's base is saved in it)
     adapter = save / "adapter"

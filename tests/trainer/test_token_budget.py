@@ -85,7 +85,7 @@ def test_relax_train_with_token_budget(tmp_path):
                       "--advantage-estimator", "reinforce_plus_plus", "--normalize-advantages",
                       "--kl-coef", "0.01", "--num-steps-per-rollout", "2",
                       output_dir=tmp_path / "run")
-    from relax.trainer.loop import run
+    from relax.trainer.launch import run
 
     run(cfg, console=False)
     rows = read_metrics(tmp_path / "run")

@@ -24,6 +24,14 @@ class StepBatch:
     generated: Rollout
     decode_steps: int
 
+    @classmethod
+    def of(cls, *, prompts: list[str], labels: list, group_index: torch.Tensor,
+           rollout: Rollout, responses: list[str], rewards: torch.Tensor) -> StepBatch:
+        """A batch that trains on everything it generated (no rows filtered out)."""
+        return cls(prompts=prompts, labels=labels, group_index=group_index, rollout=rollout,
+                   responses=responses, rewards=rewards, generated=rollout,
+                   decode_steps=rollout.response_ids.shape[1])
+
 
 def kept_batch(parts: list[StepBatch], kept: list[tuple[int, int]], n: int,
                pad_token_id: int) -> StepBatch:
@@ -42,5 +50,7 @@ def kept_batch(parts: list[StepBatch], kept: list[tuple[int, int]], n: int,
     rewards = torch.cat([p.rewards for p in parts])[torch.tensor(rows, dtype=torch.long,
                                                                  device=device)]
     group_index = torch.arange(len(kept), device=device).repeat_interleave(n)
-    return StepBatch(prompts, labels, group_index, generated.select(rows), responses, rewards,
-                     generated, sum(p.rollout.response_ids.shape[1] for p in parts))
+    return StepBatch(prompts=prompts, labels=labels, group_index=group_index,
+                     rollout=generated.select(rows), responses=responses, rewards=rewards,
+                     generated=generated,
+                     decode_steps=sum(p.rollout.response_ids.shape[1] for p in parts))

@@ -1,0 +1,82 @@
+"""A rollout's rewards: the reward function over this rank's samples, its failures counted
+and agreed between ranks, and ``--custom-reward-post-process-path`` over the result.
+
+Prompt rollouts call :meth:`Scorer.score`; episode rollouts have their rewards from the
+environment or the agent and only call :meth:`Scorer.post_process`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from relax.collectives import raise_together
+from relax.errors import RewardError
+from relax.rollout.reasoning_gym_source import is_reasoning_gym
+from relax.rollout.rewards import build_reward_fn, call_plugin, load_function, score_with_errors
+
+POST_PROCESS_FLAG = "--custom-reward-post-process-path"
+
+
+class Scorer:
+    """Rewards [B] float32 for one rank's samples; ``ctx`` gives rank, world size, group and
+    device; ``tracker`` (relax/metrics/tracker.py) counts ``rollout/reward_errors``."""
+
+    def __init__(self, cfg, ctx, *, builtin_task: str | None):
+        self.ctx = ctx
+        # a built-in task scores with its own reward unless told otherwise
+        rm_type = cfg.rm_type or builtin_task
+        self.reward_fn, self.reward_name = build_reward_fn(
+            cfg.custom_rm_path, rm_type,
+            gym_answer=cfg.reasoning_gym_answer if is_reasoning_gym(cfg.prompt_data) else None)
+        self.timeout, self.error_policy = cfg.reward_timeout, cfg.reward_error_policy
+        self.post_process_fn = (load_function(cfg.custom_reward_post_process_path,
+                                              POST_PROCESS_FLAG)
+                                if cfg.custom_reward_post_process_path else None)
+
+    def score(self, prompts: list[str], responses: list[str], labels: list,
+              group_index: torch.Tensor, *, tracker) -> torch.Tensor:
+        """Rewards [B]; a bad reward names its sample (global index over ranks)."""
+        values, error, failures = None, None, []
+        try:
+            values, failures = score_with_errors(
+                self.reward_fn, prompts, responses, labels, name=self.reward_name,
+                index_base=self.ctx.rank * len(prompts), timeout=self.timeout,
+                policy=self.error_policy)
+        except RewardError as e:
+            error = e
+        raise_together(error, self.ctx)
+        # --reward-error-policy zero: counted in rollout/reward_errors and printed, never silent
+        tracker.add_sum("rollout/reward_errors", len(failures))
+        warn_some(failures, self.ctx, "samples", "scored 0 (--reward-error-policy zero)")
+        rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
+        return self.post_process(rewards, group_index)
+
+    def post_process(self, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+        """``--custom-reward-post-process-path`` over rewards [B], checked; else unchanged."""
+        if self.post_process_fn is None:
+            return rewards
+        returned = call_plugin(self.post_process_fn, POST_PROCESS_FLAG, rewards.clone(),
+                               group_index.clone())
+        try:
+            out = torch.as_tensor(returned, dtype=torch.float32, device=self.ctx.device)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+            raise RewardError(f"{POST_PROCESS_FLAG} must return finite rewards of shape "
+                              f"{tuple(rewards.shape)}, got {type(returned).__name__}: "
+                              f"{e}") from None
+        if out.shape != rewards.shape or not torch.isfinite(out).all():
+            raise RewardError(f"{POST_PROCESS_FLAG} must return finite rewards of shape "
+                              f"{tuple(rewards.shape)}")
+        return out
+
+
+def warn_some(messages: list[str], ctx, what: str, outcome: str) -> None:
+    """The first five failure ``messages`` of a step, then a count: a reward service that is
+    down would flood the log."""
+    prefix = f"[rank {ctx.rank}] " if ctx.world_size > 1 else ""
+    for message in messages[:5]:
+        print(f"relax train: warning: {prefix}{message}; {outcome}", file=sys.stderr)
+    if len(messages) > 5:
+        print(f"relax train: warning: {prefix}{len(messages) - 5} more {what} {outcome} in "
+              "this step", file=sys.stderr)

@@ -1,0 +1,88 @@
+"""Launching ``relax train``: the signal handlers, the process group, the trainer, and how
+each way a run ends becomes an exit status.
+
+Exit status of :func:`train`: 0 (finished, or stopped by ``--exit-duration-in-mins``), 2 for
+bad input, 1 for a failure during training (a collective that failed because a peer died is
+named as such), 128 + the signal number when SIGTERM/SIGINT stopped the run (after a
+checkpoint with ``--save``). Guarantees and the tests behind them: docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from relax.errors import PeerFailure, RelaxError
+from relax.trainer.distributed import (
+    exit_rank,
+    finish_together,
+    init_distributed,
+    is_peer_failure,
+    shutdown_distributed,
+)
+from relax.trainer.loop import Trainer
+from relax.trainer.signals import StopRequest
+
+
+def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
+    """Train as configured; return the metrics of each rollout step (raises RelaxError)."""
+    start = time.perf_counter()
+    stop = StopRequest()
+    stop.install()
+    try:
+        ctx = init_distributed(cfg.device, cfg.distributed_timeout_minutes)
+        trainer = Trainer(cfg, ctx, console=console, stop=stop)
+        try:
+            history = trainer.fit()
+            ended_early = trainer.control.ended_early
+            finish_together(ctx)
+        finally:
+            trainer.close()
+    except RelaxError:
+        raise
+    except Exception as e:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and is_peer_failure(e):
+            raise PeerFailure(
+                "a collective failed: another data-parallel rank died or did not answer "
+                f"within --distributed-timeout-minutes {cfg.distributed_timeout_minutes:g} "
+                "(see its own message): "
+                f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+        raise
+    finally:
+        stop.restore()
+    if ctx.is_main and console:
+        where = f"; model saved to {cfg.save}" if cfg.save else ""
+        if ended_early:
+            where += f" ({ended_early}; continue with --load {cfg.save})" if cfg.save else \
+                f" ({ended_early})"
+        print(f"relax train: {len(history)} rollout steps in {time.perf_counter() - start:.1f} s; "
+              f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}{where}",
+              file=sys.stderr)
+    return history
+
+
+def train(cfg) -> int:
+    """``relax train``: exit status 0, or print one ``relax train: error:`` line and return
+    the error's status (2 bad input, 1 failure during training).
+
+    A rank of a multi-process run does not return: it ends its process with that status
+    through :func:`exit_rank` once the group is left, so the interpreter's finalization never
+    meets Gloo's worker threads (see there)."""
+    peer_failed = False
+    try:
+        run(cfg)
+        status = 0
+    except RelaxError as e:
+        peer_failed = isinstance(e, PeerFailure)
+        rank = os.environ.get("RANK")
+        prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        print(f"relax train: error: {prefix}{e}", file=sys.stderr, flush=True)
+        status = e.exit_code
+    finally:
+        shutdown_distributed(peer_failed=peer_failed)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # after a peer failure the broken group is left as it is; metrics and checkpoints are
+        # already on disk
+        exit_rank(status, run_exit_handlers=not peer_failed)
+    return status

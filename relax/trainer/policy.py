@@ -1,0 +1,149 @@
+"""The policy bundle: the trained model with its optimizer, its LoRA adapter and its reference,
+behind one object that the loop, the checkpointer and evaluation ask.
+
+    policy = Policy.build(module, cfg, ctx, tokenizer, bf16=False)
+    sampler = policy.sampler(SamplingParams(temperature=1.0))   # generate with it
+    old = policy.log_probs(exp, **passes)          # pi_old [B, T], no autograd
+    ref = policy.ref_log_probs(exp, **passes)      # pi_ref [B, T] or None
+    policy.checkpoint_state()                      # what a DCP checkpoint holds
+
+The reference is a frozen copy (``--ref-load`` or the initial weights) or, with LoRA, the same
+module with its adapter switched off: no second copy of the weights. What differs between full
+fine-tuning and LoRA in checkpoints (what the shards hold, what goes beside them, what the
+final save writes) is decided here once, so relax/trainer/checkpoint.py has no LoRA branch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from relax.collectives import seed_for
+from relax.rollout.sampler import Sampler, SamplingParams
+from relax.trainer import setup, sharded_state
+from relax.trainer.distributed import reshard, unwrap, wrap_model
+from relax.trainer.logprobs import batched_log_probs
+from relax.trainer.lora import (
+    ADAPTER_DIR,
+    ALL_LINEAR,
+    adapter_disabled,
+    add_lora,
+    merged_copy,
+    save_adapter,
+)
+
+
+class Policy:
+    """``model``: the wrapped (DDP / FSDP2) training model; ``lora``: peft's tuner or None;
+    ``ref``: a frozen reference model or None (then, with ``has_reference``, the adapter off
+    is the reference); ``base``: the --hf-checkpoint a LoRA adapter adapts."""
+
+    def __init__(self, *, model, optimizer, tokenizer, ctx, eos_token_ids: list[int] = (),
+                 ref=None, lora=None, has_reference: bool = False, fsdp: bool = False,
+                 bf16: bool = False, base: str | None = None):
+        self.model, self.optimizer, self.tokenizer = model, optimizer, tokenizer
+        self.eos_token_ids, self.ref, self.lora = list(eos_token_ids), ref, lora
+        self.has_reference, self.ctx, self.fsdp, self.bf16 = has_reference, ctx, fsdp, bf16
+        self.base = base
+
+    @classmethod
+    def build(cls, module: torch.nn.Module, cfg, ctx, tokenizer, *, eos_token_ids: list[int],
+              bf16: bool) -> Policy:
+        """Adapter (``--lora-rank``), reference, data-parallel wrapping and AdamW around the
+        loaded Hugging Face ``module``."""
+        lora = None
+        if cfg.lora_rank:
+            lora = add_lora(module, rank=cfg.lora_rank, alpha=cfg.lora_alpha,
+                            dropout=cfg.lora_dropout,
+                            targets=cfg.lora_target_modules or list(ALL_LINEAR),
+                            seed=seed_for(cfg.seed, "lora"))
+        has_reference = setup.needs_reference(cfg)
+        # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
+        # the initial weights are the policy with its adapter switched off
+        ref = (setup.load_reference(cfg, tokenizer, ctx.device, bf16=bf16)
+               if has_reference and not (lora and not cfg.ref_load) else None)
+        model = wrap_model(module, ctx, fsdp=cfg.fsdp)
+        return cls(model=model, optimizer=setup.build_optimizer(model, cfg), tokenizer=tokenizer,
+                   eos_token_ids=eos_token_ids, ref=ref, lora=lora, has_reference=has_reference,
+                   ctx=ctx, fsdp=cfg.fsdp, bf16=bf16, base=cfg.hf_checkpoint)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The Hugging Face module itself (for FSDP2 the sharded module)."""
+        return unwrap(self.model)
+
+    @property
+    def context(self) -> int | None:
+        """The model's maximum positions, if it declares them."""
+        return getattr(self.module.config, "max_position_embeddings", None)
+
+    def trainable_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    # ------------------------------------------------------------------ generation, log-probs
+    def sampler(self, params: SamplingParams) -> Sampler:
+        """Generation with the current weights (they change in place, the sampler follows)."""
+        return Sampler(self.module, eos_token_ids=self.eos_token_ids,
+                       pad_token_id=self.tokenizer.pad_token_id, params=params, bf16=self.bf16,
+                       device=self.ctx.device,
+                       sync_group=self.ctx.group if self.fsdp else None,
+                       after=(lambda: reshard(self.model)) if self.fsdp else None)
+
+    def log_probs(self, exp, **passes) -> torch.Tensor:
+        """The current policy's log-probs [B, T] of ``exp``'s responses, no autograd
+        (``passes``: relax/trainer/logprobs.py ``batched_log_probs`` micro-batching)."""
+        out = batched_log_probs(self.module, exp, bf16=self.bf16, inference_mode=not self.fsdp,
+                                **passes)
+        if self.fsdp:
+            reshard(self.model)
+        return out
+
+    def ref_log_probs(self, exp, **passes) -> torch.Tensor | None:
+        """The reference's log-probs [B, T], or None when no KL term reads them."""
+        if self.ref is not None:
+            return batched_log_probs(self.ref, exp, bf16=self.bf16, **passes)
+        if not self.has_reference:
+            return None
+        with adapter_disabled(self.lora):  # LoRA: the policy with its adapter off
+            return batched_log_probs(self.module, exp, bf16=self.bf16, **passes)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> dict:
+        """This rank's ``{"model", "optim"}`` for a DCP checkpoint: the trainable parameters
+        and their AdamW state (a LoRA run: the adapter's only; the base is --hf-checkpoint)."""
+        return sharded_state.sharded_state(self.model, self.optimizer, fsdp=self.fsdp,
+                                           trainable_only=self.lora is not None)
+
+    def load_checkpoint_state(self, folder: str) -> None:
+        """Restore what :meth:`checkpoint_state` saved (a collective when distributed)."""
+        sharded_state.load_sharded(folder, self.model, self.optimizer, fsdp=self.fsdp,
+                                   trainable_only=self.lora is not None)
+
+    def write_checkpoint_files(self, folder: str) -> None:
+        """Rank 0's files beside the shards: the model config, the tokenizer and, for LoRA,
+        the adapter in PEFT's format (``folder/adapter``)."""
+        self.module.config.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        if self.lora is not None:
+            save_adapter(self.module, self.lora, os.path.join(folder, ADAPTER_DIR),
+                         base=self.base, tokenizer=self.tokenizer)
+
+    def weights(self) -> dict | None:
+        """The whole model's weights on rank 0's CPU (None elsewhere; a collective under
+        FSDP2); a LoRA run has them merged when the model is written, so None here."""
+        if self.lora is not None:
+            return None
+        return sharded_state.full_model_state(self.model, fsdp=self.fsdp,
+                                              is_main=self.ctx.is_main)
+
+    def write_model(self, folder: str, weights: dict | None) -> None:
+        """Rank 0: the final model as a Hugging Face directory (``weights`` from
+        :meth:`weights`); a LoRA run writes the merged model and the adapter beside it."""
+        if self.lora is None:
+            self.module.save_pretrained(folder, state_dict=weights, safe_serialization=True)
+        else:
+            merged_copy(self.lora).save_pretrained(folder, safe_serialization=True)
+            save_adapter(self.module, self.lora, os.path.join(folder, ADAPTER_DIR),
+                         base=self.base, tokenizer=self.tokenizer)
+        self.tokenizer.save_pretrained(folder)
