@@ -44,11 +44,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from relax.errors import InputError, RelaxError
-from relax.models import load_adapter_model
 from relax.rundirs import SAVE_DIR_MARKER, SAVE_MARKER
 from relax.trainer import sharded_state
 from relax.trainer.distributed import DistContext
-from relax.trainer.lora import ADAPTER_DIR
 from relax.trainer.sharded_state import METADATA, rank_file
 
 MARKER = SAVE_MARKER  # the manifest (relax/rundirs.py knows it to recognise a save)
@@ -240,7 +238,7 @@ def _move_aside(path: str) -> str | None:
     return aside
 
 
-def is_write_failure(e: BaseException) -> str | None:
+def write_failure_reason(e: BaseException) -> str | None:
     """The reason when ``e`` is a failed file write (a full disk, a quota, a removed
     directory), as each writer reports it; else None. safetensors, torch.save and DCP wrap
     the OS error in their own exception types (DCP's holds one per failing rank)."""
@@ -425,7 +423,7 @@ class Checkpointer:
     def _fail(self, p: _Pending, e: BaseException):
         """A failed write becomes one line naming the last complete checkpoint."""
         self.pending = None
-        reason = is_write_failure(e)
+        reason = write_failure_reason(e)
         if reason is None:
             raise e
         if self.ctx.is_main:
@@ -499,44 +497,3 @@ def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> di
              "the interrupted run only up to float rounding")
     sharded_state.set_rng_state(rng)
     return dict(meta.get("progress") or {})
-
-
-def export_checkpoint(source: str, out: str) -> tuple[str, int]:
-    """``relax export``: write the model of a checkpoint as a Hugging Face directory.
-
-    ``source`` is a checkpoint directory or a ``--save`` directory (its newest complete
-    checkpoint). ``out`` must be new or empty; it appears in one rename when complete.
-    Returns the checkpoint used and its step.
-    """
-    found = latest_checkpoint(source, checksums=True, prog="relax export", where="CHECKPOINT")
-    if found is None:
-        raise InputError(f"CHECKPOINT {source}: no complete Relax checkpoint in it")
-    ckpt, step = found
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise InputError(f"OUTPUT_DIR {out}: exists and is not an empty directory; choose a "
-                         "new one")
-    adapter = os.path.join(ckpt, ADAPTER_DIR)
-    # a LoRA checkpoint's shards hold the adapter only: its PEFT copy merged into the base
-    model = (load_adapter_model(adapter) if os.path.isdir(adapter)
-             else sharded_state.load_hf_model(ckpt))
-    tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        skip = {MARKER, METADATA}
-        for name in os.listdir(ckpt):  # config, generation config, tokenizer files
-            if name in skip or name.endswith((".distcp", *_PICKLE_SUFFIXES)):
-                continue
-            if os.path.isfile(os.path.join(ckpt, name)):
-                shutil.copy2(os.path.join(ckpt, name), os.path.join(tmp, name))
-        model.save_pretrained(tmp, safe_serialization=True)
-        for name in os.listdir(tmp):
-            _fsync(os.path.join(tmp, name))
-        if os.path.isdir(out):
-            os.rmdir(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ckpt, step
-
