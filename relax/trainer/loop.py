@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from relax import models
 from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
 from relax.errors import InputError, RewardError
 from relax.eval.hook import load_eval_sets, maybe_evaluate
@@ -46,7 +47,7 @@ from relax.rollout.sampler import SamplingParams
 from relax.rollout.scoring import Scorer
 from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
-from relax.trainer import checkpoint, setup
+from relax.trainer import build, checkpoint
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.policy import Policy
 from relax.trainer.resume import check_resume, report_resume
@@ -84,8 +85,8 @@ class Trainer:
         self.policy = self._build_policy()
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
-            # the host's cores shared between the local ranks (setup.cpu_threads)
-            torch.set_num_threads(setup.cpu_threads(
+            # the host's cores shared between the local ranks (build.cpu_threads)
+            torch.set_num_threads(build.cpu_threads(
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.save)
@@ -109,7 +110,7 @@ class Trainer:
     def _check_paths(self) -> tuple[str, int] | None:
         """Model directories, ``--save`` and ``--load``; returns the checkpoint to resume."""
         cfg = self.cfg
-        setup.check_model_paths(cfg)
+        models.check_model_paths(cfg)
         checkpoint.check_save_dir(cfg.save)
         if not cfg.load:
             return None
@@ -150,21 +151,21 @@ class Trainer:
 
     def _build_policy(self) -> Policy:
         cfg, ctx = self.cfg, self.ctx
-        setup.quiet_transformers()  # no download/shard progress bars between summary lines
-        tokenizer = setup.load_tokenizer(cfg.hf_checkpoint)
+        models.quiet_transformers()  # no download/shard progress bars between summary lines
+        tokenizer = models.load_tokenizer(cfg.hf_checkpoint)
         if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.hf_checkpoint} has "
                              "no chat template; remove the flag or use a chat model")
         # a resumed run starts from the same model; the checkpoint's state replaces its weights
-        module = setup.load_policy(cfg.hf_checkpoint, tokenizer, ctx.device, seed=cfg.seed)
+        module = models.load_policy(cfg.hf_checkpoint, tokenizer, ctx.device, seed=cfg.seed)
         self._check_prompt_lengths(tokenizer, module)
         # the FLOP counts are the model's own (a LoRA adapter's are not model FLOPs)
-        passes = int(setup.needs_old_log_probs(cfg)) + int(setup.needs_reference(cfg))
+        passes = int(build.needs_old_log_probs(cfg)) + int(build.needs_reference(cfg))
         self.step_metrics = StepMetrics.measure(module, self.tracker, ctx,
                                                 peak_tflops=cfg.peak_tflops, bf16=self.bf16,
                                                 log_prob_passes=passes)
         policy = Policy.build(module, cfg, ctx, tokenizer,
-                              eos_token_ids=setup.eos_token_ids(tokenizer, module), bf16=self.bf16)
+                              eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=self.bf16)
         if ctx.is_main:
             check_free_space(cfg.save, policy.trainable_count())
         return policy
@@ -235,7 +236,7 @@ class Trainer:
                   if cfg.use_dynamic_batch_size else None)
         passes = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
                       max_tokens=budget, group=self.ctx.group)
-        if setup.needs_old_log_probs(cfg):  # else the update uses its own (setup.py)
+        if build.needs_old_log_probs(cfg):  # else the update uses its own (build.py)
             exp.old_log_probs = self.policy.log_probs(exp, **passes)
         exp.ref_log_probs = self.policy.ref_log_probs(exp, **passes)
         return exp

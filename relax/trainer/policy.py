@@ -19,9 +19,10 @@ import os
 
 import torch
 
+from relax import models
 from relax.collectives import seed_for
 from relax.rollout.sampler import Sampler, SamplingParams
-from relax.trainer import setup, sharded_state
+from relax.trainer import build, sharded_state
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.lora import (
@@ -58,13 +59,13 @@ class Policy:
                             dropout=cfg.lora_dropout,
                             targets=cfg.lora_target_modules or list(ALL_LINEAR),
                             seed=seed_for(cfg.seed, "lora"))
-        has_reference = setup.needs_reference(cfg)
+        has_reference = build.needs_reference(cfg)
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
         # the initial weights are the policy with its adapter switched off
-        ref = (setup.load_reference(cfg, tokenizer, ctx.device, bf16=bf16)
+        ref = (models.load_reference(cfg, tokenizer, ctx.device, bf16=bf16)
                if has_reference and not (lora and not cfg.ref_load) else None)
         model = wrap_model(module, ctx, fsdp=cfg.fsdp)
-        return cls(model=model, optimizer=setup.build_optimizer(model, cfg), tokenizer=tokenizer,
+        return cls(model=model, optimizer=build.build_optimizer(model, cfg), tokenizer=tokenizer,
                    eos_token_ids=eos_token_ids, ref=ref, lora=lora, has_reference=has_reference,
                    ctx=ctx, fsdp=cfg.fsdp, bf16=bf16, base=cfg.hf_checkpoint)
 

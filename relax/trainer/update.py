@@ -93,7 +93,7 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
         entropy_grad=bool(s.entropy_coef), bf16=s.bf16,
     )
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
-    # step per rollout, see ``setup.needs_old_log_probs``), so pi_old = pi_theta before the step
+    # step per rollout, see ``build.needs_old_log_probs``), so pi_old = pi_theta before the step
     # and the ratio is exactly 1 with the gradient of log pi_theta.
     old_log_probs = log_probs.detach() if mb.old_log_probs is None else mb.old_log_probs
 

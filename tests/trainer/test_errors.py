@@ -5,7 +5,8 @@ import hashlib
 
 import pytest
 
-from relax.trainer import setup, train
+from relax import models
+from relax.trainer import train
 from tests.trainer.helpers import make_config, write_jsonl, write_reward
 
 
@@ -16,8 +17,8 @@ def no_model_load(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(setup, "load_policy", boom)
-    monkeypatch.setattr(setup, "load_tokenizer", boom)
+    monkeypatch.setattr(models, "load_policy", boom)
+    monkeypatch.setattr(models, "load_tokenizer", boom)
 
 
 def _error(cfg, capsys, status):

@@ -1,6 +1,6 @@
 """What the trainer builds around the models: which passes a configuration needs, the CPU
 threads, the optimizer. Loading the models and tokenizer is relax/models.py (shared with
-``relax eval``); its functions are importable from here as before."""
+``relax eval``)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,6 @@ import os
 import torch
 
 from relax import estimators
-from relax.models import (  # noqa: F401  (the trainer's names for them)
-    check_model_paths,
-    eos_token_ids,
-    load_policy,
-    load_reference,
-    load_tokenizer,
-    quiet_transformers,
-)
 
 
 def needs_reference(cfg) -> bool:
