@@ -1,15 +1,16 @@
-"""The one "all-reduce if there is a process group" helper, and the one seed derivation.
+"""The one "all-reduce if there is a process group" helper.
 
-Below every package that talks to peers or draws random streams (algorithms, metrics, eval,
-trainer), so each concept is written once.
+Below every package that talks to peers (algorithms, metrics, eval, trainer), so it is written
+once. ``seed_for`` lives in relax/seeding.py; it is re-exported here only for the trainer
+modules that still import it from this place.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 import torch.distributed as dist
+
+from relax.seeding import seed_for  # noqa: F401  (re-export, see the docstring)
 
 
 def all_reduce(tensor: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -17,9 +18,3 @@ def all_reduce(tensor: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tenso
     if group is not None:
         dist.all_reduce(tensor, op=op, group=group)
     return tensor
-
-
-def seed_for(*parts) -> int:
-    """A 63-bit seed from (seed, rank, step, ...): independent streams without collisions."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import torch
 
-from relax.collectives import all_reduce, seed_for
+from relax.collectives import all_reduce
 from relax.eval.evaluate import EvalSampling, _model_device, _my_prompts, _rank_world
 from relax.eval.passk import ks_for, pass_at_k
 from relax.models import eos_token_ids as find_eos_ids
 from relax.precision import autocast, use_bf16
 from relax.rollout.episodes import HELDOUT_SEED, run_episodes
 from relax.rollout.generate import generate
+from relax.seeding import seed_for
 
 
 def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, episodes: int,

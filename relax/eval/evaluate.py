@@ -26,12 +26,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from relax.collectives import all_reduce, seed_for
+from relax.collectives import all_reduce
 from relax.eval.passk import ks_for, pass_at_k
 from relax.models import eos_token_ids as find_eos_ids
 from relax.precision import autocast, use_bf16
 from relax.rollout.generate import generate, tokenize_prompts
 from relax.rollout.rewards import score
+from relax.seeding import seed_for
 
 
 @dataclass(frozen=True)
