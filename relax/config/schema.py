@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from relax.config.gym_spec import ANSWER_FORMATS
 from relax.config.presets import BUILTIN_TASK_NAMES
 from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
-from relax.rollout.reasoning_gym_source import ANSWER_FORMATS
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 RM_TYPES: tuple[str, ...] = ("math", *BUILTIN_TASK_NAMES)
