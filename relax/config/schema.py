@@ -3,7 +3,8 @@
 Every flag is a field; its ``option(...)`` holds the default (the only place it is written:
 ``--help`` writes "Default X." from it, :func:`help_text`) and the help text that ``--help``
 prints (``relax.config.flags`` builds the parsers from these fields); docs/configuration.md
-repeats the defaults (a test keeps them in sync). Fields with
+repeats the defaults (a test keeps them in sync). The components read the config through its
+sections (``cfg.rollout.temperature``, relax/config/sections.py). Fields with
 ``flag=False`` are derived during resolution. A config is built once, after the built-in preset
 is applied, and never changed afterwards: resolution makes a new one (``dataclasses.replace``).
 Nothing here imports torch.
@@ -13,9 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from relax.config.gym_spec import ANSWER_FORMATS
 from relax.config.presets import BUILTIN_TASK_NAMES
+from relax.config.sections import (
+    AlgorithmSection,
+    BatchSection,
+    CheckpointSection,
+    EvaluationSection,
+    LoraSection,
+    RolloutSection,
+)
 from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -495,6 +505,31 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    # the sections each component takes (relax/config/sections.py); views, not fields
+    @cached_property
+    def algorithm(self) -> AlgorithmSection:
+        return AlgorithmSection.of(self)
+
+    @cached_property
+    def batches(self) -> BatchSection:
+        return BatchSection.of(self)
+
+    @cached_property
+    def rollout(self) -> RolloutSection:
+        return RolloutSection.of(self)
+
+    @cached_property
+    def lora(self) -> LoraSection:
+        return LoraSection.of(self)
+
+    @cached_property
+    def evaluation(self) -> EvaluationSection:
+        return EvaluationSection.of(self)
+
+    @cached_property
+    def checkpoint(self) -> CheckpointSection:
+        return CheckpointSection.of(self)
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -533,3 +568,7 @@ class EvalConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @cached_property
+    def evaluation(self) -> EvaluationSection:
+        """The evaluation section ``relax train`` has too (relax/config/sections.py)."""
+        return EvaluationSection.of(self)

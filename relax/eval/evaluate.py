@@ -56,11 +56,13 @@ class EvalSampling:
 
     @classmethod
     def from_config(cls, cfg) -> EvalSampling:
+        """From the evaluation section ``relax train`` and ``relax eval`` share
+        (relax/config/sections.py)."""
+        e = cfg.evaluation
         return cls(
-            n_samples=cfg.n_samples_per_eval_prompt, temperature=cfg.eval_temperature,
-            top_p=cfg.eval_top_p, top_k=cfg.eval_top_k,
-            max_response_len=cfg.eval_max_response_len, batch_size=cfg.eval_batch_size,
-            pass_threshold=cfg.eval_pass_threshold, seed=cfg.seed, bf16=cfg.bf16,
+            n_samples=e.n_samples, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
+            max_response_len=e.max_response_len, batch_size=e.batch_size,
+            pass_threshold=e.pass_threshold, seed=e.seed, bf16=e.bf16,
         )
 
 
