@@ -1,4 +1,4 @@
-"""Relax vs TRL's ``GRPOTrainer``: the same GRPO step, timed side by side on the CPU (issue 6).
+"""Relax vs TRL's ``GRPOTrainer``: the same GRPO step, timed side by side on the CPU.
 
 Not part of the test suite. Needs the ``bench`` extra (``pip install -e ".[bench]"
 torch==2.13.0``). Writes its models, data and runs under ``--workdir``::
@@ -6,7 +6,7 @@ torch==2.13.0``). Writes its models, data and runs under ``--workdir``::
     .venv/bin/python benchmarks/compare_trl.py                   # timing + 20-step rewards
     .venv/bin/python benchmarks/compare_trl.py --skip-reward     # timing only
 
-The same work for both (issue 6):
+The same work for both:
 
 * the same tiny Qwen3 saved to a local directory by ``relax.rollout.tiny_model`` (sizes
   ``h64``: hidden 64 / 2 layers, ``h256``: hidden 256 / 4 layers), the same character

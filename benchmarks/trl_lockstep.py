@@ -1,4 +1,4 @@
-"""Relax's update fed TRL's own batches: do the two trainers take the same step? (issue 6)
+"""Relax's update fed TRL's own batches: do the two trainers take the same step?
 
 ``compare_trl.py`` compares whole runs, whose rewards differ from seed to seed far more than
 any implementation difference. This check removes the sampling noise: TRL's ``GRPOTrainer``
