@@ -5,7 +5,7 @@ Not part of the test suite. Regenerates the numbers and images of
 
     .venv/bin/python benchmarks/compare_estimators.py            # ~30 min on 2 cores
 
-Arms (SPEC section 8 recipes; everything else is the built-in preset of
+Arms (reinforce_plus_plus.md §8 recipes; everything else is the built-in preset of
 ``relax/config/presets.py``, so the three arms share one budget: the same prompts per step,
 samples per prompt, steps, response length and learning rate):
 

@@ -1,4 +1,4 @@
-"""Relax vs TRL's ``GRPOTrainer``: the same GRPO step, timed side by side on the CPU (issue 6).
+"""Relax vs TRL's ``GRPOTrainer``: the same GRPO step, timed side by side on the CPU.
 
 Not part of the test suite. Needs the ``bench`` extra (``pip install -e ".[bench]"
 torch==2.13.0``). Writes its models, data and runs under ``--workdir``::
@@ -6,7 +6,7 @@ torch==2.13.0``). Writes its models, data and runs under ``--workdir``::
     .venv/bin/python benchmarks/compare_trl.py                   # timing + 20-step rewards
     .venv/bin/python benchmarks/compare_trl.py --skip-reward     # timing only
 
-The same work for both (issue 6):
+The same work for both:
 
 * the same tiny Qwen3 saved to a local directory by ``relax.rollout.tiny_model`` (sizes
   ``h64``: hidden 64 / 2 layers, ``h256``: hidden 256 / 4 layers), the same character
@@ -15,7 +15,8 @@ The same work for both (issue 6):
 * per step 8 prompts x 8 samples, at most 32 new tokens, temperature 1, one AdamW step over all
   64 samples, lr constant, clip-grad 1.0, eps-clip 0.2 (TRL: one pass with activation
   checkpointing, its default; Relax: ``--micro-batch-size`` samples per pass, 64 at h64 and 32
-  at h256 by default -- the same gradient, SPEC 7, with half of the activations alive);
+  at h256 by default -- the same gradient
+  (reinforce_plus_plus.md §7), with half of the activations alive);
 * GRPO with group std scaling and a per-response-mean loss: Relax ``--advantage-estimator grpo``
   (response mean is its default), TRL ``loss_type="grpo"``, ``scale_rewards="group"``;
 * setting ``nokl``: no reference; setting ``kl``: a k3 reference KL loss of weight ``--beta``
@@ -138,7 +139,7 @@ def trl_trainer(model_dir, data, out, *, steps, beta, lr, seed, on_rewards=None,
     each batch's rewards; ``bias_corrected_kl`` is trl 1.16's
     default, which multiplies its k3 KL by the (differentiable) importance ratio and so turns
     the KL gradient into ``logp - logp_ref``, the k2 gradient, while the loss value stays k3.
-    Relax's ``--kl-loss-type k3`` is SPEC 2's k3 with its exact gradient, so the comparison
+    Relax's ``--kl-loss-type k3`` is §2's k3 with its exact gradient, so the comparison
     turns it off (then TRL's KL-only gradient equals Relax's on one batch, cosine 1.000).
     """
     import torch
@@ -408,7 +409,7 @@ def main(argv=None) -> None:
                    help="Relax's --micro-batch-size, one per --sizes entry (or one for all); "
                         "default 64 at h64, 32 at h256: its memory knob, the counterpart of "
                         "TRL's default activation checkpointing (the gradient does not depend "
-                        "on it, SPEC 7)")
+                        "on it, §7)")
     p.add_argument("--summary", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
     try:

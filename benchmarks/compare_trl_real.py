@@ -1,4 +1,4 @@
-"""Relax vs TRL's ``GRPOTrainer`` on SmolLM2-135M-Instruct, in fp32 and in bf16 (issue 12).
+"""Relax vs TRL's ``GRPOTrainer`` on SmolLM2-135M-Instruct, in fp32 and in bf16.
 
 ``compare_trl.py`` times the two trainers on tiny random models; this sibling does it on the
 real model of docs/reports/reasoning-gym-smollm2.md, at equal precision on both sides, and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path, checked in one call (issue 12): about 5-8 minutes on one H200.
+# The GPU path, checked in one call: about 5-8 minutes on one H200.
 #
 #   bash benchmarks/gpu_check.sh               # PY=/path/to/python to pick the interpreter
 #

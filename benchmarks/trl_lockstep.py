@@ -1,4 +1,4 @@
-"""Relax's update fed TRL's own batches: do the two trainers take the same step? (issue 6)
+"""Relax's update fed TRL's own batches: do the two trainers take the same step?
 
 ``compare_trl.py`` compares whole runs, whose rewards differ from seed to seed far more than
 any implementation difference. This check removes the sampling noise: TRL's ``GRPOTrainer``
@@ -127,7 +127,8 @@ def main(argv=None) -> None:
     B = C.PROMPTS * C.SAMPLES
     group = torch.arange(C.PROMPTS).repeat_interleave(C.SAMPLES)
     # Relax on its own advantages at two micro-batch sizes, and on TRL's advantages (TRL divides
-    # by std + 1e-4, SPEC 5 by std + 1e-6: this third replica shows what that alone does)
+    # by std + 1e-4, reinforce_plus_plus.md §5 by std + 1e-6: this third replica shows what
+    # that alone does)
     replicas = []
     for mbs in (B, B // 4, B):
         m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()

@@ -1,7 +1,7 @@
 """The ``relax`` command line: ``relax train``, ``relax eval``, ``relax export`` and
 ``relax plot``.
 
-Thin by design (STYLE 5): parse and validate through :mod:`relax.config`, then hand the
+Thin by design: parse and validate through :mod:`relax.config`, then hand the
 resolved configuration to the trainer. Heavy libraries are imported only after a
 configuration is accepted and is not a dry run, so rejections and ``--dry-run`` stay fast
 and load no model. Every rejection is one stderr line and exit status 2.
@@ -73,7 +73,7 @@ def _run_eval(argv: list[str]) -> int:
         claim_eval_dir(cfg)
     except InputError as e:
         return _error("relax eval", str(e))
-    from relax.eval.hook import run_eval_command  # lazy: torch and transformers
+    from relax.eval.command import run_eval_command  # lazy: torch and transformers
 
     return int(run_eval_command(cfg))
 

@@ -1,13 +1,11 @@
-"""The one "all-reduce if there is a process group" helper, the one seed derivation, and the
-agreement that turns one rank's failure into every rank's.
+"""The one "all-reduce if there is a process group" helper, and the agreement that turns one
+rank's failure into every rank's.
 
-Below every package that talks to peers or draws random streams (algorithms, metrics, eval,
-trainer), so each concept is written once.
+Below every package that talks to peers (algorithms, metrics, eval, rollout, trainer), so each
+is written once. Seeds: relax/seeding.py.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 import torch
 import torch.distributed as dist
@@ -20,12 +18,6 @@ def all_reduce(tensor: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tenso
     if group is not None:
         dist.all_reduce(tensor, op=op, group=group)
     return tensor
-
-
-def seed_for(*parts) -> int:
-    """A 63-bit seed from (seed, rank, step, ...): independent streams without collisions."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def raise_together(error: Exception | None, ctx) -> None:

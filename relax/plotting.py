@@ -170,33 +170,10 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, height), squeeze=False)
     colors = plt.get_cmap("tab10").colors
     for ax, name in zip(axes.flat, drawn, strict=False):
-        ax.set_title(PANELS[name][0], fontsize=9)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-        any_data = False
-        for g, members in enumerate(groups.values()):
-            for metric, style in _panel_series(name, runs):
-                curve = group_curve(members, metric, smooth)
-                if curve is None:
-                    continue
-                steps, mean, low, high = curve
-                ax.plot(steps, mean, style, color=colors[g % len(colors)], lw=1.3)
-                if len(members) > 1:
-                    ax.fill_between(steps, low, high, color=colors[g % len(colors)], alpha=0.18,
-                                    lw=0)
-                any_data = True
-        if not any_data:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("rollout step", fontsize=8)
+        _draw_panel(ax, name, runs, groups, colors, smooth)
     for ax in list(axes.flat)[len(drawn):]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], color=colors[g % len(colors)], lw=2) for g in range(len(groups))]
-    labels = [f"{est} ({len(m)} runs: mean, min..max)" if len(m) > 1 else est
-              for est, m in groups.items()]
-    if title:
-        fig.suptitle(title, fontsize=10, y=1 - 0.06 / height, va="top")
-    fig.legend(handles, labels, loc="upper center", ncol=legend_cols, fontsize=8,
-               frameon=False, bbox_to_anchor=(0.5, 1 - (0.3 * bool(title) + 0.02) / height))
+    _add_legend(fig, plt, groups, colors, title=title, height=height, legend_cols=legend_cols)
     fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
     try:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
@@ -206,6 +183,40 @@ def plot_runs(run_dirs: list[str], output: str, *, panels: list[str] | None = No
     finally:
         plt.close(fig)
     return drawn
+
+
+def _draw_panel(ax, name: str, runs: list[Run], groups: dict, colors, smooth: int) -> None:
+    """One panel: each group's mean curve of the panel's metrics, with its band over seeds."""
+    ax.set_title(PANELS[name][0], fontsize=9)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    any_data = False
+    for g, members in enumerate(groups.values()):
+        for metric, style in _panel_series(name, runs):
+            curve = group_curve(members, metric, smooth)
+            if curve is None:
+                continue
+            steps, mean, low, high = curve
+            ax.plot(steps, mean, style, color=colors[g % len(colors)], lw=1.3)
+            if len(members) > 1:
+                ax.fill_between(steps, low, high, color=colors[g % len(colors)], alpha=0.18,
+                                lw=0)
+            any_data = True
+    if not any_data:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("rollout step", fontsize=8)
+
+
+def _add_legend(fig, plt, groups: dict, colors, *, title, height: float,
+                legend_cols: int) -> None:
+    """The title and one legend entry per group in the header band above the panels."""
+    handles = [plt.Line2D([], [], color=colors[g % len(colors)], lw=2) for g in range(len(groups))]
+    labels = [f"{est} ({len(m)} runs: mean, min..max)" if len(m) > 1 else est
+              for est, m in groups.items()]
+    if title:
+        fig.suptitle(title, fontsize=10, y=1 - 0.06 / height, va="top")
+    fig.legend(handles, labels, loc="upper center", ncol=legend_cols, fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 1 - (0.3 * bool(title) + 0.02) / height))
 
 
 def build_plot_parser():

@@ -1,6 +1,6 @@
 """The Qwen3-0.6B recipe scripts: a dry run per arm against a tiny local model directory and
-a GSM8K-style data file made here, so the SPEC section 8/12 flags the script passes are
-exactly what relax train resolves; the 3 x 3 sweep; shellcheck when it is installed."""
+a GSM8K-style data file made here, so the flags of reinforce_plus_plus.md §8 and Recipes that
+the script passes are exactly what relax train resolves; the 3 x 3 sweep; shellcheck when it is installed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Qwen3-0.6B on GSM8K, one GPU, one arm of the REINFORCE++ comparison (SPEC section 12).
+# Qwen3-0.6B on GSM8K, one GPU, one arm of the REINFORCE++ comparison
+# (docs/algorithms/reinforce_plus_plus.md, Recipes).
 #
 #   ALGO=reinforce_plus_plus          bash examples/algorithms/run-qwen3-0.6B-1xgpu-reinforce-plus-plus.sh
 #   ALGO=reinforce_plus_plus_baseline SEED=1234 bash examples/algorithms/run-qwen3-0.6B-1xgpu-reinforce-plus-plus.sh
@@ -7,7 +8,7 @@
 #
 # The three arms share one budget: the published Relax reference setup (50 rollout steps,
 # 4 prompts x 8 samples, global batch 32 = one optimizer step per rollout step, responses of
-# at most 1024 tokens, constant lr 1e-6, PPO clip 0.2). Only the SPEC section 8 flags differ:
+# at most 1024 tokens, constant lr 1e-6, PPO clip 0.2). Only the §8 flags differ:
 #
 #   reinforce_plus_plus           --normalize-advantages --gamma 1.0 --kl-coef 0.01 --kl-loss-type k1
 #   reinforce_plus_plus_baseline  --normalize-advantages --kl-coef 0 --use-kl-loss --kl-loss-type k2 --kl-loss-coef 0.01
@@ -28,7 +29,7 @@ NUM_ROLLOUT=${NUM_ROLLOUT:-50}
 ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4}
 N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
 GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-32}
-MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-8}  # memory only: the loss is the same (SPEC 7)
+MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-8}  # memory only: the loss is the same (§7)
 MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-1024}
 LR=${LR:-1e-6}
 EVAL_INTERVAL=${EVAL_INTERVAL:-25}

@@ -7,7 +7,7 @@
 #   ALGO=grpo DRY_RUN=1 bash examples/reasoning_gym/run-smollm2-reasoning-gym.sh
 #
 # The arms share one budget (4 prompts x 8 samples, one optimizer step per rollout step,
-# responses of at most 64 tokens) and differ only in the SPEC section 8 flags:
+# responses of at most 64 tokens) and differ only in the reinforce_plus_plus.md §8 flags:
 #
 #   reinforce_plus_plus           --normalize-advantages --gamma 1.0 --kl-coef 0.01 --kl-loss-type k1
 #   reinforce_plus_plus_baseline  --normalize-advantages --kl-coef 0 --use-kl-loss --kl-loss-type k2 --kl-loss-coef 0.01
@@ -31,7 +31,7 @@ SEED=${SEED:-1}
 NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4}
 N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
-MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-16}  # memory only: the loss is the same (SPEC 7)
+MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-16}  # memory only: the loss is the same (§7)
 MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-64}
 LR=${LR:-2e-5}
 EVAL_INTERVAL=${EVAL_INTERVAL:-${NUM_ROLLOUT}}

@@ -12,10 +12,10 @@ import importlib.util
 import os
 import re
 
+from relax.config.constants import LIBRARIES
+from relax.config.gym_spec import PREFIX as GYM_PREFIX
+from relax.config.gym_spec import is_reasoning_gym, parse_spec
 from relax.errors import ConfigError, InputError
-from relax.rollout.envs import LIBRARIES
-from relax.rollout.reasoning_gym_source import PREFIX as GYM_PREFIX
-from relax.rollout.reasoning_gym_source import is_reasoning_gym, parse_spec
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 

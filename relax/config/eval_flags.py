@@ -31,10 +31,10 @@ from relax.config.checks import (
     head,
     reject,
 )
+from relax.config.gym_spec import is_reasoning_gym
 from relax.config.presets import BUILTIN_PRESET
 from relax.config.schema import EvalConfig, TrainConfig
 from relax.errors import ConfigError
-from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
 # Fixed held-out prompts drawn per built-in task when no --eval-prompt-data is given.
 BUILTIN_EVAL_PROMPTS = 64

@@ -1,6 +1,6 @@
 """The ``relax train`` and ``relax eval`` parsers, built from the fields of
 :mod:`relax.config.schema` (flag = ``--`` + field name with ``-``; help and default from the
-field).
+field, "Default X." written from the field's default).
 
 The parsers only parse and type-check; every cross-flag rule lives in
 :mod:`relax.config.validate` and :mod:`relax.config.eval_flags`. Their errors (unknown flag,
@@ -15,7 +15,7 @@ import dataclasses
 import difflib
 import math
 
-from relax.config.schema import GROUPS, EvalConfig, TrainConfig
+from relax.config.schema import GROUPS, EvalConfig, TrainConfig, help_text
 from relax.errors import ConfigError, invalid_text
 
 TRAIN_DESCRIPTION = (
@@ -98,9 +98,9 @@ def _add_field(parser: argparse.ArgumentParser, groups: dict, f: dataclasses.Fie
                suppress_defaults: bool) -> None:
     md = f.metadata
     kind = f.type.replace(" | None", "")
-    kw: dict = dict(help=md["help"])
+    kw: dict = dict(help=help_text(f))
     if md["positional"]:
-        parser.add_argument(f.name, metavar=md["metavar"], help=md["help"])
+        parser.add_argument(f.name, metavar=md["metavar"], help=help_text(f))
         return
     if kind == "bool":  # a switch; --bf16 / --no-bf16 when "unset" (None) means "by device"
         kw["action"] = argparse.BooleanOptionalAction if "None" in f.type else "store_true"

@@ -37,12 +37,12 @@ from relax.config.checks import (
     flag_of,
     reject,
 )
+from relax.config.constants import BUILTIN_FILTER_NAMES
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
+from relax.config.gym_spec import is_reasoning_gym
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
-from relax.rollout.filters import BUILTIN_FILTER_NAMES
-from relax.rollout.reasoning_gym_source import is_reasoning_gym
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 

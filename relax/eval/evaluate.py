@@ -7,10 +7,10 @@
     #  "eval/gsm8k/mean_reward": ..., "eval/gsm8k/response_length": ...,
     #  "eval/gsm8k/truncated": ...}
 
-Generation is the rollout's own decode loop (:func:`relax.rollout.generate.generate`), so an
+Generation is the rollout's own sampler (:class:`relax.rollout.sampler.Sampler`), so an
 evaluated policy samples exactly as it does in training. A response passes when its reward is
 >= ``pass_threshold``; pass@k is the mean over prompts of the per-prompt unbiased estimate
-(:mod:`relax.eval.passk`).
+(:mod:`relax.eval.passk`, whose :class:`~relax.eval.passk.PassAtKSums` holds the sums).
 
 Data-parallel: with ``group`` every rank evaluates every ``world_size``-th prompt and the
 partial sums are all-reduced once, so the result is the same on every rank and equals the
@@ -26,12 +26,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from relax.collectives import all_reduce, seed_for
-from relax.eval.passk import ks_for, pass_at_k
+from relax.collectives import all_reduce
+from relax.eval.passk import PassAtKSums
 from relax.models import eos_token_ids as find_eos_ids
-from relax.precision import autocast, use_bf16
-from relax.rollout.generate import generate, tokenize_prompts
+from relax.precision import use_bf16
+from relax.rollout.generate import tokenize_prompts
 from relax.rollout.rewards import score
+from relax.rollout.sampler import Sampler, SamplingParams
+from relax.seeding import seed_for
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,19 @@ class EvalSampling:
     seed: int = 1234
     bf16: bool | None = None  # --bf16; None: on for CUDA (relax/precision.py)
 
+    @property
+    def params(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.top_k)
+
     @classmethod
     def from_config(cls, cfg) -> EvalSampling:
+        """From the evaluation section ``relax train`` and ``relax eval`` share
+        (relax/config/sections.py)."""
+        e = cfg.evaluation
         return cls(
-            n_samples=cfg.n_samples_per_eval_prompt, temperature=cfg.eval_temperature,
-            top_p=cfg.eval_top_p, top_k=cfg.eval_top_k,
-            max_response_len=cfg.eval_max_response_len, batch_size=cfg.eval_batch_size,
-            pass_threshold=cfg.eval_pass_threshold, seed=cfg.seed, bf16=cfg.bf16,
+            n_samples=e.n_samples, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
+            max_response_len=e.max_response_len, batch_size=e.batch_size,
+            pass_threshold=e.pass_threshold, seed=e.seed, bf16=e.bf16,
         )
 
 
@@ -67,6 +75,23 @@ def _rank_world(group) -> tuple[int, int]:
 def _model_device(model) -> torch.device:
     param = next(model.parameters())
     return getattr(param, "device", torch.device("cpu"))
+
+
+def eval_sampler(model, tokenizer, sampling: EvalSampling, device: torch.device, *,
+                 eos_token_ids: list[int] | None = None, sync_group=None) -> Sampler:
+    """The run's sampler at the evaluation settings (``eos_token_ids`` default: the model's)."""
+    if eos_token_ids is None:
+        eos_token_ids = find_eos_ids(tokenizer, model)
+    return Sampler(model, eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
+                   params=sampling.params, bf16=use_bf16(sampling.bf16, device), device=device,
+                   sync_group=sync_group)
+
+
+def eval_generator(sampling: EvalSampling, device: torch.device, name: str, step, rank: int):
+    """The sampling stream of one evaluation set at one step on one rank."""
+    generator = torch.Generator(device)
+    generator.manual_seed(seed_for(sampling.seed, "eval", name, step, rank))
+    return generator
 
 
 def _my_prompts(num_prompts: int, rank: int, world: int, pad: bool) -> list[tuple[int, float]]:
@@ -108,70 +133,43 @@ def evaluate(
     if not prompts:
         raise ValueError(f"evaluate: the evaluation set {name!r} has no prompts")
     device = torch.device(device) if device is not None else _model_device(model)
-    if eos_token_ids is None:
-        eos_token_ids = find_eos_ids(tokenizer, model)
     rank, world = _rank_world(group)
-    ks = ks_for(sampling.n_samples)
-    generator = torch.Generator(device)
-    generator.manual_seed(seed_for(sampling.seed, "eval", name, step, rank))
-    # sums: pass@k for each k, reward, responses, prompts, tokens, truncated
-    sums = torch.zeros(len(ks) + 5, dtype=torch.float64)
+    sampler = eval_sampler(model, tokenizer, sampling, device, eos_token_ids=eos_token_ids,
+                           sync_group=sync_group)
+    generator = eval_generator(sampling, device, name, step, rank)
+    sums = PassAtKSums(sampling.n_samples, sampling.pass_threshold,
+                       means=("response_length", "truncated"))
     mine = _my_prompts(len(prompts), rank, world, pad=sync_group is not None)
     per_call = max(1, sampling.batch_size // sampling.n_samples)
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(mine), per_call):
-            chunk = mine[start:start + per_call]
-            sums += _chunk_sums(model, tokenizer, prompts, labels, chunk, reward_fn, sampling,
-                                ks, device=device, eos_token_ids=eos_token_ids,
-                                generator=generator, sync_group=sync_group,
-                                reward_name=reward_name, index_base=start * sampling.n_samples)
-    finally:
-        model.train(was_training)
-    return _metrics(all_reduce(sums.to(device), group).cpu(), ks, name)
+    for start in range(0, len(mine), per_call):
+        _add_chunk(sums, sampler, tokenizer, prompts, labels, mine[start:start + per_call],
+                   reward_fn, generator=generator, max_new_tokens=sampling.max_response_len,
+                   reward_name=reward_name, index_base=start * sampling.n_samples)
+    return sums.metrics(name, totals=all_reduced(sums.values, device, group))
 
 
-def _chunk_sums(model, tokenizer, prompts, labels, chunk, reward_fn, sampling: EvalSampling,
-                ks, *, device, eos_token_ids, generator, sync_group, reward_name,
-                index_base) -> torch.Tensor:
+def all_reduced(values: list[float], device: torch.device, group) -> list[float]:
+    """``values`` summed over the ranks of ``group`` (float64, one all-reduce)."""
+    totals = torch.tensor(values, dtype=torch.float64).to(device)
+    return all_reduce(totals, group).cpu().tolist()
+
+
+def _add_chunk(sums: PassAtKSums, sampler: Sampler, tokenizer, prompts, labels, chunk,
+               reward_fn, *, generator, max_new_tokens, reward_name, index_base) -> None:
     """Generate ``n`` responses for each ``(prompt index, weight)`` of ``chunk``, score them and
-    return their weighted sums in the layout of :func:`evaluate` (a padded duplicate prompt
-    has weight 0: it keeps the ranks' generation calls in lockstep and counts nothing)."""
-    n = sampling.n_samples
+    add them to ``sums`` (a padded duplicate prompt has weight 0: it keeps the ranks'
+    generation calls in lockstep and counts nothing)."""
+    n = sums.n
     texts = [prompts[i] for i, _ in chunk for _ in range(n)]
     chunk_labels = [labels[i] for i, _ in chunk for _ in range(n)]
-    ids, mask = tokenize_prompts(tokenizer, texts, device)
-    with autocast(device, use_bf16(sampling.bf16, device)):
-        rollout = generate(
-            model, ids, mask, max_new_tokens=sampling.max_response_len,
-            eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
-            temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k, generator=generator, sync_group=sync_group,
-        )
+    ids, mask = tokenize_prompts(tokenizer, texts, sampler.device)
+    rollout = sampler(ids, mask, max_new_tokens, generator)
     responses = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
     rewards = score(reward_fn, texts, responses, chunk_labels, name=reward_name,
                     index_base=index_base)
     lengths = rollout.response_mask.sum(-1).cpu().tolist()
     truncated = rollout.truncated.cpu().tolist()
-    sums = torch.zeros(len(ks) + 5, dtype=torch.float64)
     for j, (_, weight) in enumerate(chunk):
         rows = slice(j * n, (j + 1) * n)
-        passed = sum(r >= sampling.pass_threshold for r in rewards[rows])
-        for a, k in enumerate(ks):
-            sums[a] += weight * pass_at_k(n, passed, k)
-        sums[len(ks):] += weight * torch.tensor([
-            sum(rewards[rows]), n, 1, sum(lengths[rows]), sum(truncated[rows])],
-            dtype=torch.float64)
-    return sums
-
-
-def _metrics(sums: torch.Tensor, ks, name: str) -> dict[str, float]:
-    """The global sums of :func:`evaluate` as its metrics."""
-    values = sums.tolist()
-    reward_sum, responses_n, prompts_n, tokens, truncated_n = values[len(ks):]
-    out = {f"eval/{name}/pass@{k}": values[a] / prompts_n for a, k in enumerate(ks)}
-    out[f"eval/{name}/mean_reward"] = reward_sum / responses_n
-    out[f"eval/{name}/response_length"] = tokens / responses_n
-    out[f"eval/{name}/truncated"] = truncated_n / responses_n
-    return out
+        sums.add_group(rewards[rows], weight, response_length=lengths[rows],
+                       truncated=truncated[rows])

@@ -1,4 +1,5 @@
-"""Evaluation inside ``relax train`` (``--eval-interval``) and the ``relax eval`` command.
+"""Evaluation inside ``relax train`` (``--eval-interval``), and the evaluation sets and
+scoring that ``relax eval`` (relax/eval/command.py) shares with it.
 
 The trainer (``Trainer.evaluate`` in ``relax/trainer/loop.py``) calls, once per rollout step
 and on every rank (evaluation is a collective under data parallelism), after the update and
@@ -14,21 +15,16 @@ before any model is loaded). It returns ``{}`` when no evaluation is due.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 
-import torch
-
 from relax import models
 from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
-from relax.errors import InputError, RelaxError
+from relax.errors import InputError
 from relax.eval.episodes import evaluate_episodes
 from relax.eval.evaluate import EvalSampling, evaluate
-from relax.rollout.data import check_formatted_lengths, format_prompt, load_source
+from relax.rollout.data import format_prompt, load_source
 from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import turn_io
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
@@ -136,45 +132,3 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
     return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,
                          sync_group=group if cfg.fsdp else None)
-
-
-def run_eval_command(cfg) -> int:
-    """``relax eval CHECKPOINT``: print the metrics as JSON; exit 0, or 2/1 on error."""
-    try:
-        device = models.pick_device(cfg.device, 0)
-        models.quiet_transformers()
-        tokenizer = models.load_tokenizer(cfg.checkpoint, "CHECKPOINT")
-        if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-            raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
-                             "chat template; remove the flag or evaluate a chat model")
-        model = models.load_policy(cfg.checkpoint, tokenizer, device, seed=cfg.seed).eval()
-        if device.type == "cpu":
-            torch.set_num_threads(os.cpu_count() or 1)
-        if cfg.env:
-            metrics = evaluate_env(cfg, model, tokenizer, device)
-        else:
-            metrics = evaluate_sets(cfg, _checked_sets(cfg, model, tokenizer), model,
-                                    tokenizer, device)
-    except RelaxError as e:
-        print(f"relax eval: error: {e}", file=sys.stderr)
-        return e.exit_code
-    text = json.dumps(metrics, indent=2, sort_keys=True)
-    print(text)
-    if cfg.output_dir:
-        os.makedirs(cfg.output_dir, exist_ok=True)
-        with open(os.path.join(cfg.output_dir, "eval_metrics.json"), "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    return 0
-
-
-def _checked_sets(cfg, model, tokenizer) -> list[EvalSet]:
-    """The evaluation sets, every prompt checked to fit the model's context with the
-    response length (InputError names the prompt)."""
-    sets = load_eval_sets(cfg)
-    for eval_set in sets:
-        check_formatted_lengths(
-            tokenizer, eval_set.as_samples(), apply_chat_template=cfg.apply_chat_template,
-            system_prompt=cfg.system_prompt, max_response=cfg.eval_max_response_len,
-            context=getattr(model.config, "max_position_embeddings", None),
-            length_flag="--eval-max-response-len")
-    return sets

@@ -29,11 +29,9 @@ import importlib.util
 from collections.abc import Callable
 from typing import Protocol
 
+from relax.config.constants import LIBRARIES  # --env prefix -> the importable module
 from relax.errors import InputError
 from relax.rollout.rewards import load_function
-
-# --env prefix -> the importable module (validation checks it is installed without importing)
-LIBRARIES = {"gem": "gem", "textarena": "textarena"}
 
 
 class Environment(Protocol):

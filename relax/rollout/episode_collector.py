@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from relax.collectives import raise_together, seed_for
+from relax.collectives import raise_together
 from relax.errors import RewardError
 from relax.rollout.agent_server import AgentRunner
 from relax.rollout.batch import StepBatch
@@ -23,6 +23,7 @@ from relax.rollout.collectors import rollout_generator
 from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import HELDOUT_SEED, run_episodes, turn_io
 from relax.rollout.scoring import warn_some
+from relax.seeding import seed_for
 
 
 def build_environments(cfg, ctx) -> list | None:

@@ -140,7 +140,33 @@ def run_episodes(
     ``context``: the model's window (None: unbounded); ``length_flag`` names the flag of
     ``max_turn_tokens`` in the error when the first observation leaves no room for a turn.
     """
-    prompts, episodes, errors = [], [], []
+    prompts, episodes = _start(envs, seeds, tokenizer=tokenizer, format_prompt=format_prompt,
+                               max_turn_tokens=max_turn_tokens, context=context,
+                               length_flag=length_flag)
+    errors: list[str] = []
+    for turn in range(max_turns):
+        live = [i for i, e in enumerate(episodes) if e.live]
+        if not live:
+            break
+        ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
+                              tokenizer.pad_token_id, device)
+        out = sample(ids, mask, max_turn_tokens)
+        for row, i in enumerate(live):
+            action = out.response_ids[row][out.response_mask[row]].tolist()
+            error = _step(episodes[i], envs[i], action, ended=not bool(out.truncated[row]),
+                          tokenizer=tokenizer, render=render, last=turn == max_turns - 1,
+                          room=None if context is None else context - max_turn_tokens)
+            if error:
+                errors.append(f"episode {i} (seed {seeds[i]}), turn {turn + 1}: {error}")
+                episodes[i].error = errors[-1]
+    return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
+                          [e.reward for e in episodes], [e.turns for e in episodes], errors,
+                          prompts)
+
+
+def _start(envs, seeds, *, tokenizer, format_prompt, max_turn_tokens, context, length_flag):
+    """Reset every environment: the formatted first observations and fresh episodes."""
+    prompts, episodes = [], []
     for env, seed in zip(envs, seeds, strict=True):
         text = format_prompt(env.reset(seed))
         prompts.append(text)
@@ -150,37 +176,30 @@ def run_episodes(
                              f"{len(episodes[-1].prompt)} tokens; with "
                              f"{length_flag} {max_turn_tokens} it does not fit "
                              f"the model's context of {context} tokens")
-    for turn in range(max_turns):
-        live = [i for i, e in enumerate(episodes) if e.live]
-        if not live:
-            break
-        ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
-                              tokenizer.pad_token_id, device)
-        out = sample(ids, mask, max_turn_tokens)
-        for row, i in enumerate(live):
-            e = episodes[i]
-            action = out.response_ids[row][out.response_mask[row]].tolist()
-            e.add(action, trained=True)
-            e.turns += 1
-            try:
-                observation, reward, done = envs[i].step(
-                    tokenizer.decode(action, skip_special_tokens=True))
-                e.reward += float(reward)
-            except Exception as exc:  # a broken environment fails its episode, not the run
-                e.error = (f"episode {i} (seed {seeds[i]}), turn {turn + 1}: the environment "
-                           f"raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
-                errors.append(e.error)
-                e.reward, e.live = 0.0, False
-                continue
-            if done or turn == max_turns - 1:
-                e.done, e.live = bool(done), False
-                continue
-            e.add(render(str(observation), ended=not bool(out.truncated[row])), trained=False)
-            if context is not None and len(e.prompt) + len(e.ids) + max_turn_tokens > context:
-                e.live = False  # no room for another full turn: truncated
-    return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
-                          [e.reward for e in episodes], [e.turns for e in episodes], errors,
-                          prompts)
+    return prompts, episodes
+
+
+def _step(e: Episode, env, action: list[int], *, ended: bool, tokenizer, render, last: bool,
+          room: int | None) -> str | None:
+    """Play the model's ``action`` in ``env`` and add the answer to ``e``; ``ended``: the turn
+    stopped at EOS, ``room``: the most tokens an episode may hold before one more full turn
+    (None: unbounded). Returns the environment's error, which fails the episode, or None."""
+    e.add(action, trained=True)
+    e.turns += 1
+    try:
+        observation, reward, done = env.step(tokenizer.decode(action, skip_special_tokens=True))
+        e.reward += float(reward)
+    except Exception as exc:  # a broken environment fails its episode, not the run
+        e.reward, e.live = 0.0, False
+        return (f"the environment raised {type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]}")
+    if done or last:
+        e.done, e.live = bool(done), False
+        return None
+    e.add(render(str(observation), ended=ended), trained=False)
+    if room is not None and len(e.prompt) + len(e.ids) > room:
+        e.live = False  # no room for another full turn: truncated
+    return None
 
 
 def as_rollout(episodes: list[Episode], pad: int, device) -> Rollout:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from relax.config.constants import BUILTIN_FILTER_NAMES
 from relax.errors import RewardError
 from relax.rollout.rewards import call_plugin, load_function
 
@@ -26,12 +27,10 @@ def check_reward_nonzero_std(rewards: list[float], responses: list[str], label) 
     return max(rewards) != min(rewards)
 
 
-# short names accepted by --dynamic-sampling-filter-path
-BUILTIN_FILTERS: dict[str, GroupFilter] = {
-    "nonzero_std": check_reward_nonzero_std,
-    "check_reward_nonzero_std": check_reward_nonzero_std,
-}
-BUILTIN_FILTER_NAMES: tuple[str, ...] = tuple(BUILTIN_FILTERS)
+# the short names --dynamic-sampling-filter-path accepts (BUILTIN_FILTER_NAMES, validated by
+# relax/config/) and their functions
+BUILTIN_FILTERS: dict[str, GroupFilter] = dict.fromkeys(BUILTIN_FILTER_NAMES,
+                                                        check_reward_nonzero_std)
 
 
 def load_group_filter(spec: str) -> GroupFilter:

@@ -134,9 +134,3 @@ def micro_batches(exp: Experience, *, size: int, max_tokens: int | None, flag: s
         index = torch.tensor(g, dtype=torch.long, device=device)
         out.append((index, trimmed(exp.select(index))))
     return out
-
-
-def padding_fraction(batches: list[tuple[torch.Tensor, Experience]]) -> float:
-    """Share of the micro-batches' token slots that are padding."""
-    slots = sum(mb.attention_mask.numel() for _, mb in batches)
-    return 1.0 - sum(int(mb.attention_mask.sum()) for _, mb in batches) / max(slots, 1)

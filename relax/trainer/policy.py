@@ -20,8 +20,8 @@ import os
 import torch
 
 from relax import models
-from relax.collectives import seed_for
 from relax.rollout.sampler import Sampler, SamplingParams
+from relax.seeding import seed_for
 from relax.trainer import build, sharded_state
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.logprobs import batched_log_probs

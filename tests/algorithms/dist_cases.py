@@ -1,4 +1,4 @@
-"""Per-rank data and the worker for the two-process Gloo tests (SPEC 6, 11).
+"""Per-rank data and the worker for the two-process Gloo tests (reinforce_plus_plus.md §6).
 
 Kept out of ``test_*.py`` so spawned children import only this module, torch and relax.
 Every rank's data is a pure function of (case, rank), so the parent builds the same

@@ -14,7 +14,7 @@ TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=2e-5
 
 
 def out_dtype(dtype: torch.dtype) -> torch.dtype:
-    """SPEC 13: float64 in -> float64 out; float32/bf16/fp16 in -> float32 out."""
+    """reinforce_plus_plus.md §13: float64 in -> float64 out; float32/bf16/fp16 in -> float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 

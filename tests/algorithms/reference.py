@@ -1,6 +1,7 @@
-"""Independent float64 reference for the algorithm contract (SPEC sections 1-7, 10).
+"""Independent float64 reference for the algorithm contract (reinforce_plus_plus.md §1-§7, §10).
 
-Written from SPEC.md only, with plain Python loops over explicit positions and numpy
+Written from docs/algorithms/reinforce_plus_plus.md only, with plain Python loops over explicit
+positions and numpy
 float64 scalars. It imports nothing from ``relax`` and never reads a value at a masked
 position (every access sits behind an explicit ``if mask[i, t]``), so NaN/Inf sentinels
 outside the mask cannot reach a result here either.
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VAR_FLOOR = 1e-8  # SPEC 6: floor on the variance, not an epsilon added to the std
-GROUP_STD_EPS = 1e-6  # SPEC 5: A / (std + 1e-6)
-WHITEN_EPS = 1e-8  # SPEC 5: (A - mu) * rsqrt(var + 1e-8)
+VAR_FLOOR = 1e-8  # §6: floor on the variance, not an epsilon added to the std
+GROUP_STD_EPS = 1e-6  # §5: A / (std + 1e-6)
+WHITEN_EPS = 1e-8  # §5: (A - mu) * rsqrt(var + 1e-8)
 
 
 def f64(x) -> np.ndarray:
@@ -29,7 +30,7 @@ def f64(x) -> np.ndarray:
 
 
 def as_mask(mask) -> np.ndarray:
-    """SPEC 1: a numeric mask is read as ``mask != 0``."""
+    """§1: a numeric mask is read as ``mask != 0``."""
     if hasattr(mask, "detach"):
         mask = mask.detach().cpu()
         if mask.dtype.is_floating_point or mask.dtype.is_complex:
@@ -44,7 +45,7 @@ def as_index(index) -> list[int]:
     return [int(v) for v in np.asarray(index).reshape(-1)]
 
 
-# --------------------------------------------------------------------------- KL (SPEC 2)
+# --------------------------------------------------------------------------- KL (§2)
 
 
 def kl_scalar(delta: float, kind: str) -> float:
@@ -67,7 +68,7 @@ def approx_kl(logp, logp_base, kind: str) -> np.ndarray:
     return out
 
 
-# ------------------------------------------------------------------ returns (SPEC 3)
+# ------------------------------------------------------------------ returns (§3)
 
 
 def rpp_returns(rewards, old_log_probs, ref_log_probs, mask, *, kl_coef: float,
@@ -102,7 +103,7 @@ def rpp_returns(rewards, old_log_probs, ref_log_probs, mask, *, kl_coef: float,
     return G
 
 
-# --------------------------------------------------------------- baselines (SPEC 4, 5)
+# --------------------------------------------------------------- baselines (§4, §5)
 
 
 def _groups(group_index) -> dict[int, list[int]]:
@@ -148,7 +149,7 @@ def group_relative_advantages(rewards, group_index, mask, *,
     return out
 
 
-# ---------------------------------------------------------- normalization (SPEC 5, 6)
+# ---------------------------------------------------------- normalization (§5, §6)
 
 
 @dataclass
@@ -180,7 +181,7 @@ def _pop_moments(vals: list[float]) -> tuple[float, float]:
 
 
 def population_normalize(values_list, mask_list, *, var_floor: float = VAR_FLOOR):
-    """SPEC 6 over the concatenated population of several ranks' tensors.
+    """§6 over the concatenated population of several ranks' tensors.
 
     ``values_list``/``mask_list``: one entry per rank (a single-process call passes
     one-element lists). Returns (list of normalized arrays, RefStats). N = 0 raises.
@@ -204,7 +205,7 @@ def population_normalize(values_list, mask_list, *, var_floor: float = VAR_FLOOR
 
 
 def whiten(values_list, mask_list, *, eps: float = WHITEN_EPS) -> list[np.ndarray]:
-    """SPEC 5 masked_whiten: global mean, ddof=1 variance (N = 1 -> 0), rsqrt(var + eps)."""
+    """§5 masked_whiten: global mean, ddof=1 variance (N = 1 -> 0), rsqrt(var + eps)."""
     vals = _valid_values(values_list, mask_list)
     n = len(vals)
     mean = sum(vals) / n
@@ -221,7 +222,7 @@ def whiten(values_list, mask_list, *, eps: float = WHITEN_EPS) -> list[np.ndarra
     return outs
 
 
-# ------------------------------------------------------------------ losses (SPEC 7)
+# ------------------------------------------------------------------ losses (§7)
 
 
 def _clip_token(rho: float, a: float, eps_low: float, eps_high: float,
@@ -306,7 +307,7 @@ def token_mean(values, mask, *, num_tokens=None) -> float:
     return sum(row) / n
 
 
-# ----------------------------------------------------------- dispatcher (SPEC 3-6, 10)
+# ----------------------------------------------------------- dispatcher (§3-§6, §10)
 
 
 def masked_token_mean_global(values_list, mask_list) -> float:

@@ -1,4 +1,5 @@
-"""Group baselines: REINFORCE++-baseline (SPEC 4) and the group-relative family (SPEC 5)."""
+"""Group baselines: REINFORCE++-baseline (reinforce_plus_plus.md §4) and the group-relative
+family (§5)."""
 
 import math
 

@@ -22,7 +22,8 @@ METRIC_KEYS = {
     "rollout/valid_tokens", "rollout/advantage_zero_variance",
 }
 
-# (id, settings kwargs); reinforce_plus_plus and the baseline follow the SPEC 8 recipes.
+# (id, settings kwargs); reinforce_plus_plus and the baseline follow the recipes of
+# reinforce_plus_plus.md §8.
 CASES = [
     ("rpp_recipe", dict(estimator="reinforce_plus_plus", normalize_advantages=True, gamma=1.0,
                         kl_coef=0.01)),
@@ -100,7 +101,7 @@ def test_dispatcher_matches_reference(case_id, kw, dtype):
 
 
 def test_rpp_zero_rewards_nonzero_kl_returns_metric():
-    # SPEC 6/10: the k1 shaping shows in rollout/returns even with all-zero rewards.
+    # §6, §10: the k1 shaping shows in rollout/returns even with all-zero rewards.
     _, rewards, mask, gi, old, refl = make_rollout(11)
     rewards = torch.zeros_like(rewards)
     kw = CASES[0][1]

@@ -1,4 +1,5 @@
-"""Two real Gloo processes (SPEC 6, 11): distributed results equal the concatenated population.
+"""Two real Gloo processes (reinforce_plus_plus.md §6): distributed results equal the
+concatenated population.
 
 All cases run in ONE spawn (module fixture) because starting processes dominates the cost;
 each case is then asserted by its own test. A hang fails through run_distributed's timeout.

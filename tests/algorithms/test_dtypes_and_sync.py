@@ -1,4 +1,5 @@
-"""SPEC 13 cross-cutting rules: output dtypes for low-precision inputs, and no host sync.
+"""reinforce_plus_plus.md §13 cross-cutting rules: output dtypes for low-precision inputs, and
+no host sync.
 
 Host-sync check: the normalization, the returns and the losses are run on ``meta``
 tensors, which carry shapes and dtypes but no data. ``.item()``, ``bool(tensor)``,

@@ -1,4 +1,4 @@
-"""KL estimators (SPEC 2) against the float64 reference."""
+"""KL estimators (reinforce_plus_plus.md §2) against the float64 reference."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Policy losses and reductions (SPEC 7, 13) against the float64 reference."""
+"""Policy losses and reductions (reinforce_plus_plus.md §7, §13) against the float64 reference."""
 
 import math
 
@@ -189,7 +189,7 @@ def test_reductions_match_reference(dtype):
 
 
 def test_k2_loss_response_reduced():
-    # SPEC 4/7: D_k2 = 0.5 (logp - logp_ref)^2, reduced like the policy loss.
+    # §4, §7: D_k2 = 0.5 (logp - logp_ref)^2, reduced like the policy loss.
     rng, lp, _, _, mask = _batch(4, 4, 6, torch.float64, masked_rows=(3,))
     refl = lp + torch.tensor(rng.normal(0, 0.3, size=lp.shape))
     k2 = alg.approx_kl(lp, refl, "k2")

@@ -1,4 +1,5 @@
-"""Masked population normalization (SPEC 6) and masked_whiten (SPEC 5), single process."""
+"""Masked population normalization (reinforce_plus_plus.md §6) and masked_whiten (§5), single
+process."""
 
 import math
 
@@ -26,7 +27,7 @@ def _batch(seed, B, T, dtype, masked_rows=(), loc=0.3, scale=2.0):
 
 
 def check_stats(stats, expected: ref.RefStats, dtype):
-    """Every stats field is a 0-d tensor with the SPEC 13 dtype and the reference value."""
+    """Every stats field is a 0-d tensor with the §13 dtype and the reference value."""
     for name in ("mean", "var", "normalized_mean", "normalized_std"):
         v = getattr(stats, name)
         assert isinstance(v, torch.Tensor) and v.dim() == 0, name
@@ -131,7 +132,7 @@ def test_numeric_mask_reads_nonzero():
 
 
 def test_token_weighting_longer_rows_weigh_more():
-    # SPEC 4/6: moments are over tokens, so a 3-token row weighs 3x a 1-token row.
+    # §4, §6: moments are over tokens, so a 3-token row weighs 3x a 1-token row.
     values = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[True, True, True], [True, False, False]])
     _, stats = alg.masked_population_normalize(values, mask)
@@ -177,7 +178,7 @@ def test_whiten_custom_eps():
 
 
 def test_float32_moments_are_accumulated_in_float64():
-    """SPEC 6: float64 moments. 32k float32 tokens at offset 100 with unit spread: a float32
+    """§6: float64 moments. 32k float32 tokens at offset 100 with unit spread: a float32
     E[x^2] - E[x]^2 would be off by ~1e-3; float64 accumulation matches to ~1e-12."""
     rng = np.random.default_rng(9)
     B, T = 64, 512

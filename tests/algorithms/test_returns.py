@@ -1,4 +1,4 @@
-"""REINFORCE++ returns (SPEC 3) against the float64 reference."""
+"""REINFORCE++ returns (reinforce_plus_plus.md §3) against the float64 reference."""
 
 import numpy as np
 import pytest
@@ -95,7 +95,7 @@ def test_zero_rewards_with_kl_give_finite_nonzero_returns():
 
 @pytest.mark.parametrize("sentinel", SENTINELS)
 def test_fully_masked_rows_ignore_their_reward(sentinel):
-    # SPEC 1: a fully masked response yields all-zero returns, whatever is stored for it.
+    # §1: a fully masked response yields all-zero returns, whatever is stored for it.
     rng, R, old, refl, mask = _batch(3, 5, 8, torch.float32, masked_rows=(0, 4))
     R_p = R.clone()
     R_p[0], R_p[4] = sentinel, sentinel

@@ -132,7 +132,8 @@ def test_earlier_outputs_survive_later_calls():
 
 
 def test_dispatcher_returns_and_advantages_are_distinct_for_rpp():
-    # returns = G before normalization; advantages = normalized G (SPEC 3): never one buffer.
+    # returns = G before normalization; advantages = normalized G (reinforce_plus_plus.md §3):
+    # never one buffer.
     rng = np.random.default_rng(5)
     mask = random_mask(rng, 4, 12)
     R = torch.tensor([1.0, 0.0, 1.0, 0.0])

@@ -17,7 +17,7 @@ ROW = re.compile(r"^\| `(--[a-z0-9-]+)` \| ([^|]*) \|")
 
 
 def flag_rows(text: str) -> dict[str, str]:
-    """Flag -> default cell of the per-group tables (everything before the SPEC rules)."""
+    """Flag -> default cell of the per-group tables (everything before the REINFORCE++ rules)."""
     head = text.split("## The REINFORCE++ rules")[0]
     rows = {}
     for line in head.splitlines():

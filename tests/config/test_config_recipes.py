@@ -1,5 +1,5 @@
-"""Accepted configurations resolve unchanged: the SPEC section 8 recipes, the defaults of
-grpo/gspo/sapo, the built-in preset (and the user's flags winning over it)."""
+"""Accepted configurations resolve unchanged: the recipes of reinforce_plus_plus.md §8, the
+defaults of grpo/gspo/sapo, the built-in preset (and the user's flags winning over it)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ BASE_EXPECTED = dict(advantage_estimator="reinforce_plus_plus_baseline",
                      normalize_advantages=True, n_samples_per_prompt=8, kl_coef=0.0,
                      use_kl_loss=True, kl_loss_type="k2", kl_loss_coef=0.01,
                      calculate_per_token_loss=False, context_parallel_size=1, gamma=1.0)
-# Relax defaults of the group-relative family (SPEC 5, 7), outside the built-in preset.
+# Relax defaults of the group-relative family (§5, §7), outside the built-in preset.
 GROUP_DEFAULTS = dict(normalize_advantages=False, gamma=1.0, kl_coef=0.0, kl_loss_type="k1",
                       use_kl_loss=False, kl_loss_coef=0.0, entropy_coef=0.0, eps_clip=0.2,
                       eps_clip_high=0.2, eps_clip_c=None, sapo_tau_pos=1.0, sapo_tau_neg=1.05,

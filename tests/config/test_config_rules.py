@@ -1,7 +1,8 @@
-"""SPEC section 8: every rejection row, each side of each condition, for the variants it names.
+"""reinforce_plus_plus.md §8: every rejection row, each side of each condition, for the variants
+it names.
 
-Each case starts from an accepted configuration (a SPEC recipe or an estimator's defaults),
-changes one thing, and asserts exit status 2, one stderr line, the offending flag named.
+Each case starts from an accepted configuration (a recipe of reinforce_plus_plus.md or an
+estimator's defaults), changes one thing, and asserts exit status 2, one stderr line, the offending flag named.
 """
 
 from __future__ import annotations

@@ -47,3 +47,23 @@ def test_ks_and_mean():
         (0 + 1 + brute_force(4, 2, 2)) / 3)
     with pytest.raises(ValueError):
         ks_for(0)
+
+
+def test_passk_sums_equal_the_per_group_means():
+    from relax.eval.passk import PassAtKSums
+
+    sums = PassAtKSums(4, pass_threshold=1.0, means=("response_length",))
+    groups = [([1.0, 0.0, 0.0, 1.0], [3, 4, 5, 6]), ([0.0, 0.0, 0.5, 0.0], [1, 1, 1, 1])]
+    for rewards, lengths in groups:
+        sums.add_group(rewards, response_length=lengths)
+    sums.add_group([1.0] * 4, weight=0.0, response_length=[9] * 4)  # padding counts nothing
+    out = sums.metrics("s")
+    for k in (1, 2, 4):
+        expected = mean_pass_at_k([(4, 2), (4, 0)], k)
+        assert out[f"eval/s/pass@{k}"] == pytest.approx(expected, abs=1e-12)
+    assert out["eval/s/mean_reward"] == pytest.approx(2.5 / 8)
+    assert out["eval/s/response_length"] == pytest.approx(22 / 8)
+    # the all-reduced totals of two identical ranks give the same means
+    assert sums.metrics("s", totals=[2 * v for v in sums.values]) == pytest.approx(out)
+    with pytest.raises(ValueError, match="expected 4 rewards"):
+        sums.add_group([1.0], response_length=[1])

@@ -1,5 +1,5 @@
 """Bad data: every malformed input is an InputError naming file:line, never a traceback
-(docs/reliability.md, issue 7 item 6); the loader is fuzzed with hypothesis."""
+(docs/reliability.md); the loader is fuzzed with hypothesis."""
 
 import json
 import os

@@ -1,4 +1,5 @@
-"""The reliability flags: defaults and one-line rejections (SPEC 8 style, exit 2)."""
+"""The reliability flags: defaults and one-line rejections (as reinforce_plus_plus.md §8:
+exit 2)."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """A data-parallel rank that dies or hangs makes the others exit with an error in bounded time
-(docs/reliability.md, issue 7 item 4). Two real Gloo processes started without torchrun (whose
+(docs/reliability.md). Two real Gloo processes started without torchrun (whose
 agent would kill the survivor itself, hiding what the trainer does)."""
 
 import os

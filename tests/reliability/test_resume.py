@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints and exact resume (docs/reliability.md, issue 7 items 1, 2, 7).
+"""Crash-safe checkpoints and exact resume (docs/reliability.md).
 
 The main test kills ``relax train`` with SIGKILL inside rollout step 4 of 6 (after the
 checkpoint of step 3), plants a truncated checkpoint for step 4, resumes, and requires every

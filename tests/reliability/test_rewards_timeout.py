@@ -1,5 +1,5 @@
-"""Rewards: per-sample time limit, exceptions, NaN/Inf, the zero policy (docs/reliability.md,
-issue 7 item 5). A hanging reward is simulated by one that waits on an Event the test sets
+"""Rewards: per-sample time limit, exceptions, NaN/Inf, the zero policy
+(docs/reliability.md). A hanging reward is simulated by one that waits on an Event the test sets
 afterwards, so no thread outlives the test."""
 
 import math

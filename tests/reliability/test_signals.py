@@ -1,5 +1,5 @@
 """SIGTERM / SIGINT end the current rollout step, checkpoint with --save, exit non-zero with a
-message (docs/reliability.md, issue 7 item 3)."""
+message (docs/reliability.md)."""
 
 import signal
 import time

@@ -37,12 +37,13 @@ def test_two_rollout_steps_per_estimator(estimator, tmp_path):
         assert ("train/kl_loss" in row) == (estimator == "reinforce_plus_plus_baseline")
         assert row["rollout/valid_tokens"] > 0 and 1 <= row["rollout/response_length"] <= 4
         if estimator.startswith("reinforce_plus_plus"):
-            # SPEC 6: the global normalization leaves mean 0 and (population) std 1
+            # reinforce_plus_plus.md §6: the global normalization leaves mean 0 and (population)
+            # std 1
             assert abs(row["rollout/advantage_normalized_mean"]) < 1e-5
             assert row["rollout/advantage_normalized_std"] == pytest.approx(1.0, abs=1e-4)
             assert row["rollout/advantage_zero_variance"] == 0.0
     if estimator == "reinforce_plus_plus":
-        # k1 shaping: the returns differ from the raw reward (SPEC 10)
+        # k1 shaping: the returns differ from the raw reward (§10)
         assert rows[1]["rollout/returns"] != pytest.approx(rows[1]["rollout/raw_reward"])
     assert history[-1]["train/grad_norm"] == pytest.approx(rows[-1]["train/grad_norm"])
 

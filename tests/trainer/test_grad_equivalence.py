@@ -1,4 +1,5 @@
-"""SPEC 7: the gradient of one optimizer step is the whole-batch gradient, whatever the
+"""reinforce_plus_plus.md §7: the gradient of one optimizer step is the whole-batch gradient,
+whatever the
 micro-batch size and the data-parallel world size (DDP with a summing comm hook, FSDP2 with a
 gradient divide factor of 1)."""
 

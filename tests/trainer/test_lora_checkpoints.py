@@ -1,4 +1,4 @@
-"""LoRA checkpoints (issue 18 item 3): the adapter and its optimizer state resume exactly, the
+"""LoRA checkpoints: the adapter and its optimizer state resume exactly, the
 adapter is written in PEFT's own format (loaded here with peft itself), the final save is the
 merged model plus the adapter, and relax eval / relax export accept them."""
 

@@ -1,4 +1,4 @@
-"""SPEC 7 on the trainer side: one micro-batch's loss is
+"""reinforce_plus_plus.md §7 on the trainer side: one micro-batch's loss is
 
     loss = L_PG + kl_loss_coef * L_KL - entropy_coef * L_entropy
 

@@ -1,4 +1,4 @@
-"""The fast paths of issue 6 keep the semantics: no old-log-prob pass with one optimizer step
+"""The fast paths keep the semantics: no old-log-prob pass with one optimizer step
 per rollout, the entropy metric outside autograd, the CPU thread rule."""
 
 import copy
