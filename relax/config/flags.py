@@ -15,7 +15,8 @@ import dataclasses
 import difflib
 import math
 
-from relax.config.schema import GROUPS, EvalConfig, TrainConfig, help_text
+from relax.config.fields import GROUPS, help_text
+from relax.config.schema import EvalConfig, TrainConfig
 from relax.errors import ConfigError, invalid_text
 
 TRAIN_DESCRIPTION = (

@@ -1,7 +1,7 @@
 """The typed configuration of ``relax train`` and ``relax eval``: one frozen dataclass each.
 
 Every flag is a field; its ``option(...)`` holds the default (the only place it is written:
-``--help`` writes "Default X." from it, :func:`help_text`) and the help text that ``--help``
+``--help`` writes "Default X." from it, relax/config/fields.py) and the help text that ``--help``
 prints (``relax.config.flags`` builds the parsers from these fields); docs/configuration.md
 repeats the defaults (a test keeps them in sync). The components read the config through its
 sections (``cfg.rollout.temperature``, relax/config/sections.py). Fields with
@@ -13,11 +13,35 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
-from relax.config.gym_spec import ANSWER_FORMATS
-from relax.config.presets import BUILTIN_TASK_NAMES
+from relax.config.fields import (
+    apply_chat_template_option,
+    bf16_option,
+    builtin_task_option,
+    custom_rm_path_option,
+    derived,
+    device_option,
+    env_option,
+    eval_batch_size_option,
+    eval_episodes_option,
+    eval_max_response_len_option,
+    eval_pass_threshold_option,
+    eval_prompt_data_option,
+    eval_temperature_option,
+    eval_top_k_option,
+    eval_top_p_option,
+    input_key_option,
+    label_key_option,
+    max_turns_option,
+    n_samples_per_eval_prompt_option,
+    option,
+    reasoning_gym_answer_option,
+    rm_type_option,
+    seed_option,
+    system_prompt_option,
+)
 from relax.config.sections import (
     AlgorithmSection,
     BatchSection,
@@ -27,200 +51,6 @@ from relax.config.sections import (
     RolloutSection,
 )
 from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
-
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-RM_TYPES: tuple[str, ...] = ("math", *BUILTIN_TASK_NAMES)
-
-# Argument groups of ``relax train --help``, in order.
-GROUPS: dict[str, str] = {
-    "algorithm": "Advantage estimator, losses and KL (reinforce_plus_plus.md §2-§7).",
-    "batches": "Sizes in prompts and samples (responses).",
-    "model and data": "Defaults: the built-in tiny model and task.",
-    "lora": "Low-rank adapters instead of full fine-tuning (peft).",
-    "optimizer": "AdamW, constant learning rate.",
-    "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
-    "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
-                  "held-out prompts (docs/configuration.md).",
-    "environments": "Multi-turn episodes: the model acts, an environment or an agent program's "
-                    "tools answer (relax/rollout/envs.py, episodes.py, agent_server.py).",
-    "run": "Output, checkpoints, logging.",
-}
-
-
-def option(default, help: str, *, group: str, choices: tuple | None = None,
-           nargs: str | None = None, metavar: str | None = None, flag: bool = True,
-           positional: bool = False, default_text: str | None = None,
-           default_note: str | None = None):
-    """A config field: its default and the metadata its command-line flag is built from.
-
-    ``help`` says what the flag does; ``--help`` prefixes it with the default, written from
-    ``default`` ("Default 8.", "Default off."), followed by ``default_note`` in parentheses
-    ("Default -1 (off)."), or replaced by ``default_text`` where the default needs words
-    ("Default: the built-in task's fixed evaluation prompts.")."""
-    return field(default=default, metadata=dict(
-        help=help, group=group, choices=choices, nargs=nargs, metavar=metavar, flag=flag,
-        positional=positional, default_text=default_text, default_note=default_note))
-
-
-def default_words(value) -> str:
-    """A default as ``--help`` writes it: on/off, none, 1e-6, 0.2, grpo."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if value is None:
-        return "none"
-    if isinstance(value, float):
-        mantissa, e, exponent = f"{value:g}".partition("e")
-        return mantissa + (f"e{int(exponent)}" if e else "")
-    return str(value)
-
-
-def help_text(f: dataclasses.Field) -> str:
-    """The ``--help`` text of a flag field: its default, then what it does."""
-    md = f.metadata
-    if md["positional"]:
-        return md["help"]
-    if md["default_text"] is not None:
-        default = f"Default: {md['default_text']}."
-    else:
-        note = f" ({md['default_note']})" if md["default_note"] else ""
-        default = f"Default {default_words(f.default)}{note}."
-    return f"{default} {md['help']}".rstrip()
-
-
-def derived(default=None, help: str = ""):
-    """A field filled in by resolution, not a flag."""
-    return field(default=default, metadata=dict(help=help, flag=False))
-
-
-# ------------------------------------------------------------------ fields of both commands
-
-def _eval_prompt_data():
-    return option(None, "PATH, or NAME "
-                  "PATH pairs, of .jsonl/.parquet prompt files or reasoning-gym:NAME sources; "
-                  "fields --input-key / --label-key, scored with the run's reward.",
-                  default_text="the built-in task's fixed evaluation prompts",
-                  group="evaluation", nargs="+", metavar="[NAME] PATH")
-
-
-def _n_samples_per_eval_prompt():
-    return option(1, "Responses per evaluation prompt; pass@k is logged for k = 1, "
-                  "2, 4, ... up to this number.", group="evaluation")
-
-
-def _follows(what: str, fallback: str, rest: str):
-    """An evaluation sampling flag whose default follows the rollout's (relax/config/eval_flags.py)."""
-    return option(None, rest, group="evaluation",
-                  default_text=f"in relax train the rollout's {what}, in relax eval {fallback}")
-
-
-def _eval_temperature():
-    return _follows("temperature", "1.0", "Sampling temperature >= 0; 0 is greedy.")
-
-
-def _eval_top_p():
-    return _follows("top-p", "1.0", "Nucleus sampling mass in (0, 1].")
-
-
-def _eval_top_k():
-    return _follows("top-k", "-1 (off)", "Top-k sampling, >= 1 or -1.")
-
-
-def _eval_max_response_len():
-    return _follows("maximum response length", "1024 (the preset's for the built-in task)",
-                    "Maximum generated tokens per evaluation response.")
-
-
-def _eval_batch_size():
-    return option(64, "Sequences (prompts x samples) per generation call.",
-                  group="evaluation")
-
-
-def _eval_pass_threshold():
-    return option(1.0, "A response passes (counts for pass@k) when its reward is "
-                  ">= this.", group="evaluation")
-
-
-def _env():
-    return option(
-        None, "Multi-turn episodes against an environment: "
-        "gem:ID, textarena:ID (pip install 'relax-rl[agents]') or 'module:factory' / "
-        "'file.py:factory' (relax/rollout/envs.py); excludes prompt data and the reward flags "
-        "(the environment scores the episode).",
-        default_note='single-turn prompts', group="environments")
-
-
-def _max_turns():
-    return option(
-        4, "Most model turns per --env or --use-agentic-rollout episode; each turn "
-        "generates at most the response length (--rollout-max-response-len; in evaluation "
-        "--eval-max-response-len).", group="environments")
-
-
-def _eval_episodes():
-    return option(
-        64, "With --env: episodes of the held-out environment seeds 1000000000, "
-        "1000000001, ... an evaluation plays (--n-samples-per-eval-prompt plays each); an "
-        "episode passes when its reward is >= --eval-pass-threshold.", group="evaluation")
-
-
-def _input_key():
-    return option("input", "Prompt field of the prompt files' records.",
-                  group="model and data")
-
-
-def _label_key():
-    return option("label", "Label field of the prompt files' records, passed to "
-                  "the reward.", group="model and data")
-
-
-def _reasoning_gym_answer():
-    return option("tags", "How "
-                  "the answer of a reasoning-gym source is read: tags, last_number or boxed.",
-                  default_note="reasoning-gym's <answer> tags and system prompt",
-                  group="model and data", choices=ANSWER_FORMATS)
-
-
-def _apply_chat_template():
-    return option(False, "Wrap prompts in the model tokenizer's chat template.",
-                  group="model and data")
-
-
-def _system_prompt():
-    return option(None, "System message: in the chat template with "
-                  "--apply-chat-template, else a line before the prompt.", group="model and data")
-
-
-def _rm_type():
-    return option(None, "Reward for prompt files: math "
-                  "(math-verify answer check) or a built-in task's reward.",
-                  default_text="the built-in task's reward", group="model and data",
-                  choices=RM_TYPES)
-
-
-def _custom_rm_path():
-    return option(None, "'module:function' or 'file.py:function' reward; "
-                  "excludes --rm-type.", group="model and data")
-
-
-def _builtin_task():
-    return option(BUILTIN_TASK_NAMES[0], "Built-in task used without prompt files.",
-                  default_note="the preset may change it", group="model and data",
-                  choices=BUILTIN_TASK_NAMES)
-
-
-def _seed():
-    return option(1234, "Seed of every RNG.", group="optimizer")
-
-
-def _bf16():
-    return option(None, "Forward passes under bf16 "
-                  "autocast; fp32 master weights, AdamW state and log-prob math; reference "
-                  "stored in bf16.", default_text='on with CUDA, off on the CPU', group="modes")
-
-
-def _device():
-    return option("auto", "", default_note="cuda when available, else cpu", group="modes",
-                  choices=DEVICES)
 
 
 @dataclass(frozen=True)
@@ -368,11 +198,11 @@ class TrainConfig:
         "--custom-rm-path), or reasoning-gym:NAME?key=value&... (a reasoning-gym dataset, "
         "scored by its own verifier unless a reward flag is given).",
         default_text='the built-in task', group="model and data")
-    reasoning_gym_answer: str = _reasoning_gym_answer()
-    input_key: str = _input_key()
-    label_key: str = _label_key()
-    apply_chat_template: bool = _apply_chat_template()
-    system_prompt: str | None = _system_prompt()
+    reasoning_gym_answer: str = reasoning_gym_answer_option()
+    input_key: str = input_key_option()
+    label_key: str = label_key_option()
+    apply_chat_template: bool = apply_chat_template_option()
+    system_prompt: str | None = system_prompt_option()
     rollout_shuffle: bool = option(
         False, "Shuffle --prompt-data each epoch (seeded).", group="model and data")
     rollout_max_response_len: int = option(
@@ -385,9 +215,9 @@ class TrainConfig:
         group="model and data")
     rollout_top_k: int = option(
         -1, "Top-k sampling, >= 1 or -1.", default_note='off', group="model and data")
-    rm_type: str | None = _rm_type()
-    custom_rm_path: str | None = _custom_rm_path()
-    builtin_task: str | None = _builtin_task()
+    rm_type: str | None = rm_type_option()
+    custom_rm_path: str | None = custom_rm_path_option()
+    builtin_task: str | None = builtin_task_option()
 
     # optimizer
     lr: float = option(1e-6, "Learning rate > 0.", group="optimizer")
@@ -395,7 +225,7 @@ class TrainConfig:
     adam_beta1: float = option(0.9, "AdamW beta1.", group="optimizer")
     adam_beta2: float = option(0.999, "AdamW beta2.", group="optimizer")
     clip_grad: float = option(1.0, "Gradient-norm clip > 0.", group="optimizer")
-    seed: int = _seed()
+    seed: int = seed_option()
 
     # modes
     colocate: bool = option(
@@ -417,27 +247,27 @@ class TrainConfig:
         None, "Peak "
         "TFLOP/s per rank that perf/*_mfu divides by.",
         default_text="measured at start-up (a square matmul in the run's dtype)", group="modes")
-    bf16: bool | None = _bf16()
-    device: str = _device()
+    bf16: bool | None = bf16_option()
+    device: str = device_option()
 
     # evaluation
     eval_interval: int | None = option(
         None, "Evaluate every N rollout steps and log "
         "eval/<name>/pass@k and eval/<name>/mean_reward.",
         default_note='no evaluation', group="evaluation")
-    eval_prompt_data: list | None = _eval_prompt_data()
-    n_samples_per_eval_prompt: int = _n_samples_per_eval_prompt()
-    eval_temperature: float | None = _eval_temperature()
-    eval_top_p: float | None = _eval_top_p()
-    eval_top_k: int | None = _eval_top_k()
-    eval_max_response_len: int | None = _eval_max_response_len()
-    eval_batch_size: int = _eval_batch_size()
-    eval_pass_threshold: float = _eval_pass_threshold()
+    eval_prompt_data: list | None = eval_prompt_data_option()
+    n_samples_per_eval_prompt: int = n_samples_per_eval_prompt_option()
+    eval_temperature: float | None = eval_temperature_option()
+    eval_top_p: float | None = eval_top_p_option()
+    eval_top_k: int | None = eval_top_k_option()
+    eval_max_response_len: int | None = eval_max_response_len_option()
+    eval_batch_size: int = eval_batch_size_option()
+    eval_pass_threshold: float = eval_pass_threshold_option()
 
     # environments
-    env: str | None = _env()
-    max_turns: int = _max_turns()
-    eval_episodes: int = _eval_episodes()
+    env: str | None = env_option()
+    max_turns: int = max_turns_option()
+    eval_episodes: int = eval_episodes_option()
     use_agentic_rollout: bool = option(
         False, "Each episode is a run of --agent-command against an "
         "OpenAI-compatible endpoint on 127.0.0.1 that samples from the policy and records the "
@@ -539,28 +369,28 @@ class EvalConfig:
         "", "A --save directory of relax train (its final model), a directory written by "
         "relax export, or any Hugging Face causal LM directory.", group="evaluation", metavar="CHECKPOINT",
         positional=True)
-    eval_prompt_data: list | None = _eval_prompt_data()
-    n_samples_per_eval_prompt: int = _n_samples_per_eval_prompt()
-    eval_temperature: float | None = _eval_temperature()
-    eval_top_p: float | None = _eval_top_p()
-    eval_top_k: int | None = _eval_top_k()
-    eval_max_response_len: int | None = _eval_max_response_len()
-    eval_batch_size: int = _eval_batch_size()
-    eval_pass_threshold: float = _eval_pass_threshold()
-    input_key: str = _input_key()
-    label_key: str = _label_key()
-    rm_type: str | None = _rm_type()
-    custom_rm_path: str | None = _custom_rm_path()
-    apply_chat_template: bool = _apply_chat_template()
-    system_prompt: str | None = _system_prompt()
-    reasoning_gym_answer: str = _reasoning_gym_answer()
-    builtin_task: str | None = _builtin_task()
-    seed: int = _seed()
-    bf16: bool | None = _bf16()
-    device: str = _device()
-    env: str | None = _env()
-    max_turns: int = _max_turns()
-    eval_episodes: int = _eval_episodes()
+    eval_prompt_data: list | None = eval_prompt_data_option()
+    n_samples_per_eval_prompt: int = n_samples_per_eval_prompt_option()
+    eval_temperature: float | None = eval_temperature_option()
+    eval_top_p: float | None = eval_top_p_option()
+    eval_top_k: int | None = eval_top_k_option()
+    eval_max_response_len: int | None = eval_max_response_len_option()
+    eval_batch_size: int = eval_batch_size_option()
+    eval_pass_threshold: float = eval_pass_threshold_option()
+    input_key: str = input_key_option()
+    label_key: str = label_key_option()
+    rm_type: str | None = rm_type_option()
+    custom_rm_path: str | None = custom_rm_path_option()
+    apply_chat_template: bool = apply_chat_template_option()
+    system_prompt: str | None = system_prompt_option()
+    reasoning_gym_answer: str = reasoning_gym_answer_option()
+    builtin_task: str | None = builtin_task_option()
+    seed: int = seed_option()
+    bf16: bool | None = bf16_option()
+    device: str = device_option()
+    env: str | None = env_option()
+    max_turns: int = max_turns_option()
+    eval_episodes: int = eval_episodes_option()
     output_dir: str | None = option(
         None, "Also write the metrics to OUTPUT_DIR/eval_metrics.json.",
         group="evaluation")

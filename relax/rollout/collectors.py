@@ -52,17 +52,17 @@ class PromptCollector:
     """This rank's share of ``--rollout-batch-size`` prompts per step, ``n`` samples each,
     generated with ``sampler`` and scored by ``scorer`` (relax/rollout/scoring.py).
 
+    ``rollout`` / ``batches``: the configuration's sections (relax/config/sections.py);
     ``timer`` times the ``generate`` and ``reward`` phases; ``tracker`` collects metrics."""
 
-    def __init__(self, cfg, ctx, *, source: PromptSource, tokenizer, sampler, scorer, timer,
-                 tracker):
+    def __init__(self, rollout, batches, ctx, *, seed: int, source: PromptSource, tokenizer,
+                 sampler, scorer, timer, tracker):
         self.ctx, self.source, self.tokenizer = ctx, source, tokenizer
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
-        self.n, self.batch_size, self.seed = (cfg.n_samples_per_prompt, cfg.rollout_batch_size,
-                                              cfg.seed)
-        self.max_response_len = cfg.rollout_max_response_len
-        self.format = dict(apply_chat_template=cfg.apply_chat_template,
-                           system_prompt=cfg.system_prompt)
+        self.n, self.batch_size = batches.samples_per_prompt, batches.rollout_batch_size
+        self.seed, self.max_response_len = seed, rollout.max_response_len
+        self.format = dict(apply_chat_template=rollout.apply_chat_template,
+                           system_prompt=rollout.system_prompt)
         self.cursor = 0  # prompts of the stream consumed by earlier steps (all ranks)
 
     def collect(self, step: int) -> StepBatch:
@@ -115,11 +115,11 @@ class DynamicSampling:
     its share of groups that pass ``group_filter`` or ``--dynamic-sampling-max-rounds`` is
     reached; the batch is the first passing groups, as many on every rank."""
 
-    def __init__(self, cfg, ctx, inner: PromptCollector, group_filter, *, tracker):
+    def __init__(self, batches, ctx, inner: PromptCollector, group_filter, *, tracker):
         self.ctx, self.inner, self.group_filter, self.tracker = ctx, inner, group_filter, tracker
-        self.n, self.rounds = cfg.n_samples_per_prompt, cfg.dynamic_sampling_max_rounds
-        self.count = cfg.over_sampling_batch_size
-        self.quota = cfg.rollout_batch_size // ctx.world_size
+        self.n, self.rounds = batches.samples_per_prompt, batches.max_rounds
+        self.count = batches.over_sampling_batch_size
+        self.quota = batches.rollout_batch_size // ctx.world_size
 
     def collect(self, step: int) -> StepBatch:
         parts, kept = [], []  # every round's StepBatch; (round, group) of each kept group

@@ -26,13 +26,14 @@ from relax.rollout.scoring import warn_some
 from relax.seeding import seed_for
 
 
-def build_environments(cfg, ctx) -> list | None:
-    """One ``--env`` environment per episode this rank plays in a step (None without --env)."""
-    if not cfg.env:
+def build_environments(rollout, batches, ctx) -> list | None:
+    """One ``--env`` environment per episode this rank plays in a step (None without --env);
+    ``rollout`` / ``batches``: the configuration's sections."""
+    if not rollout.env:
         return None
-    make_env = environment_factory(cfg.env)
-    return [make_env() for _ in range(cfg.rollout_batch_size // ctx.world_size
-                                      * cfg.n_samples_per_prompt)]
+    make_env = environment_factory(rollout.env)
+    return [make_env() for _ in range(batches.rollout_batch_size // ctx.world_size
+                                      * batches.samples_per_prompt)]
 
 
 class EpisodeCollector:
@@ -43,19 +44,19 @@ class EpisodeCollector:
     of the episode rewards; ``eos_token_id`` ends each model turn; ``context``: the model's
     maximum positions (an episode that outgrows it ends)."""
 
-    def __init__(self, cfg, ctx, *, envs, source, tokenizer, sampler, scorer, eos_token_id: int,
-                 context: int | None, timer, tracker):
-        self.cfg, self.ctx, self.envs, self.source = cfg, ctx, envs, source
+    def __init__(self, rollout, batches, ctx, *, seed: int, envs, source, tokenizer, sampler,
+                 scorer, eos_token_id: int, context: int | None, timer, tracker):
+        self.rollout, self.ctx, self.seed, self.envs, self.source = rollout, ctx, seed, envs, source
         self.tokenizer, self.sampler, self.scorer = tokenizer, sampler, scorer
         self.eos_token_id, self.context = eos_token_id, context
         self.timer, self.tracker = timer, tracker
-        self.n = cfg.n_samples_per_prompt
-        self.per_rank = cfg.rollout_batch_size // ctx.world_size
+        self.n, self.batch_size = batches.samples_per_prompt, batches.rollout_batch_size
+        self.per_rank = self.batch_size // ctx.world_size
         self.agents: AgentRunner | None = None
         self.cursor = 0  # prompts of the stream the steps so far stand for (all ranks)
 
     def collect(self, step: int) -> StepBatch:
-        generator = rollout_generator(self.cfg.seed, self.ctx.rank, step, 0, self.ctx.device)
+        generator = rollout_generator(self.seed, self.ctx.rank, step, 0, self.ctx.device)
 
         def sample(ids, mask, max_new_tokens):  # every turn of the step draws from one stream
             return self.sampler(ids, mask, max_new_tokens, generator)
@@ -68,7 +69,7 @@ class EpisodeCollector:
                 played, labels = self._agents(step, sample)
                 self.tracker.add_sum("rollout/agent_failures", len(played.failures))
         self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(played.turns))
-        self.cursor = (step + 1) * self.cfg.rollout_batch_size
+        self.cursor = (step + 1) * self.batch_size
         rollout = played.rollout
         group_index = torch.arange(len(played.turns) // self.n,
                                    device=self.ctx.device).repeat_interleave(self.n)
@@ -86,10 +87,10 @@ class EpisodeCollector:
         """The n episodes of a group start from the same environment seed, so the group
         baseline compares plays of one game; seeds come from the run's seed, never from
         Python's global ``random`` (environments reseed it)."""
-        cfg, n = self.cfg, self.n
-        first = step * cfg.rollout_batch_size + self.ctx.rank * self.per_rank
+        cfg, n = self.rollout, self.n
+        first = step * self.batch_size + self.ctx.rank * self.per_rank
         # below HELDOUT_SEED: the evaluation's seeds are never trained on
-        seeds = [seed_for(cfg.seed, "env", first + g) % HELDOUT_SEED
+        seeds = [seed_for(self.seed, "env", first + g) % HELDOUT_SEED
                  for g in range(self.per_rank) for _ in range(n)]
         format_prompt, render = turn_io(self.tokenizer,
                                         apply_chat_template=cfg.apply_chat_template,
@@ -98,7 +99,7 @@ class EpisodeCollector:
         played = run_episodes(
             self.envs, seeds, tokenizer=self.tokenizer, format_prompt=format_prompt,
             render=render, sample=sample, max_turns=cfg.max_turns,
-            max_turn_tokens=cfg.rollout_max_response_len, context=self.context,
+            max_turn_tokens=cfg.max_response_len, context=self.context,
             device=self.ctx.device,
         )
         error = None
@@ -112,15 +113,15 @@ class EpisodeCollector:
 
     def _agents(self, step: int, sample):
         """One agent run per sample of this rank's prompt groups; a failed run scores 0."""
-        cfg, n = self.cfg, self.n
+        cfg, n = self.rollout, self.n
         if self.agents is None:
             self.agents = AgentRunner(
                 cfg.agent_command, timeout_s=cfg.agent_timeout, max_turns=cfg.max_turns,
-                max_turn_tokens=cfg.rollout_max_response_len, tokenizer=self.tokenizer,
+                max_turn_tokens=cfg.max_response_len, tokenizer=self.tokenizer,
                 eos_token_id=self.eos_token_id, context=self.context, device=self.ctx.device)
         rank = self.ctx.rank
         batch = self.source.batch(step)[rank * self.per_rank:(rank + 1) * self.per_rank]
-        base = (step * cfg.rollout_batch_size + rank * self.per_rank) * n
+        base = (step * self.batch_size + rank * self.per_rank) * n
         inputs = [{"prompt": s.prompt, "label": s.label, "index": base + k, "step": step}
                   for k, s in enumerate(x for x in batch for _ in range(n))]
         played = self.agents.run(inputs, sample)

@@ -23,17 +23,18 @@ class Scorer:
     """Rewards [B] float32 for one rank's samples; ``ctx`` gives rank, world size, group and
     device; ``tracker`` (relax/metrics/tracker.py) counts ``rollout/reward_errors``."""
 
-    def __init__(self, cfg, ctx, *, builtin_task: str | None):
+    def __init__(self, rollout, ctx, *, builtin_task: str | None, post_process_path: str | None):
+        """``rollout``: the configuration's section (relax/config/sections.py)."""
         self.ctx = ctx
         # a built-in task scores with its own reward unless told otherwise
-        rm_type = cfg.rm_type or builtin_task
+        rm_type = rollout.rm_type or builtin_task
         self.reward_fn, self.reward_name = build_reward_fn(
-            cfg.custom_rm_path, rm_type,
-            gym_answer=cfg.reasoning_gym_answer if is_reasoning_gym(cfg.prompt_data) else None)
-        self.timeout, self.error_policy = cfg.reward_timeout, cfg.reward_error_policy
-        self.post_process_fn = (load_function(cfg.custom_reward_post_process_path,
-                                              POST_PROCESS_FLAG)
-                                if cfg.custom_reward_post_process_path else None)
+            rollout.custom_rm_path, rm_type,
+            gym_answer=(rollout.reasoning_gym_answer if is_reasoning_gym(rollout.prompt_data)
+                        else None))
+        self.timeout, self.error_policy = rollout.reward_timeout, rollout.reward_error_policy
+        self.post_process_fn = (load_function(post_process_path, POST_PROCESS_FLAG)
+                                if post_process_path else None)
 
     def score(self, prompts: list[str], responses: list[str], labels: list,
               group_index: torch.Tensor, *, tracker) -> torch.Tensor:

@@ -319,6 +319,13 @@ class Checkpointer:
         self.saved_step: int | None = None  # the newest step saved (or being saved) by this run
         self.final_step: int | None = None  # the step of the final save, once written
 
+    @classmethod
+    def of(cls, section, ctx: DistContext, policy, *, fsdp: bool) -> Checkpointer:
+        """From the configuration's checkpoint section (relax/config/sections.py)."""
+        return cls(section.save, ctx, policy, fsdp=fsdp, async_save=section.async_save,
+                   checksums=section.checksums, keep_last=section.keep_last,
+                   save_interval=section.save_interval)
+
     def maybe_save(self, step: int, meta, *, last: bool) -> str | None:
         """After rollout step ``step``: the final save when ``last``, an interval checkpoint
         when ``--save-interval`` divides ``step``, else nothing; an ``--async-save`` that has
@@ -469,31 +476,3 @@ class Checkpointer:
         if self.ctx.group is not None:
             dist.barrier(group=self.ctx.group)
         return self.save_dir
-
-
-# ---------------------------------------------------------------------------- load
-
-
-def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> dict:
-    """Restore the policy's checkpointed state (relax/trainer/policy.py) and this rank's RNG
-    states; return the saved progress.
-
-    Another world size or ``--fsdp`` setting loads the same weights and optimizer state
-    (DCP reshards them); what that means for exactness is printed once.
-    """
-    meta = read_manifest(path)
-    policy.load_checkpoint_state(path)
-    saved_world, saved_fsdp = int(meta["world_size"]), bool(meta.get("fsdp"))
-    rng = sharded_state.read_rank_file(path, ctx.rank % saved_world)
-    if ctx.is_main and saved_world != ctx.world_size:
-        _say(f"--load {path}: saved with {saved_world} ranks, resuming with {ctx.world_size}: "
-             "weights and optimizer state are restored exactly, but each rank now samples "
-             "other prompts with other seeds (RNG states are reused by rank modulo), so the "
-             "run continues correctly but not as an exact continuation")
-    elif ctx.is_main and saved_fsdp != fsdp:
-        _say(f"--load {path}: saved {'with' if saved_fsdp else 'without'} --fsdp, resuming "
-             f"{'with' if fsdp else 'without'}: weights and optimizer state are restored "
-             "exactly; gradient sums are reduced in another order, so later steps agree with "
-             "the interrupted run only up to float rounding")
-    sharded_state.set_rng_state(rng)
-    return dict(meta.get("progress") or {})

@@ -50,7 +50,7 @@ from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.policy import Policy
-from relax.trainer.resume import check_resume, report_resume
+from relax.trainer.resume import check_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
 from relax.trainer.runtime import Timer
 from relax.trainer.signals import StopRequest
@@ -71,7 +71,7 @@ class Trainer:
         self.bf16 = use_bf16(cfg.bf16, ctx.device)
         # everything that can fail on bad input comes before any model is loaded
         resume = self._check_paths()
-        envs = build_environments(cfg, ctx)
+        envs = build_environments(cfg.rollout, cfg.batches, ctx)
         self._build_data_and_rewards()
         if resume:
             changed = check_resume(cfg, resume[0], resume[1], self.total_steps)
@@ -90,10 +90,8 @@ class Trainer:
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.save)
-        self.checkpointer = checkpoint.Checkpointer(
-            cfg.save, ctx, self.policy, fsdp=cfg.fsdp, async_save=cfg.async_save,
-            checksums=cfg.checkpoint_checksums, keep_last=cfg.keep_last,
-            save_interval=cfg.save_interval)
+        self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
+                                                       fsdp=cfg.fsdp)
         self.control = RunControl(ctx, stop or StopRequest(), total_steps=self.total_steps,
                                   exit_duration_in_mins=cfg.exit_duration_in_mins,
                                   started=started)
@@ -129,8 +127,9 @@ class Trainer:
             self.samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train")
         elif not cfg.env:  # an environment makes its own prompts
             task = get_task(cfg.builtin_task)
-        self.scorer = Scorer(cfg, self.ctx,
-                             builtin_task=None if self.samples is not None else cfg.builtin_task)
+        self.scorer = Scorer(cfg.rollout, self.ctx,
+                             builtin_task=None if self.samples is not None else cfg.builtin_task,
+                             post_process_path=cfg.algorithm.reward_post_process_path)
         self.custom_advantage = (load_function(cfg.custom_advantage_function_path, ADVANTAGE_FLAG)
                                  if cfg.custom_advantage_function_path else None)
         self.group_filter = (load_group_filter(cfg.dynamic_sampling_filter_path)
@@ -187,25 +186,26 @@ class Trainer:
     def _build_collector(self, envs):
         """Episodes (--env, --use-agentic-rollout), or prompt groups, with dynamic sampling
         around them when a filter is set (the configuration refuses it for episodes)."""
-        cfg, p = self.cfg, self.policy
-        parts = dict(source=self.source, tokenizer=p.tokenizer, scorer=self.scorer,
-                     sampler=p.sampler(SamplingParams(cfg.rollout_temperature, cfg.rollout_top_p,
-                                                      cfg.rollout_top_k)),
-                     timer=self.timer, tracker=self.tracker)
-        if cfg.env or cfg.use_agentic_rollout:
+        rollout, batches, p = self.cfg.rollout, self.cfg.batches, self.policy
+        parts = dict(seed=self.cfg.seed, source=self.source, tokenizer=p.tokenizer,
+                     scorer=self.scorer, timer=self.timer, tracker=self.tracker,
+                     sampler=p.sampler(SamplingParams(rollout.temperature, rollout.top_p,
+                                                      rollout.top_k)))
+        if rollout.env or rollout.agentic:
             eos = p.tokenizer.eos_token_id
-            return EpisodeCollector(cfg, self.ctx, envs=envs, context=p.context,
+            return EpisodeCollector(rollout, batches, self.ctx, envs=envs, context=p.context,
                                     eos_token_id=p.eos_token_ids[0] if eos is None else eos,
                                     **parts)
-        collector = PromptCollector(cfg, self.ctx, **parts)
+        collector = PromptCollector(rollout, batches, self.ctx, **parts)
         if self.group_filter is None:
             return collector
-        return DynamicSampling(cfg, self.ctx, collector, self.group_filter, tracker=self.tracker)
+        return DynamicSampling(batches, self.ctx, collector, self.group_filter,
+                               tracker=self.tracker)
 
     def _resume(self, path: str, step: int) -> None:
         """The policy's state and this rank's RNG from ``path``; the collector continues
         where the checkpoint left it."""
-        progress = checkpoint.load_trainer_state(path, self.policy, fsdp=self.cfg.fsdp,
+        progress = load_trainer_state(path, self.policy, fsdp=self.cfg.fsdp,
                                                  ctx=self.ctx)
         self.start_step = step
         saved = progress.get("data")

@@ -54,10 +54,10 @@ class Policy:
         """Adapter (``--lora-rank``), reference, data-parallel wrapping and AdamW around the
         loaded Hugging Face ``module``."""
         lora = None
-        if cfg.lora_rank:
-            lora = add_lora(module, rank=cfg.lora_rank, alpha=cfg.lora_alpha,
-                            dropout=cfg.lora_dropout,
-                            targets=cfg.lora_target_modules or list(ALL_LINEAR),
+        if cfg.lora.enabled:
+            lora = add_lora(module, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
+                            dropout=cfg.lora.dropout,
+                            targets=list(cfg.lora.target_modules or ALL_LINEAR),
                             seed=seed_for(cfg.seed, "lora"))
         has_reference = build.needs_reference(cfg)
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA

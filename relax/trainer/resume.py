@@ -1,4 +1,5 @@
-"""Is ``--load`` a continuation of this configuration? Checked before any model is loaded.
+"""Is ``--load`` a continuation of this configuration? Checked before any model is loaded;
+then the checkpoint's state is loaded into the policy (:func:`load_trainer_state`).
 
 A checkpoint's manifest (``relax_save.json``) records the rollout step, the seed, the
 estimator and the resolved configuration of the run that wrote it. :func:`check_resume`
@@ -23,6 +24,9 @@ import sys
 
 from relax.errors import InputError
 from relax.rundirs import SAVE_MARKER
+from relax.trainer import sharded_state
+from relax.trainer.checkpoint import read_manifest
+from relax.trainer.distributed import DistContext
 from relax.trainer.runtime import rows_after
 
 # settings that identify a run: changing one makes the checkpoint another run's
@@ -127,3 +131,29 @@ def report_resume(cfg, path: str, step: int, saved: dict | None, position: dict,
         print(f"relax train: warning: the checkpoint was at data position {saved}, this "
               f"configuration puts step {step} at {now} (--rollout-batch-size or the data "
               "changed?); the run is no longer an exact continuation", file=sys.stderr)
+
+
+def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> dict:
+    """Restore the policy's checkpointed state (relax/trainer/policy.py) and this rank's RNG
+    states; return the saved progress.
+
+    Another world size or ``--fsdp`` setting loads the same weights and optimizer state
+    (DCP reshards them); what that means for exactness is printed once.
+    """
+    meta = read_manifest(path)
+    policy.load_checkpoint_state(path)
+    saved_world, saved_fsdp = int(meta["world_size"]), bool(meta.get("fsdp"))
+    rng = sharded_state.read_rank_file(path, ctx.rank % saved_world)
+    if ctx.is_main and saved_world != ctx.world_size:
+        print(f"relax train: --load {path}: saved with {saved_world} ranks, resuming with {ctx.world_size}: "
+              "weights and optimizer state are restored exactly, but each rank now samples "
+              "other prompts with other seeds (RNG states are reused by rank modulo), so the "
+              "run continues correctly but not as an exact continuation", file=sys.stderr,
+              flush=True)
+    elif ctx.is_main and saved_fsdp != fsdp:
+        print(f"relax train: --load {path}: saved {'with' if saved_fsdp else 'without'} --fsdp, resuming "
+              f"{'with' if fsdp else 'without'}: weights and optimizer state are restored "
+              "exactly; gradient sums are reduced in another order, so later steps agree with "
+              "the interrupted run only up to float rounding", file=sys.stderr, flush=True)
+    sharded_state.set_rng_state(rng)
+    return dict(meta.get("progress") or {})

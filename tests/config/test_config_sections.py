@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from relax.config import parse_eval_config, parse_train_config
-from relax.config.schema import GROUPS, EvalConfig, TrainConfig, default_words, help_text
+from relax.config.fields import GROUPS, default_words, help_text
+from relax.config.schema import EvalConfig, TrainConfig
 from relax.config.sections import (
     AlgorithmSection,
     BatchSection,

@@ -15,7 +15,7 @@ import torch
 
 from relax.errors import InputError
 from relax.metrics.sinks import read_metrics
-from relax.trainer import checkpoint
+from relax.trainer import checkpoint, resume
 from relax.trainer.policy import Policy
 from tests.reliability.helpers import (
     BASELINE,
@@ -172,7 +172,7 @@ def test_loaded_state_is_safe(tmp_path):
     for planted in (pickle.dumps(Payload()), through):
         (ckpt / ".metadata").write_bytes(planted)
         with pytest.raises(InputError, match="cannot read .metadata"):
-            checkpoint.load_trainer_state(
+            resume.load_trainer_state(
                 str(ckpt), Policy(model=model, optimizer=optimizer, tokenizer=None, ctx=ctx),
                 fsdp=False, ctx=ctx)
     assert not marker.exists()
