@@ -147,7 +147,8 @@ def verify_checkpoint(path: str, *, checksums: bool = False) -> tuple[int | None
 
     The cheap check: the manifest is there (so the rename happened), DCP's ``.metadata``, a
     state file for every rank and the model config are listed, every listed file exists with
-    its size, and no unlisted pickle file lies beside them. ``checksums`` also compares the
+    its size, no unlisted pickle file lies beside them, and ``.metadata`` reads as DCP's
+    metadata whose shard ranges exist (a corrupt one is skipped like a missing file). ``checksums`` also compares the
     SHA-256 of every file whose checksum the manifest records.
     """
     if not os.path.isfile(os.path.join(path, MARKER)):
@@ -185,7 +186,8 @@ def verify_checkpoint(path: str, *, checksums: bool = False) -> tuple[int | None
             return None, f"{name} has {os.path.getsize(file)} bytes, expected {want.get('size')}"
         if checksums and "sha256" in want and _sha256(file) != want["sha256"]:
             return None, f"{name} fails its SHA-256 checksum"
-    return step, None
+    problem = sharded_state.metadata_problem(path)
+    return (None, problem) if problem else (step, None)
 
 
 def _candidates(load_dir: str) -> list[tuple[int, str]]:

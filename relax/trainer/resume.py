@@ -27,6 +27,7 @@ from relax.rundirs import SAVE_MARKER
 from relax.trainer import sharded_state
 from relax.trainer.checkpoint import read_manifest
 from relax.trainer.distributed import DistContext
+from relax.trainer.lora import ALL_LINEAR, hf_target_names
 from relax.trainer.runtime import rows_after
 
 # settings that identify a run: changing one makes the checkpoint another run's
@@ -80,6 +81,7 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
                          f"--lora-rank {cfg.lora_rank}; resume with "
                          f"{'--lora-rank ' + str(saved_rank) if saved_rank else 'no --lora-rank'}"
                          ", or start a new run without --load")
+    _check_trained_tensors(cfg, saved, where)
     changed = [f"--{k.replace('_', '-')} {saved[k]} -> {getattr(cfg, k)}"
                for k in sorted(saved) if k not in LOCAL and k not in IDENTITY
                and hasattr(cfg, k) and saved[k] != _jsonable(getattr(cfg, k))]
@@ -87,6 +89,29 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
         return None
     return (f"relax train: continuing {checkpoint} (step {step}) with changed settings: "
             + ", ".join(changed))
+
+
+def _check_trained_tensors(cfg, saved: dict, where: str) -> None:
+    """The adapter's layers are the tensors a LoRA checkpoint holds: other target modules
+    would drop trained adapters and start others from zero, so they are refused (Megatron and
+    Hugging Face names of the same layers are the same targets)."""
+    if not cfg.lora_rank or "lora_target_modules" not in saved:
+        return
+    before, now = saved.get("lora_target_modules"), cfg.lora_target_modules
+    layers_before = set(hf_target_names(list(before or ALL_LINEAR)))
+    layers_now = set(hf_target_names(list(now or ALL_LINEAR)))
+    if layers_before == layers_now:
+        return
+    dropped, new = sorted(layers_before - layers_now), sorted(layers_now - layers_before)
+    what = "; ".join(x for x in (
+        f"its adapters on {', '.join(dropped)} would be dropped" if dropped else "",
+        f"adapters on {', '.join(new)} would start untrained" if new else "") if x)
+    flag = "--lora-target-modules"
+    resume_with = f"{flag} {' '.join(before)}" if before else f"no {flag} (all linear layers)"
+    raise InputError(f"{where}: the checkpoint trained LoRA adapters on "
+                     f"{', '.join(sorted(layers_before))}, this run targets "
+                     f"{', '.join(sorted(layers_now))} ({what}); resume with {resume_with}, or "
+                     "start a new run without --load")
 
 
 def _jsonable(value):

@@ -139,14 +139,46 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
 
 
+def read_metadata(folder: str):
+    """DCP's ``.metadata`` of ``folder``, unpickled through the allow-list (raises what the
+    unpickler raises on a corrupt or foreign file)."""
+    with open(pathlib.Path(folder) / METADATA, "rb") as f:
+        return _MetadataUnpickler(f).load()
+
+
+def metadata_problem(folder: str) -> str | None:
+    """Why the DCP checkpoint in ``folder`` cannot be read, or None: its ``.metadata`` does not
+    unpickle to DCP's metadata, or points at shard bytes that are not there. Cheap (the
+    metadata is small; shards are only stat'ed), so every candidate checkpoint is checked
+    before one is chosen; bytes changed in place are found only by ``--checkpoint-checksums``.
+    """
+    try:
+        metadata = read_metadata(folder)
+    except Exception as e:
+        return f"corrupt {METADATA} ({type(e).__name__})"
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(getattr(metadata, "state_dict_metadata", None), dict) or \
+            not isinstance(storage, dict):
+        return f"corrupt {METADATA} (not a checkpoint's metadata)"
+    sizes: dict[str, int] = {}
+    for info in storage.values():
+        name = str(getattr(info, "relative_path", ""))
+        if name not in sizes:
+            file = pathlib.Path(folder) / name
+            if "/" in name or not name or not file.is_file():
+                return f"corrupt {METADATA} (it names a shard {name!r} that is not there)"
+            sizes[name] = file.stat().st_size
+        if int(info.offset) + int(info.length) > sizes[name]:
+            return f"shard {name} is shorter than {METADATA} says"
+    return None
+
+
 class SafeReader(FileSystemReader):
     """DCP's file reader, with ``.metadata`` unpickled through an allow-list."""
 
     def read_metadata(self, *args, **kwargs):
-        path = pathlib.Path(self.path) / METADATA
         try:
-            with open(path, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
+            metadata = read_metadata(self.path)
         except Exception as e:
             raise InputError(f"--load {self.path}: cannot read {METADATA} "
                              f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from e

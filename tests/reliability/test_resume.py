@@ -132,6 +132,23 @@ def test_partial_and_tampered_checkpoints_are_never_loaded(tmp_path, capsys):
     assert "rollout_000001: __0_0.distcp has" in capsys.readouterr().err
 
 
+def test_a_corrupt_metadata_is_skipped_and_the_run_resumes_from_the_previous_one(tmp_path,
+                                                                               capsys):
+    save = _tiny_checkpoint(tmp_path, steps=2)
+    metadata = save / "rollout_000002" / ".metadata"
+    metadata.write_bytes(bytes(range(256)) * (metadata.stat().st_size // 256)
+                         + b"x" * (metadata.stat().st_size % 256))  # same size, not a pickle
+    capsys.readouterr()
+    reward = write_gate_reward(tmp_path)
+    cfg = make_config(*SMALL, "--custom-rm-path", reward, "--num-rollout", "3",
+                      "--load", str(save), tiny=False, output_dir=tmp_path / "run")
+    trainer, tail, _ = fit(cfg)
+    assert trainer.start_step == 1 and len(tail) == 2
+    err = capsys.readouterr().err
+    assert "skipping checkpoint " + str(save / "rollout_000002") + ": corrupt .metadata" in err
+    assert "Traceback" not in err and "does not fit" not in err
+
+
 def test_loaded_state_is_safe(tmp_path):
     """Weights only from DCP tensors; every pickle read through weights_only=True or an
     allow-list (DCP's .metadata), so a planted payload is refused, never run."""

@@ -13,7 +13,9 @@ import torch
 
 from relax.cli import main
 from relax.errors import InputError
+from relax.trainer import checkpoint
 from relax.trainer.distributed import unwrap
+from relax.trainer.resume import check_resume
 from relax.trainer.sharded_state import SafeReader
 from tests.reliability.helpers import deterministic
 from tests.trainer.helpers import RECIPES, fit, make_config, write_reward
@@ -128,6 +130,20 @@ def test_resuming_with_another_lora_setting_is_one_line(tmp_path):
     with pytest.raises(InputError, match="trained with --lora-rank 4, this run has --lora-rank "
                        "0; resume with --lora-rank 4"):
         fit(make_config(*full, *STEPS, "--load", str(save), output_dir=tmp_path / "run"))
+    # other target modules: 4 of the 7 adapted layers would be dropped, none would start new
+    ckpt, step = checkpoint.latest_checkpoint(str(save))
+    fewer = make_config(*flags, *STEPS, "--load", str(save), "--lora-target-modules",
+                        "linear_qkv", output_dir=tmp_path / "run")
+    with pytest.raises(InputError, match=r"the checkpoint trained LoRA adapters on down_proj, "
+                       r"gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj, this run targets "
+                       r"k_proj, q_proj, v_proj \(its adapters on down_proj, gate_proj, o_proj, "
+                       r"up_proj would be dropped\); resume with no --lora-target-modules"):
+        check_resume(fewer, ckpt, step, 4)
+    # the same layers by their Megatron names are the same adapters: continued
+    same = make_config(*flags, *STEPS, "--load", str(save), "--lora-target-modules",
+                       "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2",
+                       output_dir=tmp_path / "run")
+    assert "--lora-target-modules None -> " in check_resume(same, ckpt, step, 4)
 
 
 def test_a_missing_base_model_is_named(tmp_path):
