@@ -17,6 +17,8 @@ ppo_clip_loss, gspo_loss,      :mod:`relax.algorithms.losses`         7
 sapo_loss, response_mean,
 token_mean
 compute_advantages_and_returns :mod:`relax.algorithms.registry`       3-6, 10
+mismatch_sums, tis_weights,    :mod:`relax.algorithms.off_policy`     7a
+opsm_keep
 =============================  =====================================  ==========
 """
 
@@ -32,6 +34,7 @@ from relax.algorithms.normalization import (
     masked_population_normalize,
     masked_whiten,
 )
+from relax.algorithms.off_policy import mismatch_sums, opsm_keep, tis_weights
 from relax.algorithms.registry import (
     ESTIMATORS,
     AdvantageOutput,
@@ -59,10 +62,13 @@ __all__ = [
     "gspo_loss",
     "masked_population_normalize",
     "masked_whiten",
+    "mismatch_sums",
+    "opsm_keep",
     "ppo_clip_loss",
     "reinforce_plus_plus_baseline_advantages",
     "reinforce_plus_plus_returns",
     "response_mean",
     "sapo_loss",
+    "tis_weights",
     "token_mean",
 ]

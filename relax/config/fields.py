@@ -20,6 +20,8 @@ GROUPS: dict[str, str] = {
     "algorithm": "Advantage estimator, losses and KL (reinforce_plus_plus.md §2-§7).",
     "batches": "Sizes in prompts and samples (responses).",
     "model and data": "Defaults: the built-in tiny model and task.",
+    "off-policy": "The sampler's log-probs: mismatch metrics and importance correction "
+                  "(reinforce_plus_plus.md §7a).",
     "lora": "Low-rank adapters instead of full fine-tuning (peft).",
     "optimizer": "AdamW, constant learning rate.",
     "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",

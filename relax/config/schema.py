@@ -118,6 +118,36 @@ class TrainConfig:
         "rejected for reinforce_plus_plus_baseline (reinforce_plus_plus.md §8).",
         group="algorithm")
 
+    # off-policy (reinforce_plus_plus.md §7a)
+    use_rollout_logprobs: bool = option(
+        False, "pi_old of the PPO ratio is the sampler's log-prob of each token (kept by the "
+        "decode, no extra pass) instead of the trainer's.", group="off-policy")
+    get_mismatch_metrics: bool | None = option(
+        None, "rollout/logprob_abs_diff (mean, max), rollout/mismatch_k1, _k3 and "
+        "_ratio_outside between the sampler's and the trainer's log-probs of the trained "
+        "tokens; --no-get-mismatch-metrics turns them off.",
+        default_text="on (free: elementwise over log-probs the update already holds)",
+        group="off-policy")
+    use_tis: bool = option(
+        False, "Truncated importance sampling: each token's policy loss times "
+        "clamp(pi_trainer / pi_sampler, --tis-clip-low, --tis-clip), a constant.",
+        group="off-policy")
+    tis_clip: float = option(
+        2.0, "Upper clip of the TIS weight, > 0; needs --use-tis.", group="off-policy")
+    tis_clip_low: float = option(
+        0.0, "Lower clip of the TIS weight, in [0, --tis-clip]; needs --use-tis.",
+        group="off-policy")
+    custom_tis_function_path: str | None = option(
+        None, "'module:function' or 'file.py:function' computing the TIS weights: "
+        "f(trainer_log_probs, sampler_log_probs, mask) -> weights [B, T], finite and >= 0 on "
+        "the mask; needs --use-tis.", group="off-policy")
+    use_opsm: bool = option(
+        False, "Off-policy sequence masking: drop from the policy loss a response with a "
+        "negative advantage whose mean log(pi_sampler / pi_theta) exceeds --opsm-delta.",
+        group="off-policy")
+    opsm_delta: float = option(
+        1e-4, "OPSM threshold, > 0; needs --use-opsm.", group="off-policy")
+
     # batches
     rollout_batch_size: int = option(
         8, "Prompts per rollout step; a multiple of WORLD_SIZE.", group="batches")

@@ -40,6 +40,7 @@ from relax.config.checks import (
 from relax.config.constants import BUILTIN_FILTER_NAMES
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
+from relax.config.off_policy import check_off_policy
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
@@ -464,6 +465,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     _check_dynamic_sampling(cfg)
     _check_token_budget(cfg)
     _check_lora(cfg)
+    check_off_policy(cfg, explicit)
     output_dir = cfg.output_dir or os.path.join(
         "runs", f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(
@@ -478,6 +480,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
         output_dir=output_dir,
         world_size=world_size,
         **_resolved_dynamic_sampling(cfg),
+        get_mismatch_metrics=cfg.get_mismatch_metrics is not False,
     )
 
 

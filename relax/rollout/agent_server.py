@@ -332,7 +332,8 @@ class AgentRunner:
         for row, request in enumerate(ready):
             session, episode = request.session, request.session.episode
             action = out.response_ids[row][out.response_mask[row]].tolist()
-            episode.add(action, trained=True)
+            episode.add(action, trained=True,
+                        log_probs=out.log_probs[row][out.response_mask[row]].tolist())
             episode.turns += 1
             session.ended = not bool(out.truncated[row])
             text = self.tokenizer.decode(action, skip_special_tokens=True)

@@ -92,20 +92,23 @@ def turn_io(tokenizer, *, apply_chat_template: bool, system_prompt: str | None,
 
 @dataclass
 class Episode:
-    """One episode's growing token sequence: ``ids`` after the prompt, ``trained`` flags."""
+    """One episode's growing token sequence: ``ids`` after the prompt, ``trained`` flags and
+    the sampler's ``log_probs`` (0.0 for the environment's tokens)."""
 
     prompt: list[int]
     ids: list[int] = field(default_factory=list)
     trained: list[bool] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
     reward: float = 0.0
     turns: int = 0
     done: bool = False  # the environment ended it
     live: bool = True
     error: str | None = None
 
-    def add(self, ids: list[int], trained: bool) -> None:
+    def add(self, ids: list[int], trained: bool, log_probs: list[float] | None = None) -> None:
         self.ids.extend(ids)
         self.trained.extend([trained] * len(ids))
+        self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
 
 
 @dataclass
@@ -153,6 +156,8 @@ def run_episodes(
         out = sample(ids, mask, max_turn_tokens)
         for row, i in enumerate(live):
             action = out.response_ids[row][out.response_mask[row]].tolist()
+            episodes[i].add(action, trained=True,
+                            log_probs=out.log_probs[row][out.response_mask[row]].tolist())
             error = _step(episodes[i], envs[i], action, ended=not bool(out.truncated[row]),
                           tokenizer=tokenizer, render=render, last=turn == max_turns - 1,
                           room=None if context is None else context - max_turn_tokens)
@@ -183,8 +188,8 @@ def _step(e: Episode, env, action: list[int], *, ended: bool, tokenizer, render,
           room: int | None) -> str | None:
     """Play the model's ``action`` in ``env`` and add the answer to ``e``; ``ended``: the turn
     stopped at EOS, ``room``: the most tokens an episode may hold before one more full turn
-    (None: unbounded). Returns the environment's error, which fails the episode, or None."""
-    e.add(action, trained=True)
+    (None: unbounded); the action is already in ``e``. Returns the environment's error, which
+    fails the episode, or None."""
     e.turns += 1
     try:
         observation, reward, done = env.step(tokenizer.decode(action, skip_special_tokens=True))
@@ -211,12 +216,15 @@ def as_rollout(episodes: list[Episode], pad: int, device) -> Rollout:
     ids = torch.full((B, T), pad, dtype=torch.long)
     trained = torch.zeros((B, T), dtype=torch.bool)
     present = torch.zeros((B, T), dtype=torch.bool)
+    log_probs = torch.zeros((B, T), dtype=torch.float32)
     for i, e in enumerate(episodes):
         n = len(e.ids)
         ids[i, :n] = torch.tensor(e.ids, dtype=torch.long)
         trained[i, :n] = torch.tensor(e.trained, dtype=torch.bool)
+        log_probs[i, :n] = torch.tensor(e.log_probs, dtype=torch.float32)
         present[i, :n] = True
     # truncated: the environment did not end the episode (turn limit, context, or an error)
     truncated = torch.tensor([not e.done for e in episodes], dtype=torch.bool)
     return Rollout(prompt_ids, prompt_mask, ids.to(device), trained.to(device),
-                   truncated.to(device), context_mask=present.to(device))
+                   truncated.to(device), context_mask=present.to(device),
+                   log_probs=log_probs.to(device))

@@ -25,6 +25,9 @@ class Rollout:
     truncated [B] bool (no EOS within the length limit). ``context_mask`` [B, T] bool: the
     response tokens the model attends to, when they are more than the trained ones (an
     episode's environment turns, relax/rollout/episodes.py); None means ``response_mask``.
+    ``log_probs`` [B, T] float32: the sampler's log-prob of each generated token
+    (:func:`sampled_log_probs`), 0 outside ``response_mask``; None when the rows were not
+    sampled here.
     """
 
     prompt_ids: torch.Tensor
@@ -33,6 +36,7 @@ class Rollout:
     response_mask: torch.Tensor
     truncated: torch.Tensor
     context_mask: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
 
     def select(self, index) -> Rollout:
         """The rows picked by ``index`` (a list or an index tensor)."""
@@ -60,6 +64,8 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         None if all(r.context_mask is None for r in parts) else torch.cat([
             pad(r.response_mask if r.context_mask is None else r.context_mask, T, False, False)
             for r in parts]),
+        None if any(r.log_probs is None for r in parts) else torch.cat([
+            pad(r.log_probs, T, 0.0, False) for r in parts]),
     )
 
 
@@ -102,6 +108,22 @@ def sample_next(logits, *, temperature: float, top_p: float, top_k: int, generat
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return draw(logits.softmax(-1), generator, uniforms)
+
+
+def sampled_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float
+                      ) -> torch.Tensor:
+    """The sampler's log-prob [B] float32 of ``tokens`` [B] under logits [B, V]: the log-softmax
+    of ``logits / temperature`` (temperature 0, greedy: of the logits), before top-p / top-k
+    truncation.
+
+    Before truncation because that is the distribution the trainer's log-probs describe
+    (relax/trainer/logprobs.py: the same temperature, no truncation), so the two differ only by
+    numerics (kernels, precision) and the PPO ratio compares like with like; the truncated
+    distribution would put the truncation itself into every ratio. Computed from the logits the
+    decode step already holds: no extra forward pass."""
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    chosen = scaled.gather(-1, tokens[:, None]).squeeze(-1)
+    return chosen - torch.logsumexp(scaled, dim=-1)
 
 
 def draw(probs: torch.Tensor, generator=None, uniforms=None) -> torch.Tensor:
@@ -159,7 +181,7 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
     logits = forward.prefill(prompt_ids, prompt_mask, max_new_tokens)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     alive = None  # the rows the forward still computes (None: all B)
-    tokens, masks = [], []
+    tokens, masks, log_probs = [], [], []
     for t in range(max_new_tokens):
         # one uniform per row and step for every row: a row's token never depends on which
         # other rows are still being computed
@@ -168,11 +190,14 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
             logits.float(), temperature=temperature, top_p=top_p, top_k=top_k,
             uniforms=u if alive is None else u[alive],
         )
+        lp = sampled_log_probs(logits, tok, temperature)
         if alive is not None:
             tok = torch.full_like(u, pad_token_id, dtype=torch.long).index_copy_(0, alive, tok)
+            lp = torch.zeros(B, dtype=lp.dtype, device=device).index_copy_(0, alive, lp)
         masks.append(~finished)
         tok = torch.where(finished, torch.full_like(tok, pad_token_id), tok)
         tokens.append(tok)
+        log_probs.append(torch.where(finished, torch.zeros_like(lp), lp))
         finished = finished | torch.isin(tok, eos)
         if t == max_new_tokens - 1:
             break
@@ -189,7 +214,8 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         logits = forward.step(tok if alive is None else tok[alive])
     response_ids = torch.stack(tokens, dim=1)
     response_mask = torch.stack(masks, dim=1)
-    return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~finished)
+    return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~finished,
+                   log_probs=torch.stack(log_probs, dim=1))
 
 
 def _drop_finished(engine, alive, finished, ended: int):

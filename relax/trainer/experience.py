@@ -36,6 +36,7 @@ class Experience:
     old_log_probs: torch.Tensor | None = None  # [B, T]
     ref_log_probs: torch.Tensor | None = None  # [B, T]
     advantages: torch.Tensor | None = None  # [B, T]
+    rollout_log_probs: torch.Tensor | None = None  # [B, T] the sampler's (reinforce_plus_plus.md §7a)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -66,7 +67,8 @@ def experience_from_rollout(r: Rollout) -> Experience:
     attended = r.response_mask if r.context_mask is None else r.context_mask
     attention_mask = torch.cat([r.prompt_mask, attended], dim=1).long()
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return Experience(input_ids, attention_mask, position_ids, r.response_mask.clone())
+    return Experience(input_ids, attention_mask, position_ids, r.response_mask.clone(),
+                      rollout_log_probs=None if r.log_probs is None else r.log_probs.clone())
 
 
 def trimmed(exp: Experience) -> Experience:

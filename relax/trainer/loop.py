@@ -49,6 +49,7 @@ from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.experience import experience_from_rollout
+from relax.trainer.off_policy import track_mismatch
 from relax.trainer.policy import Policy
 from relax.trainer.resume import check_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
@@ -275,6 +276,8 @@ class Trainer:
             self.policy.model, self.policy.optimizer, exp, self.loss_settings, self.ctx,
             global_batch_size=global_batch,
             micro_batch_size=cfg.micro_batch_size, clip_grad=cfg.clip_grad,
+            on_mismatch=(lambda sums: track_mismatch(self.tracker, sums))
+            if cfg.get_mismatch_metrics else None,
         )
         for values in history:
             for name, value in values.items():

@@ -25,6 +25,7 @@ from relax.algorithms import (
     PolicyLossSettings,
     approx_kl,
     compute_policy_loss,
+    mismatch_sums,
     response_mean,
     token_mean,
 )
@@ -33,6 +34,7 @@ from relax.errors import NonFiniteError
 from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
 from relax.trainer.experience import Experience, micro_batches
 from relax.trainer.logprobs import response_log_probs
+from relax.trainer.off_policy import OffPolicySettings, behaviour_log_probs, corrected
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class LossSettings:
     temperature: float = 1.0
     bf16: bool = False  # forward passes under bf16 autocast (relax/precision.py)
     max_tokens: int | None = None  # token-budget micro-batches (relax/trainer/experience.py)
+    off_policy: OffPolicySettings = OffPolicySettings()  # the sampler's log-probs (§7a)
 
     @classmethod
     def from_config(cls, cfg, *, bf16: bool = False) -> LossSettings:
@@ -62,6 +65,7 @@ class LossSettings:
             entropy_coef=cfg.entropy_coef, per_token=cfg.calculate_per_token_loss,
             temperature=cfg.rollout_temperature, bf16=bf16,
             max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
+            off_policy=OffPolicySettings.from_config(cfg),
         )
 
     @property
@@ -73,19 +77,23 @@ class LossSettings:
     def metric_names(self) -> tuple[str, ...]:
         names = ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                  "train/entropy")
-        return names + (("train/kl_loss",) if self.use_kl_loss else ())
+        return (names + (("train/kl_loss",) if self.use_kl_loss else ())
+                + self.off_policy.metric_names)
 
     # after the metric partial sums: the skipped-backward share, then the micro-batches'
     # token slots and attended tokens (the padding fraction is computed from their global sums)
     EXTRA = ("perf/backward_skipped_fraction", "slots", "tokens")
 
 
-def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, num_tokens):
+def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, num_tokens,
+                     on_mismatch=None):
     """The micro-batch's share of the step loss and its metric partial sums.
 
     Returns ``(loss, stats)``: ``loss`` a scalar with grad; ``stats`` a detached float64 vector
     in the order of ``s.metric_names``, each already divided by the global count, so that
-    summing over micro-batches and ranks gives the step's global value.
+    summing over micro-batches and ranks gives the step's global value. ``on_mismatch``
+    receives :func:`~relax.algorithms.mismatch_sums` of the trainer's pi_old (here: the
+    update's own log-probs, see below) against the sampler's (reinforce_plus_plus.md §7a).
     """
     mask = mb.response_mask
     log_probs, entropy = response_log_probs(
@@ -95,7 +103,10 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
     # step per rollout, see ``build.needs_old_log_probs``), so pi_old = pi_theta before the step
     # and the ratio is exactly 1 with the gradient of log pi_theta.
-    old_log_probs = log_probs.detach() if mb.old_log_probs is None else mb.old_log_probs
+    trainer_old = log_probs.detach() if mb.old_log_probs is None else mb.old_log_probs
+    if on_mismatch is not None and mb.rollout_log_probs is not None:
+        on_mismatch(mismatch_sums(trainer_old, mb.rollout_log_probs, mask))
+    old_log_probs = behaviour_log_probs(trainer_old, mb.rollout_log_probs, s.off_policy)
 
     def reduce(values):
         if s.per_token:
@@ -104,6 +115,9 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
 
     pg, clipped = compute_policy_loss(s.estimator, log_probs, old_log_probs, mb.advantages, mask,
                                       s.policy)
+    pg, correction_stats = corrected(
+        pg, log_probs=log_probs, trainer_old=trainer_old, sampler=mb.rollout_log_probs,
+        advantages=mb.advantages, mask=mask, s=s.off_policy, reduce=reduce)
     pg_loss = reduce(pg)
     entropy_term = reduce(entropy)
     loss = pg_loss - s.entropy_coef * entropy_term if s.entropy_coef else pg_loss
@@ -116,6 +130,7 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
                  entropy_term]
         if kl_loss is not None:
             stats.append(kl_loss)
+        stats += correction_stats
         stats = torch.stack([x.detach().double() for x in stats])
     return loss, stats
 
@@ -157,8 +172,10 @@ def train_on_rollout(
     global_batch_size: int,
     micro_batch_size: int,
     clip_grad: float,
+    on_mismatch=None,
 ) -> list[dict[str, float]]:
-    """Run the optimizer steps over this rank's ``exp``; return each step's global metrics."""
+    """Run the optimizer steps over this rank's ``exp``; return each step's global metrics
+    (``on_mismatch``: see :func:`micro_batch_loss`)."""
     local_step = global_batch_size // ctx.world_size
     if len(exp) % local_step:  # a last shorter micro-batch is fine: denominators are global
         raise ValueError(
@@ -182,7 +199,7 @@ def train_on_rollout(
         optimizer.zero_grad(set_to_none=True)
         stats = _accumulate_gradients(model, chunk, s, sharded, micro_batch_size=micro_batch_size,
                                       num_responses=global_batch_size, num_tokens=num_tokens,
-                                      group=ctx.group)
+                                      group=ctx.group, on_mismatch=on_mismatch)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
@@ -198,7 +215,7 @@ def train_on_rollout(
 
 def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bool, *,
                           micro_batch_size: int, num_responses: int, num_tokens,
-                          group) -> torch.Tensor:
+                          group, on_mismatch=None) -> torch.Tensor:
     """Backward over the micro-batches of one optimizer step; returns this rank's partial
     sums in the order of ``s.metric_names + LossSettings.EXTRA``, float64."""
     active, inert = _split(chunk, s, sharded)
@@ -210,7 +227,7 @@ def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bo
     for i, (_, mb) in enumerate(batches):
         with no_grad_sync(model, skip=i < len(batches) - 1):
             loss, part = micro_batch_loss(model, mb, s, num_responses=num_responses,
-                                          num_tokens=num_tokens)
+                                          num_tokens=num_tokens, on_mismatch=on_mismatch)
             loss.backward()
         stats[:k] += part
         stats[k + 1] += mb.attention_mask.numel()
@@ -222,7 +239,7 @@ def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bo
             for _, mb in micro_batches(inert, size=micro_batch_size, max_tokens=s.max_tokens,
                                        flag="--max-tokens-per-gpu"):
                 stats[:k] += micro_batch_loss(unwrap(model), mb, s, num_responses=num_responses,
-                                              num_tokens=num_tokens)[1]
+                                              num_tokens=num_tokens, on_mismatch=on_mismatch)[1]
                 stats[k + 1] += mb.attention_mask.numel()
                 stats[k + 2] += mb.attention_mask.sum()
         stats[k] = len(inert) / num_responses

@@ -360,3 +360,49 @@ def advantages_and_returns(estimator: str, rewards, mask, *, group_index=None,
         "rollout/advantage_zero_variance": 1.0 if raw_var < VAR_FLOOR else 0.0,
     }
     return adv, returns, metrics
+
+
+# -------------------------------------------------------------- §7a the sampler's log-probs
+
+def mismatch(trainer_lp, sampler_lp, mask) -> dict[str, float]:
+    """§7a sums over masked tokens of d = q - s: count, |d|, max |d|, -d, e^d - 1 - d, and
+    the count of ratios e^d outside [0.5, 2]."""
+    q, s, m = f64(trainer_lp), f64(sampler_lp), as_mask(mask)
+    out = dict(tokens=0.0, abs_diff=0.0, abs_diff_max=0.0, k1=0.0, k3=0.0, outside=0.0)
+    for i in range(m.shape[0]):
+        for t in range(m.shape[1]):
+            if m[i, t]:
+                d = q[i, t] - s[i, t]
+                out["tokens"] += 1
+                out["abs_diff"] += abs(d)
+                out["abs_diff_max"] = max(out["abs_diff_max"], abs(d))
+                out["k1"] += -d
+                out["k3"] += math.exp(d) - 1.0 - d
+                out["outside"] += float(not 0.5 <= math.exp(d) <= 2.0)
+    return out
+
+
+def tis(trainer_lp, sampler_lp, mask, *, clip: float, clip_low: float):
+    """§7a truncated importance weight per masked token (0 elsewhere) and where it clipped."""
+    q, s, m = f64(trainer_lp), f64(sampler_lp), as_mask(mask)
+    w = np.zeros(m.shape)
+    clipped = np.zeros(m.shape, dtype=bool)
+    for i in range(m.shape[0]):
+        for t in range(m.shape[1]):
+            if m[i, t]:
+                r = math.exp(q[i, t] - s[i, t])
+                w[i, t] = min(max(r, clip_low), clip)
+                clipped[i, t] = r > clip or r < clip_low
+    return w, clipped
+
+
+def opsm(log_probs, sampler_lp, advantages, mask, *, delta: float) -> np.ndarray:
+    """§7a: keep[i] False when sum_t A < 0 and mean_t (s - log pi_theta) > delta."""
+    lp, s, a, m = f64(log_probs), f64(sampler_lp), f64(advantages), as_mask(mask)
+    keep = np.ones(m.shape[0], dtype=bool)
+    for i in range(m.shape[0]):
+        ts = [t for t in range(m.shape[1]) if m[i, t]]
+        if ts:
+            divergence = sum(s[i, t] - lp[i, t] for t in ts) / len(ts)
+            keep[i] = not (sum(a[i, t] for t in ts) < 0 and divergence > delta)
+    return keep

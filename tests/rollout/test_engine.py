@@ -156,3 +156,6 @@ def test_engine_samples_the_tokens_the_model_forward_samples(monkeypatch):
     assert torch.equal(lean.response_ids, reference.response_ids)
     assert torch.equal(lean.response_mask, reference.response_mask)
     assert torch.equal(lean.truncated, reference.truncated)
+    # the sampler's log-probs too: rows dropped from the engine keep theirs, 0 after the mask
+    torch.testing.assert_close(lean.log_probs, reference.log_probs, atol=1e-5, rtol=0)
+    assert (lean.log_probs[~lean.response_mask] == 0).all()

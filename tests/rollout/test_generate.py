@@ -71,6 +71,34 @@ def test_recomputed_log_probs_match_the_decode(tok, model):
     assert torch.isfinite(entropy[m]).all() and (entropy[m] > 0).all()
 
 
+@pytest.mark.parametrize("top_p,top_k", [(1.0, -1), (0.5, -1), (1.0, 3)])
+@pytest.mark.parametrize("fallback", [False, True])
+def test_sampler_log_probs_are_the_tempered_distribution_before_truncation(
+        tok, model, top_p, top_k, fallback, monkeypatch):
+    """reinforce_plus_plus.md §7a: each sampled token's log-prob under softmax(logits / T),
+    the untruncated distribution the trainer's log-probs describe, from the decode engine and
+    from the model-forward fallback alike (float64 recomputation from a full forward)."""
+    if fallback:
+        from relax.rollout import generate as generate_module
+
+        monkeypatch.setattr(generate_module, "unsupported_reason", lambda model: "forced")
+    temperature = 0.7
+    ids, mask = tokenize_prompts(tok, ["ab=", "abcd=", "1+22="] * 2, "cpu")
+    r = generate(model, ids, mask, max_new_tokens=8, eos_token_ids=[EOS], pad_token_id=PAD,
+                 temperature=temperature, top_p=top_p, top_k=top_k,
+                 generator=torch.Generator().manual_seed(2))
+    exp = experience_from_rollout(r)
+    T = r.response_ids.shape[1]
+    with torch.no_grad():
+        logits = model.double()(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                                position_ids=exp.position_ids).logits[:, -T - 1:-1]
+        model.float()
+    want = (logits / temperature).log_softmax(-1).gather(-1, r.response_ids[..., None])[..., 0]
+    m = r.response_mask
+    assert r.log_probs.dtype == torch.float32 and (r.log_probs[~m] == 0).all()
+    torch.testing.assert_close(r.log_probs[m].double(), want[m], atol=2e-5, rtol=0)
+
+
 class _Output(dict):
     """Like a transformers ModelOutput: fields by attribute and by key."""
 

@@ -40,6 +40,20 @@ def test_two_ranks_two_micro_batches_equal_one_process(estimator, per_token, fsd
         _compare(ref, got)
 
 
+def test_importance_correction_under_micro_batches_and_two_ranks():
+    """reinforce_plus_plus.md §7a: the TIS weights and the OPSM mask are per token and per row,
+    so the corrected step is the same whatever the micro-batches and the ranks."""
+    ref = one_step("grpo", False, False, B, off_policy=True)
+    plain = one_step("grpo", False, False, B)
+    assert ref[1][0]["train/tis_clipfrac"] > 0  # both clips act on this batch
+    assert 0 < ref[1][0]["train/opsm_masked_fraction"] < 1
+    assert ref[1][0]["train/pg_loss"] != pytest.approx(plain[1][0]["train/pg_loss"])
+    _compare(ref, one_step("grpo", False, False, B // 4, off_policy=True))
+    for got in run_distributed(one_step, 2, "grpo", False, False, B // 4, False, False, True,
+                               True, timeout=120):
+        _compare(ref, got)
+
+
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_shared_prompt_forward_under_two_ranks(fsdp):
     """Rows that repeat a prompt run it once (DDP: the prompt through the bare module, the

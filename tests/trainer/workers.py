@@ -3,12 +3,15 @@ children import only this light module)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
 from relax.trainer.logprobs import Experience, batched_log_probs, response_log_probs
+from relax.trainer.off_policy import OffPolicySettings
 from relax.trainer.update import LossSettings, train_on_rollout
 
 B, P, T = 8, 4, 6
@@ -62,13 +65,18 @@ def settings(estimator: str, per_token: bool = False) -> LossSettings:
 INERT_ROWS = [1, 4, 5, 6, 7]  # with two ranks: rank 1 holds only zero-advantage rows
 
 
+OFF_POLICY = OffPolicySettings(tis_clip=1.5, tis_clip_low=0.5, opsm_delta=0.05)
+
+
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
-             inert: bool = False, shared_prompts: bool = False, tied: bool = True):
+             inert: bool = False, shared_prompts: bool = False, tied: bool = True,
+             off_policy: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
-    backward the update skips. Returns (full parameters by name, the step's metrics) from every
-    rank."""
+    backward the update skips. ``off_policy``: sampler log-probs off the old ones, with TIS
+    (both clips active) and OPSM (reinforce_plus_plus.md §7a). Returns (full parameters by name,
+    the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     rank = dist.get_rank() if distributed else 0
@@ -80,6 +88,11 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     if inert:
         exp.advantages[INERT_ROWS] = 0.0
         loss_settings = LossSettings(estimator=estimator, eps_clip=0.2, per_token=per_token)
+    if off_policy:
+        g = torch.Generator().manual_seed(11)
+        # a sampler that puts a little more mass on its tokens than pi_old: OPSM finds rows
+        exp.rollout_log_probs = exp.old_log_probs + 0.4 * torch.randn(B, T, generator=g) + 0.2
+        loss_settings = dataclasses.replace(loss_settings, off_policy=OFF_POLICY)
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
     model = wrap_model(model, ctx, fsdp=fsdp)

@@ -1,0 +1,114 @@
+"""The sampler's log-probs in the update (reinforce_plus_plus.md §7a): which log-probs are
+pi_old, the truncated importance weight (``--use-tis``), the off-policy sequence mask
+(``--use-opsm``) and the mismatch metrics. The formulas are relax/algorithms/off_policy.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relax.algorithms import opsm_keep, tis_weights
+from relax.errors import RelaxError
+from relax.rollout.rewards import call_plugin, load_function
+
+MISMATCH_METRICS = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max",
+                    "rollout/mismatch_k1", "rollout/mismatch_k3",
+                    "rollout/mismatch_ratio_outside")
+TIS_FLAG = "--custom-tis-function-path"
+
+
+@dataclass(frozen=True)
+class OffPolicySettings:
+    """``use_rollout_logprobs``: the ratio's pi_old is the sampler's; ``tis_clip``: TIS on
+    (its upper clip) or None; ``tis_fn``: a ``--custom-tis-function-path`` plug-in replacing
+    :func:`~relax.algorithms.tis_weights`; ``opsm_delta``: OPSM on (its threshold) or None."""
+
+    use_rollout_logprobs: bool = False
+    tis_clip: float | None = None
+    tis_clip_low: float = 0.0
+    tis_fn: object = None
+    opsm_delta: float | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> OffPolicySettings:
+        return cls(
+            use_rollout_logprobs=cfg.use_rollout_logprobs,
+            tis_clip=cfg.tis_clip if cfg.use_tis else None, tis_clip_low=cfg.tis_clip_low,
+            tis_fn=(load_function(cfg.custom_tis_function_path, TIS_FLAG)
+                    if cfg.custom_tis_function_path else None),
+            opsm_delta=cfg.opsm_delta if cfg.use_opsm else None)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return ((("train/tis_weight_mean", "train/tis_clipfrac") if self.tis_clip else ())
+                + (("train/opsm_masked_fraction",) if self.opsm_delta is not None else ()))
+
+    @property
+    def needs_sampler_log_probs(self) -> bool:
+        return self.use_rollout_logprobs or bool(self.tis_clip) or self.opsm_delta is not None
+
+
+def behaviour_log_probs(trainer_old: torch.Tensor, sampler: torch.Tensor | None,
+                        s: OffPolicySettings) -> torch.Tensor:
+    """pi_old of the PPO ratio: the sampler's with ``--use-rollout-logprobs``, else the
+    trainer's."""
+    if not s.use_rollout_logprobs:
+        return trainer_old
+    if sampler is None:
+        raise RelaxError("--use-rollout-logprobs: this rollout carries no sampler log-probs")
+    return sampler
+
+
+def corrected(pg: torch.Tensor, *, log_probs, trainer_old, sampler, advantages, mask,
+              s: OffPolicySettings, reduce) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The per-token policy loss [B, T] times the TIS weight and the OPSM mask (both constants
+    of the loss), and their metrics reduced like the loss (``reduce``), in the order of
+    ``s.metric_names``."""
+    stats = []
+    if s.tis_clip:
+        if s.tis_fn is not None:
+            w, clipped = _plugin_weights(s.tis_fn, trainer_old, sampler, mask)
+        else:
+            w, clipped = tis_weights(trainer_old, sampler, mask, clip=s.tis_clip,
+                                     clip_low=s.tis_clip_low)
+        pg = pg * w.to(pg.dtype)
+        stats += [reduce(w), reduce(clipped.float())]
+    if s.opsm_delta is not None:
+        keep = opsm_keep(log_probs, sampler, advantages, mask, delta=s.opsm_delta)
+        pg = pg * keep[:, None].to(pg.dtype)
+        stats.append(reduce((~keep)[:, None].expand_as(mask).float()))
+    return pg, stats
+
+
+def _plugin_weights(fn, trainer_old, sampler, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fn(trainer_log_probs, sampler_log_probs, mask) -> weights [B, T]``, checked: finite
+    and >= 0 on the mask. Its clipped fraction is 0 (the plug-in decides what it clips)."""
+    returned = call_plugin(fn, TIS_FLAG, trainer_old.detach().clone(), sampler.clone(),
+                           mask.clone())
+    try:
+        w = torch.as_tensor(returned).to(device=mask.device, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise RelaxError(f"{TIS_FLAG} must return weights of shape {tuple(mask.shape)}, got "
+                         f"{type(returned).__name__}: {e}") from None
+    if w.shape != mask.shape:
+        raise RelaxError(f"{TIS_FLAG} must return weights of shape {tuple(mask.shape)}, got "
+                         f"{tuple(w.shape)}")
+    on = w[mask]
+    if not torch.isfinite(on).all() or (on < 0).any():
+        raise RelaxError(f"{TIS_FLAG} returned weights that are negative or not finite on the "
+                         "response mask")
+    return torch.where(mask, w, torch.zeros_like(w)).detach(), torch.zeros_like(mask)
+
+
+def track_mismatch(tracker, sums: dict[str, torch.Tensor]) -> None:
+    """Add :func:`~relax.algorithms.mismatch_sums` of some rows to the step's metrics (means
+    over every masked token of the step, and the maximum)."""
+    tokens = sums["tokens"]
+    abs_diff, abs_max, k1, k3, outside = MISMATCH_METRICS
+    tracker.add_ratio(abs_diff, sums["abs_diff"], tokens)
+    tracker.add_max(abs_max, sums["abs_diff_max"])
+    tracker.add_ratio(k1, sums["k1"], tokens)
+    tracker.add_ratio(k3, sums["k3"], tokens)
+    tracker.add_ratio(outside, sums["outside"], tokens)
