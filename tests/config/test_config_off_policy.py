@@ -1,0 +1,40 @@
+"""reinforce_plus_plus.md §7a flags: each bad value is exit 2 with one line naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+ROWS = {
+    "clip-zero": (["--use-tis", "--tis-clip", "0"], ("--tis-clip 0", "must be > 0")),
+    "clip-negative": (["--use-tis", "--tis-clip", "-1"], ("--tis-clip -1",)),
+    "low-above-high": (["--use-tis", "--tis-clip", "1.5", "--tis-clip-low", "2"],
+                       ("--tis-clip-low 2", "--tis-clip 1.5", "[0, --tis-clip]")),
+    "low-negative": (["--use-tis", "--tis-clip-low", "-0.1"], ("--tis-clip-low -0.1",)),
+    "clip-without-tis": (["--tis-clip", "3"], ("--tis-clip 3", "without --use-tis")),
+    "plugin-without-tis": (["--custom-tis-function-path", "math:sqrt"],
+                           ("--custom-tis-function-path", "without --use-tis")),
+    "plugin-missing": (["--use-tis", "--custom-tis-function-path", "/nowhere/tis.py:f"],
+                       ("--custom-tis-function-path /nowhere/tis.py:f",)),
+    "plugin-malformed": (["--use-tis", "--custom-tis-function-path", "tis"],
+                         ("--custom-tis-function-path tis", "module:function")),
+    "delta-zero": (["--use-opsm", "--opsm-delta", "0"], ("--opsm-delta 0", "must be > 0")),
+    "delta-without-opsm": (["--opsm-delta", "0.1"], ("--opsm-delta 0.1", "without --use-opsm")),
+    "tis-with-rollout-logprobs": (["--use-tis", "--use-rollout-logprobs"],
+                                  ("--use-tis", "--use-rollout-logprobs", "every TIS weight is 1")),
+}
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_bad_off_policy_flags_are_one_line(cli, rejected, row):
+    flags, needles = ROWS[row]
+    rejected(cli(["train", *flags, "--dry-run"]), *needles)
+
+
+def test_good_off_policy_flags_resolve(cli):
+    cfg = cli(["train", "--use-tis", "--tis-clip", "1.5", "--tis-clip-low", "0.5", "--use-opsm",
+               "--dry-run"]).config()
+    assert (cfg["use_tis"], cfg["tis_clip"], cfg["tis_clip_low"]) == (True, 1.5, 0.5)
+    assert cfg["use_opsm"] and cfg["get_mismatch_metrics"] is True  # on unless turned off
+    off = cli(["train", "--no-get-mismatch-metrics", "--use-rollout-logprobs",
+               "--dry-run"]).config()
+    assert off["get_mismatch_metrics"] is False and off["use_rollout_logprobs"]

@@ -1,0 +1,75 @@
+"""The sampler's log-probs in the update (reinforce_plus_plus.md §7a): which pi_old the ratio
+uses, the TIS plug-in, and a whole run with the corrections and the mismatch metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from relax.errors import RelaxError
+from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer.off_policy import MISMATCH_METRICS, OffPolicySettings
+from relax.trainer.update import micro_batch_loss
+from tests.trainer.helpers import RECIPES, fit, make_config, write_reward
+from tests.trainer.workers import B, T, fixed_experience, settings
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(build_tokenizer(), seed=7)
+
+
+def _stats(model, exp, **off_policy):
+    s = dataclasses.replace(settings("grpo"), entropy_coef=0.0, use_kl_loss=False,
+                            off_policy=OffPolicySettings(**off_policy))
+    loss, stats = micro_batch_loss(model, exp, s, num_responses=B, num_tokens=None)
+    return dict(zip(s.metric_names, stats.tolist(), strict=True)), loss
+
+
+def test_use_rollout_logprobs_puts_the_sampler_into_the_ratio(model):
+    exp = fixed_experience(model)
+    exp.rollout_log_probs = torch.where(exp.response_mask, exp.old_log_probs + 0.5, 0.0)
+    trainer, _ = _stats(model, exp)
+    sampler, _ = _stats(model, exp, use_rollout_logprobs=True)
+    # train/ppo_kl is the response mean of pi_old - pi_theta: shifted by the 0.5 on every row
+    # with tokens (row 3 has none)
+    shift = 0.5 * (B - 1) / B
+    assert sampler["train/ppo_kl"] == pytest.approx(trainer["train/ppo_kl"] + shift, abs=1e-5)
+    exp.rollout_log_probs = None
+    with pytest.raises(RelaxError, match="--use-rollout-logprobs: this rollout carries no"):
+        _stats(model, exp, use_rollout_logprobs=True)
+
+
+def test_a_tis_plugin_weighs_every_token(model):
+    exp = fixed_experience(model)
+    exp.rollout_log_probs = exp.old_log_probs.clone()
+    plain, _ = _stats(model, exp)
+    half, _ = _stats(model, exp, tis_clip=2.0, tis_fn=lambda q, s, m: torch.full(m.shape, 0.5))
+    assert half["train/pg_loss"] == pytest.approx(0.5 * plain["train/pg_loss"], rel=1e-6)
+    assert half["train/tis_weight_mean"] == pytest.approx(0.5 * (B - 1) / B)  # row 3: no tokens
+    for bad, match in ((lambda q, s, m: torch.ones(B, T + 1), r"shape \(8, 6\), got \(8, 7\)"),
+                       (lambda q, s, m: torch.full(m.shape, -1.0), "negative or not finite"),
+                       (lambda q, s, m: "weights", "got str")):
+        with pytest.raises(RelaxError, match="--custom-tis-function-path .*" + match):
+            _stats(model, exp, tis_clip=2.0, tis_fn=bad)
+
+
+def test_a_run_with_tis_and_opsm_logs_the_corrections_and_the_mismatch(tmp_path):
+    reward = write_reward(tmp_path)
+    cfg = make_config(*RECIPES["grpo"], "--custom-rm-path", f"{reward}:parity", "--use-tis",
+                      "--tis-clip-low", "0.5", "--use-opsm", output_dir=tmp_path / "run")
+    _, history, moved = fit(cfg)
+    assert moved > 0
+    for row in history:
+        # one fp32 model samples and trains: the two agree to float rounding
+        assert 0 <= row["rollout/logprob_abs_diff"] < 1e-4
+        assert row["rollout/logprob_abs_diff_max"] >= row["rollout/logprob_abs_diff"]
+        assert row["rollout/mismatch_ratio_outside"] == 0.0
+        assert all(name in row for name in MISMATCH_METRICS)
+        assert row["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert row["train/tis_clipfrac"] == 0.0 and row["train/opsm_masked_fraction"] == 0.0
+    off = make_config(*RECIPES["grpo"], "--custom-rm-path", f"{reward}:parity",
+                      "--no-get-mismatch-metrics", output_dir=tmp_path / "off")
+    assert not any(name in fit(off)[1][0] for name in MISMATCH_METRICS)
