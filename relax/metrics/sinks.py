@@ -189,6 +189,10 @@ SUMMARY = (
     ("train/pg_loss", "pg", "{:+.4f}"),
     ("train/kl_loss", "kl", "{:.2e}"),
     ("train/ppo_kl", "ppo_kl", "{:+.1e}"),
+    # the sampler against the trainer, and what the corrections did (reinforce_plus_plus.md §7a)
+    ("rollout/mismatch_k3", "mis_kl", "{:.1e}"),
+    ("train/tis_clipfrac", "tis_clip", "{:.3f}"),
+    ("train/opsm_masked_fraction", "opsm", "{:.3f}"),
     ("train/entropy", "ent", "{:.2f}"),
     ("train/grad_norm", "gnorm", "{:.3f}"),
     ("perf/step_time", "s", "{:.2f}"),
