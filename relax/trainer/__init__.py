@@ -1,18 +1,9 @@
 """The synchronous colocate trainer (reinforce_plus_plus.md §9): rollout, then train, on the same devices.
 
-``train(cfg) -> int`` takes the resolved namespace of ``relax.config.parse_train_config`` and
-returns the process exit status. Heavy imports happen inside, so ``import relax.trainer`` is
-cheap.
+``train(cfg) -> int`` takes the resolved configuration of ``relax.config.parse_train_config``
+and returns the process exit status (relax/trainer/launch.py). Heavy imports happen inside, so
+``import relax.trainer`` is cheap.
 """
-
-from relax.errors import (
-    InputError,
-    Interrupted,
-    NonFiniteError,
-    PeerFailure,
-    RelaxError,
-    RewardError,
-)
 
 
 def train(cfg) -> int:
@@ -21,5 +12,4 @@ def train(cfg) -> int:
     return _train(cfg)
 
 
-__all__ = ["InputError", "Interrupted", "NonFiniteError", "PeerFailure", "RelaxError",
-           "RewardError", "train"]
+__all__ = ["train"]
