@@ -1,11 +1,16 @@
-"""Rollout: prompts (data files or built-in tasks), generation with the current policy, rewards.
+"""Rollout: the rollout phase as objects, and what they are built from.
 
-- ``tiny_model``: the built-in tiny Qwen3 and character tokenizer (no download, ever);
-- ``tasks``: built-in tasks ``copy`` and ``addition`` with partial-credit rewards;
-- ``math_reward``: ``--rm-type math`` (last ``\\boxed{}`` or ``####``, math-verify equality);
-- ``rewards``: reward dispatch, ``module:function`` / ``file.py:function`` loading, checks;
-- ``data``: jsonl / parquet prompt files with ``file:line`` errors, per-step prompt batches;
-- ``generate``: left-padded KV-cache decoding, response mask through EOS, truncation.
+- ``collectors``: ``collect(step) -> StepBatch`` with a ``state_dict``: prompt groups
+  (``PromptCollector``) and dynamic sampling around them (``DynamicSampling``);
+- ``episode_collector``: ``--env`` environments and ``--use-agentic-rollout`` agent programs;
+- ``sampler``: generation with a policy under the run's precision (training and evaluation);
+- ``scoring``: rewards of a step's samples, their failures and post-processing;
+- ``batch``: ``StepBatch``, one rank's samples of a step;
+- ``generate`` / ``engine``: left-padded KV-cache decoding (the sampler's log-probs with every
+  token), the static-cache engine for Qwen3/Qwen2/Llama;
+- ``tiny_model``, ``tasks``, ``math_reward``, ``rewards``, ``data``, ``reasoning_gym_source``,
+  ``filters``, ``envs``, ``episodes``, ``agent_server``: the built-in model and tasks, reward
+  functions and plug-ins, prompt data, dynamic-sampling filters, environments and agents.
 
 Submodules are imported on use so that ``import relax.rollout.tasks`` stays light.
 """
