@@ -51,7 +51,7 @@ from relax.trainer import build, checkpoint
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.off_policy import track_mismatch
 from relax.trainer.policy import Policy
-from relax.trainer.resume import check_resume, load_trainer_state, report_resume
+from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
 from relax.trainer.runtime import Timer
 from relax.trainer.signals import StopRequest
@@ -71,7 +71,8 @@ class Trainer:
         self.timer, self.tracker = Timer(ctx.device), MetricTracker(ctx.group, ctx.device)
         self.bf16 = use_bf16(cfg.bf16, ctx.device)
         # everything that can fail on bad input comes before any model is loaded
-        resume = self._check_paths()
+        models.check_model_paths(cfg)
+        resume = find_resume(cfg, report=ctx.is_main)
         envs = build_environments(cfg.rollout, cfg.batches, ctx)
         self._build_data_and_rewards()
         if resume:
@@ -106,21 +107,6 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ building
-    def _check_paths(self) -> tuple[str, int] | None:
-        """Model directories, ``--save`` and ``--load``; returns the checkpoint to resume."""
-        cfg = self.cfg
-        models.check_model_paths(cfg)
-        checkpoint.check_save_dir(cfg.save)
-        if not cfg.load:
-            return None
-        if not os.path.isdir(cfg.load):
-            raise InputError(f"--load {cfg.load}: no such directory")
-        resume = checkpoint.latest_checkpoint(cfg.load, report=self.ctx.is_main,
-                                              checksums=cfg.checkpoint_checksums)
-        if resume is None:
-            raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
-        return resume
-
     def _build_data_and_rewards(self) -> None:
         cfg = self.cfg
         self.samples = task = None

@@ -25,7 +25,7 @@ import sys
 from relax.errors import InputError
 from relax.rundirs import SAVE_MARKER
 from relax.trainer import sharded_state
-from relax.trainer.checkpoint import read_manifest
+from relax.trainer.checkpoint import check_save_dir, latest_checkpoint, read_manifest
 from relax.trainer.distributed import DistContext
 from relax.trainer.lora import ALL_LINEAR, hf_target_names
 from relax.trainer.runtime import rows_after
@@ -50,6 +50,21 @@ def _read_json(path: str, what: str) -> dict:
     if not isinstance(value, dict):
         raise InputError(f"{what}: {path} is not a JSON object")
     return value
+
+
+def find_resume(cfg, *, report: bool) -> tuple[str, int] | None:
+    """``--save`` is usable and ``--load`` names a complete checkpoint: (its path, its step),
+    or None without ``--load`` (``report``: say which candidates were skipped and why)."""
+    check_save_dir(cfg.save)
+    if not cfg.load:
+        return None
+    if not os.path.isdir(cfg.load):
+        raise InputError(f"--load {cfg.load}: no such directory")
+    found = latest_checkpoint(cfg.load, report=report,
+                                                checksums=cfg.checkpoint_checksums)
+    if found is None:
+        raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
+    return found
 
 
 def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | None:
