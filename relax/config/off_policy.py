@@ -1,6 +1,6 @@
 """Rules of the off-policy flags (reinforce_plus_plus.md §7a): the clips of ``--use-tis``, the
-threshold of ``--use-opsm``, and the flags that need one of them. Torch-free, like the rest of
-validation."""
+threshold of ``--use-opsm``, partial rollouts, and the flags that need one of them. Torch-free,
+like the rest of validation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from relax.config.checks import check_custom_path, reject
 
 # flag -> the switch it needs
 _NEEDS = {"tis_clip": "use_tis", "tis_clip_low": "use_tis",
-          "custom_tis_function_path": "use_tis", "opsm_delta": "use_opsm"}
+          "custom_tis_function_path": "use_tis", "opsm_delta": "use_opsm",
+          "partial_rollout_max_aborted_count": "partial_rollout",
+          "mask_offpolicy_in_partial_rollout": "partial_rollout"}
 
 
 def check_off_policy(cfg, explicit: set[str]) -> None:
@@ -29,3 +31,24 @@ def check_off_policy(cfg, explicit: set[str]) -> None:
                "every TIS weight is 1; keep one of them")
     if cfg.custom_tis_function_path:
         check_custom_path(cfg, "custom_tis_function_path")
+    if cfg.partial_rollout:
+        _check_partial_rollout(cfg)
+
+
+def _check_partial_rollout(cfg) -> None:
+    over = cfg.over_sampling_batch_size
+    if over is None or over <= cfg.rollout_batch_size:
+        reject(cfg, ("partial_rollout", "over_sampling_batch_size"), "partial rollouts start "
+               "more groups than a step trains on and carry the unfinished ones over; set "
+               "--over-sampling-batch-size above --rollout-batch-size, e.g. twice it")
+    for dest in ("dynamic_sampling_filter_path", "env", "use_agentic_rollout"):
+        if getattr(cfg, dest):
+            reject(cfg, ("partial_rollout", dest), "partial rollouts continue single-turn "
+                   "prompt groups without a dynamic-sampling filter; remove one of the two")
+    if cfg.partial_rollout_max_aborted_count < 1:
+        reject(cfg, "partial_rollout_max_aborted_count", "must be >= 1 (how many steps one "
+               "response may be carried over before the step waits for it)")
+    if not (cfg.mask_offpolicy_in_partial_rollout or cfg.use_tis or cfg.use_rollout_logprobs):
+        reject(cfg, "partial_rollout", "carried responses hold tokens an older policy sampled: "
+               "add --mask-offpolicy-in-partial-rollout (leave them out of the loss) or correct "
+               "for them with --use-tis or --use-rollout-logprobs")

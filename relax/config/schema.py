@@ -147,6 +147,18 @@ class TrainConfig:
         group="off-policy")
     opsm_delta: float = option(
         1e-4, "OPSM threshold, > 0; needs --use-opsm.", group="off-policy")
+    partial_rollout: bool = option(
+        False, "Start --over-sampling-batch-size groups per step, stop decoding once "
+        "--rollout-batch-size of them are complete, and continue the unfinished ones in the "
+        "next step under the newer policy (relax/rollout/partial.py); deterministic: the stop "
+        "counts tokens, not time.", group="off-policy")
+    partial_rollout_max_aborted_count: int = option(
+        2, "Most steps one group may be carried over unfinished; a step waits for groups at "
+        "the bound. Needs --partial-rollout.", group="off-policy")
+    mask_offpolicy_in_partial_rollout: bool = option(
+        False, "Leave tokens an earlier step sampled out of the loss (they stay in the "
+        "context); without it --use-tis or --use-rollout-logprobs must weigh them. Needs "
+        "--partial-rollout.", group="off-policy")
 
     # batches
     rollout_batch_size: int = option(

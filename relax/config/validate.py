@@ -363,6 +363,8 @@ def _check_dynamic_sampling(cfg: TrainConfig) -> None:
     spec = cfg.dynamic_sampling_filter_path
     if spec is None:
         for dest in ("over_sampling_batch_size", "dynamic_sampling_max_rounds"):
+            if dest == "over_sampling_batch_size" and cfg.partial_rollout:
+                continue  # partial rollouts over-sample too (relax/config/off_policy.py)
             if getattr(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, "has no effect without --dynamic-sampling-filter-path; add "
                        "--dynamic-sampling-filter-path nonzero_std or remove it")

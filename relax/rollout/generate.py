@@ -156,11 +156,16 @@ def generate(
     generator: torch.Generator | None = None,
     sync_group=None,
     inference_mode: bool = True,
+    budgets: torch.Tensor | None = None,
+    stop=None,
 ) -> Rollout:
-    """Sample up to ``max_new_tokens`` per row.
+    """Sample up to ``max_new_tokens`` per row (``budgets`` [B]: fewer for some rows; a row at
+    its budget ends as truncated).
 
+    ``stop(finished [B] bool) -> bool``, asked after every decode step, ends the decode early
+    (partial rollouts: the rows not finished then are continued later, relax/rollout/partial.py).
     ``sync_group``: with a sharded model (FSDP) every rank must run the same number of forward
-    passes, so the "all rows finished" decision is all-reduced over this group.
+    passes, so the "all rows finished" (or stop) decision is all-reduced over this group.
     ``inference_mode=False`` runs under plain ``no_grad``: FSDP2 reuses its all-gather buffers
     in later training passes, and inference tensors cannot be updated outside inference mode.
     """
@@ -169,17 +174,20 @@ def generate(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
             eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, temperature=temperature,
             top_p=top_p, top_k=top_k, generator=generator, sync_group=sync_group,
+            budgets=budgets, stop=stop,
         )
 
 
 def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pad_token_id,
-            temperature, top_p, top_k, generator, sync_group) -> Rollout:
+            temperature, top_p, top_k, generator, sync_group, budgets=None, stop=None
+            ) -> Rollout:
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     eos = torch.tensor(eos_token_ids, device=device)
     forward = _ModelSteps(model) if unsupported_reason(model) else DecodeEngine(model)
     logits = forward.prefill(prompt_ids, prompt_mask, max_new_tokens)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    ended_eos = torch.zeros(B, dtype=torch.bool, device=device)
     alive = None  # the rows the forward still computes (None: all B)
     tokens, masks, log_probs = [], [], []
     for t in range(max_new_tokens):
@@ -198,11 +206,15 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         tok = torch.where(finished, torch.full_like(tok, pad_token_id), tok)
         tokens.append(tok)
         log_probs.append(torch.where(finished, torch.zeros_like(lp), lp))
-        finished = finished | torch.isin(tok, eos)
+        hit_eos = torch.isin(tok, eos) & ~finished
+        ended_eos |= hit_eos
+        finished = finished | hit_eos
+        if budgets is not None:
+            finished = finished | (budgets <= t + 1)
         if t == max_new_tokens - 1:
             break
         ended = int(finished.sum())  # the step's one host sync: early stop and dropped rows
-        done = ended == B
+        done = ended == B or (stop is not None and bool(stop(finished)))
         if sync_group is not None:
             flag = torch.tensor(int(done), dtype=torch.int32, device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=sync_group)
@@ -214,7 +226,7 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         logits = forward.step(tok if alive is None else tok[alive])
     response_ids = torch.stack(tokens, dim=1)
     response_mask = torch.stack(masks, dim=1)
-    return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~finished,
+    return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~ended_eos,
                    log_probs=torch.stack(log_probs, dim=1))
 
 

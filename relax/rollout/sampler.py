@@ -48,7 +48,9 @@ class Sampler:
         self.sync_group, self.after = sync_group, after
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
-                 generator: torch.Generator | None = None) -> Rollout:
+                 generator: torch.Generator | None = None, *, budgets=None, stop=None
+                 ) -> Rollout:
+        """``budgets`` / ``stop``: per-row limits and an early end (relax/rollout/generate.py)."""
         was_training = self.model.training
         self.model.eval()
         try:
@@ -58,6 +60,7 @@ class Sampler:
                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                     temperature=self.params.temperature, top_p=self.params.top_p,
                     top_k=self.params.top_k, generator=generator, sync_group=self.sync_group,
+                    budgets=budgets, stop=stop,
                     # a sharded model keeps its gathered buffers for training passes
                     inference_mode=self.sync_group is None,
                 )

@@ -42,6 +42,7 @@ from relax.rollout.collectors import DynamicSampling, PromptCollector
 from relax.rollout.data import PromptSource, check_formatted_lengths, load_source, report_overlap
 from relax.rollout.episode_collector import EpisodeCollector, build_environments
 from relax.rollout.filters import load_group_filter
+from relax.rollout.partial import PartialRollouts
 from relax.rollout.rewards import call_plugin, load_function
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.scoring import Scorer
@@ -93,7 +94,8 @@ class Trainer:
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.save)
         self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
-                                                       fsdp=cfg.fsdp)
+                                                       fsdp=cfg.fsdp,
+                                                       rank_state=self.collector.state_dict)
         self.control = RunControl(ctx, stop or StopRequest(), total_steps=self.total_steps,
                                   exit_duration_in_mins=cfg.exit_duration_in_mins,
                                   started=started)
@@ -183,6 +185,11 @@ class Trainer:
             return EpisodeCollector(rollout, batches, self.ctx, envs=envs, context=p.context,
                                     eos_token_id=p.eos_token_ids[0] if eos is None else eos,
                                     **parts)
+        if self.cfg.partial_rollout:
+            return PartialRollouts(
+                rollout, batches, self.ctx, **parts,
+                max_aborted=self.cfg.partial_rollout_max_aborted_count,
+                mask_offpolicy=self.cfg.mask_offpolicy_in_partial_rollout)
         collector = PromptCollector(rollout, batches, self.ctx, **parts)
         if self.group_filter is None:
             return collector
@@ -196,11 +203,12 @@ class Trainer:
                                                  ctx=self.ctx)
         self.start_step = step
         saved = progress.get("data")
-        self.collector.load_state_dict(
-            {"cursor": (saved or {}).get("cursor", step * self.cfg.rollout_batch_size)})
+        self.collector.load_state_dict(progress.get("collector") or {
+            "cursor": (saved or {}).get("cursor", step * self.cfg.rollout_batch_size)})
         if self.ctx.is_main:
             report_resume(self.cfg, path, step, saved, self.collector.position(),
-                          fixed_stride=self.group_filter is None, source=self.source)
+                          fixed_stride=self.group_filter is None and not self.cfg.partial_rollout,
+                          source=self.source)
 
     # ------------------------------------------------------------------ phases
     def train_on(self, b: StepBatch) -> None:

@@ -183,7 +183,7 @@ def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> di
     meta = read_manifest(path)
     policy.load_checkpoint_state(path)
     saved_world, saved_fsdp = int(meta["world_size"]), bool(meta.get("fsdp"))
-    rng = sharded_state.read_rank_file(path, ctx.rank % saved_world)
+    rng, collector = sharded_state.read_rank_file(path, ctx.rank % saved_world)
     if ctx.is_main and saved_world != ctx.world_size:
         print(f"relax train: --load {path}: saved with {saved_world} ranks, resuming with {ctx.world_size}: "
               "weights and optimizer state are restored exactly, but each rank now samples "
@@ -196,4 +196,7 @@ def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> di
               "exactly; gradient sums are reduced in another order, so later steps agree with "
               "the interrupted run only up to float rounding", file=sys.stderr, flush=True)
     sharded_state.set_rng_state(rng)
-    return dict(meta.get("progress") or {})
+    progress = dict(meta.get("progress") or {})
+    if saved_world == ctx.world_size and collector is not None:
+        progress["collector"] = collector  # this rank's own (partial rollouts in flight)
+    return progress

@@ -85,16 +85,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def write_rank_file(folder: str, rank: int) -> None:
-    """This rank's RNG states into ``folder``, fsynced (rank 0 lists it in the manifest)."""
+def write_rank_file(folder: str, rank: int, collector: dict | None = None) -> None:
+    """This rank's RNG states and its rollout collector's state (plain lists and numbers:
+    the responses a partial rollout carries) into ``folder``, fsynced (rank 0 lists it in the
+    manifest)."""
     path = os.path.join(folder, rank_file(rank))
     with open(path, "wb") as f:
-        torch.save({"rng": rng_state()}, f)
+        torch.save({"rng": rng_state(), "collector": collector}, f)
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_rank_file(folder: str, rank: int) -> dict:
+def read_rank_file(folder: str, rank: int) -> tuple[dict, dict | None]:
+    """(RNG states, the collector's state or None) of ``rank``."""
     path = os.path.join(folder, rank_file(rank))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -104,7 +107,8 @@ def read_rank_file(folder: str, rank: int) -> dict:
     except Exception as e:  # sizes were verified, so this is a foreign or incompatible file
         raise InputError(f"--load {folder}: {rank_file(rank)} is not a Relax trainer state "
                          f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from e
-    return rng
+    collector = state.get("collector")
+    return rng, collector if isinstance(collector, dict) else None
 
 
 # ---------------------------------------------------------------------------- safe reading
