@@ -24,6 +24,8 @@ GROUPS: dict[str, str] = {
                   "(reinforce_plus_plus.md §7a).",
     "lora": "Low-rank adapters instead of full fine-tuning (peft).",
     "optimizer": "AdamW, constant learning rate.",
+    "recompute": "Activation recompute of the policy's training forward: less memory for one "
+                 "more forward of the recomputed layers (Megatron's flag names).",
     "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
     "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
                   "held-out prompts (docs/configuration.md).",

@@ -48,6 +48,7 @@ from relax.config.sections import (
     CheckpointSection,
     EvaluationSection,
     LoraSection,
+    RecomputeSection,
     RolloutSection,
 )
 from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
@@ -269,6 +270,28 @@ class TrainConfig:
     clip_grad: float = option(1.0, "Gradient-norm clip > 0.", group="optimizer")
     seed: int = seed_option()
 
+    # recompute (relax/trainer/recompute.py)
+    recompute_granularity: str | None = option(
+        None, "full: the decoder layers' activations are not kept for the backward pass; "
+        "each recomputed layer keeps its input hidden state and runs its forward again in "
+        "the backward (about one more forward pass of the policy per update). Turn it on "
+        "when activations dominate peak memory: long responses, large micro-batches "
+        "(--micro-batch-size, --max-tokens-per-gpu). Only the update's forward with "
+        "autograd is affected. selective is rejected: Megatron's selective recomputes the "
+        "core attention's softmax, which the SDPA/flash attention of Hugging Face decoder "
+        "layers never stores.", default_note="off", group="recompute",
+        choices=("full", "selective"))
+    recompute_method: str | None = option(
+        None, "Which layers --recompute-granularity full recomputes. uniform: all of them "
+        "(each its own checkpoint; Megatron's chunks of --recompute-num-layers layers are "
+        "not formed). block: only the first --recompute-num-layers layers of the stack.",
+        default_text="uniform", group="recompute", choices=("uniform", "block"))
+    recompute_num_layers: int | None = option(
+        None, "N >= 1, at most the model's decoder layers: with --recompute-method block "
+        "the first N layers are recomputed, the rest not; with uniform Megatron's chunk "
+        "size (checked, no effect here: every layer is recomputed).",
+        default_text="1 with uniform; block needs it", group="recompute")
+
     # modes
     colocate: bool = option(
         True, "Rollout then train on the same devices; accepted, it is the only "
@@ -393,6 +416,10 @@ class TrainConfig:
     @cached_property
     def lora(self) -> LoraSection:
         return LoraSection.of(self)
+
+    @cached_property
+    def recompute(self) -> RecomputeSection:
+        return RecomputeSection.of(self)
 
     @cached_property
     def evaluation(self) -> EvaluationSection:

@@ -140,6 +140,20 @@ class LoraSection(Section):
 
 
 @dataclass(frozen=True)
+class RecomputeSection(Section):
+    """Activation recompute of the policy's decoder layers (relax/trainer/recompute.py);
+    ``granularity`` None is off."""
+
+    granularity: str | None = flag("recompute_granularity")
+    method: str | None = flag("recompute_method")
+    num_layers: int | None = flag("recompute_num_layers")
+
+    @property
+    def enabled(self) -> bool:
+        return self.granularity is not None
+
+
+@dataclass(frozen=True)
 class EvaluationSection(Section):
     """Evaluation as ``relax train --eval-interval`` and ``relax eval`` share it: the sets,
     the sampling (resolved: the rollout's settings where the flag was not given), the pass

@@ -15,6 +15,7 @@ from relax.precision import autocast
 from relax.rollout.engine import cache_argument, distinct_prompts, unsupported_reason
 from relax.trainer.distributed import unwrap
 from relax.trainer.experience import Experience, experience_from_rollout, micro_batches  # noqa: F401
+from relax.trainer.recompute import recomputing
 
 
 def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
@@ -26,12 +27,13 @@ def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
     the rows and the responses attend to them through the model's own KV cache -- and the
     responses run after it. The same function as one pass over prompt + response (the
     gradient of a shared prompt is the sum over its rows); ~12% less arithmetic per update
-    here, more with long prompts.
+    here, more with long prompts. Not while layers are recomputed (relax/trainer/recompute.py):
+    a layer's recompute would write its keys into the cache a second time.
     """
     P = batch.input_ids.shape[1] - T
     inner = unwrap(model)
     distinct = None
-    if unsupported_reason(inner) is None:
+    if unsupported_reason(inner) is None and not recomputing(inner):
         distinct = distinct_prompts(batch.input_ids[:, :P], batch.attention_mask[:, :P])
     if distinct is None or distinct[0].shape[0] == len(batch):
         out = model(

@@ -33,6 +33,7 @@ from relax.trainer.lora import (
     merged_copy,
     save_adapter,
 )
+from relax.trainer.recompute import apply_recompute
 
 
 class Policy:
@@ -51,14 +52,16 @@ class Policy:
     @classmethod
     def build(cls, module: torch.nn.Module, cfg, ctx, tokenizer, *, eos_token_ids: list[int],
               bf16: bool) -> Policy:
-        """Adapter (``--lora-rank``), reference, data-parallel wrapping and AdamW around the
-        loaded Hugging Face ``module``."""
+        """Adapter (``--lora-rank``), activation recompute (``--recompute-granularity``),
+        reference, data-parallel wrapping and AdamW around the loaded Hugging Face ``module``."""
         lora = None
         if cfg.lora.enabled:
             lora = add_lora(module, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
                             dropout=cfg.lora.dropout,
                             targets=list(cfg.lora.target_modules or ALL_LINEAR),
                             seed=seed_for(cfg.seed, "lora"))
+        # before wrap_model: FSDP2 shards the same blocks, its hooks outside the checkpoint
+        apply_recompute(module, cfg.recompute)
         has_reference = build.needs_reference(cfg)
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
         # the initial weights are the policy with its adapter switched off

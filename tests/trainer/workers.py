@@ -12,6 +12,7 @@ from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
 from relax.trainer.logprobs import Experience, batched_log_probs, response_log_probs
 from relax.trainer.off_policy import OffPolicySettings
+from relax.trainer.recompute import apply_recompute
 from relax.trainer.update import LossSettings, train_on_rollout
 
 B, P, T = 8, 4, 6
@@ -70,12 +71,13 @@ OFF_POLICY = OffPolicySettings(tis_clip=1.5, tis_clip_low=0.5, opsm_delta=0.05)
 
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
-             off_policy: bool = False):
+             off_policy: bool = False, recompute=None):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
     backward the update skips. ``off_policy``: sampler log-probs off the old ones, with TIS
-    (both clips active) and OPSM (reinforce_plus_plus.md §7a). Returns (full parameters by name,
+    (both clips active) and OPSM (reinforce_plus_plus.md §7a). ``recompute``: a
+    :class:`~relax.config.sections.RecomputeSection` applied before wrapping. Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
@@ -95,6 +97,8 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
         loss_settings = dataclasses.replace(loss_settings, off_policy=OFF_POLICY)
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
+    if recompute is not None:
+        apply_recompute(model, recompute)
     model = wrap_model(model, ctx, fsdp=fsdp)
     # a no-grad pass through the wrapped model first, as the loop does for old log-probs
     # (under FSDP2 this once left gathered parameters that broke the next gradient)
