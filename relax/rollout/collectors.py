@@ -39,6 +39,27 @@ class Collector(Protocol):
     def close(self) -> None: ...
 
 
+class StreamPosition:
+    """What a collector carries between steps when only the prompt stream moves: the cursor
+    (prompts of the stream the steps so far consumed, all ranks together)."""
+
+    source: PromptSource
+    cursor: int = 0
+
+    def position(self) -> dict[str, int]:
+        """Where the next step starts in the data: epoch, index and the raw cursor."""
+        return {**self.source.position_at(self.cursor), "cursor": self.cursor}
+
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = int(state["cursor"])
+
+    def close(self) -> None:
+        pass
+
+
 def rollout_generator(seed: int, rank: int, step: int, round_: int, device) -> torch.Generator:
     """The sampling stream of one rank's round of a step; round 0 draws what a run without
     rounds draws."""
@@ -48,7 +69,7 @@ def rollout_generator(seed: int, rank: int, step: int, round_: int, device) -> t
     return generator
 
 
-class PromptCollector:
+class PromptCollector(StreamPosition):
     """This rank's share of ``--rollout-batch-size`` prompts per step, ``n`` samples each,
     generated with ``sampler`` and scored by ``scorer`` (relax/rollout/scoring.py).
 
@@ -95,19 +116,6 @@ class PromptCollector:
         labels = [s.label for s in batch for _ in range(self.n)]
         group_index = torch.arange(len(batch), device=self.ctx.device).repeat_interleave(self.n)
         return prompts, labels, group_index
-
-    def position(self) -> dict[str, int]:
-        """Where the next step starts in the data: epoch, index and the raw cursor."""
-        return {**self.source.position_at(self.cursor), "cursor": self.cursor}
-
-    def state_dict(self) -> dict:
-        return {"cursor": self.cursor}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.cursor = int(state["cursor"])
-
-    def close(self) -> None:
-        pass
 
 
 class DynamicSampling:

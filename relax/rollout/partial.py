@@ -26,14 +26,14 @@ import torch.distributed as dist
 
 from relax.collectives import all_reduce
 from relax.rollout.batch import StepBatch
-from relax.rollout.collectors import rollout_generator
+from relax.rollout.collectors import StreamPosition, rollout_generator
 from relax.rollout.data import PromptSource, format_prompt
 from relax.rollout.generate import Rollout, left_pad, tokenize_prompts
 
 ROW_KEYS = ("prompt", "text", "label", "ids", "log_probs", "versions", "eos", "aborted")
 
 
-class PartialRollouts:
+class PartialRollouts(StreamPosition):
     """``collect(step) -> StepBatch`` with unfinished groups carried between steps; the
     arguments are :class:`~relax.rollout.collectors.PromptCollector`'s plus ``world``."""
 
@@ -159,9 +159,6 @@ class PartialRollouts:
                          decode_steps=out.response_ids.shape[1])
 
     # ------------------------------------------------------------------ state
-    def position(self) -> dict[str, int]:
-        return {**self.source.position_at(self.cursor), "cursor": self.cursor}
-
     def state_dict(self) -> dict:
         """The stream position and this rank's groups in flight (plain lists: the rank's
         checkpoint file holds them)."""
@@ -171,6 +168,3 @@ class PartialRollouts:
     def load_state_dict(self, state: dict) -> None:
         self.cursor = int(state["cursor"])
         self.carried = [[dict(r) for r in g] for g in state.get("carried", [])]
-
-    def close(self) -> None:
-        pass
