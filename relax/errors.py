@@ -70,6 +70,21 @@ class Interrupted(RelaxError):
         self.exit_code = 128 + int(signum)
 
 
+def stops_the_run(error: BaseException) -> bool:
+    """Whether ``error``, caught around user code, is the trainer's stop and must propagate:
+    an :class:`Interrupted` (a second SIGTERM/SIGINT, raised by the handler in whatever code
+    the main thread was running), or a ``KeyboardInterrupt`` while SIGINT has Python's default
+    handler (a Ctrl-C in ``relax eval``). Under ``relax train``'s handlers a
+    ``KeyboardInterrupt`` can only come from the user code itself: its own failure."""
+    if isinstance(error, Interrupted):
+        return True
+    if isinstance(error, KeyboardInterrupt):
+        import signal
+
+        return signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    return False
+
+
 def invalid_text(value: str) -> str | None:
     """Why ``value`` is not valid Unicode text, else None. A lone surrogate comes from an
     argument or file that was not UTF-8 (Python's surrogateescape) or a JSON ``\\ud800``
