@@ -52,6 +52,8 @@ EVAL_RANGES = {
     "eval_batch_size": (lambda v: v >= 1, "must be >= 1 sequences per generation call"),
     "eval_episodes": (lambda v: v >= 1, "must be >= 1 episodes"),
     "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
+    "env_step_timeout": (lambda v: v is None or 0.0 < v <= 86400.0,
+                         "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
 }
 # eval sampling field -> the rollout field it follows in ``relax train``
 FOLLOWS = {
@@ -62,7 +64,8 @@ FOLLOWS = {
 }
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
 # the fields that only matter when an evaluation runs (train: --eval-interval)
-EVAL_FIELDS = ("eval_prompt_data", *(f for f in EVAL_RANGES if f != "max_turns"),
+EVAL_FIELDS = ("eval_prompt_data",
+               *(f for f in EVAL_RANGES if f not in ("max_turns", "env_step_timeout")),
                "eval_pass_threshold")
 
 
@@ -121,7 +124,7 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     if cfg.env is not None:
         _check_eval_env(cfg, explicit)
         return None
-    for dest in ("max_turns", "eval_episodes"):
+    for dest in ("max_turns", "eval_episodes", "env_step_timeout"):
         if dest in explicit:
             reject(cfg, dest, "only applies to --env episodes; add --env or remove it")
     pairs = eval_pairs(cfg)

@@ -20,6 +20,7 @@ from relax.errors import RewardError
 from relax.rollout.agent_server import AgentRunner
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import rollout_generator
+from relax.rollout.env_guard import guarded_factory
 from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import HELDOUT_SEED, run_episodes, turn_io
 from relax.rollout.scoring import warn_some
@@ -31,7 +32,7 @@ def build_environments(rollout, batches, ctx) -> list | None:
     ``rollout`` / ``batches``: the configuration's sections."""
     if not rollout.env:
         return None
-    make_env = environment_factory(rollout.env)
+    make_env = guarded_factory(environment_factory(rollout.env), rollout.env_step_timeout)
     return [make_env() for _ in range(batches.rollout_batch_size // ctx.world_size
                                       * batches.samples_per_prompt)]
 
