@@ -22,34 +22,14 @@ from __future__ import annotations
 
 import math
 import numbers
-import reprlib
 import threading
 from collections.abc import Callable
 
-from relax.errors import invalid_text, stops_the_run
+from relax.errors import error_summary, invalid_text, stops_the_run, value_summary
 
 
 class EnvFailure(Exception):
     """One call of an environment failed; ``str(e)`` is the one-line reason."""
-
-
-def short(value) -> str:
-    """A bounded description of a value user code returned: type and a cut repr (deeply
-    nested or huge values are cut by reprlib, a repr that raises is skipped)."""
-    try:
-        text = reprlib.repr(value)
-    except Exception:
-        text = "..."
-    text = " ".join(text.split())
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
-
-
-def raised(error: BaseException) -> str:
-    try:
-        detail = " ".join(str(error).split())[:200]
-    except Exception:  # a user exception whose __str__ raises
-        detail = ""
-    return f"{type(error).__name__}{': ' + detail if detail else ''}"
 
 
 class GuardedEnv:
@@ -73,15 +53,15 @@ class GuardedEnv:
         """``(observation, reward, done)`` checked; the observation is text unless done."""
         out = self._call(self.env.step, "step", action)
         if not isinstance(out, (tuple, list)) or len(out) != 3:
-            raise EnvFailure(f"the environment's step returned {short(out)}; expected "
+            raise EnvFailure(f"the environment's step returned {value_summary(out)}; expected "
                              "(observation, reward, done)")
         observation, reward, done = out
         reward = _reward(reward)
         try:
             done = bool(done)
         except Exception as e:  # an array's truth value, a __bool__ that raises
-            raise EnvFailure(f"the environment's step returned done={short(done)}, which is "
-                             f"not true or false ({raised(e)})") from None
+            raise EnvFailure(f"the environment's step returned done={value_summary(done)}, "
+                             f"which is not true or false ({error_summary(e)})") from None
         return (None if done else _text(observation, "step")), reward, done
 
     def _call(self, fn, what: str, *args):
@@ -116,13 +96,13 @@ class GuardedEnv:
 def _raised_by(what: str, error: BaseException) -> str:
     # "the environment raised" for step: the wording the error policy's messages always had
     who = "the environment" if what == "step" else f"the environment's {what}"
-    return f"{who} raised {raised(error)}"
+    return f"{who} raised {error_summary(error)}"
 
 
 def _text(value, what: str) -> str:
     if not isinstance(value, str):
-        raise EnvFailure(f"the environment's {what} returned the observation {short(value)}; "
-                         "expected text (str)")
+        raise EnvFailure(f"the environment's {what} returned the observation "
+                         f"{value_summary(value)}; expected text (str)")
     bad = invalid_text(value)
     if bad:
         raise EnvFailure(f"the environment's {what} returned an observation that is {bad}")
@@ -133,13 +113,14 @@ def _reward(value) -> float:
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()  # a 0-d NumPy array or torch tensor
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise EnvFailure(f"the environment's step returned the reward {short(value)}; "
-                         "expected a real number")
+        raise EnvFailure(f"the environment's step returned the reward "
+                         f"{value_summary(value)}; expected a real number")
     try:
         reward = float(value)
     except (OverflowError, ValueError, TypeError) as e:
-        raise EnvFailure(f"the environment's step returned the reward {short(value)}, which "
-                         f"is not a float ({raised(e)})") from None
+        raise EnvFailure(f"the environment's step returned the reward "
+                         f"{value_summary(value)}, which is not a float "
+                         f"({error_summary(e)})") from None
     if not math.isfinite(reward):
         raise EnvFailure(f"the environment's step returned a non-finite reward {reward}")
     return reward
