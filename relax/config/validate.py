@@ -28,6 +28,7 @@ import shlex
 import shutil
 import time
 
+from relax.config.bounds import check_bounds
 from relax.config.checks import (
     check_custom_path,
     check_env_name,
@@ -456,6 +457,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     Raises :class:`ConfigError` on the first broken rule.
     """
     check_ranges(cfg, _RANGES)
+    check_bounds(cfg)
     _check_kl(cfg)
     _check_modes(cfg)
     _check_estimator_specific(cfg)
