@@ -161,8 +161,11 @@ def test_a_second_sigterm_stops_a_hung_environment_within_seconds(tmp_path, kind
     child.proc.send_signal(signal.SIGTERM)
     assert child.finish(timeout=GRACE_S + 20) == 128 + signal.SIGTERM
     took = time.monotonic() - sent
-    # a plain hang unwinds at once; one that swallows the Interrupted is ended by the watchdog
-    assert took < (3 if kind == "hang" else GRACE_S + 3), took
+    print(f"second SIGTERM to exit ({kind}): {took:.2f} s")
+    # a plain hang unwinds on its own; one that swallows the Interrupted is ended by the
+    # watchdog, which says so
+    assert took < (GRACE_S if kind == "hang" else GRACE_S + 5), took
     (line,) = child.errors()
     assert "stopped at once by a second SIGTERM" in line
+    assert ("user code did not return within" in line) == (kind == "swallow"), line
     assert not any("the environment raised" in x for x in child.lines)
