@@ -91,7 +91,7 @@ def test_other_plugins_are_contained_too(tmp_path, flag, body, words):
 @pytest.mark.parametrize("body, words", [
     ("raise SystemExit(0)", "the function raised SystemExit: 0"),
     ("raise KeyboardInterrupt", "the function raised KeyboardInterrupt"),
-    ("return numpy.bool_(True)", "must return True or False for a group, got bool_"),
+    ("return numpy.bool_(True)", "must return True or False for a group, got numpy.bool"),
     ("return [True]", "must return True or False for a group, got list"),
 ])
 def test_a_dynamic_sampling_filter_that_misbehaves_is_one_line(body, words, monkeypatch,
