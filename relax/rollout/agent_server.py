@@ -24,6 +24,13 @@ Requests of concurrent episodes are answered in batches: once a request arrives,
 waits until every running agent has one pending or no new one came for ``BATCH_WINDOW_S``,
 then runs one batched generation for all of them.
 
+Contained (docs/reliability.md, section 9): a request body is checked against the Chat
+Completions shape in the handler thread (relax/rollout/chat_schema.py: 400 with the reason,
+413 over ``MAX_BODY_BYTES``) before anything reaches the tokenizer; a call into a session from
+a process of another episode's agent is refused with 403 (relax/rollout/peer.py); each run has
+a private directory and its process group is killed when its episode ends
+(relax/rollout/agent_procs.py).
+
 Bounded: an agent that exits non-zero, writes no valid reward, or runs past
 ``--agent-timeout`` (its process group is killed) is a failed episode: reward 0, a warning
 with the tail of its output, counted in ``rollout/agent_failures``; the run goes on.
@@ -53,6 +60,7 @@ from relax.rollout.episodes import (
     as_rollout,
 )
 from relax.rollout.generate import left_pad
+from relax.rollout.peer import connection_group
 
 BATCH_WINDOW_S = 0.02
 DISCARD_BYTES = 256 << 20  # of a body over the cap: read and dropped before the socket closes
@@ -68,6 +76,7 @@ class _Session:
     ended: bool = True  # the last model turn ended with EOS
     error: str | None = None  # the conversation can no longer be recorded
     refused: str | None = None  # why the last refused call was refused
+    group: int | None = None  # the agent's process group (its pid: a session of its own)
 
 
 @dataclass
@@ -98,6 +107,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _from_another_agent(self, session: _Session) -> bool:
+        """Whether the connection is held by a process of another session's agent."""
+        groups = {s.group for s in list(self.server.sessions.values()) if s.group is not None}
+        owner = connection_group(self.client_address[1], self.server.server_address[1], groups)
+        return owner is not None and owner != session.group
 
     def _body(self) -> dict | None:
         """The checked request body, or None after answering 4xx. The size is checked before
@@ -152,6 +167,9 @@ class _Handler(BaseHTTPRequestHandler):
         session = self.server.sessions.get(parts[1])
         if session is None:
             self._send(404, _error(f"unknown session {parts[1][:64]}"))
+            return
+        if self._from_another_agent(session):
+            self._send(403, _error("this session belongs to another episode's agent"))
             return
         body = self._body()
         if body is None:
@@ -286,9 +304,14 @@ class AgentRunner:
                # an HTTP proxy in the environment must not carry the agent's calls away
                "NO_PROXY": ",".join(filter(None, ["127.0.0.1", os.environ.get("NO_PROXY")])),
                "no_proxy": ",".join(filter(None, ["127.0.0.1", os.environ.get("no_proxy")]))}
-        run = AgentProcess(self.argv, env, folder, command=self.command,
-                           timeout_s=self.timeout_s, sid=sid, session=session)
-        self.server.sessions[sid] = session
+        self.server.sessions[sid] = session  # before the start: the agent may call at once
+        try:
+            run = AgentProcess(self.argv, env, folder, command=self.command,
+                               timeout_s=self.timeout_s, sid=sid, session=session)
+        except BaseException:
+            self.server.sessions.pop(sid, None)
+            raise
+        session.group = run.proc.pid  # started in a new session: its own process group
         return run
 
     def _collect(self, runs: list[AgentProcess], live: list[int]) -> list[_Request]:

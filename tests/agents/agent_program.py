@@ -2,7 +2,7 @@
 RELAX_BASE_URL like any OpenAI client would.
 
     python agent_program.py MODE      MODE: ok | openai | tool | crash | hang | noreward | rewrite
-                                            | garbage | spawn | snoop
+                                            | garbage | spawn | snoop | intrude
 
 ok: two model turns (the prompt, then "again"); writes reward = index % 3 and the replies.
 tool: one turn with a tools list, then a tool result message, then a second turn.
@@ -13,6 +13,7 @@ garbage: sends bodies the endpoint must refuse (hostile.py), records the answers
 valid call and writes a reward nested 100000 deep.
 spawn: starts a child that would sleep for 5 minutes, records its pid, exits 0.
 snoop: records what it can list of its own directory and the one above it.
+intrude: calls its own session, then another episode's, with an id read from its files.
 """
 
 import json
@@ -40,7 +41,7 @@ def main(mode: str) -> None:
     with open(os.environ["RELAX_INPUT_JSON"]) as f:
         task = json.load(f)
     assert task["session_id"] == os.environ["RELAX_SESSION_ID"]
-    if mode in ("garbage", "spawn", "snoop"):
+    if mode in ("garbage", "spawn", "snoop", "intrude"):
         import hostile
 
         hostile.main(mode, task, chat)

@@ -101,3 +101,14 @@ def test_an_agent_sees_only_its_own_files(tiny, tmp_path, monkeypatch):
         assert all(s["parent"] == "PermissionError" for s in seen)
     else:
         assert all(len(s["parent"]) == 3 for s in seen)  # random names, not session ids
+
+
+def test_another_episodes_session_id_is_of_no_use(tiny, tmp_path, monkeypatch):
+    played, seen, _ = run_agents(tiny, "intrude", 2, tmp_path, monkeypatch)
+    assert played.failures == [] and played.turns == [1, 1]  # only their own calls
+    for s in seen:
+        assert s["own"] == 200
+        if os.geteuid() != 0:  # a user cannot even list the workspace
+            assert s["other"] == "PermissionError"
+        else:  # root read the other id: the endpoint refuses it from this agent's group
+            assert s["other"] == [403, "this session belongs to another episode's agent"]
