@@ -108,7 +108,8 @@ class EpisodeCollector:
             error = RewardError(f"--env {cfg.env}: {played.errors[0]} (--reward-error-policy "
                                 "zero scores such episodes 0)")
         raise_together(error, self.ctx)
-        warn_some(played.errors, self.ctx, "episodes", "scored 0 (--reward-error-policy zero)")
+        warn_some([f"--env {cfg.env}: {e}" for e in played.errors], self.ctx, "episodes",
+                  "scored 0 (--reward-error-policy zero)")
         labels = [{"env_seed": s, "turns": k} for s, k in zip(seeds, played.turns, strict=True)]
         return played, labels
 
