@@ -14,6 +14,9 @@ from here): :class:`ConfigError` for a rejected command line, :class:`RelaxError
 
 from __future__ import annotations
 
+import reprlib
+import signal
+
 
 class ConfigError(ValueError):
     """A rejected configuration: ``str(e) == "--flag VALUE: reason and what to set instead"``.
@@ -68,6 +71,39 @@ class Interrupted(RelaxError):
     def __init__(self, signum: int, message: str):
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+
+
+def stops_the_run(error: BaseException) -> bool:
+    """Whether ``error``, caught around user code, is the trainer's stop and must propagate:
+    an :class:`Interrupted` (a second SIGTERM/SIGINT, raised by the handler in whatever code
+    the main thread was running), or a ``KeyboardInterrupt`` while SIGINT has Python's default
+    handler (a Ctrl-C in ``relax eval``). Under ``relax train``'s handlers a
+    ``KeyboardInterrupt`` can only come from the user code itself: its own failure."""
+    if isinstance(error, Interrupted):
+        return True
+    if isinstance(error, KeyboardInterrupt):
+        return signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    return False
+
+
+def value_summary(value) -> str:
+    """A bounded description of a value user code returned: type and a cut repr (deeply
+    nested or huge values are cut by reprlib, a repr that raises is skipped)."""
+    try:
+        text = reprlib.repr(value)
+    except Exception:
+        text = "..."
+    text = " ".join(text.split())
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def error_summary(error: BaseException) -> str:
+    """``Type: message`` of an exception user code raised, on one line, cut at 200."""
+    try:
+        detail = " ".join(str(error).split())[:200]
+    except Exception:  # a user exception whose __str__ raises
+        detail = ""
+    return f"{type(error).__name__}{': ' + detail if detail else ''}"
 
 
 def invalid_text(value: str) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from relax.config.bounds import check_episode_bounds
 from relax.config.checks import (
     check_custom_path,
     check_env_name,
@@ -52,6 +53,8 @@ EVAL_RANGES = {
     "eval_batch_size": (lambda v: v >= 1, "must be >= 1 sequences per generation call"),
     "eval_episodes": (lambda v: v >= 1, "must be >= 1 episodes"),
     "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
+    "env_step_timeout": (lambda v: v is None or 0.0 < v <= 86400.0,
+                         "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
 }
 # eval sampling field -> the rollout field it follows in ``relax train``
 FOLLOWS = {
@@ -62,7 +65,8 @@ FOLLOWS = {
 }
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
 # the fields that only matter when an evaluation runs (train: --eval-interval)
-EVAL_FIELDS = ("eval_prompt_data", *(f for f in EVAL_RANGES if f != "max_turns"),
+EVAL_FIELDS = ("eval_prompt_data",
+               *(f for f in EVAL_RANGES if f not in ("max_turns", "env_step_timeout")),
                "eval_pass_threshold")
 
 
@@ -102,6 +106,7 @@ def resolved_train_eval(cfg: TrainConfig) -> dict:
 
 def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     check_ranges(cfg, EVAL_RANGES)
+    check_episode_bounds(cfg)
     ckpt = cfg.checkpoint
     if not os.path.isdir(ckpt):
         raise ConfigError(ckpt, "no such directory; give a checkpoint written by relax train "
@@ -121,7 +126,7 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     if cfg.env is not None:
         _check_eval_env(cfg, explicit)
         return None
-    for dest in ("max_turns", "eval_episodes"):
+    for dest in ("max_turns", "eval_episodes", "env_step_timeout"):
         if dest in explicit:
             reject(cfg, dest, "only applies to --env episodes; add --env or remove it")
     pairs = eval_pairs(cfg)

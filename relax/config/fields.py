@@ -144,6 +144,15 @@ def max_turns_option():
         "--eval-max-response-len).", group="environments")
 
 
+def env_step_timeout_option():
+    return option(
+        None, "Seconds, in (0, 86400], that one reset or step of an --env environment may "
+        "take; the call runs on a thread of its own, one that runs over fails its episode and "
+        "is abandoned, and a fresh environment from the factory plays the next episode "
+        "(relax/rollout/env_guard.py).", metavar="SECONDS",
+        default_note="no limit: the calls run on the main thread", group="environments")
+
+
 def eval_episodes_option():
     return option(
         64, "With --env: episodes of the held-out environment seeds 1000000000, "

@@ -24,6 +24,7 @@ from relax.config.fields import (
     derived,
     device_option,
     env_option,
+    env_step_timeout_option,
     eval_batch_size_option,
     eval_episodes_option,
     eval_max_response_len_option,
@@ -332,6 +333,7 @@ class TrainConfig:
     # environments
     env: str | None = env_option()
     max_turns: int = max_turns_option()
+    env_step_timeout: float | None = env_step_timeout_option()
     eval_episodes: int = eval_episodes_option()
     use_agentic_rollout: bool = option(
         False, "Each episode is a run of --agent-command against an "
@@ -459,6 +461,7 @@ class EvalConfig:
     device: str = device_option()
     env: str | None = env_option()
     max_turns: int = max_turns_option()
+    env_step_timeout: float | None = env_step_timeout_option()
     eval_episodes: int = eval_episodes_option()
     output_dir: str | None = option(
         None, "Also write the metrics to OUTPUT_DIR/eval_metrics.json.",

@@ -119,6 +119,7 @@ class RolloutSection(Section):
     reward_error_policy: str = flag("reward_error_policy")
     env: str | None = flag("env")
     max_turns: int = flag("max_turns")
+    env_step_timeout: float | None = flag("env_step_timeout")
     agentic: bool = flag("use_agentic_rollout")
     agent_command: str | None = flag("agent_command")
     agent_timeout: float = flag("agent_timeout")
@@ -170,6 +171,7 @@ class EvaluationSection(Section):
     pass_threshold: float = flag("eval_pass_threshold")
     episodes: int = flag("eval_episodes")
     max_turns: int = flag("max_turns")
+    env_step_timeout: float | None = flag("env_step_timeout")
     seed: int = flag("seed")
     bf16: bool | None = flag("bf16")
 

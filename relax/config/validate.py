@@ -28,6 +28,7 @@ import shlex
 import shutil
 import time
 
+from relax.config.bounds import check_bounds
 from relax.config.checks import (
     check_custom_path,
     check_env_name,
@@ -70,6 +71,8 @@ _RANGES = {
     "num_epoch": (lambda v: v is None or v >= 1, "must be >= 1 passes over --prompt-data"),
     "rollout_max_response_len": (lambda v: v >= 1, "must be >= 1 tokens"),
     "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
+    "env_step_timeout": (lambda v: v is None or 0.0 < v <= 86400.0,
+                         "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
     "agent_timeout": (lambda v: 0.0 < v <= 86400.0,
                       "must lie in (0, 86400] seconds (one day); the default is 600"),
     "rollout_temperature": (lambda v: v > 0.0, "must be > 0; use 1.0 for plain sampling"),
@@ -250,6 +253,9 @@ def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
         if "max_turns" in explicit and not cfg.use_agentic_rollout:
             reject(cfg, "max_turns", "only applies to --env or --use-agentic-rollout episodes; "
                    "add one or remove it")
+        if cfg.env_step_timeout is not None:
+            reject(cfg, "env_step_timeout", "only applies to --env environments; add --env or "
+                   "remove it (agent programs have --agent-timeout)")
         return
     if cfg.use_agentic_rollout:
         reject(cfg, ("env", "use_agentic_rollout"), "two episode sources; keep one")
@@ -455,6 +461,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     Raises :class:`ConfigError` on the first broken rule.
     """
     check_ranges(cfg, _RANGES)
+    check_bounds(cfg)
     _check_kl(cfg)
     _check_modes(cfg)
     _check_estimator_specific(cfg)

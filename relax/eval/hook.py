@@ -25,6 +25,7 @@ from relax.errors import InputError
 from relax.eval.episodes import evaluate_episodes
 from relax.eval.evaluate import EvalSampling, evaluate
 from relax.rollout.data import format_prompt, load_source
+from relax.rollout.env_guard import guarded_factory
 from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import turn_io
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
@@ -109,7 +110,8 @@ def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dic
         tokenizer, apply_chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt,
         eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
     metrics = evaluate_episodes(
-        model, tokenizer, environment_factory(cfg.env), EvalSampling.from_config(cfg),
+        model, tokenizer, guarded_factory(environment_factory(cfg.env), cfg.env_step_timeout),
+        EvalSampling.from_config(cfg),
         episodes=cfg.eval_episodes, max_turns=cfg.max_turns, format_prompt=format_prompt,
         render=render, name="env", step=step, device=device, group=group)
     metrics["perf/eval_time"] = time.perf_counter() - start

@@ -24,6 +24,13 @@ Requests of concurrent episodes are answered in batches: once a request arrives,
 waits until every running agent has one pending or no new one came for ``BATCH_WINDOW_S``,
 then runs one batched generation for all of them.
 
+Contained (docs/reliability.md, section 9): a request body is checked against the Chat
+Completions shape in the handler thread (relax/rollout/chat_schema.py: 400 with the reason,
+413 over ``MAX_BODY_BYTES``) before anything reaches the tokenizer; a call into a session from
+a process of another episode's agent is refused with 403 (relax/rollout/peer.py); each run has
+a private directory and its process group is killed when its episode ends
+(relax/rollout/agent_procs.py).
+
 Bounded: an agent that exits non-zero, writes no valid reward, or runs past
 ``--agent-timeout`` (its process group is killed) is a failed episode: reward 0, a warning
 with the tail of its output, counted in ``rollout/agent_failures``; the run goes on.
@@ -32,21 +39,20 @@ with the tail of its output, counted in ``rollout/agent_failures``; the run goes
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import re
+import secrets
 import shlex
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from relax.errors import InputError
+from relax.errors import Interrupted, error_summary
+from relax.rollout.agent_procs import AgentProcess, AgentWorkspace
+from relax.rollout.chat_schema import MAX_BODY_BYTES, parse_request
 from relax.rollout.episodes import (
     PLAIN_CHAT_TEMPLATE,
     Episode,
@@ -54,9 +60,10 @@ from relax.rollout.episodes import (
     as_rollout,
 )
 from relax.rollout.generate import left_pad
+from relax.rollout.peer import connection_group
 
 BATCH_WINDOW_S = 0.02
-TAIL_CHARS = 600
+DISCARD_BYTES = 256 << 20  # of a body over the cap: read and dropped before the socket closes
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
@@ -69,6 +76,7 @@ class _Session:
     ended: bool = True  # the last model turn ended with EOS
     error: str | None = None  # the conversation can no longer be recorded
     refused: str | None = None  # why the last refused call was refused
+    group: int | None = None  # the agent's process group (its pid: a session of its own)
 
 
 @dataclass
@@ -87,6 +95,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "relax"
+    timeout = 60  # seconds a client may take to send its request (socket timeout)
 
     def log_message(self, *args):  # the trainer's log is not an access log
         pass
@@ -98,6 +107,49 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _from_another_agent(self, session: _Session) -> bool:
+        """Whether the connection is held by a process of another session's agent."""
+        groups = {s.group for s in list(self.server.sessions.values()) if s.group is not None}
+        owner = connection_group(self.client_address[1], self.server.server_address[1], groups)
+        return owner is not None and owner != session.group
+
+    def _body(self) -> dict | None:
+        """The checked request body, or None after answering 4xx. The size is checked before
+        anything is read: a body over the cap is never held in memory."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._send(411, _error("send the body with a Content-Length"))
+            return None
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._send(411, _error("a Content-Length header (bytes) is required"))
+            return None
+        if length > MAX_BODY_BYTES:
+            self._send(413, _error(f"the request body of {length} bytes is over the cap of "
+                                   f"{MAX_BODY_BYTES} bytes ({MAX_BODY_BYTES >> 20} MiB)"))
+            self._discard(length)
+            return None
+        body, why = parse_request(self.rfile.read(length))
+        if why is not None:
+            self._send(400, _error(f"bad request: {why}"))
+            return None
+        return body
+
+    def _discard(self, length: int) -> None:
+        """Read and drop a refused body in small pieces (up to ``DISCARD_BYTES``), so a client
+        that writes all of it before reading gets the answer instead of a reset connection."""
+        left = min(length, DISCARD_BYTES)
+        try:
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:  # the client gave up or timed out
+            pass
 
     def do_GET(self):
         if self.path.rstrip("/").endswith("/v1/models"):
@@ -114,20 +166,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         session = self.server.sessions.get(parts[1])
         if session is None:
-            self._send(404, _error(f"unknown session {parts[1]}"))
+            self._send(404, _error(f"unknown session {parts[1][:64]}"))
             return
-        try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                raise ValueError("expected a JSON object with a messages list")
-            # one recorded continuation per call: several choices or a stream would need a
-            # sample per choice and chunked replies, which the recording does not make
-            if body.get("stream"):
-                raise ValueError("stream=true is not supported; call without streaming")
-            if body.get("n", 1) != 1:
-                raise ValueError("n must be 1 (one recorded continuation per call)")
-        except ValueError as e:
-            self._send(400, _error(f"bad request: {e}"))
+        if self._from_another_agent(session):
+            self._send(403, _error("this session belongs to another episode's agent"))
+            return
+        body = self._body()
+        if body is None:
             return
         request = _Request(session, body)
         self.server.requests.put(request)
@@ -197,24 +242,26 @@ class AgentRunner:
     # ------------------------------------------------------------------ one step
     def run(self, inputs: list[dict], sample) -> AgentResults:
         """Start one agent per input, answer their calls with ``sample(ids, mask, k)`` (the
-        trainer's batched generation), and collect the episodes when all have ended."""
-        with tempfile.TemporaryDirectory(prefix="relax-agents-") as tmp:
-            runs = [self._start(tmp, payload) for payload in inputs]
+        trainer's batched generation), and collect the episodes when all have ended. Every
+        agent's process group is killed when the step ends, however it ends."""
+        workspace, runs = AgentWorkspace(), []
+        try:
+            for payload in inputs:
+                runs.append(self._start(workspace, payload))
             live = list(range(len(runs)))
             while live:
                 self._answer(self._collect(runs, live), sample)
-                live = [i for i in live if not self._finished(runs[i])]
+                live = [i for i in live if not runs[i].finished()]
+            for r in runs:
+                r.end()  # what the agent started dies with its episode
             results = [self._result(r) for r in runs]
-        for r in runs:
-            self.server.sessions.pop(r["sid"], None)
-        while True:  # a killed agent's last request must not reach the next step's batch
-            try:
-                stale = self.server.requests.get_nowait()
-            except queue.Empty:
-                break
-            stale.reply = (410, _error("the episode has ended"))
-            stale.done.set()
-        episodes = [r["session"].episode or Episode(self._fallback_prompt(p))
+        finally:
+            for r in runs:
+                self.server.sessions.pop(r.sid, None)
+                r.end()
+            workspace.close()
+            self._refuse_stale()
+        episodes = [r.session.episode or Episode(self._fallback_prompt(p))
                     for r, p in zip(runs, inputs, strict=True)]
         for e, (reward, failure) in zip(episodes, results, strict=True):
             e.reward, e.done, e.error = reward, failure is None, failure
@@ -222,6 +269,16 @@ class AgentRunner:
         return AgentResults(as_rollout(episodes, self.tokenizer.pad_token_id, self.device),
                             [e.reward for e in episodes], [e.turns for e in episodes],
                             [f for _, f in results if f is not None], prompts)
+
+    def _refuse_stale(self) -> None:
+        """A killed agent's last request must not reach the next step's batch."""
+        while True:
+            try:
+                stale = self.server.requests.get_nowait()
+            except queue.Empty:
+                return
+            stale.reply = (410, _error("the episode has ended"))
+            stale.done.set()
 
     def _fallback_prompt(self, payload: dict) -> list[int]:
         """The prompt of an agent that never called the endpoint: its input, rendered."""
@@ -234,49 +291,37 @@ class AgentRunner:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] or [
             self.tokenizer.pad_token_id]
 
-    def _start(self, tmp: str, payload: dict) -> dict:
-        sid = uuid.uuid4().hex
+    def _start(self, workspace: AgentWorkspace, payload: dict) -> AgentProcess:
+        sid = secrets.token_hex(16)
         session = _Session()
-        self.server.sessions[sid] = session
-        paths = {k: os.path.join(tmp, f"{sid}.{k}") for k in ("in.json", "out.json", "log")}
-        with open(paths["in.json"], "w", encoding="utf-8") as f:
+        folder = workspace.private_dir()
+        paths = {k: os.path.join(folder, f"{k}.json") for k in ("in", "out")}
+        with open(paths["in"], "w", encoding="utf-8") as f:
             json.dump({"session_id": sid, **payload}, f)
         env = {**os.environ, "RELAX_BASE_URL": f"{self.base}/sessions/{sid}/v1",
-               "RELAX_SESSION_ID": sid, "RELAX_INPUT_JSON": paths["in.json"],
-               "RELAX_OUTPUT_JSON": paths["out.json"],
+               "RELAX_SESSION_ID": sid, "RELAX_INPUT_JSON": paths["in"],
+               "RELAX_OUTPUT_JSON": paths["out"],
                # an HTTP proxy in the environment must not carry the agent's calls away
                "NO_PROXY": ",".join(filter(None, ["127.0.0.1", os.environ.get("NO_PROXY")])),
                "no_proxy": ",".join(filter(None, ["127.0.0.1", os.environ.get("no_proxy")]))}
-        log = open(paths["log"], "wb")
+        self.server.sessions[sid] = session  # before the start: the agent may call at once
         try:
-            # its own process group, so a timeout kills whatever the agent started too
-            proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as e:
-            log.close()
-            raise InputError(f"--agent-command {self.command}: cannot start it "
-                             f"({type(e).__name__}: {e})") from None
-        return {"sid": sid, "session": session, "proc": proc, "log": log, "paths": paths,
-                "deadline": time.monotonic() + self.timeout_s, "killed": False}
+            run = AgentProcess(self.argv, env, folder, command=self.command,
+                               timeout_s=self.timeout_s, sid=sid, session=session)
+        except BaseException:
+            self.server.sessions.pop(sid, None)
+            raise
+        session.group = run.proc.pid  # started in a new session: its own process group
+        return run
 
-    def _finished(self, run: dict) -> bool:
-        if run["proc"].poll() is not None:
-            return True
-        if time.monotonic() > run["deadline"]:
-            os.killpg(run["proc"].pid, signal.SIGKILL)
-            run["proc"].wait()
-            run["killed"] = True
-            return True
-        return False
-
-    def _collect(self, runs: list[dict], live: list[int]) -> list[_Request]:
+    def _collect(self, runs: list[AgentProcess], live: list[int]) -> list[_Request]:
         """The pending requests of one batch (possibly none when agents are still working)."""
         requests = self.server.requests
         try:
             batch = [requests.get(timeout=0.05)]
         except queue.Empty:
             return []
-        waiting = sum(1 for i in live if runs[i]["proc"].poll() is None)
+        waiting = sum(1 for i in live if runs[i].running())
         while len(batch) < waiting:
             try:
                 batch.append(requests.get(timeout=BATCH_WINDOW_S))
@@ -284,32 +329,21 @@ class AgentRunner:
                 break
         return batch
 
-    def _result(self, run: dict) -> tuple[float, str | None]:
+    def _result(self, run: AgentProcess) -> tuple[float, str | None]:
         """(reward, failure message or None) of a finished agent."""
-        run["log"].close()
-        session, proc = run["session"], run["proc"]
-        why = None
-        if run["killed"]:
-            why = f"ran past --agent-timeout {self.timeout_s:g} s and was killed"
-        elif proc.returncode != 0:
-            why = f"exited with status {proc.returncode}"
-        elif session.error is not None:
+        session = run.session
+        why = run.failure()
+        if why is None and session.error is not None:
             why = f"exited 0 after the endpoint refused a call ({session.error})"
-        else:
-            try:
-                with open(run["paths"]["out.json"], encoding="utf-8") as f:
-                    reward = float(json.load(f)["reward"])
-                if not math.isfinite(reward):
-                    raise ValueError("not finite")
+        if why is None:
+            reward, problem = run.reward()
+            if problem is None:
                 return reward, None
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                why = f"wrote no valid {{\"reward\": number}} to RELAX_OUTPUT_JSON ({e})"
-        if session.refused is not None and proc.returncode != 0:
+            why = f"wrote no valid {{\"reward\": number}} to RELAX_OUTPUT_JSON ({problem})"
+        if session.refused is not None and run.proc.returncode != 0:
             why += f" after the endpoint refused a call ({session.refused})"
-        with open(run["paths"]["log"], "rb") as f:
-            tail = f.read()[-TAIL_CHARS:].decode("utf-8", "replace")
-        tail = " | ".join(line for line in tail.splitlines() if line.strip())
-        return 0.0, (f"agent session {run['sid'][:8]} {why}"
+        tail = run.tail()
+        return 0.0, (f"agent session {run.sid[:8]} {why}"
                      f"{'; output tail: ' + tail if tail else ''}")
 
     # ------------------------------------------------------------------ answering
@@ -359,35 +393,57 @@ class AgentRunner:
     def _extend(self, request: _Request) -> str | None:
         """Append the request's new messages to its session's episode (mask 0), or say why
         the request cannot be answered. A call that does not extend the conversation ends the
-        session as failed: its tokens could not be recorded faithfully."""
-        session, messages = request.session, request.body["messages"]
-        tools = request.body.get("tools")
+        session as failed: its tokens could not be recorded faithfully. Messages that would
+        leave no room for the reply in the context are refused and not recorded, so an
+        episode never outgrows the context."""
+        session = request.session
         if session.error is not None:
             return session.error
-        if session.episode is None:
-            text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                      add_generation_prompt=True,
-                                                      chat_template=self.template)
-            session.episode = Episode(self.tokenizer(text, add_special_tokens=False)[
-                "input_ids"])
-        else:
-            known = session.messages
-            if [_key(m) for m in messages[:len(known)]] != [_key(m) for m in known]:
-                session.error = ("a call did not extend the conversation with the assistant "
-                                 "message it got back; only appended messages can be recorded "
-                                 "token-in/token-out")
-                return session.error
-            new = messages[len(known):]
-            if not new:
-                return "no new message after the assistant's reply"
-            if session.episode.turns >= self.max_turns:
-                return f"the episode reached --max-turns {self.max_turns}"
-            session.episode.add(self.render.messages(new, ended=session.ended, tools=tools),
-                                trained=False)
-        length = len(session.episode.prompt) + len(session.episode.ids)
+        try:
+            if session.episode is None:
+                return self._first_call(request)
+            return self._next_call(request)
+        except Interrupted:
+            raise
+        except Exception as e:  # a template that refuses these messages (jinja's raise_exception)
+            return f"the chat template cannot render these messages ({error_summary(e)})"
+
+    def _first_call(self, request: _Request) -> str | None:
+        text = self.tokenizer.apply_chat_template(
+            request.body["messages"], tools=request.body.get("tools"), tokenize=False,
+            add_generation_prompt=True, chat_template=self.template)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        why = self._no_room(len(ids), request)
+        if why is None:
+            request.session.episode = Episode(ids)
+        return why
+
+    def _next_call(self, request: _Request) -> str | None:
+        session, messages = request.session, request.body["messages"]
+        known = session.messages
+        if [_key(m) for m in messages[:len(known)]] != [_key(m) for m in known]:
+            session.error = ("a call did not extend the conversation with the assistant "
+                             "message it got back; only appended messages can be recorded "
+                             "token-in/token-out")
+            return session.error
+        new = messages[len(known):]
+        if not new:
+            return "no new message after the assistant's reply"
+        if session.episode.turns >= self.max_turns:
+            return f"the episode reached --max-turns {self.max_turns}"
+        ids = self.render.messages(new, ended=session.ended, tools=request.body.get("tools"))
+        episode = session.episode
+        why = self._no_room(len(episode.prompt) + len(episode.ids) + len(ids), request)
+        if why is None:
+            episode.add(ids, trained=False)
+        return why
+
+    def _no_room(self, length: int, request: _Request) -> str | None:
         if self.context is not None and length + self._max_tokens(request) > self.context:
             return (f"the conversation ({length} tokens) leaves no room for a turn in the "
                     f"model's context of {self.context} tokens")
+        if length == 0:
+            return "the messages render to no tokens"
         return None
 
 

@@ -20,6 +20,7 @@ from relax.errors import RewardError
 from relax.rollout.agent_server import AgentRunner
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import StreamPosition, rollout_generator
+from relax.rollout.env_guard import guarded_factory
 from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import HELDOUT_SEED, run_episodes, turn_io
 from relax.rollout.scoring import warn_some
@@ -31,7 +32,7 @@ def build_environments(rollout, batches, ctx) -> list | None:
     ``rollout`` / ``batches``: the configuration's sections."""
     if not rollout.env:
         return None
-    make_env = environment_factory(rollout.env)
+    make_env = guarded_factory(environment_factory(rollout.env), rollout.env_step_timeout)
     return [make_env() for _ in range(batches.rollout_batch_size // ctx.world_size
                                       * batches.samples_per_prompt)]
 
@@ -107,7 +108,8 @@ class EpisodeCollector(StreamPosition):
             error = RewardError(f"--env {cfg.env}: {played.errors[0]} (--reward-error-policy "
                                 "zero scores such episodes 0)")
         raise_together(error, self.ctx)
-        warn_some(played.errors, self.ctx, "episodes", "scored 0 (--reward-error-policy zero)")
+        warn_some([f"--env {cfg.env}: {e}" for e in played.errors], self.ctx, "episodes",
+                  "scored 0 (--reward-error-policy zero)")
         labels = [{"env_seed": s, "turns": k} for s, k in zip(seeds, played.turns, strict=True)]
         return played, labels
 

@@ -17,7 +17,12 @@ re-tokenized); only the environment's text is tokenized. Each turn re-runs the m
 growing context with the engine's batched generation (relax/rollout/generate.py): the KV
 cache of a turn is not kept for the next, which costs one prefill per turn and keeps the
 engine unchanged. An episode also ends, counted as truncated, when its context could not hold
-another full turn within the model's context window.
+another full turn within the model's context window; an observation that would take that
+room is not added, so an episode never outgrows the context.
+
+Everything an environment does passes the containment boundary of
+relax/rollout/env_guard.py: a reset or step that raises, exits, returns the wrong thing or a
+non-finite reward (or runs past ``--env-step-timeout``) fails its episode (``errors``).
 """
 
 from __future__ import annotations
@@ -29,9 +34,14 @@ import torch
 
 from relax.errors import InputError
 from relax.rollout.data import format_prompt
+from relax.rollout.env_guard import EnvFailure, GuardedEnv
 from relax.rollout.generate import Rollout, left_pad
 
 SENTINEL = "RELAXTURNSENTINEL"
+
+# An observation longer than this (characters) is not tokenized: no context holds it, and
+# tokenizing megabytes of text an environment returned would cost seconds to minutes.
+MAX_OBSERVATION_CHARS = 1 << 20
 
 # Environment seeds from here on are held out for evaluation (relax/eval/episodes.py); the
 # training episodes draw theirs below it (relax/rollout/episode_collector.py).
@@ -138,15 +148,17 @@ def run_episodes(
 ) -> EpisodeRollout:
     """Play ``envs[i]`` from ``reset(seeds[i])`` for up to ``max_turns`` model turns.
 
+    ``envs``: :class:`~relax.rollout.env_guard.GuardedEnv` (a plain environment is guarded
+    here, without a time limit); what one does wrong fails its episode (``errors``).
     ``sample(ids [b, L] left-padded, mask [b, L], max_new_tokens)`` is the trainer's batched
     generation (its own seeded generator); it is called once per turn with every live episode.
     ``context``: the model's window (None: unbounded); ``length_flag`` names the flag of
     ``max_turn_tokens`` in the error when the first observation leaves no room for a turn.
     """
+    envs = [env if isinstance(env, GuardedEnv) else GuardedEnv(env) for env in envs]
     prompts, episodes = _start(envs, seeds, tokenizer=tokenizer, format_prompt=format_prompt,
                                max_turn_tokens=max_turn_tokens, context=context,
                                length_flag=length_flag)
-    errors: list[str] = []
     for turn in range(max_turns):
         live = [i for i, e in enumerate(episodes) if e.live]
         if not live:
@@ -162,48 +174,63 @@ def run_episodes(
                           tokenizer=tokenizer, render=render, last=turn == max_turns - 1,
                           room=None if context is None else context - max_turn_tokens)
             if error:
-                errors.append(f"episode {i} (seed {seeds[i]}), turn {turn + 1}: {error}")
-                episodes[i].error = errors[-1]
+                episodes[i].error = f"episode {i} (seed {seeds[i]}), turn {turn + 1}: {error}"
     return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
-                          [e.reward for e in episodes], [e.turns for e in episodes], errors,
-                          prompts)
+                          [e.reward for e in episodes], [e.turns for e in episodes],
+                          [e.error for e in episodes if e.error], prompts)
 
 
 def _start(envs, seeds, *, tokenizer, format_prompt, max_turn_tokens, context, length_flag):
-    """Reset every environment: the formatted first observations and fresh episodes."""
+    """Reset every environment: the formatted first observations and fresh episodes. An
+    environment whose reset fails starts a failed episode (an empty prompt, no turns)."""
     prompts, episodes = [], []
-    for env, seed in zip(envs, seeds, strict=True):
-        text = format_prompt(env.reset(seed))
-        prompts.append(text)
-        episodes.append(Episode(tokenizer(text, add_special_tokens=False)["input_ids"]))
-        if context is not None and len(episodes[-1].prompt) + max_turn_tokens > context:
+    for i, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
+        try:
+            text, error = env.reset(seed), None
+        except EnvFailure as e:
+            text, error = "", f"episode {i} (seed {seed}), reset: {e}"
+        if len(text) > MAX_OBSERVATION_CHARS:
+            raise InputError(f"--env: the first observation of seed {seed} is {len(text)} "
+                             f"characters, more than {MAX_OBSERVATION_CHARS} (no model "
+                             "context holds it)")
+        prompts.append(format_prompt(text))
+        ids = tokenizer(prompts[-1], add_special_tokens=False)["input_ids"]
+        episodes.append(Episode(ids or [tokenizer.pad_token_id], live=error is None,
+                                error=error))
+        if error is None and context is not None and len(ids) + max_turn_tokens > context:
             raise InputError(f"--env: the first observation of seed {seed} is "
-                             f"{len(episodes[-1].prompt)} tokens; with "
-                             f"{length_flag} {max_turn_tokens} it does not fit "
-                             f"the model's context of {context} tokens")
+                             f"{len(ids)} tokens; with {length_flag} {max_turn_tokens} it "
+                             f"does not fit the model's context of {context} tokens")
     return prompts, episodes
 
 
-def _step(e: Episode, env, action: list[int], *, ended: bool, tokenizer, render, last: bool,
-          room: int | None) -> str | None:
+def _step(e: Episode, env: GuardedEnv, action: list[int], *, ended: bool, tokenizer, render,
+          last: bool, room: int | None) -> str | None:
     """Play the model's ``action`` in ``env`` and add the answer to ``e``; ``ended``: the turn
     stopped at EOS, ``room``: the most tokens an episode may hold before one more full turn
-    (None: unbounded); the action is already in ``e``. Returns the environment's error, which
-    fails the episode, or None."""
+    (None: unbounded); the action is already in ``e``. Returns the environment's failure,
+    which fails the episode, or None.
+
+    An observation that would leave no room for another full turn ends the episode as
+    truncated without being added: the episode never outgrows the context."""
     e.turns += 1
     try:
         observation, reward, done = env.step(tokenizer.decode(action, skip_special_tokens=True))
-        e.reward += float(reward)
-    except Exception as exc:  # a broken environment fails its episode, not the run
+    except EnvFailure as failure:  # a broken environment fails its episode, not the run
         e.reward, e.live = 0.0, False
-        return (f"the environment raised {type(exc).__name__}: "
-                f"{' '.join(str(exc).split())[:200]}")
+        return str(failure)
+    e.reward += reward
     if done or last:
-        e.done, e.live = bool(done), False
+        e.done, e.live = done, False
         return None
-    e.add(render(str(observation), ended=ended), trained=False)
-    if room is not None and len(e.prompt) + len(e.ids) > room:
-        e.live = False  # no room for another full turn: truncated
+    e.live = False  # until the observation is known to fit: truncated
+    if len(observation) > MAX_OBSERVATION_CHARS:  # not worth tokenizing: it cannot fit
+        return None
+    ids = render(observation, ended=ended)
+    if room is not None and len(e.prompt) + len(e.ids) + len(ids) > room:
+        return None
+    e.add(ids, trained=False)
+    e.live = True
     return None
 
 

@@ -49,8 +49,11 @@ def kept_groups(fn: GroupFilter, rewards: list[float], responses: list[str], lab
         rows = slice(g * n, (g + 1) * n)
         verdict = call_plugin(fn, FLAG, list(rewards[rows]), list(responses[rows]), labels[g * n])
         if not isinstance(verdict, bool):
+            kind = type(verdict)  # numpy.bool would read as "bool" unqualified
+            name = kind.__name__ if kind.__module__ == "builtins" else \
+                f"{kind.__module__}.{kind.__qualname__}"
             raise RewardError(f"{FLAG}: the filter must return True or False for a group, got "
-                              f"{type(verdict).__name__}")
+                              f"{name}")
         if verdict:
             keep.append(g)
     return keep

@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from relax.errors import InputError, Interrupted, RewardError
+from relax.errors import InputError, RewardError, stops_the_run
 from relax.rollout.math_reward import math_reward
 from relax.rollout.reasoning_gym_source import make_reward
 from relax.rollout.tasks import get_task
@@ -81,9 +81,9 @@ def call_plugin(fn: Callable, flag: str, *args):
     ``KeyboardInterrupt`` included, becomes one :class:`RewardError` line naming ``flag``."""
     try:
         return fn(*args)
-    except Interrupted:
-        raise
     except BaseException as e:
+        if stops_the_run(e):
+            raise
         detail = " ".join(str(e).split())[:200]
         raise RewardError(f"{flag}: the function raised {type(e).__name__}"
                           f"{': ' + detail if detail else ''}") from e
@@ -116,9 +116,9 @@ def _call(fn: RewardFn, args: tuple, timeout: float | None):
     if timeout is None:
         try:
             return fn(*args)
-        except Interrupted:  # a second SIGTERM/SIGINT raised by the handler: not the reward's
-            raise
         except BaseException as e:  # sys.exit() or KeyboardInterrupt inside a plug-in is its bug
+            if stops_the_run(e):  # a second SIGTERM/SIGINT (or Ctrl-C): not the reward's
+                raise
             raise _Raised(e) from e
     box: dict = {}
     done = threading.Event()

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from relax.collectives import raise_together
-from relax.errors import RewardError
+from relax.errors import RewardError, error_summary, stops_the_run, value_summary
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.rewards import build_reward_fn, call_plugin, load_function, score_with_errors
 
@@ -62,13 +62,15 @@ class Scorer:
                                group_index.clone())
         try:
             out = torch.as_tensor(returned, dtype=torch.float32, device=self.ctx.device)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        except Exception as e:  # nested too deeply, ragged, not numbers, a __len__ that raises
+            if stops_the_run(e):
+                raise
             raise RewardError(f"{POST_PROCESS_FLAG} must return finite rewards of shape "
-                              f"{tuple(rewards.shape)}, got {type(returned).__name__}: "
-                              f"{e}") from None
+                              f"{tuple(rewards.shape)}, got {value_summary(returned)}: "
+                              f"{error_summary(e)}") from None
         if out.shape != rewards.shape or not torch.isfinite(out).all():
             raise RewardError(f"{POST_PROCESS_FLAG} must return finite rewards of shape "
-                              f"{tuple(rewards.shape)}")
+                              f"{tuple(rewards.shape)}, got {value_summary(returned)}")
         return out
 
 

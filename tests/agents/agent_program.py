@@ -2,12 +2,18 @@
 RELAX_BASE_URL like any OpenAI client would.
 
     python agent_program.py MODE      MODE: ok | openai | tool | crash | hang | noreward | rewrite
+                                            | garbage | spawn | snoop | intrude
 
 ok: two model turns (the prompt, then "again"); writes reward = index % 3 and the replies.
 tool: one turn with a tools list, then a tool result message, then a second turn.
 crash: prints to stderr and exits 3. hang: never returns. noreward: exits 0 without output.
 rewrite: changes the history on its second call (not an extension of the conversation).
 openai: as ok, through the openai package's client.
+garbage: sends bodies the endpoint must refuse (hostile.py), records the answers, makes one
+valid call and writes a reward nested 100000 deep.
+spawn: starts a child that would sleep for 5 minutes, records its pid, exits 0.
+snoop: records what it can list of its own directory and the one above it.
+intrude: calls its own session, then another episode's, with an id read from its files.
 """
 
 import json
@@ -35,6 +41,11 @@ def main(mode: str) -> None:
     with open(os.environ["RELAX_INPUT_JSON"]) as f:
         task = json.load(f)
     assert task["session_id"] == os.environ["RELAX_SESSION_ID"]
+    if mode in ("garbage", "spawn", "snoop", "intrude"):
+        import hostile
+
+        hostile.main(mode, task, chat)
+        return
     if mode == "crash":
         print("agent: the tool server is unreachable", file=sys.stderr)
         sys.exit(3)

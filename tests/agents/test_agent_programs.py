@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from relax.config import ConfigError
-from relax.rollout.agent_server import AgentRunner, _tool_calls
+from relax.rollout.agent_server import AgentRunner, _Session, _tool_calls
 from relax.rollout.generate import generate
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import init_distributed, unwrap
@@ -133,7 +133,7 @@ def test_the_endpoint_listens_on_localhost_only_and_refuses_what_it_cannot_recor
         body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10)
-        runner.server.sessions["s"] = object()  # a known session: the body is checked first
+        runner.server.sessions["s"] = _Session()  # a known session: the body is checked first
         for bad in ({"messages": [], "stream": True}, {"messages": [], "n": 2}, {"x": 1}):
             request = urllib.request.Request(url.replace("nosuch", "s"),
                                              data=json.dumps(bad).encode())

@@ -76,6 +76,9 @@ def test_numpy_and_torch_results_are_accepted(tmp_path):
     ("--custom-reward-post-process-path", "return 'no'", "got str"),
     ("--custom-advantage-function-path", "raise KeyboardInterrupt", "raised KeyboardInterrupt"),
     ("--custom-advantage-function-path", "return {'x': 1}", "got dict"),
+    ("--custom-reward-post-process-path",
+     "x = []\n    for _ in range(100000):\n        x = [x]\n    return x",
+     "must return finite rewards of shape (4,), got list [[[[[["),
 ])
 def test_other_plugins_are_contained_too(tmp_path, flag, body, words):
     path = write(tmp_path / "plug.py", f"import sys\ndef g(*args):\n    {body}\n")
@@ -83,3 +86,25 @@ def test_other_plugins_are_contained_too(tmp_path, flag, body, words):
     assert out.returncode == 1, out.stderr[-2000:]
     line = one_error_line(out)
     assert flag in line and words in line
+
+
+@pytest.mark.parametrize("body, words", [
+    ("raise SystemExit(0)", "the function raised SystemExit: 0"),
+    ("raise KeyboardInterrupt", "the function raised KeyboardInterrupt"),
+    ("return numpy.bool_(True)", "must return True or False for a group, got numpy.bool"),
+    ("return [True]", "must return True or False for a group, got list"),
+])
+def test_a_dynamic_sampling_filter_that_misbehaves_is_one_line(body, words, monkeypatch,
+                                                               tmp_path):
+    import signal
+
+    from relax.errors import RewardError
+    from relax.rollout.filters import FLAG, kept_groups, load_group_filter
+
+    monkeypatch.setattr(signal, "getsignal", lambda sig: None)  # relax train's SIGINT handler
+    path = write(tmp_path / "flt.py", f"import numpy\ndef keep(r, s, l):\n    {body}\n")
+    fn = load_group_filter(f"{path}:keep")
+    with pytest.raises(RewardError) as e:
+        kept_groups(fn, [0.0, 1.0], ["a", "b"], [None, None], 2)
+    assert str(e.value).startswith(FLAG) and words in str(e.value)
+    assert "\n" not in str(e.value)

@@ -43,7 +43,7 @@ def test_spec_options_take_the_config_field_types():
     ("reasoning-gym:basic_arith", ["unknown reasoning-gym dataset", "basic_arithmetic"]),
     ("reasoning-gym:", ["unknown reasoning-gym dataset"]),
     ("reasoning-gym:chain_sum?size=abc", ["size='abc'", "expected an integer"]),
-    ("reasoning-gym:chain_sum?size=0", ["size must be an integer >= 1"]),
+    ("reasoning-gym:chain_sum?size=0", ["size must be an integer in [1, 100000]"]),
     ("reasoning-gym:chain_sum?colour=red", ["has no option 'colour'", "min_terms"]),
     ("reasoning-gym:chain_sum?size", ["key=value"]),
     ("reasoning-gym:chain_sum?size=3&size=4", ["given twice"]),

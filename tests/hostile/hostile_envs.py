@@ -1,0 +1,74 @@
+"""Environments that misbehave on purpose (``--env tests.hostile.hostile_envs:KIND``): each
+factory below builds a :class:`Misbehaving` environment of one kind; ``mixed`` plays the
+kinds in turn, one per episode. ``RELAX_TEST_MARK``: a file a hanging step creates first, so
+a test knows the run is inside it."""
+
+import functools
+import itertools
+import math
+import os
+import sys
+import time
+
+KINDS = ("reset_dict", "reset_none", "reset_raises", "exit0", "keyboard", "recursion", "nan",
+         "inf", "pair", "surrogate", "bool_reward")
+_NEXT = itertools.cycle(KINDS)
+
+
+class Misbehaving:
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def reset(self, seed: int):
+        self.left, kind = 2, self.kind
+        if kind == "mixed_":
+            kind = next(_NEXT)
+        self.now = kind
+        if kind == "reset_dict":
+            return {"observation": "go"}
+        if kind == "reset_none":
+            return None
+        if kind == "reset_raises":
+            raise ValueError("no board for this seed")
+        return "go"
+
+    def step(self, action: str):
+        kind = self.now
+        if kind in ("hang", "swallow"):
+            _mark()
+        if kind == "hang":
+            time.sleep(3600)
+        if kind == "swallow":  # catches every exception, the trainer's Interrupted included
+            while True:
+                try:
+                    time.sleep(0.05)
+                except BaseException:
+                    pass
+        if kind == "exit0":
+            sys.exit(0)
+        if kind == "keyboard":
+            raise KeyboardInterrupt
+        if kind == "recursion":
+            return self.step(action)
+        if kind in ("nan", "inf"):
+            return "x", math.nan if kind == "nan" else -math.inf, False
+        if kind == "pair":
+            return "x", 1.0
+        if kind == "surrogate":
+            return "\ud800", 0.0, False
+        if kind == "bool_reward":
+            return "x", True, False
+        if kind == "long":  # an observation of about 800 tokens of the built-in tokenizer
+            return "ab " * 400, 0.0, False
+        self.left -= 1
+        return "T", 0.5, self.left == 0
+
+
+def _mark():
+    if os.environ.get("RELAX_TEST_MARK"):
+        open(os.environ["RELAX_TEST_MARK"], "w").close()
+
+
+for _kind in (*KINDS, "hang", "swallow", "long", "ok"):
+    globals()[_kind] = functools.partial(Misbehaving, _kind)
+mixed = functools.partial(Misbehaving, "mixed_")
