@@ -60,18 +60,30 @@ class Scorer:
             return rewards
         returned = call_plugin(self.post_process_fn, POST_PROCESS_FLAG, rewards.clone(),
                                group_index.clone())
-        try:
-            out = torch.as_tensor(returned, dtype=torch.float32, device=self.ctx.device)
-        except Exception as e:  # nested too deeply, ragged, not numbers, a __len__ that raises
-            if stops_the_run(e):
-                raise
-            raise RewardError(f"{POST_PROCESS_FLAG} must return finite rewards of shape "
-                              f"{tuple(rewards.shape)}, got {value_summary(returned)}: "
-                              f"{error_summary(e)}") from None
-        if out.shape != rewards.shape or not torch.isfinite(out).all():
-            raise RewardError(f"{POST_PROCESS_FLAG} must return finite rewards of shape "
-                              f"{tuple(rewards.shape)}, got {value_summary(returned)}")
-        return out
+        return plugin_tensor(returned, POST_PROCESS_FLAG, "finite rewards", rewards.shape,
+                             device=self.ctx.device, finite_on=torch.ones_like(rewards, dtype=bool))
+
+
+def plugin_tensor(returned, flag: str, what: str, shape, *, device, finite_on=None,
+                  error=RewardError) -> torch.Tensor:
+    """What a plug-in returned as a float32 tensor of ``shape`` on ``device``, finite where the
+    bool tensor ``finite_on`` is True; anything else is one ``error`` line naming ``flag``,
+    ``what`` it must return and a bounded description of what came back."""
+    shape = tuple(shape)
+    try:
+        out = torch.as_tensor(returned).to(device=device, dtype=torch.float32)
+    except Exception as e:  # nested too deeply, ragged, not numbers, a __len__ that raises
+        if stops_the_run(e):
+            raise
+        raise error(f"{flag} must return {what} of shape {shape}, got "
+                    f"{value_summary(returned)}: {error_summary(e)}") from None
+    if tuple(out.shape) != shape:
+        raise error(f"{flag} must return {what} of shape {shape}, got shape "
+                    f"{tuple(out.shape)}: {value_summary(returned)}")
+    if finite_on is not None and not torch.isfinite(out[finite_on]).all():
+        raise error(f"{flag} must return {what} of shape {shape}, got non-finite values: "
+                    f"{value_summary(returned)}")
+    return out
 
 
 def warn_some(messages: list[str], ctx, what: str, outcome: str) -> None:

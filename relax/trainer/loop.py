@@ -32,7 +32,7 @@ import torch
 
 from relax import models
 from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
-from relax.errors import InputError, RewardError
+from relax.errors import InputError
 from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
 from relax.metrics.tracker import MetricTracker
@@ -45,7 +45,7 @@ from relax.rollout.filters import load_group_filter
 from relax.rollout.partial import PartialRollouts
 from relax.rollout.rewards import call_plugin, load_function
 from relax.rollout.sampler import SamplingParams
-from relax.rollout.scoring import Scorer
+from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
@@ -252,15 +252,9 @@ class Trainer:
     def _custom_advantages(self, mask, rewards, group_index) -> torch.Tensor:
         """``--custom-advantage-function-path`` over this rank's rows, checked: [B, T]."""
         returned = call_plugin(self.custom_advantage, ADVANTAGE_FLAG, rewards, group_index, mask)
-        try:
-            adv = torch.as_tensor(returned)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-            raise RewardError(f"{ADVANTAGE_FLAG} must return advantages of shape "
-                              f"{tuple(mask.shape)}, got {type(returned).__name__}: {e}") from None
-        if adv.shape != mask.shape:
-            raise RewardError(f"{ADVANTAGE_FLAG} must return advantages of shape "
-                              f"{tuple(mask.shape)}, got {tuple(adv.shape)}")
-        return torch.where(mask, adv.float(), 0.0)
+        adv = plugin_tensor(returned, ADVANTAGE_FLAG, "advantages", mask.shape,
+                            device=mask.device)
+        return torch.where(mask, adv, 0.0)
 
     def update(self, exp):
         cfg, global_batch = self.cfg, self.cfg.global_batch_size

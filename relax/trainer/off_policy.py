@@ -12,6 +12,7 @@ import torch
 from relax.algorithms import opsm_keep, tis_weights
 from relax.errors import RelaxError
 from relax.rollout.rewards import call_plugin, load_function
+from relax.rollout.scoring import plugin_tensor
 
 MISMATCH_METRICS = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max",
                     "rollout/mismatch_k1", "rollout/mismatch_k3",
@@ -87,18 +88,10 @@ def _plugin_weights(fn, trainer_old, sampler, mask) -> tuple[torch.Tensor, torch
     and >= 0 on the mask. Its clipped fraction is 0 (the plug-in decides what it clips)."""
     returned = call_plugin(fn, TIS_FLAG, trainer_old.detach().clone(), sampler.clone(),
                            mask.clone())
-    try:
-        w = torch.as_tensor(returned).to(device=mask.device, dtype=torch.float32)
-    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-        raise RelaxError(f"{TIS_FLAG} must return weights of shape {tuple(mask.shape)}, got "
-                         f"{type(returned).__name__}: {e}") from None
-    if w.shape != mask.shape:
-        raise RelaxError(f"{TIS_FLAG} must return weights of shape {tuple(mask.shape)}, got "
-                         f"{tuple(w.shape)}")
-    on = w[mask]
-    if not torch.isfinite(on).all() or (on < 0).any():
-        raise RelaxError(f"{TIS_FLAG} returned weights that are negative or not finite on the "
-                         "response mask")
+    w = plugin_tensor(returned, TIS_FLAG, "weights >= 0, finite on the mask,", mask.shape,
+                      device=mask.device, finite_on=mask, error=RelaxError)
+    if (w[mask] < 0).any():
+        raise RelaxError(f"{TIS_FLAG} returned weights that are negative on the response mask")
     return torch.where(mask, w, torch.zeros_like(w)).detach(), torch.zeros_like(mask)
 
 

@@ -49,8 +49,9 @@ def test_a_tis_plugin_weighs_every_token(model):
     half, _ = _stats(model, exp, tis_clip=2.0, tis_fn=lambda q, s, m: torch.full(m.shape, 0.5))
     assert half["train/pg_loss"] == pytest.approx(0.5 * plain["train/pg_loss"], rel=1e-6)
     assert half["train/tis_weight_mean"] == pytest.approx(0.5 * (B - 1) / B)  # row 3: no tokens
-    for bad, match in ((lambda q, s, m: torch.ones(B, T + 1), r"shape \(8, 6\), got \(8, 7\)"),
-                       (lambda q, s, m: torch.full(m.shape, -1.0), "negative or not finite"),
+    for bad, match in ((lambda q, s, m: torch.ones(B, T + 1), r"shape \(8, 6\), got shape \(8, 7\)"),
+                       (lambda q, s, m: torch.full(m.shape, -1.0), "negative on the response"),
+                       (lambda q, s, m: torch.full(m.shape, float("nan")), "non-finite values"),
                        (lambda q, s, m: "weights", "got str")):
         with pytest.raises(RelaxError, match="--custom-tis-function-path .*" + match):
             _stats(model, exp, tis_clip=2.0, tis_fn=bad)
