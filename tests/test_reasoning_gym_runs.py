@@ -11,8 +11,7 @@ import subprocess
 import sys
 
 import pytest
-
-pytest.importorskip("reasoning_gym")
+import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is never skipped)
 
 TIMEOUT = 240
 ARITH = ("reasoning-gym:basic_arithmetic?size={n}&min_terms=2&max_terms=2&min_digits=1"

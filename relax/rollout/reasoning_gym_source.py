@@ -23,7 +23,8 @@ extracted as ``--reasoning-gym-answer`` says:
 - ``boxed``: the content of the last ``\\boxed{...}``, with a system message asking for it.
 
 ``--system-prompt`` replaces the system message in every mode. The package is imported only
-when such a source is used (``pip install 'relax-rl[rl]'``, which ``make`` installs).
+when such a source is used (the ``rl`` extra, ``pip install -e '.[rl]'`` in a clone, which
+``make`` installs).
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def _package(flag: str):
         import reasoning_gym
         from reasoning_gym.factory import DATASETS
     except ImportError:
-        raise InputError(f"{flag}: reasoning-gym is not installed; pip install "
-                         "'relax-rl[rl]' (make installs it)") from None
+        raise InputError(f"{flag}: reasoning-gym is not installed; pip install -e '.[rl]' "
+                         "in a clone of Relax (make installs it)") from None
     return reasoning_gym, DATASETS
 
 

@@ -68,8 +68,6 @@ def _runs(mask):
 
 @pytest.mark.parametrize("mode", ["ok", "tool", "openai"])
 def test_conversations_are_recorded_token_in_token_out(tiny, mode, tmp_path, monkeypatch):
-    if mode == "openai":
-        pytest.importorskip("openai")
     monkeypatch.setenv("RELAX_TEST_DIR", str(tmp_path))
     tok = tiny[0]
     played, sampled, runner = _run(tiny, mode)

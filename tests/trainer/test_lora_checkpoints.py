@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 
+import peft  # the train extra; make installs it, so it is never skipped
 import pytest
 import torch
 
@@ -17,8 +18,6 @@ from relax.trainer.distributed import unwrap
 from relax.trainer.sharded_state import SafeReader
 from tests.reliability.helpers import deterministic
 from tests.trainer.helpers import RECIPES, fit, make_config, write_reward
-
-peft = pytest.importorskip("peft")
 
 STEPS = ["--num-rollout", "4"]
 
