@@ -5,6 +5,11 @@
 # extra's 0.1.25, pip cannot install both, and gem's games run on 0.1.25 (its other
 # requirements are in the agents extra; pyproject.toml). The stamp file makes re-runs
 # cheap and re-installs when pyproject.toml or this file changes.
+#
+# Test tiers: `make test` is the whole suite (what CI runs, .ci/run); `make test-fast`
+# leaves out the tests marked `subprocess` (torchrun, `python -m relax`, multiprocessing,
+# agent programs, shell recipes) for day-to-day work: the math, the units and the
+# in-process training runs.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +18,7 @@ TORCH_PIN := torch==2.13.0
 GEM_PIN := gem-llm==0.1.0
 PYTEST_ARGS ?=
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test test-fast demo lint bench clean
 
 install: $(STAMP)
 
@@ -27,6 +32,9 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not subprocess" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check relax tests benchmarks

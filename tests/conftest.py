@@ -1,8 +1,18 @@
-"""Fixtures shared across test packages, and the machine limits the suite gives every run."""
+"""Fixtures shared across test packages, the machine limits the suite gives every run, and the
+two tiers.
+
+Tiers: a test that starts another process (``torchrun``, ``python -m relax``, a
+multiprocessing spawn, an agent program, a shell recipe) carries the ``subprocess`` marker.
+``make test-fast`` deselects those (``-m "not subprocess"``); ``make test`` runs everything.
+The marker is enforced rather than trusted: a test without it that starts a process fails,
+naming the marker, so the fast tier stays free of process start-ups as tests are added.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import subprocess
 
 import pytest
 
@@ -11,10 +21,57 @@ import pytest
 # them. tests/trainer/test_flops.py clears them where the measurement itself is under test.
 MACHINE_LIMITS = {"RELAX_PEAK_TFLOPS": "1", "RELAX_MEMORY_BANDWIDTH_GBPS": "10"}
 
+MARKER = "subprocess"
+_started: list[str] = []
+
+
+def _recording(original, what):
+    def wrapper(*args, **kwargs):
+        _started.append(what(*args))
+        return original(*args, **kwargs)
+
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _argv0(popen, args, *rest) -> str:
+    return str(args if isinstance(args, (str, bytes)) else list(args)[:3])
+
 
 def pytest_configure(config):
     for name, value in MACHINE_LIMITS.items():
         os.environ.setdefault(name, value)
+    # every way this suite starts a process: subprocess.run/Popen (torchrun, python -m relax,
+    # bash recipes, agent programs), multiprocessing (any start method), a bare fork
+    subprocess.Popen._execute_child = _recording(subprocess.Popen._execute_child, _argv0)
+    multiprocessing.process.BaseProcess.start = _recording(
+        multiprocessing.process.BaseProcess.start, lambda p: f"multiprocessing {p.name}")
+    os.fork = _recording(os.fork, lambda: "os.fork()")
+
+
+def _check_tier(item) -> None:
+    started, _started[:] = list(_started), []
+    if started and item.get_closest_marker(MARKER) is None:
+        pytest.fail(f"{item.nodeid} started a process ({started[0]}) but is not marked "
+                    f"@pytest.mark.{MARKER}: mark it (or its module: pytestmark = "
+                    f"pytest.mark.{MARKER}) so that `make test-fast` leaves it out",
+                    pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _started.clear()
+    result = yield  # a failed setup raises here and is reported as it is
+    _check_tier(item)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _started.clear()
+    result = yield
+    _check_tier(item)
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,8 @@ import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is ne
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "reasoning_gym" / "run-smollm2-reasoning-gym.sh"
 SUMMARIZE = ROOT / "examples" / "reasoning_gym" / "summarize.py"
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+pytestmark = [pytest.mark.subprocess,
+              pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")]
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ import sys
 import pytest
 import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is never skipped)
 
+pytestmark = pytest.mark.subprocess  # every test here starts `relax` processes (conftest.py)
+
 TIMEOUT = 240
 ARITH = ("reasoning-gym:basic_arithmetic?size={n}&min_terms=2&max_terms=2&min_digits=1"
          "&max_digits=1&operators=+&allow_parentheses=false&allow_negation=false")

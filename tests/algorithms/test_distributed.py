@@ -14,7 +14,7 @@ from tests.algorithms import reference as ref
 from tests.algorithms.helpers import assert_ref, assert_zero_outside
 from tests.distributed_utils import DistributedTestError, run_distributed
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")

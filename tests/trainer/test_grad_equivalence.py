@@ -29,6 +29,7 @@ def _compare(ref, got):
         ("gspo", True, False),
     ],
 )
+@pytest.mark.subprocess
 def test_two_ranks_two_micro_batches_equal_one_process(estimator, per_token, fsdp):
     ref = one_step(estimator, per_token, False, B)  # 1 process x 1 micro-batch
     # the single-process reference actually moved the weights (the test can fail)
@@ -40,6 +41,7 @@ def test_two_ranks_two_micro_batches_equal_one_process(estimator, per_token, fsd
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
+@pytest.mark.subprocess
 def test_shared_prompt_forward_under_two_ranks(fsdp):
     """Rows that repeat a prompt run it once (DDP: the prompt through the bare module, the
     responses through the wrapper, one backward); FSDP2 keeps the single pass. Both equal one
@@ -52,6 +54,7 @@ def test_shared_prompt_forward_under_two_ranks(fsdp):
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
+@pytest.mark.subprocess
 def test_untied_output_layer_under_two_ranks(fsdp):
     """An output layer of its own (not the embedding) gets its gradient through the chunked
     log-probs, outside the DDP forward (DDP), or keeps the model's head (FSDP2 shards it):
@@ -65,6 +68,7 @@ def test_untied_output_layer_under_two_ranks(fsdp):
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
+@pytest.mark.subprocess
 def test_skipped_backward_of_zero_advantage_rows_keeps_the_step(fsdp):
     """Rank 1 holds only zero-advantage rows (its backward is skipped but for one row that
     joins the all-reduce with a zero gradient); the step still equals one process."""

@@ -73,6 +73,7 @@ def test_training_moves_only_the_adapter_and_the_reference_is_the_base(tmp_path)
     assert rows[1]["train/kl_loss"] > 0.0
 
 
+@pytest.mark.subprocess
 def test_lora_with_two_ddp_ranks(tmp_path):
     reward = write_reward(tmp_path)
     out = tmp_path / "run"
