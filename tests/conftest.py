@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing.process
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +21,11 @@ import pytest
 # and a 128 MB copy; relax/trainer/flops.py). Set in os.environ, so child processes inherit
 # them. tests/trainer/test_flops.py clears them where the measurement itself is under test.
 MACHINE_LIMITS = {"RELAX_PEAK_TFLOPS": "1", "RELAX_MEMORY_BANDWIDTH_GBPS": "10"}
+# One intra-op thread per process (the trainer's setup.cpu_threads honours it): the tiny
+# model's products are too small to split, and two threads per process on a 2-core machine
+# doubled tests/trainer/test_e2e.py's wall time (35 s vs 17 s with one). Child processes
+# inherit it, as the multi-process helpers already set it for their ranks.
+THREADS = {"OMP_NUM_THREADS": "1"}
 
 MARKER = "subprocess"
 _started: list[str] = []
@@ -39,8 +45,10 @@ def _argv0(popen, args, *rest) -> str:
 
 
 def pytest_configure(config):
-    for name, value in MACHINE_LIMITS.items():
+    for name, value in {**MACHINE_LIMITS, **THREADS}.items():
         os.environ.setdefault(name, value)
+    if "torch" in sys.modules:  # imported before this ran: it read the variable already
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # every way this suite starts a process: subprocess.run/Popen (torchrun, python -m relax,
     # bash recipes, agent programs), multiprocessing (any start method), a bare fork
     subprocess.Popen._execute_child = _recording(subprocess.Popen._execute_child, _argv0)
