@@ -9,7 +9,9 @@
 # Test tiers: `make test` is the whole suite (what CI runs, .ci/run); `make test-fast`
 # leaves out the tests marked `subprocess` (torchrun, `python -m relax`, multiprocessing,
 # agent programs, shell recipes) for day-to-day work: the math, the units and the
-# in-process training runs.
+# in-process training runs. Both run on pytest-xdist workers, one per core (at most 4: a
+# worker may hold two Gloo ranks), since most of the time goes to single-threaded process
+# start-ups; XDIST= runs them in one process.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,6 +19,7 @@ STAMP := $(VENV)/.relax-installed
 TORCH_PIN := torch==2.13.0
 GEM_PIN := gem-llm==0.1.0
 PYTEST_ARGS ?=
+XDIST ?= -n logical --maxprocesses 4 --dist loadgroup
 
 .PHONY: install test test-fast demo lint bench clean
 
@@ -31,10 +34,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not subprocess" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not subprocess" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check relax tests benchmarks

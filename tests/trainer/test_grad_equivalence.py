@@ -27,6 +27,10 @@ CASES = {
 }
 
 
+# under `make test`'s workers the tests sharing the fixture stay on one, so it spawns once
+pytestmark = pytest.mark.xdist_group("grad-equivalence")
+
+
 @pytest.fixture(scope="module")
 def two_ranks():
     return run_distributed(one_step_cases, 2, CASES, timeout=240)
