@@ -1,8 +1,85 @@
-"""Fixtures shared across test packages."""
+"""Fixtures shared across test packages, the machine limits the suite gives every run, and the
+two tiers.
+
+Tiers: a test that starts another process (``torchrun``, ``python -m relax``, a
+multiprocessing spawn, an agent program, a shell recipe) carries the ``subprocess`` marker.
+``make test-fast`` deselects those (``-m "not subprocess"``); ``make test`` runs everything.
+The marker is enforced rather than trusted: a test without it that starts a process fails,
+naming the marker, so the fast tier stays free of process start-ups as tests are added.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
+import os
+import subprocess
+import sys
+
 import pytest
+
+# Known figures instead of the start-up benchmark of every in-process trainer (a 1024^3 matmul
+# and a 128 MB copy; relax/trainer/flops.py). Set in os.environ, so child processes inherit
+# them. tests/trainer/test_flops.py clears them where the measurement itself is under test.
+MACHINE_LIMITS = {"RELAX_PEAK_TFLOPS": "1", "RELAX_MEMORY_BANDWIDTH_GBPS": "10"}
+# One intra-op thread per process (the trainer's setup.cpu_threads honours it): the tiny
+# model's products are too small to split, and two threads per process on a 2-core machine
+# doubled tests/trainer/test_e2e.py's wall time (35 s vs 17 s with one). Child processes
+# inherit it, as the multi-process helpers already set it for their ranks.
+THREADS = {"OMP_NUM_THREADS": "1"}
+
+MARKER = "subprocess"
+_started: list[str] = []
+
+
+def _recording(original, what):
+    def wrapper(*args, **kwargs):
+        _started.append(what(*args))
+        return original(*args, **kwargs)
+
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _argv0(popen, args, *rest) -> str:
+    return str(args if isinstance(args, (str, bytes)) else list(args)[:3])
+
+
+def pytest_configure(config):
+    for name, value in {**MACHINE_LIMITS, **THREADS}.items():
+        os.environ.setdefault(name, value)
+    if "torch" in sys.modules:  # imported before this ran: it read the variable already
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # every way this suite starts a process: subprocess.run/Popen (torchrun, python -m relax,
+    # bash recipes, agent programs), multiprocessing (any start method), a bare fork
+    subprocess.Popen._execute_child = _recording(subprocess.Popen._execute_child, _argv0)
+    multiprocessing.process.BaseProcess.start = _recording(
+        multiprocessing.process.BaseProcess.start, lambda p: f"multiprocessing {p.name}")
+    os.fork = _recording(os.fork, lambda: "os.fork()")
+
+
+def _check_tier(item) -> None:
+    started, _started[:] = list(_started), []
+    if started and item.get_closest_marker(MARKER) is None:
+        pytest.fail(f"{item.nodeid} started a process ({started[0]}) but is not marked "
+                    f"@pytest.mark.{MARKER}: mark it (or its module: pytestmark = "
+                    f"pytest.mark.{MARKER}) so that `make test-fast` leaves it out",
+                    pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _started.clear()
+    result = yield  # a failed setup raises here and is reported as it is
+    _check_tier(item)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _started.clear()
+    result = yield
+    _check_tier(item)
+    return result
 
 
 @pytest.fixture(scope="session")

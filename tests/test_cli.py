@@ -56,6 +56,7 @@ def test_dispatch_errors_are_one_line():
     assert set(COMMANDS) == {"train", "eval", "export", "plot"}
 
 
+@pytest.mark.subprocess
 def test_dry_run_subprocess_prints_json_and_loads_nothing_heavy():
     proc = python("-m", "relax", "train", "--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -74,6 +75,7 @@ def test_dry_run_subprocess_prints_json_and_loads_nothing_heavy():
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.subprocess
 def test_rejection_subprocess_is_one_line_without_traceback():
     proc = python("-m", "relax", "train", "--advantage-estimator", "reinforce_plus_plus")
     assert proc.returncode == 2 and proc.stdout == ""

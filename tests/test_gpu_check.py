@@ -16,6 +16,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.subprocess  # the check runs `relax train` and scripts as processes
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
     p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}

@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("reasoning_gym")
+import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is never skipped)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "reasoning_gym" / "run-smollm2-reasoning-gym.sh"
 SUMMARIZE = ROOT / "examples" / "reasoning_gym" / "summarize.py"
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+pytestmark = [pytest.mark.subprocess,
+              pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")]
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 import pytest
+import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is never skipped)
 
-pytest.importorskip("reasoning_gym")
+pytestmark = pytest.mark.subprocess  # every test here starts `relax` processes (conftest.py)
 
 TIMEOUT = 240
 ARITH = ("reasoning-gym:basic_arithmetic?size={n}&min_terms=2&max_terms=2&min_digits=1"

@@ -61,6 +61,7 @@ BUDGET = dict(num_rollout=50, rollout_batch_size=4, n_samples_per_prompt=8,
 
 
 @pytest.mark.parametrize("algo", sorted(ARMS))
+@pytest.mark.subprocess
 def test_each_arm_dry_runs_with_its_spec_flags_at_one_budget(setup, algo):
     proc = run(RECIPE, setup, ALGO=algo)
     assert proc.returncode == 0, proc.stderr
@@ -76,6 +77,7 @@ def test_each_arm_dry_runs_with_its_spec_flags_at_one_budget(setup, algo):
     assert cfg["system_prompt"].endswith("final answer within \\boxed{}.")
 
 
+@pytest.mark.subprocess
 def test_environment_overrides_and_errors(setup):
     proc = run(RECIPE, setup, ALGO="grpo", SEED="2026", NUM_ROLLOUT="3", LR="2e-6",
                ROLLOUT_BATCH_SIZE="2", N_SAMPLES_PER_PROMPT="4", GLOBAL_BATCH_SIZE="4",
@@ -93,6 +95,7 @@ def test_environment_overrides_and_errors(setup):
     assert proc.returncode == 2 and "--n-samples-per-prompt 1" in proc.stderr
 
 
+@pytest.mark.subprocess
 def test_sweep_runs_three_arms_times_three_seeds(setup):
     proc = run(SWEEP, setup, ROOT="sweep")
     assert proc.returncode == 0, proc.stderr

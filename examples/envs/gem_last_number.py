@@ -11,7 +11,8 @@ rewards are gem's (1 for a win, partial credit ``1 - distance / range`` at the t
     relax train --env examples/envs/gem_last_number.py:guess_the_number_easy --max-turns 4 ...
     relax eval DIR --env examples/envs/gem_last_number.py:guess_the_number_easy --max-turns 4 ...
 
-Needs the ``agents`` extra (``pip install 'relax-rl[agents]'``).
+Needs gem-llm: ``make install`` in a clone of Relax (the ``agents`` extra, then
+``pip install --no-deps gem-llm==0.1.0``; the Makefile says why).
 """
 
 import re

@@ -14,7 +14,8 @@ reuses the objects across rollout steps (``reset`` starts each episode). The epi
 is the sum of the rewards ``step`` returned (relax/rollout/episodes.py).
 
 ``--env gem:ID`` and ``--env textarena:ID`` wrap the environments of those libraries (the
-``agents`` extra: ``pip install 'relax-rl[agents]'``), imported only when named here, so
+``agents`` extra and gem-llm: ``make install`` in a clone, see the Makefile for why gem-llm is
+installed with ``--no-deps``), imported only when named here, so
 validation and ``--dry-run`` never import them.
 
 Both libraries reseed Python's global ``random`` on reset; nothing in Relax draws from the
@@ -93,8 +94,10 @@ class TextArenaEnv:
 def _library_factory(prefix: str, env_id: str) -> Callable[[], Environment]:
     module = LIBRARIES[prefix]
     if importlib.util.find_spec(module) is None:
+        how = ("pip install -e '.[agents]' then pip install --no-deps gem-llm==0.1.0"
+               if prefix == "gem" else "pip install -e '.[agents]'")
         raise InputError(f"--env {prefix}:{env_id}: the {prefix} library is not installed; "
-                         "pip install 'relax-rl[agents]'")
+                         f"in a clone of Relax: make install, or {how}")
     make = importlib.import_module(module).make
     wrap = GemEnv if prefix == "gem" else TextArenaEnv
     try:

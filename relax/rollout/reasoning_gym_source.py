@@ -23,7 +23,8 @@ extracted as ``--reasoning-gym-answer`` says:
 - ``boxed``: the content of the last ``\\boxed{...}``, with a system message asking for it.
 
 ``--system-prompt`` replaces the system message in every mode. The package is imported only
-when such a source is used (``pip install 'relax-rl[rl]'``, which ``make`` installs).
+when such a source is used (the ``rl`` extra, ``pip install -e '.[rl]'`` in a clone, which
+``make`` installs).
 """
 
 from __future__ import annotations

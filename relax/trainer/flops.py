@@ -20,14 +20,26 @@ shared-prompt forward does less, so the ratio can overstate the hardware's utili
 The peak is measured once at start-up on the run's device and dtype (the best of a few square
 matmuls), or given with ``--peak-tflops``. Decoding reads every weight once per step, so its
 roofline is ``decode steps x weight bytes / time`` against a measured copy bandwidth.
+Both measurements can be replaced by known figures through the environment
+(``RELAX_PEAK_TFLOPS``, ``RELAX_MEMORY_BANDWIDTH_GBPS``): a machine that is busy or shared
+measures too low, and a short run or a test suite need not spend a second on them.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass
 
 import torch
+
+from relax.errors import InputError
+
+# Known limits instead of the start-up measurements (docs/performance.md); --peak-tflops,
+# when given, still wins over PEAK_ENV.
+PEAK_ENV = "RELAX_PEAK_TFLOPS"  # TFLOP/s per rank in the run's compute dtype
+BANDWIDTH_ENV = "RELAX_MEMORY_BANDWIDTH_GBPS"  # copy bandwidth in GB/s (1e9 bytes/s)
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,21 @@ def phase_metrics(forward: float, *, log_prob_passes: int, skipped_fraction: flo
     return out
 
 
+def _given(name: str) -> float | None:
+    """The positive number the environment variable ``name`` holds, None when unset or empty."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{name}={raw!r}: must be a number > 0; unset it to measure at "
+                         "start-up")
+    return value
+
+
 def _best_seconds(fn, repeats: int) -> float:
     fn()  # warm-up: allocation, thread pool
     best = float("inf")
@@ -107,7 +134,11 @@ def _sync(device: torch.device) -> None:
 
 def measure_peak_flops(device: torch.device, bf16: bool, size: int = 1024,
                        repeats: int = 5) -> float:
-    """FLOP/s of a square matmul in the run's compute dtype (best of ``repeats``)."""
+    """FLOP/s of a square matmul in the run's compute dtype (best of ``repeats``), or
+    ``RELAX_PEAK_TFLOPS`` x 1e12 when that is set (nothing is measured then)."""
+    given = _given(PEAK_ENV)
+    if given is not None:
+        return given * 1e12
     dtype = torch.bfloat16 if bf16 else torch.float32
     if device.type == "cuda":
         size = max(size, 8192)  # a small product does not fill a GPU
@@ -122,7 +153,11 @@ def measure_peak_flops(device: torch.device, bf16: bool, size: int = 1024,
 
 
 def measure_bandwidth(device: torch.device, megabytes: int = 128, repeats: int = 3) -> float:
-    """Bytes/s of a large copy (read + write), the decode's roofline (best of ``repeats``)."""
+    """Bytes/s of a large copy (read + write), the decode's roofline (best of ``repeats``), or
+    ``RELAX_MEMORY_BANDWIDTH_GBPS`` x 1e9 when that is set (nothing is measured then)."""
+    given = _given(BANDWIDTH_ENV)
+    if given is not None:
+        return given * 1e9
     src = torch.empty(megabytes << 18, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
 

@@ -67,9 +67,8 @@ def _runs(mask):
 
 
 @pytest.mark.parametrize("mode", ["ok", "tool", "openai"])
+@pytest.mark.subprocess
 def test_conversations_are_recorded_token_in_token_out(tiny, mode, tmp_path, monkeypatch):
-    if mode == "openai":
-        pytest.importorskip("openai")
     monkeypatch.setenv("RELAX_TEST_DIR", str(tmp_path))
     tok = tiny[0]
     played, sampled, runner = _run(tiny, mode)
@@ -97,6 +96,7 @@ def test_conversations_are_recorded_token_in_token_out(tiny, mode, tmp_path, mon
         assert prompt == f"user: p{i}<eos>\nassistant: "
 
 
+@pytest.mark.subprocess
 def test_crashing_hanging_and_silent_agents_fail_their_episode_only(tiny):
     played, _, _ = _run(tiny, "crash", n=2)
     assert played.rewards == [0.0, 0.0] and len(played.failures) == 2
@@ -143,6 +143,7 @@ def test_the_endpoint_listens_on_localhost_only_and_refuses_what_it_cannot_recor
         runner.close()
 
 
+@pytest.mark.subprocess
 def test_agent_rewards_reach_the_estimator(tmp_path):
     cfg = make_config(*RECIPES["reinforce_plus_plus_baseline"], "--use-agentic-rollout",
                       "--agent-command", command("ok"), output_dir=tmp_path / "run")
@@ -179,6 +180,7 @@ def test_bad_agent_flags_are_rejected(flags, match, tmp_path):
         make_config(*flags, output_dir=tmp_path)
 
 
+@pytest.mark.subprocess
 def test_an_agent_command_that_does_not_start_exits_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "relax", "train", "--use-agentic-rollout",
                            "--agent-command", "./missing-agent.sh", "--num-rollout", "1",
@@ -191,6 +193,7 @@ def test_an_agent_command_that_does_not_start_exits_2(tmp_path):
         "my_agent.py'"]
 
 
+@pytest.mark.subprocess
 def test_two_process_gloo_agents(tmp_path):
     out = tmp_path / "run"
     proc = torchrun_relax("--use-agentic-rollout", "--agent-command", command("ok"),

@@ -1,5 +1,6 @@
-"""gem and textarena behind the --env interface, played by a scripted policy (offline; skipped
-when the ``agents`` extra is not installed)."""
+"""gem and textarena behind the --env interface, played by a scripted policy. Both come with
+`make install` (the ``agents`` extra and gem-llm, Makefile); offline, so only games that need
+no downloaded data (textarena's word games fetch nltk corpora on first use)."""
 
 import random
 import re
@@ -28,7 +29,6 @@ def _binary_search(env, seed: int, fmt: str, low: int, high: int):
 
 
 def test_gem_guess_the_number():
-    pytest.importorskip("gem")
     env = environment_factory("gem:game:GuessTheNumber-v0-easy")()
     observations, rewards, done = _binary_search(env, 3, "\\boxed{{{}}}", 1, 10)
     assert "Guess The Number" in observations[0] and done
@@ -40,7 +40,6 @@ def test_gem_guess_the_number():
 
 
 def test_textarena_guess_the_number():
-    pytest.importorskip("textarena")
     env = environment_factory("textarena:GuessTheNumber-v0-raw")()
     observations, rewards, done = _binary_search(env, 5, "[{}]", 1, 20)
     assert "Guess The Number" in observations[0] and done
@@ -50,7 +49,6 @@ def test_textarena_guess_the_number():
 
 
 def test_a_library_episode_is_a_function_of_its_seed():
-    pytest.importorskip("gem")
     env = environment_factory("gem:game:GuessTheNumber-v0-easy")()
     state = random.getstate()
     first = env.reset(7)
@@ -63,7 +61,6 @@ def test_a_library_episode_is_a_function_of_its_seed():
 @pytest.mark.parametrize("spec,lib", [("gem:game:NoSuchGame-v0", "gem"),
                                       ("textarena:NoSuchGame-v0", "textarena")])
 def test_an_unknown_environment_id_is_bad_input(spec, lib):
-    pytest.importorskip(lib)
     with pytest.raises(InputError, match=rf"--env {spec}: {lib} cannot make it .*give an "
                        rf"environment id that {lib} registers"):
         environment_factory(spec)

@@ -106,6 +106,7 @@ def _cli(tmp_path, *flags, timeout=120):
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.subprocess
 def test_a_factory_without_step_exits_2(tmp_path):
     proc = _cli(tmp_path, "--env", "tests.agents.scripted:no_step")
     assert proc.returncode == 2, proc.stderr
@@ -114,6 +115,7 @@ def test_a_factory_without_step_exits_2(tmp_path):
                                 "what the factory returned (object) has no reset() method")
 
 
+@pytest.mark.subprocess
 def test_two_process_gloo_episodes(tmp_path):
     """Each rank plays its own episodes; metrics are global, the run ends within a bound."""
     out = tmp_path / "run"
@@ -133,6 +135,7 @@ def test_two_process_gloo_episodes(tmp_path):
     assert rows[1]["eval/env/episode_turns"] == 3.0 and "eval/env/pass@1" not in rows[0]
 
 
+@pytest.mark.subprocess
 def test_one_rank_environment_failure_stops_both(tmp_path):
     proc = torchrun_relax("--env", "tests.agents.scripted:rank_broken", "--num-rollout", "2",
                           "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--device",

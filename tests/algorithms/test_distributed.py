@@ -15,7 +15,10 @@ from tests.algorithms import reference as ref
 from tests.algorithms.helpers import assert_ref, assert_zero_outside
 from tests.distributed_utils import DistributedTestError, run_distributed
 
-pytestmark = pytest.mark.timeout(180)
+# xdist_group: under `make test`'s workers the whole module stays on one, so the fixture's
+# spawn happens once
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(180),
+              pytest.mark.xdist_group("algorithms-distributed")]
 
 
 @pytest.fixture(scope="module")

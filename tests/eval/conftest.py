@@ -9,11 +9,9 @@ import pytest
 
 @pytest.fixture(scope="package")
 def tiny():
-    import torch
 
     from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 
-    torch.set_num_threads(2)
     tokenizer = build_tokenizer()
     return build_tiny_model(tokenizer, seed=3), tokenizer
 

@@ -80,6 +80,7 @@ def test_threshold_and_bad_input(tiny):
         evaluate(model, tok, [], [], always, sampling)
 
 
+@pytest.mark.subprocess
 def test_two_ranks_equal_one_process(tiny):
     """Greedy decoding is deterministic, so sharding the prompts over two Gloo ranks and
     all-reducing must reproduce the single-process numbers exactly; 5 prompts leave the

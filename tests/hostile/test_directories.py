@@ -25,6 +25,7 @@ def model_dir(tiny_model_dir):
     return tiny_model_dir
 
 
+@pytest.mark.subprocess
 def test_output_dir_pointed_at_a_model_directory_leaves_it_untouched(model_dir, tmp_path):
     before = snapshot(model_dir)
     for flags in (["--output-dir", model_dir], ["--hf-checkpoint", model_dir, "--output-dir",
@@ -36,6 +37,7 @@ def test_output_dir_pointed_at_a_model_directory_leaves_it_untouched(model_dir, 
     assert snapshot(model_dir) == before
 
 
+@pytest.mark.subprocess
 def test_save_pointed_at_the_model_or_the_output_dir_is_refused(model_dir, tmp_path):
     out = relax("train", *SMALL, "--hf-checkpoint", model_dir, "--save", model_dir,
                 "--output-dir", tmp_path / "o")
@@ -46,6 +48,7 @@ def test_save_pointed_at_the_model_or_the_output_dir_is_refused(model_dir, tmp_p
     assert not same.exists()
 
 
+@pytest.mark.subprocess
 def test_foreign_directories_are_refused_before_any_write(tmp_path):
     home = tmp_path / "home"
     write(home / "notes.txt", "mine")
@@ -57,6 +60,7 @@ def test_foreign_directories_are_refused_before_any_write(tmp_path):
         assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.subprocess
 def test_a_fresh_run_does_not_continue_another_runs_directories(tmp_path):
     save, first = tmp_path / "save", tmp_path / "first"
     assert relax("train", *SMALL, "--save", save, "--output-dir", first).returncode == 0
@@ -75,6 +79,7 @@ def test_a_fresh_run_does_not_continue_another_runs_directories(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
 
 
+@pytest.mark.subprocess
 def test_one_run_per_directory_and_no_stale_lock_after_a_kill(tmp_path):
     gate = write(tmp_path / "slow.py", "import time\ndef f(p, r, l):\n    time.sleep(600)\n"
                  "    return [0.0] * len(p)\n")
@@ -103,6 +108,7 @@ def test_one_run_per_directory_and_no_stale_lock_after_a_kill(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
 
 
+@pytest.mark.subprocess
 def test_unwritable_paths_are_refused_before_training(tmp_path):
     blocker = write(tmp_path / "file", "x")
     out = relax("train", *SMALL, "--save", blocker / "sub", "--output-dir", tmp_path / "o")
@@ -122,6 +128,7 @@ def _limit_file_size():
 
 
 @pytest.mark.parametrize("saving", [[], ["--async-save"]], ids=["sync", "async"])
+@pytest.mark.subprocess
 def test_a_full_disk_mid_run_keeps_and_names_the_last_checkpoint(tmp_path, saving):
     """The tiny model's checkpoint is ~1.6 MB: the first interval save fails like a full disk
     (with --async-save on the writer thread, reported when the run waits for it)."""
@@ -147,6 +154,7 @@ def test_free_space_is_checked_for_one_checkpoint(tmp_path):
         check_free_space(str(tmp_path), 10 ** 16)  # 120 PB
 
 
+@pytest.mark.subprocess
 def test_resume_must_continue_this_configuration(tmp_path):
     save, out = tmp_path / "save", tmp_path / "o"
     assert relax("train", *SMALL, "--num-rollout", "3", "--save", save,
@@ -167,6 +175,7 @@ def test_resume_must_continue_this_configuration(tmp_path):
     assert "with changed settings: --lr 0.003 -> 0.001" in res.stderr
 
 
+@pytest.mark.subprocess
 def test_resume_with_another_model_is_refused(model_dir, tmp_path):
     from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 

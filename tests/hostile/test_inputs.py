@@ -13,6 +13,8 @@ import pytest
 
 from tests.hostile.helpers import SMALL, env, one_error_line, relax, write
 
+pytestmark = pytest.mark.subprocess  # every test here starts `relax` processes (conftest.py)
+
 ROW = {"input": "ab=", "label": "ab"}
 
 

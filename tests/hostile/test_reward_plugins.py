@@ -7,6 +7,8 @@ import pytest
 
 from tests.hostile.helpers import SMALL, one_error_line, relax, write
 
+pytestmark = pytest.mark.subprocess  # every test here starts `relax` processes (conftest.py)
+
 IMPORT_TIME = {
     "sys.exit(0)": "SystemExit",
     "raise KeyboardInterrupt": "KeyboardInterrupt",

@@ -11,6 +11,7 @@ from tests.distributed_utils import run_distributed
 from tests.metrics.workers import reduce_on_two_ranks
 
 
+@pytest.mark.subprocess
 def test_reduction_over_two_gloo_ranks():
     results = run_distributed(reduce_on_two_ranks, 2, timeout=60)
     expected = {"perf/generated_tokens": 40.0, "rollout/response_length": 5.0,

@@ -66,7 +66,6 @@ def test_logger_writes_samples_only_when_asked(tmp_path):
 
 
 def test_tensorboard_gets_a_text_panel(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logger = build_logger(is_main=True, output_dir=str(tmp_path), total_steps=1,

@@ -22,6 +22,8 @@ from tests.reliability.helpers import (
     write_gate_reward,
 )
 
+pytestmark = pytest.mark.subprocess  # every test here starts `relax` processes (conftest.py)
+
 
 def _ranks(tmp_path, *, timeout_minutes: str):
     args = [*SMALL, "--custom-rm-path", write_gate_reward(tmp_path), "--num-rollout", "4",

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.reliability.helpers import SMALL, finish_all, read_rows, start_ranks
+
+pytestmark = pytest.mark.subprocess  # every test here starts `relax` processes (conftest.py)
 
 EXIT_SCRIPT = """
 import atexit, sys

@@ -38,6 +38,7 @@ def _assert_same(got: dict, want: dict, step: int) -> None:
         assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-6), (step, key)
 
 
+@pytest.mark.subprocess
 def test_kill_9_in_step_4_then_resume_equals_an_uninterrupted_run(tmp_path, capsys):
     reward = write_gate_reward(tmp_path)
     save, out = tmp_path / "save", tmp_path / "run"

@@ -24,6 +24,7 @@ def _weights_of(path) -> dict[str, torch.Tensor]:
     return load_file(os.path.join(path, "model.safetensors"))
 
 
+@pytest.mark.subprocess
 def test_two_rank_fsdp_save_is_sharded_and_resumes_in_one_process(tmp_path, capsys):
     save = tmp_path / "save"
     flags = [*SMALL, "--custom-rm-path", write_gate_reward(tmp_path), "--rollout-batch-size",
@@ -150,6 +151,7 @@ def test_async_and_checksummed_runs_train_like_a_plain_run(tmp_path):
         str(save / "rollout_000003"), 3)
 
 
+@pytest.mark.subprocess
 def test_one_process_checkpoint_resumes_on_two_fsdp_ranks(tmp_path, capsys):
     """The other direction: saved by one process, continued by two FSDP2 ranks (each reads
     only its half); switching --fsdp at the same world size is named as well."""

@@ -22,6 +22,7 @@ from tests.reliability.helpers import (
 from tests.trainer.helpers import make_config, write_reward
 
 
+@pytest.mark.subprocess
 def test_sigterm_mid_step_finishes_the_step_saves_and_exits_143(tmp_path):
     save, out = tmp_path / "save", tmp_path / "run"
     child = Child([*SMALL, "--custom-rm-path", write_gate_reward(tmp_path), "--num-rollout",

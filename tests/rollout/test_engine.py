@@ -46,7 +46,6 @@ def test_logits_match_the_model_forward(name):
 def test_lora_layers_match_the_peft_forward():
     """A peft LoRA model (every linear layer and the head adapted, B non-zero) decodes through
     the engine with the adapter's low-rank path; switched off, the base model's function."""
-    pytest.importorskip("peft")
     from relax.trainer.lora import adapter_disabled, add_lora
 
     model = _model(CONFIGS["llama (bias, untied head)"]())
@@ -64,7 +63,6 @@ def test_lora_layers_match_the_peft_forward():
 
 
 def test_lora_dropout_falls_back_to_the_model_forward():
-    pytest.importorskip("peft")
     from relax.trainer.lora import add_lora
 
     model = _model(CONFIGS["qwen3"]())

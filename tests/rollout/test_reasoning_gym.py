@@ -7,8 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
-pytest.importorskip("reasoning_gym")
+import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is never skipped)
 
 from relax.errors import InputError  # noqa: E402
 from relax.rollout import reasoning_gym_source as gym  # noqa: E402

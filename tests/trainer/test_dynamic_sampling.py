@@ -121,6 +121,7 @@ def test_round_bound_trains_on_fewer_groups_or_skips(tmp_path, capsys):
     assert moved > 0 and all(r["rollout/groups_trained"] == 1 for r in rows)
 
 
+@pytest.mark.subprocess
 def test_two_ranks_agree_on_rounds_and_kept_groups(tmp_path):
     reward = write_reward(tmp_path, COIN, "coin.py")
     out = tmp_path / "run"

@@ -9,8 +9,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from relax.errors import InputError
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.flops import (
+    BANDWIDTH_ENV,
+    PEAK_ENV,
     ModelShape,
     measure_bandwidth,
     measure_peak_flops,
@@ -51,8 +54,31 @@ def test_phase_metrics_arithmetic():
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_measured_limits_are_positive(bf16):
+def test_measured_limits_are_positive(bf16, monkeypatch):
+    # the suite gives both limits through the environment (tests/conftest.py); measure here
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    monkeypatch.delenv(BANDWIDTH_ENV, raising=False)
     peak = measure_peak_flops(torch.device("cpu"), bf16, size=256, repeats=2)
     assert math.isfinite(peak) and peak > 1e6
     bandwidth = measure_bandwidth(torch.device("cpu"), megabytes=8, repeats=2)
     assert math.isfinite(bandwidth) and bandwidth > 1e6
+
+
+def test_limits_given_in_the_environment_are_not_measured(monkeypatch):
+    monkeypatch.setenv(PEAK_ENV, "2.5")
+    monkeypatch.setenv(BANDWIDTH_ENV, "40")
+    # a size no machine could multiply in the test's time: the value must come back unmeasured
+    assert measure_peak_flops(torch.device("cpu"), False, size=1 << 20) == 2.5e12
+    assert measure_bandwidth(torch.device("cpu"), megabytes=1 << 20) == 40e9
+    monkeypatch.setenv(PEAK_ENV, " ")  # empty: measured again
+    assert measure_peak_flops(torch.device("cpu"), False, size=64, repeats=1) > 0
+
+
+@pytest.mark.parametrize("env", [PEAK_ENV, BANDWIDTH_ENV])
+@pytest.mark.parametrize("raw", ["0", "-3", "fast", "inf", "nan"])
+def test_a_bad_limit_in_the_environment_is_one_line_naming_it(env, raw, monkeypatch):
+    monkeypatch.setenv(env, raw)
+    measure = (lambda: measure_peak_flops(torch.device("cpu"), False)) if env == PEAK_ENV \
+        else (lambda: measure_bandwidth(torch.device("cpu")))
+    with pytest.raises(InputError, match=rf"^{env}='{raw}': must be a number > 0"):
+        measure()

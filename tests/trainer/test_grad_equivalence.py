@@ -1,13 +1,51 @@
 """reinforce_plus_plus.md §7: the gradient of one optimizer step is the whole-batch gradient,
 whatever the
 micro-batch size and the data-parallel world size (DDP with a summing comm hook, FSDP2 with a
-gradient divide factor of 1)."""
+gradient divide factor of 1).
+
+Every two-rank case of this module runs in ONE spawn of the two Gloo ranks (the module
+fixture ``two_ranks``), one case after the other: starting the ranks costs more than the
+steps. Each test then compares its own case with its one-process reference."""
 
 import pytest
 import torch
 
 from tests.distributed_utils import run_distributed
-from tests.trainer.workers import B, one_step
+from tests.trainer.workers import B, one_step, one_step_cases
+
+MICRO = [
+    ("reinforce_plus_plus_baseline", False, False),
+    ("reinforce_plus_plus_baseline", False, True),
+    ("gspo", True, False),
+]
+# key -> one_step's arguments on each of the two ranks
+CASES = {
+    **{("micro", *case): (*case, B // 4) for case in MICRO},
+    **{("shared", fsdp): ("grpo", False, fsdp, B // 4, False, True) for fsdp in (False, True)},
+    **{("untied", fsdp): ("grpo", False, fsdp, B // 4, False, False, False)
+       for fsdp in (False, True)},
+    **{("inert", fsdp): ("grpo", False, fsdp, B // 4, True) for fsdp in (False, True)},
+    ("off-policy",): ("grpo", False, False, B // 4, False, False, True, True),
+}
+
+
+# under `make test`'s workers the tests sharing the fixture stay on one, so it spawns once
+pytestmark = pytest.mark.xdist_group("grad-equivalence")
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return run_distributed(one_step_cases, 2, CASES, timeout=240)
+
+
+def _ranks(two_ranks, key) -> list:
+    """Each rank's one_step result of case ``key``."""
+    out = []
+    for rank, results in enumerate(two_ranks):
+        status, value = results[key]
+        assert status == "ok", f"rank {rank} {key} raised:\n{value}"
+        out.append(value)
+    return out
 
 
 def _compare(ref, got):
@@ -22,25 +60,20 @@ def _compare(ref, got):
         assert hist[0][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
-@pytest.mark.parametrize(
-    "estimator,per_token,fsdp",
-    [
-        ("reinforce_plus_plus_baseline", False, False),
-        ("reinforce_plus_plus_baseline", False, True),
-        ("gspo", True, False),
-    ],
-)
-def test_two_ranks_two_micro_batches_equal_one_process(estimator, per_token, fsdp):
+@pytest.mark.parametrize("estimator,per_token,fsdp", MICRO)
+@pytest.mark.subprocess
+def test_two_ranks_two_micro_batches_equal_one_process(two_ranks, estimator, per_token, fsdp):
     ref = one_step(estimator, per_token, False, B)  # 1 process x 1 micro-batch
     # the single-process reference actually moved the weights (the test can fail)
     first = one_step(estimator, per_token, False, B // 4)  # 1 process x 4 micro-batches
     _compare(ref, first)
-    results = run_distributed(one_step, 2, estimator, per_token, fsdp, B // 4, timeout=120)
+    results = _ranks(two_ranks, ("micro", estimator, per_token, fsdp))
     for got in results:  # every rank holds the same weights after the step
         _compare(ref, got)
 
 
-def test_importance_correction_under_micro_batches_and_two_ranks():
+@pytest.mark.subprocess
+def test_importance_correction_under_micro_batches_and_two_ranks(two_ranks):
     """reinforce_plus_plus.md §7a: the TIS weights and the OPSM mask are per token and per row,
     so the corrected step is the same whatever the micro-batches and the ranks."""
     ref = one_step("grpo", False, False, B, off_policy=True)
@@ -49,42 +82,42 @@ def test_importance_correction_under_micro_batches_and_two_ranks():
     assert 0 < ref[1][0]["train/opsm_masked_fraction"] < 1
     assert ref[1][0]["train/pg_loss"] != pytest.approx(plain[1][0]["train/pg_loss"])
     _compare(ref, one_step("grpo", False, False, B // 4, off_policy=True))
-    for got in run_distributed(one_step, 2, "grpo", False, False, B // 4, False, False, True,
-                               True, timeout=120):
+    for got in _ranks(two_ranks, ("off-policy",)):
         _compare(ref, got)
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
-def test_shared_prompt_forward_under_two_ranks(fsdp):
+@pytest.mark.subprocess
+def test_shared_prompt_forward_under_two_ranks(two_ranks, fsdp):
     """Rows that repeat a prompt run it once (DDP: the prompt through the bare module, the
     responses through the wrapper, one backward); FSDP2 keeps the single pass. Both equal one
     process."""
     ref = one_step("grpo", False, False, B, False, True)
-    results = run_distributed(one_step, 2, "grpo", False, fsdp, B // 4, False, True,
-                              timeout=120)
+    results = _ranks(two_ranks, ("shared", fsdp))
     for got in results:
         _compare(ref, got)
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
-def test_untied_output_layer_under_two_ranks(fsdp):
+@pytest.mark.subprocess
+def test_untied_output_layer_under_two_ranks(two_ranks, fsdp):
     """An output layer of its own (not the embedding) gets its gradient through the chunked
     log-probs, outside the DDP forward (DDP), or keeps the model's head (FSDP2 shards it):
     both equal one process."""
     ref = one_step("grpo", False, False, B, False, False, False)
     assert "lm_head.weight" in ref[0]
-    results = run_distributed(one_step, 2, "grpo", False, fsdp, B // 4, False, False, False,
-                              timeout=120)
+    results = _ranks(two_ranks, ("untied", fsdp))
     for got in results:
         _compare(ref, got)
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
-def test_skipped_backward_of_zero_advantage_rows_keeps_the_step(fsdp):
+@pytest.mark.subprocess
+def test_skipped_backward_of_zero_advantage_rows_keeps_the_step(two_ranks, fsdp):
     """Rank 1 holds only zero-advantage rows (its backward is skipped but for one row that
     joins the all-reduce with a zero gradient); the step still equals one process."""
     ref = one_step("grpo", False, False, B, True)
-    results = run_distributed(one_step, 2, "grpo", False, fsdp, B // 4, True, timeout=120)
+    results = _ranks(two_ranks, ("inert", fsdp))
     for got in results:
         _compare(ref, got)
     # rows 1 and 3 (no tokens) on rank 0; rows 5, 6, 7 on rank 1, which keeps row 4 active

@@ -3,6 +3,7 @@ its adapter off, only the adapter trained, the engine's LoRA path, and two DDP r
 
 from __future__ import annotations
 
+import peft  # noqa: F401  (the train extra; make installs it, so it is never skipped)
 import pytest
 import torch
 
@@ -14,8 +15,6 @@ from relax.trainer.loop import Trainer
 from relax.trainer.lora import adapter_disabled, add_lora, hf_target_names, merged_copy
 from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, make_config, read_metrics, write_reward
-
-pytest.importorskip("peft")
 
 
 def test_megatron_names_map_to_hugging_face_names():
@@ -74,6 +73,7 @@ def test_training_moves_only_the_adapter_and_the_reference_is_the_base(tmp_path)
     assert rows[1]["train/kl_loss"] > 0.0
 
 
+@pytest.mark.subprocess
 def test_lora_with_two_ddp_ranks(tmp_path):
     reward = write_reward(tmp_path)
     out = tmp_path / "run"

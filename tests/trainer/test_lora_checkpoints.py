@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 
+import peft  # the train extra; make installs it, so it is never skipped
 import pytest
 import torch
 
@@ -19,8 +20,6 @@ from relax.trainer.resume import check_resume
 from relax.trainer.sharded_state import SafeReader
 from tests.reliability.helpers import deterministic
 from tests.trainer.helpers import RECIPES, fit, make_config, write_reward
-
-peft = pytest.importorskip("peft")
 
 STEPS = ["--num-rollout", "4"]
 

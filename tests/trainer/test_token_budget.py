@@ -92,6 +92,7 @@ def test_relax_train_with_token_budget(tmp_path):
     assert len(rows) == 2 and all(0.0 <= r["perf/update_padding_fraction"] < 1.0 for r in rows)
 
 
+@pytest.mark.subprocess
 def test_fsdp_ranks_run_equally_many_budget_micro_batches(tmp_path):
     """Under FSDP2 every pass is a collective: ranks whose rows pack into different numbers of
     micro-batches split theirs until the counts agree (a hang would fail the bounded wait)."""

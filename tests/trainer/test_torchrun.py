@@ -7,6 +7,8 @@ import pytest
 from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward
 
+pytestmark = pytest.mark.subprocess  # every test here starts torchrun (conftest.py)
+
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
 def test_two_process_gloo_run(tmp_path, fsdp):

@@ -4,6 +4,7 @@ children import only this light module)."""
 from __future__ import annotations
 
 import dataclasses
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -116,3 +117,16 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         params[name.removeprefix("module.")] = full.detach().clone()
     return params, history
+
+
+def one_step_cases(cases: dict) -> dict:
+    """:func:`one_step` of every case (``{key: args}``) on this rank, one after the other in
+    the same process group, so a test module pays for one spawn of its ranks. Returns
+    ``{key: ("ok", result)}``, or ``("raised", traceback)`` for a case that failed."""
+    out = {}
+    for key, args in cases.items():
+        try:
+            out[key] = ("ok", one_step(*args))
+        except Exception:  # reported by the case's own test
+            out[key] = ("raised", traceback.format_exc())
+    return out
