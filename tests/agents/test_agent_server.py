@@ -46,7 +46,8 @@ class ThreadAgent:
     programs: dict = {}
 
     def __init__(self, argv, *, env, stdout, **kwargs):
-        self.pid, self.returncode, self._status = -1, None, None
+        # above Linux's largest pid (2**22): killing "its process group" finds nothing
+        self.pid, self.returncode, self._status = 2**22 + 1, None, None
 
         def run():
             try:
@@ -87,7 +88,8 @@ class Model:
         keep = torch.zeros((rows, k), dtype=torch.bool)
         keep[:, :len(out)] = True
         return SimpleNamespace(response_ids=response, response_mask=keep,
-                               truncated=torch.full((rows,), len(out) < len(full)))
+                               truncated=torch.full((rows,), len(out) < len(full)),
+                               log_probs=torch.where(keep, -0.25, 0.0))
 
 
 @pytest.fixture
@@ -160,6 +162,8 @@ def test_two_turns_are_answered_and_recorded_token_in_token_out(play, tok):
         assert r.prompt_ids[i][r.prompt_mask[i]].tolist() == prompt
         assert r.response_ids[i][present].tolist() == ok + [eos] + new + ok
         assert r.response_mask[i][present].tolist() == [True] * 3 + [False] * len(new) + [True] * 2
+        # the sampler's log-prob of each sampled token is kept; the message's tokens have none
+        assert r.log_probs[i][present].tolist() == [-0.25] * 3 + [0.0] * len(new) + [-0.25] * 2
     # batched or not (one generation per batch of waiting agents), first turns get the run's
     # 4 tokens and second turns the requested 2
     assert {k for _, k in model.calls} == {2, 4}
@@ -276,10 +280,10 @@ def test_turns_beyond_max_turns_and_the_context_are_refused(play, tok):
 @pytest.mark.parametrize("body,raw,words", [
     ({"messages": [], "stream": True}, None, "stream=true is not supported"),
     ({"messages": [], "n": 2}, None, "n must be 1 (one recorded continuation per call)"),
-    ({"prompt": "x"}, None, "expected a JSON object with a messages list"),
-    ({"messages": "x"}, None, "expected a JSON object with a messages list"),
+    ({"prompt": "x"}, None, "messages must be a non-empty list of message objects"),
+    ({"messages": "x"}, None, "messages must be a non-empty list of message objects, got str"),
     (None, b"{not json", "bad request: "),
-    (None, b"[1]", "expected a JSON object with a messages list"),
+    (None, b"[1]", "expected a JSON object, got list"),
 ])
 def test_malformed_requests_are_400_before_anything_runs(tok, body, raw, words):
     runner = AgentRunner("agent", timeout_s=5, max_turns=2, max_turn_tokens=4, tokenizer=tok,

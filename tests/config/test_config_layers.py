@@ -6,7 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.subprocess
 def test_config_imports_neither_rollout_nor_torch():
     code = ("import sys, relax.config, relax.config.validate, relax.config.eval_flags; "
             "print(sorted(m for m in sys.modules if m.startswith('relax.rollout') "

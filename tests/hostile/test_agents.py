@@ -64,6 +64,7 @@ REFUSED = {
 }
 
 
+@pytest.mark.subprocess
 def test_requests_outside_the_chat_shape_are_refused_before_the_trainer(tiny, tmp_path,
                                                                        monkeypatch):
     played, (seen,), batches = run_agents(tiny, "garbage", 1, tmp_path, monkeypatch)
@@ -84,6 +85,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+@pytest.mark.subprocess
 def test_what_an_agent_starts_dies_with_its_episode(tiny, tmp_path, monkeypatch):
     played, seen, _ = run_agents(tiny, "spawn", 2, tmp_path, monkeypatch)
     assert played.failures == [] and played.rewards == [1.0, 1.0]
@@ -92,6 +94,7 @@ def test_what_an_agent_starts_dies_with_its_episode(tiny, tmp_path, monkeypatch)
         assert _state(s["child"]) in ("gone", "Z"), s
 
 
+@pytest.mark.subprocess
 def test_an_agent_sees_only_its_own_files(tiny, tmp_path, monkeypatch):
     played, seen, _ = run_agents(tiny, "snoop", 3, tmp_path, monkeypatch)
     assert played.failures == []
@@ -103,6 +106,7 @@ def test_an_agent_sees_only_its_own_files(tiny, tmp_path, monkeypatch):
         assert all(len(s["parent"]) == 3 for s in seen)  # random names, not session ids
 
 
+@pytest.mark.subprocess
 def test_another_episodes_session_id_is_of_no_use(tiny, tmp_path, monkeypatch):
     played, seen, _ = run_agents(tiny, "intrude", 2, tmp_path, monkeypatch)
     assert played.failures == [] and played.turns == [1, 1]  # only their own calls

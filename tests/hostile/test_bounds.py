@@ -36,6 +36,7 @@ def test_counts_past_their_bound_are_refused(flags, words, tmp_path):
     assert words in str(e.value)
 
 
+@pytest.mark.subprocess
 def test_a_reasoning_gym_size_past_the_bound_stops_dry_run(tmp_path):
     out = relax("train", "--prompt-data", "reasoning-gym:chain_sum?size=100000000",
                 "--dry-run", "--output-dir", tmp_path / "run", timeout=60)

@@ -126,6 +126,7 @@ def test_the_step_time_limit_abandons_the_call_and_builds_a_fresh_environment():
 # ------------------------------------------------------------------ real relax processes
 
 @pytest.mark.parametrize("kind", ["exit0", "nan"])
+@pytest.mark.subprocess
 def test_under_the_raise_policy_the_run_ends_in_one_line_naming_the_environment(tmp_path,
                                                                                 kind):
     out = relax("train", *SMALL, "--env", f"{SPEC}:{kind}", "--output-dir", tmp_path / "run")
@@ -135,6 +136,7 @@ def test_under_the_raise_policy_the_run_ends_in_one_line_naming_the_environment(
     assert "--lr" not in line and "--reward-error-policy zero" in line
 
 
+@pytest.mark.subprocess
 def test_under_the_zero_policy_every_misbehaviour_is_a_counted_failed_episode(tmp_path):
     out = relax("train", *SMALL, "--env", f"{SPEC}:mixed", "--reward-error-policy", "zero",
                 "--output-dir", tmp_path / "run")
@@ -149,6 +151,7 @@ def test_under_the_zero_policy_every_misbehaviour_is_a_counted_failed_episode(tm
 
 
 @pytest.mark.parametrize("kind", ["hang", "swallow"])
+@pytest.mark.subprocess
 def test_a_second_sigterm_stops_a_hung_environment_within_seconds(tmp_path, kind):
     mark = tmp_path / "in_step"
     child = Child([*SMALL, "--env", f"{SPEC}:{kind}", "--reward-error-policy", "zero",

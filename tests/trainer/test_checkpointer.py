@@ -20,12 +20,13 @@ from relax.trainer.checkpoint import (
     Checkpointer,
     check_save_dir,
     latest_checkpoint,
-    load_trainer_state,
     remove_stale_temps,
     step_dir,
     verify_checkpoint,
 )
 from relax.trainer.distributed import DistContext
+from relax.trainer.policy import Policy
+from relax.trainer.resume import load_trainer_state
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), group=None)
 META = {"progress": {"seed": 1234, "cursor": 7}, "advantage_estimator": "grpo"}
@@ -47,9 +48,24 @@ def state(tokenizer):
     return {"model": model, "optimizer": optimizer, "tokenizer": tokenizer}
 
 
+def _checkpointer(save, state: dict, **kw) -> Checkpointer:
+    """A Checkpointer of the state's model and optimizer (a full fine-tuning policy)."""
+    policy = Policy(model=state["model"], optimizer=state["optimizer"],
+                    tokenizer=state["tokenizer"], ctx=CTX)
+    return Checkpointer(None if save is None else str(save), CTX, policy, fsdp=False, **kw)
+
+
+def _meta(step: int) -> dict:
+    return {**META, "progress": {**META["progress"], "step": step}}
+
+
 def _save(ck: Checkpointer, step: int, state: dict, **kw) -> str:
-    return ck.save(step, meta={**META, "progress": {**META["progress"], "step": step}},
-                   **state, **kw)
+    return ck.save(step, meta=_meta(step), **kw)
+
+
+def _load(path: str, model, optimizer) -> dict:
+    policy = Policy(model=model, optimizer=optimizer, tokenizer=None, ctx=CTX)
+    return load_trainer_state(path, policy, fsdp=False, ctx=CTX)
 
 
 def _weights(model) -> dict[str, torch.Tensor]:
@@ -58,7 +74,7 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 def test_a_save_is_complete_listed_and_loads_back_exactly(tmp_path, state):
     save = str(tmp_path / "save")
-    path = _save(Checkpointer(save, CTX, fsdp=False), 3, state)
+    path = _save(_checkpointer(save, state), 3, state)
     assert path == step_dir(save, 3) == os.path.join(save, "rollout_000003")
     assert sorted(os.listdir(save)) == ["rollout_000003"]  # no .tmp- left behind
     manifest = json.loads((tmp_path / "save" / "rollout_000003" / MARKER).read_text())
@@ -78,7 +94,7 @@ def test_a_save_is_complete_listed_and_loads_back_exactly(tmp_path, state):
         for p in state["model"].parameters():
             p.add_(1.0)
     state["optimizer"].state.clear()
-    progress = load_trainer_state(path, state["model"], state["optimizer"], fsdp=False, ctx=CTX)
+    progress = _load(path, state["model"], state["optimizer"])
     assert progress == {"seed": 1234, "cursor": 7, "step": 3}
     for name, value in _weights(state["model"]).items():
         assert torch.equal(value, saved[name]), name
@@ -90,7 +106,7 @@ def test_a_save_is_complete_listed_and_loads_back_exactly(tmp_path, state):
 
 def test_checksums_are_recorded_and_checked(tmp_path, state):
     save = str(tmp_path / "save")
-    path = _save(Checkpointer(save, CTX, fsdp=False, checksums=True), 1, state)
+    path = _save(_checkpointer(save, state, checksums=True), 1, state)
     files = json.loads(open(os.path.join(path, MARKER)).read())["files"]
     assert all(len(f["sha256"]) == 64 for f in files.values())
     config = os.path.join(path, "config.json")
@@ -108,7 +124,7 @@ def test_keep_last_prunes_older_checkpoints_but_not_later_ones(tmp_path, state):
     later = save / "rollout_000009"  # an interrupted earlier run that got further
     later.mkdir(parents=True)
     (later / "leftover").write_text("x")
-    ck = Checkpointer(str(save), CTX, fsdp=False, keep_last=2)
+    ck = _checkpointer(str(save), state, keep_last=2)
     for step in (1, 2, 3, 4):
         _save(ck, step, state)
     assert sorted(os.listdir(save)) == ["rollout_000003", "rollout_000004", "rollout_000009"]
@@ -117,7 +133,7 @@ def test_keep_last_prunes_older_checkpoints_but_not_later_ones(tmp_path, state):
 
 def test_the_same_step_is_saved_once_and_a_repeated_step_replaces_the_old(tmp_path, state):
     save = str(tmp_path / "save")
-    ck = Checkpointer(save, CTX, fsdp=False)
+    ck = _checkpointer(save, state)
     path = _save(ck, 2, state)
     stamp = os.stat(os.path.join(path, MARKER)).st_mtime_ns
     assert _save(ck, 2, state, blocking=True) == path  # a signal right after an interval save
@@ -125,16 +141,16 @@ def test_the_same_step_is_saved_once_and_a_repeated_step_replaces_the_old(tmp_pa
     # a resumed run saves step 2 again: the new checkpoint replaces the old in one rename
     with torch.no_grad():
         next(state["model"].parameters()).add_(1.0)
-    _save(Checkpointer(save, CTX, fsdp=False), 2, state)
+    _save(_checkpointer(save, state), 2, state)
     assert sorted(os.listdir(save)) == ["rollout_000002"]  # no .old- directory left
     fresh = build_tiny_model(state["tokenizer"], seed=1)
-    load_trainer_state(path, fresh, torch.optim.AdamW(fresh.parameters()), fsdp=False, ctx=CTX)
+    _load(path, fresh, torch.optim.AdamW(fresh.parameters()))
     assert torch.equal(next(fresh.parameters()), next(state["model"].parameters()))
 
 
 def test_an_async_save_appears_only_when_polled_or_waited_for(tmp_path, state):
     save = tmp_path / "save"
-    ck = Checkpointer(str(save), CTX, fsdp=False, async_save=True)
+    ck = _checkpointer(str(save), state, async_save=True)
     target = _save(ck, 1, state)
     assert target == step_dir(str(save), 1)
     # the shards are written in the background; the rename happens on the trainer's thread
@@ -154,8 +170,8 @@ def test_save_final_writes_the_last_checkpoint_and_a_hugging_face_model(tmp_path
     from transformers import AutoModelForCausalLM
 
     save = tmp_path / "save"
-    ck = Checkpointer(str(save), CTX, fsdp=False)
-    assert ck.save_final(5, meta=META, **state) == str(save)
+    ck = _checkpointer(str(save), state)
+    assert ck.save_final(5, meta=META) == str(save)
     assert verify_checkpoint(str(save / "rollout_000005")) == (5, None)
     manifest = json.loads((save / MARKER).read_text())
     assert manifest["kind"] == "model" and manifest["rollout_step"] == 5
@@ -168,13 +184,13 @@ def test_save_final_writes_the_last_checkpoint_and_a_hugging_face_model(tmp_path
     assert latest_checkpoint(str(save)) == (str(save / "rollout_000005"), 5)
     # a second final save of a step saved already does not write that checkpoint again
     stamp = os.stat(save / "rollout_000005" / MARKER).st_mtime_ns
-    ck.save_final(5, meta=META, **state)
+    ck.save_final(5, meta=META)
     assert os.stat(save / "rollout_000005" / MARKER).st_mtime_ns == stamp
 
 
 def test_a_failed_write_names_the_last_complete_checkpoint(tmp_path, state, monkeypatch):
     save = str(tmp_path / "save")
-    ck = Checkpointer(save, CTX, fsdp=False)
+    ck = _checkpointer(save, state)
     _save(ck, 2, state)
 
     def full_disk(*args, **kwargs):
@@ -197,7 +213,7 @@ def test_a_failed_write_names_the_last_complete_checkpoint(tmp_path, state, monk
 
 def _complete(tmp_path, state, steps) -> str:
     save = str(tmp_path / "save")
-    ck = Checkpointer(save, CTX, fsdp=False)
+    ck = _checkpointer(save, state)
     for step in steps:
         _save(ck, step, state)
     return save
@@ -277,3 +293,24 @@ def test_remove_stale_temps_drops_only_leftovers_of_killed_saves(tmp_path):
     assert sorted(os.listdir(save)) == ["adapter", MARKER, "rollout_000002"]
     remove_stale_temps(None)
     remove_stale_temps(str(tmp_path / "missing"))
+
+
+def test_the_cadence_is_the_checkpointers(tmp_path, state):
+    """maybe_save: an interval checkpoint when --save-interval divides the step, the final save
+    on the last step; finish writes the final save once; a signal stop saves a new step only."""
+    save = tmp_path / "save"
+    ck = _checkpointer(save, state, save_interval=2)
+    steps = [s for s in (1, 2, 3) if ck.maybe_save(s, lambda s=s: _meta(s), last=False)]
+    assert steps == [2] and sorted(os.listdir(save)) == ["rollout_000002"]
+    assert ck.maybe_save(4, lambda: _meta(4), last=True) == str(save)  # the last step: final
+    assert verify_checkpoint(str(save / "rollout_000004")) == (4, None)
+    stamp = os.stat(save / MARKER).st_mtime_ns
+    assert ck.finish(4, lambda: _meta(4)) is None  # written already: not again
+    assert os.stat(save / MARKER).st_mtime_ns == stamp
+    assert ck.save_for_stop(4, lambda: _meta(4), new=False) == "; no new step to save"
+    assert ck.save_for_stop(5, lambda: _meta(5), new=True) == (
+        f"; checkpoint {step_dir(str(save), 5)}; continue with --load {save}")
+    # without --save nothing is written and nothing is said
+    none = _checkpointer(None, state)
+    assert none.maybe_save(2, lambda: _meta(2), last=True) is None
+    assert none.save_for_stop(2, lambda: _meta(2), new=True) == ""

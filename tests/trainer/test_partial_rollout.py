@@ -73,6 +73,7 @@ def test_masking_leaves_older_tokens_out_of_the_loss(tmp_path):
     assert torch.equal(r.response_mask | old, r.context_mask)
 
 
+@pytest.mark.subprocess
 def test_two_ranks_share_the_stream_and_carry_groups(tmp_path):
     out = tmp_path / "run"
     proc = torchrun_relax(*_flags(tmp_path), "--num-rollout", "3", "--device", "cpu",

@@ -175,6 +175,7 @@ def test_a_deep_copy_recomputes_its_own_layers():
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+@pytest.mark.subprocess
 def test_two_ranks_equal_one_process_without_recompute(fsdp):
     """One optimizer step on two ranks with recompute gives the parameters and metrics of one
     process without it (FSDP2: each block stays its own fully_shard unit)."""
