@@ -33,11 +33,16 @@ def relax(*args):
 
 
 def test_dry_run_validates_the_source_without_generating(model_dir):
-    out = relax("train", "--hf-checkpoint", model_dir, "--prompt-data", ARITH.format(n=10**9),
+    # the largest size a run may ask for (items are generated eagerly when it starts)
+    out = relax("train", "--hf-checkpoint", model_dir, "--prompt-data", ARITH.format(n=10**5),
                 "--num-rollout", "2", "--reasoning-gym-answer", "last_number", "--dry-run")
-    assert out.returncode == 0, out.stderr  # a billion items: generating would not return
+    assert out.returncode == 0, out.stderr
     cfg = json.loads(out.stdout)
     assert cfg["prompt_data"].startswith("reasoning-gym:") and cfg["log_samples"] == 4
+    # a billion items would never finish generating: refused at validation, naming the bound
+    out = relax("train", "--hf-checkpoint", model_dir, "--prompt-data", ARITH.format(n=10**9),
+                "--num-rollout", "2", "--reasoning-gym-answer", "last_number", "--dry-run")
+    assert out.returncode == 2 and "size must be an integer in [1, 100000]" in out.stderr
 
 
 @pytest.mark.parametrize("args, head", [
