@@ -9,6 +9,7 @@ set -euo pipefail
 PYTHON=${PYTHON:-.venv/bin/python}
 MODEL_DIR=${MODEL_DIR:-models/SmolLM2-135M-Instruct}
 OUT=${OUT:-$(mktemp -d /tmp/relax-mismatch-XXXX)}
+mkdir -p "${OUT}"
 TASK='reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=3&operators=+&allow_parentheses=false&allow_negation=false&size=64'
 COMMON=(--hf-checkpoint "${MODEL_DIR}" --prompt-data "${TASK}" --reasoning-gym-answer last_number
         --apply-chat-template --rollout-batch-size 4 --n-samples-per-prompt 8
