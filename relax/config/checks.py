@@ -96,8 +96,9 @@ def check_env_name(cfg) -> None:
         if not env_id:
             reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
         if importlib.util.find_spec(LIBRARIES[prefix]) is None:
-            reject(cfg, "env", f"the {prefix} library is not installed; pip install "
-                   "'relax-rl[agents]', or use gem:ID, textarena:ID or 'module:factory'")
+            reject(cfg, "env", f"the {prefix} library is not installed; make install in "
+                   "a clone brings it (the README shows the commands by hand), or use a "
+                   "'module:factory' environment")
         return
     where, _, factory = cfg.env.rpartition(":")
     if not where or not factory.isidentifier():

@@ -131,7 +131,7 @@ def eval_pass_threshold_option():
 def env_option():
     return option(
         None, "Multi-turn episodes against an environment: "
-        "gem:ID, textarena:ID (pip install 'relax-rl[agents]') or 'module:factory' / "
+        "gem:ID, textarena:ID (make install brings both) or 'module:factory' / "
         "'file.py:factory' (relax/rollout/envs.py); excludes prompt data and the reward flags "
         "(the environment scores the episode).",
         default_note='single-turn prompts', group="environments")

@@ -50,8 +50,8 @@ def gym_package(flag: str):
         import reasoning_gym
         from reasoning_gym.factory import DATASETS
     except ImportError:
-        raise InputError(f"{flag}: reasoning-gym is not installed; pip install "
-                         "'relax-rl[rl]' (make installs it)") from None
+        raise InputError(f"{flag}: reasoning-gym is not installed; make install in a "
+                         "clone, or pip install reasoning-gym==0.1.25") from None
     return reasoning_gym, DATASETS
 
 

@@ -239,11 +239,11 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
         reject(cfg, "apply_chat_template", "the built-in tiny model has no chat template; "
                "add --hf-checkpoint or remove --apply-chat-template")
     if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
-        reject(cfg, "use_wandb", "wandb is not installed; pip install 'relax-rl[wandb]' or "
-               "remove --use-wandb")
+        reject(cfg, "use_wandb", "wandb is not installed; pip install wandb (in a "
+               "clone: pip install -e '.[wandb]') or remove --use-wandb")
     if cfg.use_tensorboard and importlib.util.find_spec("tensorboard") is None:
-        reject(cfg, "use_tensorboard", "tensorboard is not installed; pip install "
-               "'relax-rl[train]' or remove --use-tensorboard")
+        reject(cfg, "use_tensorboard", "tensorboard is not installed; make install "
+               "in a clone, or pip install tensorboard, or remove --use-tensorboard")
 
 
 def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
@@ -337,7 +337,8 @@ def _check_lora(cfg: TrainConfig) -> None:
                 reject(cfg, dest, "has no effect without --lora-rank R; add it or remove this")
         return
     if importlib.util.find_spec("peft") is None:
-        reject(cfg, "lora_rank", "needs the peft package; pip install 'relax-rl[train]'")
+        reject(cfg, "lora_rank", "needs the peft package; make install in a clone, or "
+               "pip install peft")
     if cfg.lora_alpha <= 0:
         reject(cfg, "lora_alpha", "must be > 0, e.g. 16")
     if not 0.0 <= cfg.lora_dropout < 1.0:
