@@ -95,7 +95,7 @@ def test_a_missing_library_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "textarena" else real(name, *a))
     with pytest.raises(ConfigError, match=r"--env textarena:X-v0: the textarena library is not "
-                       r"installed; pip install 'relax-rl\[agents\]'"):
+                       r"installed; make install in a clone brings it"):
         make_config("--env", "textarena:X-v0", output_dir=tmp_path)
 
 
