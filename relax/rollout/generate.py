@@ -194,8 +194,9 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         # one uniform per row and step for every row: a row's token never depends on which
         # other rows are still being computed
         u = torch.rand(B, dtype=torch.float64, device=device, generator=generator)
+        logits = logits.float()  # once: the draw and the sampler's log-prob both read it
         tok = sample_next(
-            logits.float(), temperature=temperature, top_p=top_p, top_k=top_k,
+            logits, temperature=temperature, top_p=top_p, top_k=top_k,
             uniforms=u if alive is None else u[alive],
         )
         lp = sampled_log_probs(logits, tok, temperature)

@@ -50,7 +50,7 @@ from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.experience import experience_from_rollout
-from relax.trainer.off_policy import track_mismatch
+from relax.trainer.off_policy import MismatchMeter
 from relax.trainer.policy import Policy
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
@@ -70,6 +70,7 @@ class Trainer:
         self.cfg, self.ctx = cfg, ctx
         started = time.monotonic()  # --exit-duration-in-mins counts from here
         self.timer, self.tracker = Timer(ctx.device), MetricTracker(ctx.group, ctx.device)
+        self.mismatch = MismatchMeter()  # the sampler against the trainer (§7a)
         self.bf16 = use_bf16(cfg.bf16, ctx.device)
         # everything that can fail on bad input comes before any model is loaded
         models.check_model_paths(cfg)
@@ -264,9 +265,9 @@ class Trainer:
             self.policy.model, self.policy.optimizer, exp, self.loss_settings, self.ctx,
             global_batch_size=global_batch,
             micro_batch_size=cfg.micro_batch_size, clip_grad=cfg.clip_grad,
-            on_mismatch=(lambda sums: track_mismatch(self.tracker, sums))
-            if cfg.get_mismatch_metrics else None,
+            on_mismatch=self.mismatch.add if cfg.get_mismatch_metrics else None,
         )
+        self.mismatch.report(self.tracker)
         for values in history:
             for name, value in values.items():
                 self.tracker.add_global(name, value)

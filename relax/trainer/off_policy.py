@@ -95,13 +95,33 @@ def _plugin_weights(fn, trainer_old, sampler, mask) -> tuple[torch.Tensor, torch
     return torch.where(mask, w, torch.zeros_like(w)).detach(), torch.zeros_like(mask)
 
 
-def track_mismatch(tracker, sums: dict[str, torch.Tensor]) -> None:
-    """Add :func:`~relax.algorithms.mismatch_sums` of some rows to the step's metrics (means
-    over every masked token of the step, and the maximum)."""
-    tokens = sums["tokens"]
-    abs_diff, abs_max, k1, k3, outside = MISMATCH_METRICS
-    tracker.add_ratio(abs_diff, sums["abs_diff"], tokens)
-    tracker.add_max(abs_max, sums["abs_diff_max"])
-    tracker.add_ratio(k1, sums["k1"], tokens)
-    tracker.add_ratio(k3, sums["k3"], tokens)
-    tracker.add_ratio(outside, sums["outside"], tokens)
+class MismatchMeter:
+    """``add(sums)`` per micro-batch (:func:`~relax.algorithms.mismatch_sums`), kept on the
+    device; ``report(tracker)`` once per step adds the step's means over every masked token and
+    the maximum to the metrics: one host sync per step, not one per value and micro-batch."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] | None = None
+
+    def add(self, sums: dict[str, torch.Tensor]) -> None:
+        if self.sums is None:
+            self.sums = {k: v.detach().clone() for k, v in sums.items()}
+            return
+        for k, v in sums.items():
+            self.sums[k] = (torch.maximum(self.sums[k], v) if k == "abs_diff_max"
+                            else self.sums[k] + v)
+
+    def report(self, tracker) -> None:
+        if self.sums is None:  # no update this step (dynamic sampling kept no group)
+            return
+        keys = ("tokens", "abs_diff", "abs_diff_max", "k1", "k3", "outside")
+        tokens, abs_diff, abs_max, k1, k3, outside = torch.stack(
+            [self.sums[k].double() for k in keys]).tolist()
+        names = dict(zip(("abs_diff", "abs_max", "k1", "k3", "outside"), MISMATCH_METRICS,
+                         strict=True))
+        tracker.add_ratio(names["abs_diff"], abs_diff, tokens)
+        tracker.add_max(names["abs_max"], abs_max)
+        tracker.add_ratio(names["k1"], k1, tokens)
+        tracker.add_ratio(names["k3"], k3, tokens)
+        tracker.add_ratio(names["outside"], outside, tokens)
+        self.sums = None
