@@ -74,3 +74,23 @@ def test_a_run_with_tis_and_opsm_logs_the_corrections_and_the_mismatch(tmp_path)
     off = make_config(*RECIPES["grpo"], "--custom-rm-path", f"{reward}:parity",
                       "--no-get-mismatch-metrics", output_dir=tmp_path / "off")
     assert not any(name in fit(off)[1][0] for name in MISMATCH_METRICS)
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                                       "grpo", "gspo", "sapo"])
+def test_the_weight_enters_every_estimators_policy_loss_and_not_the_kl_loss(model, estimator):
+    """reinforce_plus_plus.md §7a: pg' = w * pg for all five losses; the KL loss is not
+    weighted. A constant weight of 0.5 halves the policy loss exactly."""
+    exp = fixed_experience(model)
+    exp.rollout_log_probs = exp.old_log_probs.clone()
+    s = dataclasses.replace(settings(estimator), entropy_coef=0.0, use_kl_loss=True,
+                            kl_loss_type="k2", kl_loss_coef=0.1)
+    weighted = dataclasses.replace(s, off_policy=OffPolicySettings(
+        tis_clip=2.0, tis_fn=lambda q, s_, m: torch.full(m.shape, 0.5)))
+    plain = dict(zip(s.metric_names, micro_batch_loss(
+        model, exp, s, num_responses=B, num_tokens=None)[1].tolist(), strict=True))
+    half = dict(zip(weighted.metric_names, micro_batch_loss(
+        model, exp, weighted, num_responses=B, num_tokens=None)[1].tolist(), strict=True))
+    assert plain["train/pg_loss"] != 0
+    assert half["train/pg_loss"] == pytest.approx(0.5 * plain["train/pg_loss"], rel=1e-6)
+    assert half["train/kl_loss"] == pytest.approx(plain["train/kl_loss"], rel=1e-9)
