@@ -26,7 +26,9 @@ GROUPS: dict[str, str] = {
     "optimizer": "AdamW, constant learning rate.",
     "recompute": "Activation recompute of the policy's training forward: less memory for one "
                  "more forward of the recomputed layers (Megatron's flag names).",
-    "modes": "Only synchronous colocate training is implemented (reinforce_plus_plus.md §9).",
+    "modes": "Synchronous colocate training, or --fully-async (reinforce_plus_plus.md §9).",
+    "async": "Fully asynchronous training (--fully-async): rollout ranks and training ranks "
+             "under one torchrun, weights synced over torch.distributed, a fixed staleness.",
     "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
                   "held-out prompts (docs/configuration.md).",
     "environments": "Multi-turn episodes: the model acts, an environment or an agent program's "

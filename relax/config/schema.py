@@ -298,11 +298,35 @@ class TrainConfig:
         True, "Rollout then train on the same devices; accepted, it is the only "
         "mode.", group="modes")
     fully_async: bool = option(
-        False, "Rejected: not implemented; for the REINFORCE++ variants the "
-        "normalization needs a closed global batch (reinforce_plus_plus.md §8).", group="modes")
+        False, "Sample and score on --rollout-num-gpus ranks of their own while "
+        "the other ranks train, with a fixed lag of --max-staleness steps "
+        "(relax/trainer/async_layout.py); rejected for the REINFORCE++ variants, whose "
+        "normalization needs a closed synchronous global batch (reinforce_plus_plus.md §8).",
+        group="modes")
     hybrid: bool = option(
         False, "Rejected like --fully-async (reinforce_plus_plus.md §8).",
         group="modes")
+    # fully asynchronous (--fully-async; Relax/slime's placement names)
+    actor_num_nodes: int = option(
+        1, "Nodes of the training ranks (the first ranks of the torchrun job); needs "
+        "--fully-async.", group="async")
+    actor_num_gpus_per_node: int | None = option(
+        None, "Training ranks per node; needs --fully-async.",
+        default_text="(WORLD_SIZE - --rollout-num-gpus) / --actor-num-nodes", group="async")
+    rollout_num_gpus: int = option(
+        1, "Ranks that only sample and score (the last ranks of the torchrun job; on the "
+        "CPU, processes); needs --fully-async.", group="async")
+    max_staleness: int = option(
+        1, "K: rollout step n trains on the batch sampled with the weights after step "
+        "n - K (a fixed lag: runs repeat and resume exactly); 0 waits for the newest weights "
+        "(the colocated loop's numbers), K >= 1 overlaps sampling with training and needs "
+        "--use-tis or --use-rollout-logprobs. Needs --fully-async.", group="async")
+    update_weights_interval: int = option(
+        1, "Optimizer rollout steps between weight syncs to the rollout ranks; needs "
+        "--fully-async.", group="async")
+    weight_sync_bucket_mb: float = option(
+        64.0, "Size of one weight-sync broadcast: no rank holds more than one bucket of "
+        "gathered weights beyond its shard; needs --fully-async.", group="async")
     context_parallel_size: int = option(
         1, "Values other than 1 are rejected (reinforce_plus_plus.md §8, 9).",
         group="modes")

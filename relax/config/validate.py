@@ -28,6 +28,7 @@ import shlex
 import shutil
 import time
 
+from relax.config.async_rules import check_fully_async, training_world_size
 from relax.config.bounds import check_bounds
 from relax.config.checks import (
     check_custom_path,
@@ -138,11 +139,10 @@ def _check_kl(cfg: TrainConfig) -> None:
 def _check_modes(cfg: TrainConfig) -> None:
     f = facts(cfg.advantage_estimator)
     for dest in ("fully_async", "hybrid"):
-        if getattr(cfg, dest):
+        if getattr(cfg, dest) and (f.frozen or dest == "hybrid"):
             why = (f"{f.name}: the global normalization needs a closed synchronous global batch "
                    "(reinforce_plus_plus.md §6, 8)" if f.frozen else "not implemented")
-            reject(cfg, dest, f"{why}; only synchronous colocate training runs, remove "
-                   f"{flag_of(dest)}")
+            reject(cfg, dest, f"{why}; remove {flag_of(dest)}")
     if cfg.context_parallel_size != 1:
         why = (f"{f.name}: the normalization and the response-mean reduction are defined for "
                "whole sequences per rank (reinforce_plus_plus.md §8, 9)" if f.frozen else
@@ -478,6 +478,8 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     _check_lora(cfg)
     check_off_policy(cfg, explicit)
     check_recompute(cfg)
+    check_fully_async(cfg, explicit)
+    world_size = training_world_size(cfg, world_size)  # --fully-async: the training ranks
     output_dir = cfg.output_dir or os.path.join(
         "runs", f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(

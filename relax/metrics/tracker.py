@@ -58,6 +58,26 @@ class MetricTracker:
         self._kind(name, "global")
         self._global[name].append(_as_float(value))
 
+    def export(self) -> dict:
+        """This process's records since the last reset, as plain data (then reset): what a
+        rollout rank sends with a batch for the training rank to :meth:`merge`."""
+        out = {"sums": {n: list(v) for n, v in self._sums.items()}, "kinds": dict(self._kinds),
+               "max": dict(self._max), "global": {n: list(v) for n, v in self._global.items()}}
+        self.reset()
+        return out
+
+    def merge(self, records: dict) -> None:
+        """Add what :meth:`export` returned elsewhere, as if recorded here."""
+        for name, (num, den) in records["sums"].items():
+            self._kind(name, records["kinds"][name])
+            self._sums[name][0] += num
+            self._sums[name][1] += den
+        for name, value in records["max"].items():
+            self.add_max(name, value)
+        for name, values in records["global"].items():
+            for value in values:
+                self.add_global(name, value)
+
     def reduce(self) -> dict[str, float]:
         """Global values of everything recorded since the last reset (a collective call).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,21 @@ class StepBatch:
         return cls(prompts=prompts, labels=labels, group_index=group_index, rollout=rollout,
                    responses=responses, rewards=rewards, generated=rollout,
                    decode_steps=rollout.response_ids.shape[1])
+
+
+    def to(self, device) -> StepBatch:
+        """This batch with every tensor on ``device`` (--fully-async sends batches between
+        ranks on the CPU)."""
+        return _moved(self, device)
+
+
+def _moved(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if dataclasses.is_dataclass(x):
+        return dataclasses.replace(x, **{f.name: _moved(getattr(x, f.name), device)
+                                        for f in dataclasses.fields(x)})
+    return x
 
 
 def kept_batch(parts: list[StepBatch], kept: list[tuple[int, int]], n: int,

@@ -20,6 +20,7 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -137,10 +138,11 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, *, fsdp: bool) -> torch
     if fsdp:
         if ctx.world_size == 1 and not dist.is_initialized():
             return model  # nothing to shard over; a single process behaves the same
+        mesh = _mesh(ctx)
         # one FSDP unit per transformer block, then the root (embeddings, norm, head)
         for block in _decoder_blocks(model):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
@@ -150,9 +152,18 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, *, fsdp: bool) -> torch
         return model
     if ctx.world_size == 1:
         return model
-    ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+              process_group=ctx.group)
     ddp.register_comm_hook(ctx.group, _allreduce_sum_hook)
     return ddp
+
+
+def _mesh(ctx: DistContext):
+    """The device mesh of the data-parallel group: the whole job, or with --fully-async its
+    training ranks only (None: fully_shard's default, the world)."""
+    if ctx.group is None or ctx.group is dist.group.WORLD:
+        return None
+    return DeviceMesh.from_group(ctx.group, ctx.device.type)
 
 
 def _decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -14,6 +14,7 @@ import sys
 import time
 
 from relax.errors import PeerFailure, RelaxError
+from relax.trainer.async_layout import split_roles
 from relax.trainer.distributed import (
     exit_rank,
     finish_together,
@@ -22,6 +23,7 @@ from relax.trainer.distributed import (
     shutdown_distributed,
 )
 from relax.trainer.loop import Trainer
+from relax.trainer.rollout_worker import serve_rollouts
 from relax.trainer.signals import StopRequest
 
 
@@ -32,13 +34,21 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     stop.install()
     try:
         ctx = init_distributed(cfg.device, cfg.distributed_timeout_minutes)
-        trainer = Trainer(cfg, ctx, console=console, stop=stop)
+        layout = None
+        if cfg.fully_async:  # rollout ranks serve batches; the others train on them
+            layout, ctx = split_roles(ctx, cfg.world_size)
+            if layout.is_rollout:
+                serve_rollouts(cfg, ctx, layout)
+                return []
+        trainer = Trainer(cfg, ctx, console=console, stop=stop, layout=layout)
         try:
             history = trainer.fit()
             ended_early = trainer.control.ended_early
             finish_together(ctx)
         finally:
-            trainer.close()
+            trainer.close()  # --fully-async: the rollout ranks stop here
+        if layout is not None:
+            layout.finish_together()
     except RelaxError:
         raise
     except Exception as e:

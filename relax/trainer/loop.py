@@ -49,9 +49,11 @@ from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
+from relax.trainer.async_layout import AsyncLayout, Schedule
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.off_policy import MismatchMeter
 from relax.trainer.policy import Policy
+from relax.trainer.remote_rollout import RemoteRollout
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
 from relax.trainer.runtime import Timer
@@ -66,8 +68,9 @@ class Trainer:
     """One run's policy, rollout collector, checkpointer, run control and sinks;
     ``fit()`` is the loop of the module docstring."""
 
-    def __init__(self, cfg, ctx, *, console: bool = True, stop: StopRequest | None = None):
-        self.cfg, self.ctx = cfg, ctx
+    def __init__(self, cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
+                 layout: AsyncLayout | None = None):
+        self.cfg, self.ctx, self.layout = cfg, ctx, layout  # layout: --fully-async
         started = time.monotonic()  # --exit-duration-in-mins counts from here
         self.timer, self.tracker = Timer(ctx.device), MetricTracker(ctx.group, ctx.device)
         self.mismatch = MismatchMeter()  # the sampler against the trainer (§7a)
@@ -177,6 +180,12 @@ class Trainer:
         """Episodes (--env, --use-agentic-rollout), or prompt groups, with dynamic sampling
         around them when a filter is set (the configuration refuses it for episodes)."""
         rollout, batches, p = self.cfg.rollout, self.cfg.batches, self.policy
+        if self.layout is not None:  # batches sampled on the rollout ranks
+            cfg = self.cfg
+            schedule = Schedule(cfg.max_staleness, cfg.update_weights_interval, self.total_steps)
+            return RemoteRollout(cfg, self.ctx, self.layout, schedule, policy=p,
+                                 source=self.source, tracker=self.tracker,
+                                 timeout_minutes=cfg.distributed_timeout_minutes)
         parts = dict(seed=self.cfg.seed, source=self.source, tokenizer=p.tokenizer,
                      scorer=self.scorer, timer=self.timer, tracker=self.tracker,
                      sampler=p.sampler(SamplingParams(rollout.temperature, rollout.top_p,
@@ -272,6 +281,13 @@ class Trainer:
             for name, value in values.items():
                 self.tracker.add_global(name, value)
 
+    def publish(self, version: int) -> None:
+        """--fully-async: the weights after ``version`` steps to the rollout ranks, when a
+        batch to come is sampled with them (relax/trainer/remote_rollout.py)."""
+        if self.layout is not None:
+            with self.timer("weight_sync"):
+                self.collector.publish(version)
+
     def evaluate(self, step: int, *, last: bool = False) -> dict[str, float]:
         """``eval/<set>/...`` metrics when ``--eval-interval`` divides ``step`` or ``step``
         is the ``last`` of a run cut short, else ``{}``."""
@@ -320,6 +336,7 @@ class Trainer:
                     batch = self.collector.collect(step)
                 with t("train"):
                     self.train_on(batch)
+                self.publish(step + 1)
             end = self.control.after_step(step + 1)
             evaluation = self.evaluate(step + 1, last=end.cut_short)
             history.append(self.log(step + 1, batch, evaluation))

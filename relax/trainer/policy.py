@@ -122,7 +122,7 @@ class Policy:
     def load_checkpoint_state(self, folder: str) -> None:
         """Restore what :meth:`checkpoint_state` saved (a collective when distributed)."""
         sharded_state.load_sharded(folder, self.model, self.optimizer, fsdp=self.fsdp,
-                                   trainable_only=self.lora is not None)
+                                   trainable_only=self.lora is not None, group=self.ctx.group)
 
     def write_checkpoint_files(self, folder: str) -> None:
         """Rank 0's files beside the shards: the model config, the tokenizer and, for LoRA,

@@ -263,16 +263,16 @@ def reason(e: BaseException) -> BaseException:
 
 
 def load_sharded(folder: str, model, optimizer, *, fsdp: bool,
-                 trainable_only: bool = False) -> None:
+                 trainable_only: bool = False, group=None) -> None:
     """Fill this rank's model and optimizer state from the DCP checkpoint in ``folder``
-    (any world size it was saved at; a collective when distributed); ``trainable_only`` as
-    in :func:`sharded_state`."""
+    (any world size it was saved at; a collective over ``group``, the training ranks, when
+    distributed); ``trainable_only`` as in :func:`sharded_state`."""
     target = _target(model, fsdp)
     options = _options(trainable_only)
     state = _state(target, optimizer, trainable_only)
     try:
         dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
-                 no_dist=not dist.is_initialized())
+                 process_group=group, no_dist=not dist.is_initialized())
         set_state_dict(target, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=options)
     except (Exception, CheckpointException) as e:  # another model's checkpoint, a bad shard

@@ -1,0 +1,66 @@
+"""Rules of ``--fully-async`` (docs/configuration.md, "Fully asynchronous"): the placement of
+training and rollout ranks in the torchrun job, the staleness bound and what it needs, and the
+modes that do not run on rollout ranks of their own. Torch-free, like the rest of validation.
+"""
+
+from __future__ import annotations
+
+from relax.config.checks import reject
+
+_FLAGS = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "max_staleness",
+          "update_weights_interval", "weight_sync_bucket_mb")
+
+# switches the rollout ranks cannot serve yet, with what to do instead
+_REFUSED = {
+    "dynamic_sampling_filter_path": "dynamic sampling's rounds agree across the training "
+                                    "ranks on every round",
+    "partial_rollout": "partial rollouts stop decoding on the training ranks' count",
+    "env": "episodes step environments that live on the training ranks",
+    "use_agentic_rollout": "agent programs are served from the training ranks",
+    "async_save": "its background Gloo group spans the whole job",
+}
+
+
+def check_fully_async(cfg, explicit: set[str]) -> None:
+    for dest in _FLAGS:
+        if dest in explicit and not cfg.fully_async:
+            reject(cfg, dest, "has no effect without --fully-async; add it or remove this flag")
+    if not cfg.fully_async:
+        return
+    for dest, why in _REFUSED.items():
+        if getattr(cfg, dest):
+            reject(cfg, ("fully_async", dest), f"not with rollout ranks of their own ({why}); "
+                   "remove one of the two")
+    for dest in ("actor_num_nodes", "rollout_num_gpus", "update_weights_interval"):
+        if getattr(cfg, dest) < 1:
+            reject(cfg, dest, "must be >= 1")
+    if cfg.actor_num_gpus_per_node is not None and cfg.actor_num_gpus_per_node < 1:
+        reject(cfg, "actor_num_gpus_per_node", "must be >= 1")
+    if cfg.max_staleness < 0:
+        reject(cfg, "max_staleness", "must be >= 0 (0: every batch sampled with the newest "
+               "weights)")
+    if cfg.weight_sync_bucket_mb <= 0:
+        reject(cfg, "weight_sync_bucket_mb", "must be > 0, e.g. 64")
+    if cfg.max_staleness > 0 and not (cfg.use_tis or cfg.use_rollout_logprobs):
+        reject(cfg, "max_staleness", "batches sampled with weights up to K steps old need an "
+               "importance correction: add --use-tis (or --use-rollout-logprobs), or set "
+               "--max-staleness 0")
+
+
+def training_world_size(cfg, world_size: int) -> int:
+    """The data-parallel ranks that train: all of ``WORLD_SIZE`` unless ``--fully-async``,
+    which takes ``--rollout-num-gpus`` of them (the last ones) for sampling."""
+    if not cfg.fully_async:
+        return world_size
+    trainers = world_size - cfg.rollout_num_gpus
+    if cfg.actor_num_gpus_per_node is not None:
+        trainers = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    if trainers < 1 or trainers + cfg.rollout_num_gpus != world_size:
+        reject(cfg, ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus"),
+               f"the job has WORLD_SIZE={world_size} ranks; training ranks (nodes x ranks per "
+               "node) plus rollout ranks must add up to it, with at least one of each (e.g. "
+               f"torchrun --nproc_per_node {cfg.rollout_num_gpus + 1} for one training rank)")
+    if trainers % cfg.actor_num_nodes:
+        reject(cfg, ("actor_num_nodes", "rollout_num_gpus"), f"{trainers} training ranks do "
+               "not split evenly over the actor nodes")
+    return trainers

@@ -1,0 +1,159 @@
+"""The training side of ``--fully-async``: a collector whose batches come from a rollout rank
+(relax/trainer/rollout_worker.py), and the weight publication after each step.
+
+    remote = RemoteRollout(...)          the Trainer's collector
+    batch = remote.collect(step)         this training rank's share of step's batch, sampled
+                                         with the weights after step Schedule.version(step)
+    remote.publish(step + 1)             the weights after step + 1, when a batch needs them
+    remote.state_dict()                  the batches in flight and the rollout side's position
+
+Metrics (reinforce_plus_plus.md §10; per rollout step, reduced over the training ranks):
+``async/staleness`` (steps between the weights a batch was sampled with and the weights it
+trains), ``async/train_idle_fraction`` (share of the step cycle this training rank waited for
+its batch), ``async/rollout_idle_fraction`` (share of the rollout ranks' time spent waiting
+for weights), ``async/weight_sync_time`` and ``async/weight_sync_bytes``,
+``async/train_samples_per_s`` and ``async/rollout_samples_per_s``, and the rollout ranks'
+``async/rollout_generate_time`` and ``async/rollout_reward_time``; the rollout ranks' own
+``rollout/*`` records (rewards, reward errors) arrive with the batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from relax.errors import PeerFailure
+from relax.trainer import weight_sync
+from relax.trainer.async_layout import AsyncLayout, Schedule, recv_object, send_object
+from relax.trainer.distributed import is_peer_failure
+
+
+class RemoteRollout:
+    """``ctx``: this training rank's data-parallel context; ``policy``: relax/trainer/policy.py;
+    ``stride``: prompts the stream advances per step (--rollout-batch-size)."""
+
+    def __init__(self, cfg, ctx, layout: AsyncLayout, schedule: Schedule, *, policy, source,
+                 tracker, timeout_minutes: float):
+        self.ctx, self.layout, self.schedule, self.policy = ctx, layout, schedule, policy
+        self.source, self.tracker, self.stride = source, tracker, cfg.rollout_batch_size
+        self.bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
+        self.fsdp, self.timeout_minutes = cfg.fsdp, timeout_minutes
+        self.peer = layout.rollout_rank_of(ctx.rank)
+        self.pending: dict[int, dict] = {}  # step -> message, received, not trained yet
+        self.state: dict = {"cursor": 0}  # the rollout side's collector after the newest batch
+        self.received = -1  # the newest step received
+        self.next_step = 0  # the step the next collect trains
+        self.needed: set[int] = set()
+        self.started = self.stopped = False
+        self.cycle = time.perf_counter()
+
+    # ------------------------------------------------------------------ the loop's calls
+    def collect(self, step: int):
+        if not self.started:
+            self._start(step)
+        waited = time.perf_counter()
+        message = self.pending.pop(step, None) or self._receive(step)
+        now = time.perf_counter()
+        waited, cycle, self.cycle = now - waited, now - self.cycle, now
+        self.next_step = step + 1
+        self._record(step, message, waited, cycle)
+        return message["batch"].to(self.ctx.device)
+
+    def publish(self, version: int) -> None:
+        """After ``version`` optimizer rollout steps: send the weights if a batch to come is
+        sampled with them (every training rank calls it; training rank 0 sends)."""
+        seconds, sent = 0.0, 0
+        if version in self.needed:
+            start = time.perf_counter()
+            self._guard("sending weights", lambda: self._publish(version))
+            seconds, sent = time.perf_counter() - start, self._sent
+        self.tracker.add_max("async/weight_sync_time", seconds)
+        self.tracker.add_max("async/weight_sync_bytes", sent)
+
+    def _publish(self, version: int) -> None:
+        sender = self.ctx.rank == 0
+        if sender:
+            weight_sync.send_header(weight_sync.WEIGHTS, version, self.layout.sync_group,
+                                    self.ctx.device)
+        self._sent = weight_sync.publish(self.policy.module, sender=sender,
+                                         group=self.layout.sync_group, device=self.ctx.device,
+                                         bucket_bytes=self.bucket_bytes,
+                                         gather=self.fsdp and self.ctx.world_size > 1)
+
+    def close(self) -> None:
+        """End the rollout ranks' loop (training rank 0 sends the stop header); a rollout rank
+        that is gone already is not waited for."""
+        if self.started and not self.stopped and self.ctx.rank == 0:
+            with contextlib.suppress(Exception):
+                weight_sync.send_header(weight_sync.STOP, -1, self.layout.sync_group,
+                                        self.ctx.device)
+        self.stopped = True
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """The batches in flight at a checkpoint after ``next_step`` steps (received here
+        first: they were sampled with weights the checkpoint does not hold) and the rollout
+        side's collector after the last of them; ``cursor``: where a colocated resume starts."""
+        if self.started:
+            for step in self.schedule.in_flight(self.next_step):
+                if step not in self.pending and step > self.received:
+                    self.pending[step] = self._receive(step)
+        pending = {s: m for s, m in self.pending.items() if s >= self.next_step}
+        cursor = int(self.state.get("cursor", 0)) - self.stride * len(pending)
+        return {"pending": pending, "rollout": self.state, "cursor": cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's :meth:`state_dict`, or a colocated run's ``{"cursor"}``."""
+        self.pending = dict(state.get("pending") or {})
+        self.state = dict(state.get("rollout") or {"cursor": int(state["cursor"])})
+
+    def position(self) -> dict[str, int]:
+        cursor = int(self.state.get("cursor", 0)) - self.stride * len(self.pending)
+        return {**self.source.position_at(cursor), "cursor": cursor}
+
+    # ------------------------------------------------------------------ internals
+    def _start(self, step: int) -> None:
+        """Tell the rollout rank where to begin (after the batches carried in the checkpoint)
+        and with which collector state; publish the starting weights if a batch needs them."""
+        first = step + len([s for s in self.pending if s >= step])
+        self.received = first - 1
+        self.needed = set(self.schedule.needed(first))
+        self.started, self.next_step = True, step
+        self._guard("starting", lambda: [w.wait() for w, _ in send_object(
+            {"first": first, "total": self.schedule.total_steps, "state": self.state},
+            self.peer)])
+        self.cycle = time.perf_counter()
+        self.publish(step)
+
+    def _receive(self, step: int) -> dict:
+        message = self._guard(f"waiting for step {step + 1}'s batch",
+                              lambda: recv_object(self.peer))
+        if message["step"] != step:
+            raise RuntimeError(f"rollout rank {self.peer} sent step {message['step'] + 1}'s "
+                               f"batch where step {step + 1}'s was due")
+        self.received, self.state = step, message["state"]
+        return message
+
+    def _guard(self, doing: str, call):
+        """Name the side that failed: a rollout rank gone, or a peer of the weight sync."""
+        try:
+            return call()
+        except Exception as e:
+            if not is_peer_failure(e):
+                raise
+            raise PeerFailure(
+                f"{doing}: rollout rank {self.peer} (--rollout-num-gpus) or training rank 0 "
+                "died or did not answer within --distributed-timeout-minutes "
+                f"{self.timeout_minutes:g}: {type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]}") from e
+
+    def _record(self, step: int, message: dict, waited: float, cycle: float) -> None:
+        t, rows = self.tracker, len(message["batch"].prompts)
+        t.merge(message["records"])
+        for name, seconds in message["times"].items():
+            t.add_max(f"async/rollout_{name}_time", seconds)
+        t.add_max("async/staleness", step - message["version"])
+        t.add_max("async/train_idle_fraction", waited / max(cycle, 1e-9))
+        t.add_ratio("async/rollout_idle_fraction", message["idle"], message["cycle"])
+        t.add_sum("async/train_samples_per_s", rows / max(cycle, 1e-9))
+        t.add_sum("async/rollout_samples_per_s", rows / max(message["cycle"], 1e-9))

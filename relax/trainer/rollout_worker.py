@@ -1,0 +1,160 @@
+"""A rollout rank of ``--fully-async`` (relax/trainer/async_layout.py): sample and score the
+shares of the training ranks it serves, with the weights the fixed lag prescribes.
+
+    start   <- each served training rank: the first step to sample, the step count, the
+               collector state (a checkpoint's, on --load)
+    for step n from the first:
+        until holding the weights after step Schedule.version(n):
+            header <- training rank 0 (weights of a version, or stop); weights <- buckets
+        for each served training rank v: batch = v's collector.collect(n); send it to v
+    header <- training rank 0: stop (also at any point before: the run ended early)
+
+The collectors are the colocated loop's (relax/rollout/collectors.py), each acting as
+data-parallel rank v of the training ranks: the same prompts and random streams, so the
+batches do not depend on how many rollout ranks there are. Each message carries the step, the
+weights version it was sampled with, the collector's state after it (what a checkpoint
+holds), the collector's metric records and phase times, and this rank's idle and cycle
+seconds for the throughput metrics (relax/trainer/remote_rollout.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from relax import models
+from relax.errors import PeerFailure
+from relax.metrics.tracker import MetricTracker
+from relax.precision import use_bf16
+from relax.rollout.collectors import PromptCollector
+from relax.rollout.data import PromptSource, load_source
+from relax.rollout.sampler import Sampler, SamplingParams
+from relax.rollout.scoring import Scorer
+from relax.rollout.tasks import get_task
+from relax.seeding import seed_for
+from relax.trainer import weight_sync
+from relax.trainer.async_layout import AsyncLayout, Schedule, recv_object, send_object
+from relax.trainer.distributed import DistContext, is_peer_failure
+from relax.trainer.lora import ALL_LINEAR, add_lora
+from relax.trainer.runtime import Timer
+
+
+def build_sampler(cfg, device: torch.device):
+    """The policy as the training ranks build it before training (same weights from the
+    same seed, the same LoRA adapter), for generation only; the tokenizer."""
+    models.quiet_transformers()
+    tokenizer = models.load_tokenizer(cfg.hf_checkpoint)
+    module = models.load_policy(cfg.hf_checkpoint, tokenizer, device, seed=cfg.seed)
+    if cfg.lora.enabled:
+        add_lora(module, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
+                 targets=list(cfg.lora.target_modules or ALL_LINEAR),
+                 seed=seed_for(cfg.seed, "lora"))
+    r = cfg.rollout
+    sampler = Sampler(module, eos_token_ids=models.eos_token_ids(tokenizer, module),
+                      pad_token_id=tokenizer.pad_token_id,
+                      params=SamplingParams(r.temperature, r.top_p, r.top_k),
+                      bf16=use_bf16(cfg.bf16, device), device=device)
+    return module, sampler, tokenizer
+
+
+class RolloutWorker:
+    """One rollout rank: ``ctx`` is its own (device); ``layout`` says whom it serves."""
+
+    def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout):
+        self.cfg, self.ctx, self.layout = cfg, ctx, layout
+        self.module, sampler, tokenizer = build_sampler(cfg, ctx.device)
+        samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train") \
+            if cfg.prompt_data else None
+        source = PromptSource(batch_size=cfg.rollout_batch_size, seed=cfg.seed, samples=samples,
+                              task=None if samples is not None else get_task(cfg.builtin_task),
+                              shuffle=cfg.rollout_shuffle)
+        self.bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
+        self.shares = layout.shares()
+        self.timers = {v: Timer(ctx.device) for v in self.shares}
+        self.trackers = {v: MetricTracker() for v in self.shares}
+        self.collectors = {}
+        for v in self.shares:
+            # data-parallel rank v of the training ranks, alone in its process
+            share = DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None)
+            scorer = Scorer(cfg.rollout, share, builtin_task=None if samples is not None
+                            else cfg.builtin_task,
+                            post_process_path=cfg.algorithm.reward_post_process_path)
+            self.collectors[v] = PromptCollector(
+                cfg.rollout, cfg.batches, share, seed=cfg.seed, source=source,
+                tokenizer=tokenizer, sampler=sampler, scorer=scorer, timer=self.timers[v],
+                tracker=self.trackers[v])
+        self.version, self.works = -1, []
+
+    def serve(self) -> None:
+        """The loop of the module docstring; returns when training rank 0 says stop."""
+        starts = {v: self._guard(v, "waiting for its start", lambda v=v: recv_object(v))
+                  for v in self.shares}
+        first, total = starts[self.shares[0]]["first"], starts[self.shares[0]]["total"]
+        for v, start in starts.items():
+            self.collectors[v].load_state_dict(start["state"])
+        schedule = Schedule(self.cfg.max_staleness, self.cfg.update_weights_interval, total)
+        clock = time.perf_counter()
+        for step in range(first, total):
+            idle = self._weights_for(schedule.version(step))
+            if idle is None:
+                return
+            for v in self.shares:
+                batch = self.collectors[v].collect(step)
+                now = time.perf_counter()
+                message = {"step": step, "version": self.version, "batch": batch.to("cpu"),
+                           "state": self.collectors[v].state_dict(),
+                           "records": self.trackers[v].export(), "times": self.timers[v].pop(),
+                           "idle": idle, "cycle": now - clock}
+                self.works = [w for w in self.works if not w[0].is_completed()]
+                self.works += send_object(message, v)
+            clock = time.perf_counter()
+        self._weights_for(None)  # the stop header after the last batch
+
+    def _weights_for(self, version: int | None) -> float | None:
+        """Receive syncs until holding ``version``'s weights (None: until stop); the seconds
+        spent waiting for headers, or None when stopped."""
+        idle = 0.0
+        while version is None or self.version < version:
+            start = time.perf_counter()
+            kind, got = self._guard(0, "waiting for weights", lambda: weight_sync.recv_header(
+                self.layout.sync_group, self.ctx.device))
+            idle += time.perf_counter() - start
+            if kind == weight_sync.STOP:
+                return None
+            self._guard(0, "receiving weights", lambda: weight_sync.receive(
+                self.module, group=self.layout.sync_group, device=self.ctx.device,
+                bucket_bytes=self.bucket_bytes))
+            self.version = got
+        return idle
+
+    def _guard(self, trainer: int, doing: str, call):
+        try:
+            return call()
+        except Exception as e:
+            if not is_peer_failure(e):
+                raise
+            raise PeerFailure(
+                f"rollout rank {self.layout.rank} {doing}: training rank {trainer} died or did "
+                "not answer within --distributed-timeout-minutes "
+                f"{self.cfg.distributed_timeout_minutes:g}: {type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]}") from e
+
+
+
+def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout) -> None:
+    """A rollout rank's whole run: serve until stopped, then leave with the training ranks."""
+    if ctx.device.type == "cpu":  # the host's cores shared between all local processes
+        from relax.trainer.build import cpu_threads
+
+        torch.set_num_threads(cpu_threads(
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    RolloutWorker(cfg, ctx, layout).serve()
+    try:
+        layout.finish_together()
+    except Exception as e:
+        if not is_peer_failure(e):
+            raise
+        raise PeerFailure(f"rollout rank {layout.rank}: the training ranks ended without "
+                          "finishing the run (see their message)") from e

@@ -1,0 +1,112 @@
+"""``--fully-async`` weight sync: the training ranks' trainable weights to the rollout ranks,
+streamed in buckets over the sync group (training rank 0 and the rollout ranks; Gloo on the
+CPU, NCCL on GPUs), and the control header that precedes each sync or ends the run.
+
+What travels: the parameters with ``requires_grad`` in ``named_parameters()`` order (full
+fine-tuning: all of them; LoRA: the adapter only, the frozen base is loaded on both sides from
+--hf-checkpoint). Both sides build the same module, so both cut the same buckets from the
+shapes alone (:func:`plan_buckets`) and no metadata travels. Under FSDP2 every training rank
+takes part in gathering one bucket's parameters (``DTensor.full_tensor``, a collective of the
+training group); only training rank 0 broadcasts it, then drops it: no rank holds more than one
+bucket of gathered weights beyond its shard. Weights travel in their own dtype (fp32
+masters), so a rollout rank samples with exactly the training weights.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+WEIGHTS, STOP = 1, 0  # header kinds
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """What a sync sends, in a fixed order both sides share."""
+    return [p for _, p in module.named_parameters() if p.requires_grad]
+
+
+def plan_buckets(params: list, bucket_bytes: int) -> list[list[int]]:
+    """Consecutive parameter indices, at most ``bucket_bytes`` per bucket (a larger parameter
+    goes alone) and one dtype per bucket."""
+    buckets, size, dtype = [], 0, None
+    for i, p in enumerate(params):
+        nbytes = p.numel() * p.element_size()
+        if not buckets or size + nbytes > bucket_bytes or p.dtype != dtype:
+            buckets.append([])
+            size, dtype = 0, p.dtype
+        buckets[-1].append(i)
+        size += nbytes
+    return buckets
+
+
+def send_header(kind: int, version: int, group, device) -> None:
+    """Training rank 0: what follows on the sync group (weights of ``version``, or the end)."""
+    dist.broadcast(torch.tensor([kind, version], dtype=torch.int64, device=device), src=0,
+                   group=group)
+
+
+def recv_header(group, device) -> tuple[int, int]:
+    """A rollout rank: (kind, version) of the next :func:`send_header`."""
+    header = torch.empty(2, dtype=torch.int64, device=device)
+    dist.broadcast(header, src=0, group=group)
+    kind, version = header.tolist()
+    return int(kind), int(version)
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """The whole parameter (an FSDP2 shard is gathered: a collective of the training group)."""
+    full = getattr(p, "full_tensor", None)
+    return full() if full is not None else p.detach()
+
+
+def publish(module: torch.nn.Module, *, sender: bool, group, device,
+            bucket_bytes: int, gather: bool) -> int:
+    """Every training rank: stream the weights (``sender``: training rank 0, which
+    broadcasts; ``gather``: FSDP2, where every training rank joins each gather). Returns the
+    bytes sent. The header goes first (:func:`send_header`)."""
+    params = trainable(module)
+    sent = 0
+    for bucket in plan_buckets(params, bucket_bytes):
+        if not (sender or gather):
+            continue
+        with torch.no_grad():
+            parts = [_full(params[i]) for i in bucket]
+            if not sender:
+                continue
+            flat = torch.cat([t.reshape(-1) for t in parts]).to(device)
+        dist.broadcast(flat, src=0, group=group)
+        sent += flat.numel() * flat.element_size()
+    return sent
+
+
+def receive(module: torch.nn.Module, *, group, device, bucket_bytes: int) -> int:
+    """A rollout rank: the weights :func:`publish` streams, copied into ``module``; returns the
+    bytes received."""
+    params = trainable(module)
+    got = 0
+    for bucket in plan_buckets(params, bucket_bytes):
+        total = sum(params[i].numel() for i in bucket)
+        flat = torch.empty(total, dtype=params[bucket[0]].dtype, device=device)
+        dist.broadcast(flat, src=0, group=group)
+        offset = 0
+        with torch.no_grad():
+            for i in bucket:
+                n = params[i].numel()
+                params[i].copy_(flat[offset:offset + n].view_as(params[i]))
+                offset += n
+        got += flat.numel() * flat.element_size()
+    return got
+
+
+class Stopwatch:
+    """Seconds since the last :meth:`lap` (or creation)."""
+
+    def __init__(self):
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        out, self.last = now - self.last, now
+        return out
