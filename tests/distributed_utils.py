@@ -42,14 +42,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_relax(*flags: str, timeout: float = 180,
+def torchrun_relax(*flags: str, timeout: float = 180, nproc: int = 2,
                    hang: str = "torchrun did not finish") -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node 2 -m relax train FLAGS`` on 127.0.0.1, one intra-op thread
-    per rank (two ranks share the CI machine's cores). A run past ``timeout`` seconds fails
+    """``torchrun --nproc_per_node NPROC -m relax train FLAGS`` on 127.0.0.1, one intra-op
+    thread per rank (the ranks share the CI machine's cores). A run past ``timeout`` seconds fails
     the test with ``hang`` and the ranks' stderr: a hang is a failure, never a stalled suite."""
     import pytest
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "relax", "train", *flags]
     try:

@@ -34,6 +34,20 @@ class StepBatch:
                    decode_steps=rollout.response_ids.shape[1])
 
 
+    def plain(self) -> dict:
+        """This batch as dicts, lists and tensors (what a checkpoint's rank file may hold:
+        it is read with ``weights_only``); :meth:`from_plain` rebuilds it."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("rollout", "generated"):
+            out[name] = {f.name: getattr(out[name], f.name)
+                         for f in dataclasses.fields(out[name])}
+        return out
+
+    @classmethod
+    def from_plain(cls, state: dict) -> StepBatch:
+        return cls(**{**state, "rollout": Rollout(**state["rollout"]),
+                      "generated": Rollout(**state["generated"])})
+
     def to(self, device) -> StepBatch:
         """This batch with every tensor on ``device`` (--fully-async sends batches between
         ranks on the CPU)."""

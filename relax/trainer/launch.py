@@ -72,6 +72,13 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     return history
 
 
+def role_of(cfg, rank: str, world: int) -> str:
+    """``--fully-async``: which side a rank is on, for its error line."""
+    if not cfg.fully_async or not rank.isdigit():
+        return ""
+    return " rollout" if int(rank) >= world - cfg.rollout_num_gpus else " training"
+
+
 def train(cfg) -> int:
     """``relax train``: exit status 0, or print one ``relax train: error:`` line and return
     the error's status (2 bad input, 1 failure during training).
@@ -86,7 +93,9 @@ def train(cfg) -> int:
     except RelaxError as e:
         peer_failed = isinstance(e, PeerFailure)
         rank = os.environ.get("RANK")
-        prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        prefix = f"[rank {rank}{role_of(cfg, rank, world)}] " if rank is not None and world != 1 \
+            else ""
         print(f"relax train: error: {prefix}{e}", file=sys.stderr, flush=True)
         status = e.exit_code
     finally:

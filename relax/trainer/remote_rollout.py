@@ -23,6 +23,7 @@ import contextlib
 import time
 
 from relax.errors import PeerFailure
+from relax.rollout.batch import StepBatch
 from relax.trainer import weight_sync
 from relax.trainer.async_layout import AsyncLayout, Schedule, recv_object, send_object
 from relax.trainer.distributed import is_peer_failure
@@ -98,13 +99,15 @@ class RemoteRollout:
             for step in self.schedule.in_flight(self.next_step):
                 if step not in self.pending and step > self.received:
                     self.pending[step] = self._receive(step)
-        pending = {s: m for s, m in self.pending.items() if s >= self.next_step}
+        pending = {s: {**m, "batch": m["batch"].plain()} for s, m in self.pending.items()
+                   if s >= self.next_step}
         cursor = int(self.state.get("cursor", 0)) - self.stride * len(pending)
         return {"pending": pending, "rollout": self.state, "cursor": cursor}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's :meth:`state_dict`, or a colocated run's ``{"cursor"}``."""
-        self.pending = dict(state.get("pending") or {})
+        self.pending = {s: {**m, "batch": StepBatch.from_plain(m["batch"])}
+                        for s, m in (state.get("pending") or {}).items()}
         self.state = dict(state.get("rollout") or {"cursor": int(state["cursor"])})
 
     def position(self) -> dict[str, int]:

@@ -132,14 +132,25 @@ def test_baseline_kl_loss_off_accepted(cli):
 # ---------------------------------------------------------------- every estimator
 
 @pytest.mark.parametrize("estimator", ACCEPTED)
-@pytest.mark.parametrize("mode", [("--fully-async",), ("--hybrid",),
-                                  ("--context-parallel-size", "2")])
+@pytest.mark.parametrize("mode", [("--hybrid",), ("--context-parallel-size", "2")])
 def test_unimplemented_modes_rejected_for_every_estimator(cli, rejected, estimator, mode):
     line = rejected(cli(["train", *ACCEPTED[estimator], *mode, "--dry-run"]), mode[0])
     if estimator.startswith("reinforce_plus_plus"):
         assert estimator in line  # the REINFORCE++-specific reason
     else:
         assert "not implemented" in line
+
+
+@pytest.mark.parametrize("estimator", ACCEPTED)
+def test_fully_async_rejected_only_for_the_reinforce_plus_plus_variants(cli, estimator,
+                                                                        monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # one training rank, one rollout rank
+    result = cli(["train", *ACCEPTED[estimator], "--fully-async", "--max-staleness", "0",
+                  "--dry-run"])
+    if estimator.startswith("reinforce_plus_plus"):
+        assert result.code == 2 and "closed synchronous global batch" in result.err
+    else:
+        assert result.config()["world_size"] == 1  # the training ranks
 
 
 @pytest.mark.parametrize("estimator", ACCEPTED)

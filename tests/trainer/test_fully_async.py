@@ -1,0 +1,114 @@
+"""``--fully-async`` (relax/trainer/async_layout.py): rollout ranks sample while training ranks
+train, under one torchrun, with a fixed lag. Real Gloo processes, bounded waits.
+
+- K = 0 gives the colocated loop's numbers (one training rank; two training ranks with DDP
+  and FSDP2 served by one rollout rank; LoRA, which sends only the adapter);
+- K = 1 trains on batches one step old, repeats exactly, and --load continues exactly with the
+  batch in flight taken from the checkpoint;
+- a rollout rank that fails ends the run with one line naming it and its role.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from relax.trainer import sharded_state
+from relax.trainer.async_layout import Schedule
+from tests.distributed_utils import torchrun_relax
+from tests.trainer.helpers import RECIPES, read_metrics, write_reward
+
+pytestmark = pytest.mark.subprocess  # torchrun throughout (conftest.py)
+
+STEPS = ["--num-rollout", "4", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "6", "--micro-batch-size", "4", "--rollout-temperature",
+         "1.5", "--lr", "1e-2", "--device", "cpu", "--log-samples", "0", "--seed", "5"]
+# what must agree between runs: everything but wall times, memory and the async timings
+SKIP = ("perf/", "async/rollout_", "async/train_", "async/weight_sync_time")
+
+
+def _run(tmp_path, name, *flags, nproc, timeout=240):
+    reward = write_reward(tmp_path)
+    out = tmp_path / name
+    proc = torchrun_relax(*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
+                          *flags, "--output-dir", str(out), nproc=nproc, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return read_metrics(out)
+
+
+def _same(got, want, *, keys=None, skip=()):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        for key in keys or [k for k in w if not k.startswith((*SKIP, *skip)) and k in g]:
+            assert g[key] == pytest.approx(w[key], rel=1e-6, abs=1e-9), (g["rollout/step"], key)
+
+
+def test_the_schedule_is_a_fixed_lag():
+    s = Schedule(staleness=2, interval=1, total_steps=6)
+    assert [s.version(n) for n in range(6)] == [0, 0, 0, 1, 2, 3]
+    assert s.needed(0) == [0, 1, 2, 3] and s.needed(4) == [2, 3]
+    assert list(s.in_flight(3)) == [3, 4]  # sampled with weights 1 and 2, older than 3
+    every_2 = Schedule(staleness=1, interval=2, total_steps=7)
+    assert [every_2.version(n) for n in range(7)] == [0, 0, 0, 2, 2, 4, 4]
+    assert list(every_2.in_flight(3)) == [3, 4]  # version 2 < 3: the checkpoint cannot redo them
+    assert list(Schedule(0, 1, 4).in_flight(2)) == []  # K = 0: nothing in flight
+
+
+def test_staleness_zero_is_the_colocated_run_and_lora_sends_the_adapter(tmp_path):
+    colocated = _run(tmp_path, "colocated", nproc=1)
+    lagless = _run(tmp_path, "async", "--fully-async", "--max-staleness", "0", nproc=2)
+    _same(lagless, colocated)
+    assert all(r["async/staleness"] == 0 for r in lagless)
+    assert all(r["async/weight_sync_bytes"] > 0 for r in lagless[:-1])  # every step's weights
+    assert lagless[-1]["async/weight_sync_bytes"] == 0  # nothing samples after the last step
+    assert max(r["train/grad_norm"] for r in lagless) > 0  # the weights did move
+
+    lora = ["--lora-rank", "4", "--lora-alpha", "8"]
+    adapter = _run(tmp_path, "lora", *lora, "--fully-async", "--max-staleness", "0", nproc=2)
+    assert 0 < adapter[0]["async/weight_sync_bytes"] < lagless[0]["async/weight_sync_bytes"] / 5
+
+
+def test_two_fsdp_training_ranks_served_by_one_rollout_rank(tmp_path):
+    colocated = _run(tmp_path, "colocated", "--fsdp", nproc=2)
+    # small buckets: every sync streams many, each gathered from both training ranks' shards
+    lagless = _run(tmp_path, "async", "--fsdp", "--fully-async", "--max-staleness", "0",
+                   "--weight-sync-bucket-mb", "0.05", nproc=3)
+    # colocated FSDP2 decodes with the sharded module (gathered per layer, ranks in
+    # lockstep): the same tokens, sampler log-probs that differ in the last bits (~1e-7)
+    _same(lagless, colocated, skip=("rollout/logprob_abs_diff", "rollout/mismatch_"))
+
+
+def test_lag_one_trains_on_older_samples_and_resumes_exactly(tmp_path):
+    lag = ["--fully-async", "--max-staleness", "1", "--use-tis"]
+    first = _run(tmp_path, "first", *lag, nproc=2)
+    assert [r["async/staleness"] for r in first] == [0, 1, 1, 1]
+    # step 1 samples with the weights it trains; later steps with the previous step's, which
+    # the trainer's log-probs and the TIS weights see
+    assert first[0]["rollout/mismatch_k3"] < 1e-9
+    assert all(r["rollout/mismatch_k3"] > 1e-6 for r in first[1:])
+
+    # stop after step 1 (a wall-clock budget that is already spent): batch 2 is in flight
+    save = tmp_path / "ckpt"
+    cut = _run(tmp_path, "resumed", *lag, "--save", str(save), "--exit-duration-in-mins",
+               "1e-6", nproc=2)
+    assert len(cut) == 1
+    _, state = sharded_state.read_rank_file(str(save / "rollout_000001"), 0)
+    assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
+    tail = _run(tmp_path, "resumed", *lag, "--load", str(save), nproc=2)
+    _same(tail[1:], first[1:])  # the same seed repeats, and --load continues, exactly
+
+
+def test_a_failing_rollout_rank_is_named_with_its_role(tmp_path):
+    reward = write_reward(tmp_path, "import os\ncalls = []\ndef f(p, r, l):\n"
+                          "    calls.append(1)\n"
+                          "    if len(calls) == 2:\n"
+                          "        raise RuntimeError('reward service down')\n"
+                          "    return [0.5] * len(p)\n", name="failing.py")
+    proc = torchrun_relax(*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:f",
+                          "--fully-async", "--max-staleness", "0", "--output-dir",
+                          str(tmp_path / "run"), timeout=120,
+                          hang="a training rank kept waiting after the rollout rank failed")
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("relax train: error:")]
+    assert any("[rank 1 rollout] reward function" in x and "reward service down" in x
+               for x in lines), lines
+    assert any("[rank 0 training]" in x and "rollout rank 1" in x for x in lines), lines
