@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from relax.errors import PeerFailure, RelaxError
+from relax.errors import Interrupted, PeerFailure, RelaxError
 from relax.trainer.async_layout import split_roles
 from relax.trainer.distributed import (
     exit_rank,
@@ -38,17 +38,22 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
         if cfg.fully_async:  # rollout ranks serve batches; the others train on them
             layout, ctx = split_roles(ctx, cfg.world_size)
             if layout.is_rollout:
-                serve_rollouts(cfg, ctx, layout)
+                serve_rollouts(cfg, ctx, layout, stop)
                 return []
         trainer = Trainer(cfg, ctx, console=console, stop=stop, layout=layout)
+        together = False  # every rank of the job reaches the end (also after a signal stop)
         try:
             history = trainer.fit()
             ended_early = trainer.control.ended_early
             finish_together(ctx)
+            together = True
+        except Interrupted:
+            together = True
+            raise
         finally:
             trainer.close()  # --fully-async: the rollout ranks stop here
-        if layout is not None:
-            layout.finish_together()
+            if layout is not None and together:
+                layout.finish_together()
     except RelaxError:
         raise
     except Exception as e:

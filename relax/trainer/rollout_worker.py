@@ -20,12 +20,13 @@ seconds for the throughput metrics (relax/trainer/remote_rollout.py).
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
 
 from relax import models
-from relax.errors import PeerFailure
+from relax.errors import Interrupted, PeerFailure
 from relax.metrics.tracker import MetricTracker
 from relax.precision import use_bf16
 from relax.rollout.collectors import PromptCollector
@@ -143,8 +144,10 @@ class RolloutWorker:
 
 
 
-def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout) -> None:
-    """A rollout rank's whole run: serve until stopped, then leave with the training ranks."""
+def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
+    """A rollout rank's whole run: serve until training rank 0 says stop, then leave with the
+    training ranks. A SIGTERM / SIGINT (``stop``) does not end the serving: the training ranks
+    finish their step and checkpoint (receiving the batches in flight), then say stop."""
     if ctx.device.type == "cpu":  # the host's cores shared between all local processes
         from relax.trainer.build import cpu_threads
 
@@ -158,3 +161,7 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout) -> None:
             raise
         raise PeerFailure(f"rollout rank {layout.rank}: the training ranks ended without "
                           "finishing the run (see their message)") from e
+    if stop.signum is not None:
+        name = signal.Signals(stop.signum).name
+        raise Interrupted(stop.signum, f"stopped by {name} once the training ranks had "
+                          "saved (see their line)")

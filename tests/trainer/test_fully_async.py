@@ -10,11 +10,15 @@ train, under one torchrun, with a fixed lag. Real Gloo processes, bounded waits.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from relax.trainer import sharded_state
 from relax.trainer.async_layout import Schedule
 from tests.distributed_utils import torchrun_relax
+from tests.reliability.helpers import finish_all, kill_left, start_ranks
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward
 
 pytestmark = pytest.mark.subprocess  # torchrun throughout (conftest.py)
@@ -112,3 +116,25 @@ def test_a_failing_rollout_rank_is_named_with_its_role(tmp_path):
     assert any("[rank 1 rollout] reward function" in x and "reward service down" in x
                for x in lines), lines
     assert any("[rank 0 training]" in x and "rollout rank 1" in x for x in lines), lines
+
+
+def test_sigterm_drains_both_sides_with_the_batch_in_flight_saved(tmp_path):
+    reward, save = write_reward(tmp_path), tmp_path / "save"
+    flags = [*RECIPES["grpo"], *STEPS, "--num-rollout", "500", "--custom-rm-path",
+             f"{reward}:parity", "--fully-async", "--max-staleness", "1", "--use-tis",
+             "--save", str(save), "--output-dir", str(tmp_path / "run")]
+    ranks = start_ranks(flags, {**os.environ, "OMP_NUM_THREADS": "1"}, world=2)
+    try:
+        ranks[0].wait_for_line("step 2/500", timeout=120)
+        for rank in ranks:  # as torchrun forwards it
+            rank.proc.send_signal(signal.SIGTERM)
+        assert finish_all(ranks, timeout=120) == [128 + signal.SIGTERM] * 2
+    finally:
+        kill_left(ranks)
+    (trainer,) = ranks[0].errors()
+    assert "[rank 0 training] stopped by SIGTERM after rollout step" in trainer
+    step = int(trainer.split("after rollout step ")[1].split()[0])
+    (rollout,) = ranks[1].errors()
+    assert "[rank 1 rollout] stopped by SIGTERM once the training ranks had saved" in rollout
+    _, state = sharded_state.read_rank_file(str(save / f"rollout_{step:06d}"), 0)
+    assert sorted(state["pending"]) == [step]  # the batch sampled for the next step
