@@ -39,6 +39,9 @@ EVAL_MAX_RESPONSE_LEN=${EVAL_MAX_RESPONSE_LEN:-96}
 LOG_SAMPLES=${LOG_SAMPLES:-4}
 OUTPUT_DIR=${OUTPUT_DIR:-runs/smollm2-rg/${ALGO}-seed${SEED}}
 PYTHON=${PYTHON:-python3}
+# what runs `-m relax train`: the interpreter, or e.g. "python3 -m torch.distributed.run
+# --standalone --nproc_per_node 2" for --fully-async or data-parallel ranks
+LAUNCHER=${LAUNCHER:-${PYTHON}}
 DRY_RUN=${DRY_RUN:-0}
 
 case "${ALGO}" in
@@ -77,4 +80,5 @@ ARGS=(
 if [[ "${DRY_RUN}" == 1 ]]; then
   ARGS+=(--dry-run)
 fi
-exec "${PYTHON}" -m relax train "${ARGS[@]}" "$@"
+# shellcheck disable=SC2086  # the launcher is words
+exec ${LAUNCHER} -m relax train "${ARGS[@]}" "$@"

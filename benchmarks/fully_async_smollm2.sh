@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Issue 27 item 6: --fully-async against the colocated loop on this 2-core machine, at equal
+# wall clock. SmolLM2-135M-Instruct, GRPO, the reasoning-gym recipe of
+# examples/reasoning_gym/run-smollm2-reasoning-gym.sh (4 sums x 8 samples per step, responses
+# of up to 64 tokens); per seed, one after the other (each arm uses both cores):
+#
+#   A: the colocated loop, one process with two threads (OMP_NUM_THREADS=2)
+#   B: torchrun --nproc_per_node 2 --fully-async --max-staleness 1 --use-tis: one training
+#      process and one rollout process, one thread each
+#
+# Each run stops at the first step that ends MINUTES after it started
+# (--exit-duration-in-mins) and then evaluates greedy pass@1 on 200 held-out questions. The
+# table: steps, samples trained per second of training time, held-out pass@1.
+#
+#   MODEL_DIR=models/SmolLM2-135M-Instruct MINUTES=10 SEEDS="1 2" \
+#       bash benchmarks/fully_async_smollm2.sh
+#
+# Results: docs/performance.md ("Fully asynchronous on SmolLM2").
+set -euo pipefail
+HERE=${HERE:-$(cd "$(dirname "$0")" && pwd)}
+PYTHON=${PYTHON:-.venv/bin/python}
+MODEL_DIR=${MODEL_DIR:-models/SmolLM2-135M-Instruct}
+MINUTES=${MINUTES:-10}
+SEEDS=${SEEDS:-1 2}
+ROOT=${ROOT:-runs/fully-async}
+export PYTHON MODEL_DIR
+mkdir -p "${ROOT}"
+
+run_arm() {  # arm seed threads launcher...
+  local arm=$1 seed=$2 threads=$3
+  shift 3
+  start=$(date +%s)
+  # shellcheck disable=SC2086  # ARM_FLAGS are words
+  OMP_NUM_THREADS=${threads} ALGO=grpo SEED="${seed}" NUM_ROLLOUT=1000 TRAIN_SIZE=4000 \
+    EVAL_INTERVAL=1000 LOG_SAMPLES=0 OUTPUT_DIR="${ROOT}/${arm}-seed${seed}" LAUNCHER="$*" \
+    bash "${HERE}/../examples/reasoning_gym/run-smollm2-reasoning-gym.sh" \
+    --exit-duration-in-mins "${MINUTES}" --use-tis ${ARM_FLAGS:-} \
+    > "${ROOT}/${arm}-seed${seed}.log" 2>&1
+  echo "${arm} seed ${seed}: $(( $(date +%s) - start )) s ($(git rev-parse --short HEAD))" \
+    | tee -a "${ROOT}/walltimes.txt"
+}
+
+for seed in ${SEEDS}; do
+  run_arm A "${seed}" 2 "${PYTHON}"
+  ARM_FLAGS="--fully-async --max-staleness 1" run_arm B "${seed}" 1 \
+    "${PYTHON} -m torch.distributed.run --standalone --nproc_per_node 2"
+done
+
+"${PYTHON}" - "${ROOT}" ${SEEDS} <<'PY'
+import json, sys
+root, seeds = sys.argv[1], sys.argv[2:]
+print("| arm | seed | steps | training minutes | samples / s | step (s, median) | "
+      "train idle | rollout idle | held-out pass@1 |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for arm in ("A", "B"):
+    for seed in seeds:
+        with open(f"{root}/{arm}-seed{seed}/metrics.jsonl", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        steps = [r for r in rows if "perf/step_time" in r]
+        seconds = sum(r["perf/step_time"] for r in steps)
+        med = sorted(r["perf/step_time"] for r in steps)[len(steps) // 2]
+        idle = [sum(r.get(k, float("nan")) for r in steps[1:]) / max(1, len(steps) - 1)
+                for k in ("async/train_idle_fraction", "async/rollout_idle_fraction")]
+        pass1 = [r[k] for r in rows for k in r if k.startswith("eval/") and k.endswith("pass@1")]
+        print(f"| {arm} | {seed} | {len(steps)} | {seconds / 60:.1f} | "
+              f"{32 * len(steps) / seconds:.2f} | {med:.1f} | {idle[0]:.2f} | {idle[1]:.2f} | "
+              f"{pass1[-1] if pass1 else float('nan'):.3f} |")
+PY
