@@ -58,9 +58,12 @@ def test_the_schedule_is_a_fixed_lag():
 
 
 def test_staleness_zero_is_the_colocated_run_and_lora_sends_the_adapter(tmp_path):
-    colocated = _run(tmp_path, "colocated", nproc=1)
-    lagless = _run(tmp_path, "async", "--fully-async", "--max-staleness", "0", nproc=2)
+    # evaluation runs on the training rank with the newest weights: the same numbers too
+    colocated = _run(tmp_path, "colocated", "--eval-interval", "2", nproc=1)
+    lagless = _run(tmp_path, "async", "--eval-interval", "2", "--fully-async",
+                   "--max-staleness", "0", nproc=2)
     _same(lagless, colocated)
+    assert "eval/copy/mean_reward" in lagless[1]
     assert all(r["async/staleness"] == 0 for r in lagless)
     assert all(r["async/weight_sync_bytes"] > 0 for r in lagless[:-1])  # every step's weights
     assert lagless[-1]["async/weight_sync_bytes"] == 0  # nothing samples after the last step
