@@ -26,6 +26,7 @@ Batches go point to point from a rollout rank to its training rank over the worl
 
 from __future__ import annotations
 
+import datetime
 import io
 from dataclasses import dataclass, replace
 
@@ -119,12 +120,15 @@ def send_object(obj, dst: int) -> list:
     return [(dist.isend(size, dst), size), (dist.isend(payload, dst), payload)]
 
 
-def recv_object(src: int):
-    """What :func:`send_object` sent from world rank ``src`` (waits, within the group's
-    timeout, --distributed-timeout-minutes)."""
+def recv_object(src: int, timeout_minutes: float):
+    """What :func:`send_object` sent from world rank ``src``. Waits at most
+    ``timeout_minutes`` (--distributed-timeout-minutes) for each part: a point-to-point
+    receive does not take the group's timeout by itself (measured with Gloo: it waits
+    forever), so a hung sender raises "Timed out" like a collective would."""
+    timeout = datetime.timedelta(minutes=timeout_minutes)
     size = torch.empty(1, dtype=torch.int64)
-    dist.recv(size, src)
+    dist.irecv(size, src).wait(timeout=timeout)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(payload, src)
+    dist.irecv(payload, src).wait(timeout=timeout)
     # our own peer's bytes, over the job's private group: full unpickling is intended
     return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)

@@ -75,11 +75,12 @@ class RemoteRollout:
         sender = self.ctx.rank == 0
         if sender:
             weight_sync.send_header(weight_sync.WEIGHTS, version, self.layout.sync_group,
-                                    self.ctx.device)
+                                    self.ctx.device, self.timeout_minutes)
         self._sent = weight_sync.publish(self.policy.module, sender=sender,
                                          group=self.layout.sync_group, device=self.ctx.device,
                                          bucket_bytes=self.bucket_bytes,
-                                         gather=self.fsdp and self.ctx.world_size > 1)
+                                         gather=self.fsdp and self.ctx.world_size > 1,
+                                         timeout_minutes=self.timeout_minutes)
 
     def close(self) -> None:
         """End the rollout ranks' loop (training rank 0 sends the stop header); a rollout rank
@@ -87,7 +88,7 @@ class RemoteRollout:
         if self.started and not self.stopped and self.ctx.rank == 0:
             with contextlib.suppress(Exception):
                 weight_sync.send_header(weight_sync.STOP, -1, self.layout.sync_group,
-                                        self.ctx.device)
+                                        self.ctx.device, self.timeout_minutes)
         self.stopped = True
 
     # ------------------------------------------------------------------ checkpoints
@@ -130,7 +131,7 @@ class RemoteRollout:
 
     def _receive(self, step: int) -> dict:
         message = self._guard(f"waiting for step {step + 1}'s batch",
-                              lambda: recv_object(self.peer))
+                              lambda: recv_object(self.peer, self.timeout_minutes))
         if message["step"] != step:
             raise RuntimeError(f"rollout rank {self.peer} sent step {message['step'] + 1}'s "
                                f"batch where step {step + 1}'s was due")

@@ -72,6 +72,7 @@ class RolloutWorker:
                               task=None if samples is not None else get_task(cfg.builtin_task),
                               shuffle=cfg.rollout_shuffle)
         self.bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
+        self.timeout = cfg.distributed_timeout_minutes  # every wait on the training side
         self.shares = layout.shares()
         self.timers = {v: Timer(ctx.device) for v in self.shares}
         self.trackers = {v: MetricTracker() for v in self.shares}
@@ -90,7 +91,7 @@ class RolloutWorker:
 
     def serve(self) -> None:
         """The loop of the module docstring; returns when training rank 0 says stop."""
-        starts = {v: self._guard(v, "waiting for its start", lambda v=v: recv_object(v))
+        starts = {v: self._guard(v, "waiting for its start", lambda v=v: recv_object(v, self.timeout))
                   for v in self.shares}
         first, total = starts[self.shares[0]]["first"], starts[self.shares[0]]["total"]
         for v, start in starts.items():
@@ -120,13 +121,13 @@ class RolloutWorker:
         while version is None or self.version < version:
             start = time.perf_counter()
             kind, got = self._guard(0, "waiting for weights", lambda: weight_sync.recv_header(
-                self.layout.sync_group, self.ctx.device))
+                self.layout.sync_group, self.ctx.device, self.timeout))
             idle += time.perf_counter() - start
             if kind == weight_sync.STOP:
                 return None
             self._guard(0, "receiving weights", lambda: weight_sync.receive(
                 self.module, group=self.layout.sync_group, device=self.ctx.device,
-                bucket_bytes=self.bucket_bytes))
+                bucket_bytes=self.bucket_bytes, timeout_minutes=self.timeout))
             self.version = got
         return idle
 

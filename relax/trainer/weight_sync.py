@@ -14,6 +14,7 @@ masters), so a rollout rank samples with exactly the training weights.
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import torch
@@ -41,16 +42,24 @@ def plan_buckets(params: list, bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
-def send_header(kind: int, version: int, group, device) -> None:
+def broadcast(tensor: torch.Tensor, group, timeout_minutes: float) -> None:
+    """Training rank 0's ``tensor`` to the sync group, waiting at most ``timeout_minutes``
+    (--distributed-timeout-minutes): measured with Gloo, the root of a blocking broadcast
+    waits for a receiver that never comes past the group's timeout."""
+    work = dist.broadcast(tensor, src=0, group=group, async_op=True)
+    work.wait(timeout=datetime.timedelta(minutes=timeout_minutes))
+
+
+def send_header(kind: int, version: int, group, device, timeout_minutes: float) -> None:
     """Training rank 0: what follows on the sync group (weights of ``version``, or the end)."""
-    dist.broadcast(torch.tensor([kind, version], dtype=torch.int64, device=device), src=0,
-                   group=group)
+    broadcast(torch.tensor([kind, version], dtype=torch.int64, device=device), group,
+              timeout_minutes)
 
 
-def recv_header(group, device) -> tuple[int, int]:
+def recv_header(group, device, timeout_minutes: float) -> tuple[int, int]:
     """A rollout rank: (kind, version) of the next :func:`send_header`."""
     header = torch.empty(2, dtype=torch.int64, device=device)
-    dist.broadcast(header, src=0, group=group)
+    broadcast(header, group, timeout_minutes)
     kind, version = header.tolist()
     return int(kind), int(version)
 
@@ -62,7 +71,7 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
 
 def publish(module: torch.nn.Module, *, sender: bool, group, device,
-            bucket_bytes: int, gather: bool) -> int:
+            bucket_bytes: int, gather: bool, timeout_minutes: float) -> int:
     """Every training rank: stream the weights (``sender``: training rank 0, which
     broadcasts; ``gather``: FSDP2, where every training rank joins each gather). Returns the
     bytes sent. The header goes first (:func:`send_header`)."""
@@ -76,12 +85,13 @@ def publish(module: torch.nn.Module, *, sender: bool, group, device,
             if not sender:
                 continue
             flat = torch.cat([t.reshape(-1) for t in parts]).to(device)
-        dist.broadcast(flat, src=0, group=group)
+        broadcast(flat, group, timeout_minutes)
         sent += flat.numel() * flat.element_size()
     return sent
 
 
-def receive(module: torch.nn.Module, *, group, device, bucket_bytes: int) -> int:
+def receive(module: torch.nn.Module, *, group, device, bucket_bytes: int,
+            timeout_minutes: float) -> int:
     """A rollout rank: the weights :func:`publish` streams, copied into ``module``; returns the
     bytes received."""
     params = trainable(module)
@@ -89,7 +99,7 @@ def receive(module: torch.nn.Module, *, group, device, bucket_bytes: int) -> int
     for bucket in plan_buckets(params, bucket_bytes):
         total = sum(params[i].numel() for i in bucket)
         flat = torch.empty(total, dtype=params[bucket[0]].dtype, device=device)
-        dist.broadcast(flat, src=0, group=group)
+        broadcast(flat, group, timeout_minutes)
         offset = 0
         with torch.no_grad():
             for i in bucket:

@@ -141,3 +141,21 @@ def test_sigterm_drains_both_sides_with_the_batch_in_flight_saved(tmp_path):
     assert "[rank 1 rollout] stopped by SIGTERM once the training ranks had saved" in rollout
     _, state = sharded_state.read_rank_file(str(save / f"rollout_{step:06d}"), 0)
     assert sorted(state["pending"]) == [step]  # the batch sampled for the next step
+
+
+def test_a_hung_rollout_rank_ends_the_run_within_the_timeout(tmp_path):
+    reward = write_reward(tmp_path, "import time\ncalls = []\ndef f(p, r, l):\n"
+                          "    calls.append(1)\n"
+                          "    if len(calls) == 2:\n"
+                          "        time.sleep(600)\n"
+                          "    return [0.5] * len(p)\n", name="hanging.py")
+    flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:f", "--fully-async",
+             "--max-staleness", "0", "--distributed-timeout-minutes", "0.1",
+             "--output-dir", str(tmp_path / "run")]
+    ranks = start_ranks(flags, {**os.environ, "OMP_NUM_THREADS": "1"}, world=2)
+    try:
+        assert ranks[0].finish(timeout=120) == 1  # 6 s after the batch was due
+    finally:
+        kill_left(ranks)  # the rollout rank still sleeps in its reward function
+    (line,) = ranks[0].errors()
+    assert "[rank 0 training] waiting for step 2's batch: rollout rank 1" in line, line
