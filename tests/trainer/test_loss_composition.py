@@ -2,8 +2,8 @@
 
     loss = L_PG + kl_loss_coef * L_KL - entropy_coef * L_entropy
 
-with every term the response mean over the step's global B, and its metrics are those
-terms. Checked against a float64 recomputation written here from the model's logits (none of
+with every term the response mean over the step's global B (the token mean over the step's
+global N for rloo and cispo, §5a, §5b), and its metrics are those terms. Checked against a float64 recomputation written here from the model's logits (none of
 relax's loss, reduction or KL functions), so a wrong sign, weight or denominator fails."""
 
 import pytest
