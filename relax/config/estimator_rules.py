@@ -1,7 +1,7 @@
 """Rules of the estimator's facts (reinforce_plus_plus.md §5a, §5b, §7, §8): the reduction
 its objective is defined with, the smallest group, an advantage that must keep the reward's
-scale, and the on-policy conditions of a loss without an importance ratio (rloo). Torch-free, like the rest
-of validation; asks :mod:`relax.estimators`, never an estimator's name."""
+scale, and the on-policy conditions of a loss without an importance ratio (rloo). Torch-free,
+like the rest of validation; asks :mod:`relax.estimators`, never an estimator's name."""
 
 from __future__ import annotations
 
