@@ -17,6 +17,8 @@ LOSS_FLAGS: dict[str, tuple[str, ...]] = {
     "ppo_clip": ("eps_clip", "eps_clip_high", "eps_clip_c"),
     "gspo": ("eps_clip", "eps_clip_high"),
     "sapo": ("sapo_tau_pos", "sapo_tau_neg"),
+    "cispo": ("eps_clip", "eps_clip_high"),
+    "rloo": (),
 }
 
 
@@ -25,7 +27,8 @@ class EstimatorFacts:
     name: str
     section: str  # where reinforce_plus_plus.md defines it
     policy_loss: str  # a key of LOSS_FLAGS
-    # "population": always, part of the estimator (§6); "whiten": on --normalize-advantages (§5)
+    # "population": always, part of the estimator (§6); "whiten": on --normalize-advantages (§5);
+    # "none": never, --normalize-advantages is rejected (§5a: the advantage keeps the reward scale)
     normalization: str
     kl_in_reward: bool = False  # reads --kl-coef: signed k1 reward shaping (§3)
     kl_loss_types: tuple[str, ...] = KL_KINDS  # allowed with --use-kl-loss; () = no KL loss
@@ -33,6 +36,10 @@ class EstimatorFacts:
     needs_group_index: bool = True  # group statistics over the samples of a prompt
     reads_std_normalization: bool = False  # --disable-grpo-std-normalization
     per_token_loss: bool = True  # may use --calculate-per-token-loss instead of §7's mean
+    requires_per_token_loss: bool = False  # the objective is the global token mean (§5a, §5b)
+    # no importance ratio in the loss: one optimizer step per rollout, on tokens this policy
+    # sampled (§5a)
+    on_policy_only: bool = False
     custom_advantage: bool = True  # may replace the advantage (--custom-advantage-function-path)
     custom_reward_post_process: bool = True  # --custom-reward-post-process-path
     min_samples_per_prompt: int = 1
@@ -55,6 +62,10 @@ FACTS: dict[str, EstimatorFacts] = {
         EstimatorFacts("grpo", "§5", "ppo_clip", "whiten", reads_std_normalization=True),
         EstimatorFacts("gspo", "§5", "gspo", "whiten", reads_std_normalization=True),
         EstimatorFacts("sapo", "§5", "sapo", "whiten", reads_std_normalization=True),
+        EstimatorFacts("rloo", "§5a", "rloo", "none", requires_per_token_loss=True,
+                       on_policy_only=True, min_samples_per_prompt=2),
+        EstimatorFacts("cispo", "§5b", "cispo", "whiten", reads_std_normalization=True,
+                       requires_per_token_loss=True),
     )
 }
 ESTIMATOR_NAMES: tuple[str, ...] = tuple(FACTS)

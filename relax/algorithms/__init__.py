@@ -11,11 +11,14 @@ reinforce_plus_plus_returns    :mod:`relax.algorithms.advantages`     3
 reinforce_plus_plus_baseline_  :mod:`relax.algorithms.advantages`     4
 advantages
 group_relative_advantages      :mod:`relax.algorithms.advantages`     5
+rloo_advantages                :mod:`relax.algorithms.advantages`     5a
 masked_population_normalize    :mod:`relax.algorithms.normalization`  6
 masked_whiten                  :mod:`relax.algorithms.normalization`  5
 ppo_clip_loss, gspo_loss,      :mod:`relax.algorithms.losses`         7
 sapo_loss, response_mean,
 token_mean
+rloo_loss                      :mod:`relax.algorithms.losses`         5a
+cispo_loss                     :mod:`relax.algorithms.losses`         5b
 compute_advantages_and_returns :mod:`relax.algorithms.registry`       3-6, 10
 mismatch_sums, tis_weights,    :mod:`relax.algorithms.off_policy`     7a
 opsm_keep
@@ -26,9 +29,18 @@ from relax.algorithms.advantages import (
     group_relative_advantages,
     reinforce_plus_plus_baseline_advantages,
     reinforce_plus_plus_returns,
+    rloo_advantages,
 )
 from relax.algorithms.kl import KL_KINDS, approx_kl
-from relax.algorithms.losses import gspo_loss, ppo_clip_loss, response_mean, sapo_loss, token_mean
+from relax.algorithms.losses import (
+    cispo_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    response_mean,
+    rloo_loss,
+    sapo_loss,
+    token_mean,
+)
 from relax.algorithms.normalization import (
     NormalizationStats,
     masked_population_normalize,
@@ -55,6 +67,7 @@ __all__ = [
     "PolicyLossSettings",
     "NormalizationStats",
     "approx_kl",
+    "cispo_loss",
     "compute_advantages_and_returns",
     "compute_policy_loss",
     "get_estimator",
@@ -68,6 +81,8 @@ __all__ = [
     "reinforce_plus_plus_baseline_advantages",
     "reinforce_plus_plus_returns",
     "response_mean",
+    "rloo_advantages",
+    "rloo_loss",
     "sapo_loss",
     "tis_weights",
     "token_mean",

@@ -1,4 +1,4 @@
-"""Raw returns and advantages of the five estimators (reinforce_plus_plus.md §3, 4, 5).
+"""Raw returns and advantages of the estimators (reinforce_plus_plus.md §3, 4, 5, 5a).
 
 All functions are pure: tensors in, tensors out, no process group (a prompt group never
 straddles data-parallel ranks). Sums are accumulated in float64; outputs are exactly 0
@@ -121,6 +121,27 @@ def group_relative_advantages(
     return broadcast_masked(adv, m, compute_dtype(rewards))
 
 
+def rloo_advantages(rewards: Tensor, group_index: Tensor, mask: Tensor) -> Tensor:
+    """RLOO leave-one-out advantage ``[B, T]`` (reinforce_plus_plus.md §5a), on valid tokens.
+
+        b_i = (sum_{j in g, j != i} rewards[j]) / (n_g - 1)   (every other member of the group)
+        A_i = rewards[i] - b_i                                (never divided by a std)
+
+    A group of one has no other member to form a baseline: its ``A`` is 0 (the configuration
+    requires two samples per prompt, so only a hand-built batch has one). Rewards must be
+    finite (the scorer guarantees it): a non-finite reward would reach every member of its
+    group through the baseline.
+    """
+    m = as_bool_mask(mask)
+    check_per_response(rewards, m, "rewards")
+    check_group_index(group_index, m)
+    r = rewards.detach().double()
+    count, total = group_count_and_sum(r, group_index)
+    baseline = (total - r) / (count - 1).clamp(min=1)  # the sum without i, over the others
+    adv = torch.where(count > 1, r - baseline, 0.0)
+    return broadcast_masked(adv, m, compute_dtype(rewards))
+
+
 def broadcast_masked(per_response: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
     """``[B]`` values on the valid tokens of a bool ``[B, T]`` mask, 0 elsewhere, in ``dtype``."""
     return torch.where(mask, per_response[:, None], 0.0).to(dtype)
@@ -129,10 +150,16 @@ def broadcast_masked(per_response: Tensor, mask: Tensor, dtype: torch.dtype) -> 
 def group_mean_std(rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor]:
     """Each response's group mean and Bessel std (ddof = 1; 0 for a group of one), float64 ``[B]``."""
     r = rewards.detach().double()
+    count, total = group_count_and_sum(r, group_index)
+    mean = total / count
+    _, squares = group_count_and_sum((r - mean).square(), group_index)
+    std = torch.where(count > 1, squares / (count - 1).clamp(min=1), 0.0).sqrt()
+    return mean, std
+
+
+def group_count_and_sum(r: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor]:
+    """Each response's group size and group reward sum, ``[B]`` in ``r``'s dtype."""
     _, inverse = torch.unique(group_index, return_inverse=True)
     zeros = torch.zeros_like(r)
     count = zeros.index_add(0, inverse, torch.ones_like(r))[inverse]
-    mean = zeros.index_add(0, inverse, r)[inverse] / count
-    squares = zeros.index_add(0, inverse, (r - mean).square())[inverse]
-    std = torch.where(count > 1, squares / (count - 1).clamp(min=1), 0.0).sqrt()
-    return mean, std
+    return count, zeros.index_add(0, inverse, r)[inverse]

@@ -2,10 +2,11 @@
 
 Three separate pieces, tested separately:
 
-* per-token losses: :func:`ppo_clip_loss`, :func:`gspo_loss`, :func:`sapo_loss`, each
-  ``[B, T] -> [B, T]``, 0 outside the mask;
-* reductions: :func:`response_mean` (the objective of every estimator) and :func:`token_mean`
-  (``--calculate-per-token-loss``, group-relative family only);
+* per-token losses: :func:`ppo_clip_loss`, :func:`gspo_loss`, :func:`sapo_loss`,
+  :func:`cispo_loss`, :func:`rloo_loss`, each ``[B, T] -> [B, T]``, 0 outside the mask;
+* reductions: :func:`response_mean` (the default objective) and :func:`token_mean`
+  (``--calculate-per-token-loss``: optional for grpo/gspo/sapo, the objective of rloo and
+  cispo, reinforce_plus_plus.md §5a, §5b);
 * the distributed denominator: ``num_responses`` / ``num_tokens`` are passed in by the caller
   (the optimizer step's global count), so summing the per-micro-batch, per-rank values gives
   the whole-batch objective and its gradient.
@@ -120,6 +121,51 @@ def sapo_loss(
                       torch.tensor(tau_neg, dtype=lp.dtype, device=lp.device))
     pg = -(4.0 * torch.sigmoid(tau * (rho - 1.0)) / tau) * adv
     return torch.where(m, pg, 0.0)
+
+
+def cispo_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """CISPO per token: a capped, detached importance weight times the REINFORCE term
+    (reinforce_plus_plus.md §5b).
+
+        rho = exp(log_probs - old_log_probs)                         (no clamp)
+        w   = min(rho, 1 + eps_clip_high)   where A >= 0
+              max(rho, 1 - eps_clip)        where A <  0
+        pg  = -sg(w) * A * log_probs
+
+    The bound sits where the PPO clip would zero a token's gradient; here the token keeps it,
+    scaled by the bound. Args ``[B, T]``; returns ``(pg [B, T], clipped [B, T] bool)``,
+    ``clipped`` marking the valid tokens whose weight the bound set. The gradient flows into
+    ``log_probs`` only, through the log-prob factor: ``d pg / d log_probs = -w * A``.
+    """
+    m, lp, old, adv = _masked_inputs(log_probs, old_log_probs, advantages, mask)
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    rho = torch.exp(lp.detach() - old)
+    positive = adv >= 0
+    w = torch.where(positive, rho.clamp(max=1.0 + high), rho.clamp(min=1.0 - eps_clip))
+    clipped = torch.where(positive, rho > 1.0 + high, rho < 1.0 - eps_clip)
+    return torch.where(m, -w * adv * lp, 0.0), clipped & m
+
+
+def rloo_loss(log_probs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """RLOO's unclipped REINFORCE term per token, ``pg = -sg(A) * log_probs``
+    (reinforce_plus_plus.md §5a): no importance ratio, so it is only the policy gradient on
+    tokens the current policy sampled (the configuration enforces one optimizer step per
+    rollout). Args ``[B, T]``; returns ``pg`` ``[B, T]``."""
+    m = as_bool_mask(mask)
+    check_like_mask(log_probs, m, "log_probs")
+    check_like_mask(advantages, m, "advantages")
+    dtype = compute_dtype(log_probs, advantages)
+    lp = torch.where(m, log_probs.to(dtype), 0.0)
+    adv = torch.where(m, advantages.detach().to(dtype), 0.0)
+    return torch.where(m, -adv * lp, 0.0)
 
 
 def _masked_values(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -25,8 +25,9 @@ from relax.algorithms.advantages import (
     group_relative_advantages,
     reinforce_plus_plus_baseline_advantages,
     reinforce_plus_plus_returns,
+    rloo_advantages,
 )
-from relax.algorithms.losses import gspo_loss, ppo_clip_loss, sapo_loss
+from relax.algorithms.losses import cispo_loss, gspo_loss, ppo_clip_loss, rloo_loss, sapo_loss
 from relax.algorithms.normalization import (
     NormalizationStats,
     masked_moments,
@@ -97,6 +98,10 @@ def _group_relative(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
                                      std_normalization=s.std_normalization)
 
 
+def _leave_one_out(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
+    return rloo_advantages(b.rewards, b.group_index, b.mask)
+
+
 def _ppo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
     return ppo_clip_loss(lp, old, adv, mask, eps_clip=p.eps_clip,
                          eps_clip_high=p.eps_clip_high, eps_clip_c=p.eps_clip_c)
@@ -111,6 +116,15 @@ def _sapo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
     return pg, torch.zeros_like(pg, dtype=torch.bool)  # no clip: nothing is ever clipped
 
 
+def _cispo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
+    return cispo_loss(lp, old, adv, mask, eps_clip=p.eps_clip, eps_clip_high=p.eps_clip_high)
+
+
+def _rloo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
+    pg = rloo_loss(lp, adv, mask)  # no ratio: pi_old is not read (§5a)
+    return pg, torch.zeros_like(pg, dtype=torch.bool)
+
+
 @dataclass(frozen=True)
 class Estimator:
     facts: EstimatorFacts
@@ -122,13 +136,16 @@ class Estimator:
         return self.facts.name
 
 
-_POLICY_LOSSES = {"ppo_clip": _ppo, "gspo": _gspo, "sapo": _sapo}
+_POLICY_LOSSES = {"ppo_clip": _ppo, "gspo": _gspo, "sapo": _sapo, "cispo": _cispo,
+                  "rloo": _rloo}
 _RAW_ADVANTAGES = {
     "reinforce_plus_plus": _rpp_returns,
     "reinforce_plus_plus_baseline": _baseline,
     "grpo": _group_relative,
     "gspo": _group_relative,
     "sapo": _group_relative,
+    "cispo": _group_relative,
+    "rloo": _leave_one_out,
 }
 ESTIMATORS: dict[str, Estimator] = {
     name: Estimator(f, _RAW_ADVANTAGES[name], _POLICY_LOSSES[f.policy_loss])
@@ -148,6 +165,9 @@ def _checked_batch(f: EstimatorFacts, s: AdvantageSettings, rewards, mask, group
             f"estimator {f.name!r} requires normalize_advantages=True "
             "(reinforce_plus_plus.md §6: the global masked normalization is part of its definition)"
         )
+    if f.normalization == "none" and s.normalize_advantages:
+        raise ValueError(f"{f.name} requires normalize_advantages=False (reinforce_plus_plus.md "
+                         f"{f.section}: the advantage keeps the reward's scale)")
     if s.kl_coef != 0 and not f.kl_in_reward:
         raise ValueError(f"{f.name} requires kl_coef == 0 (reinforce_plus_plus.md {f.section}: "
                          "no KL in the advantage)")
@@ -206,7 +226,7 @@ def _rollout_metrics(rewards: Tensor, stats: NormalizationStats, group) -> dict[
     reward_sums = all_reduce(torch.stack([rewards.detach().double().sum(), count]), group)
     return {
         "rollout/raw_reward": reward_sums[0] / reward_sums[1].clamp(min=1.0),
-        # returns are the raw advantages for every estimator (§3, 4, 5)
+        # returns are the raw advantages for every estimator (§3, 4, 5, 5a, 5b)
         "rollout/returns": stats.mean,
         "rollout/advantages": stats.normalized_mean,
         "rollout/advantage_raw_mean": stats.mean,
@@ -230,7 +250,8 @@ def compute_policy_loss(
     """The estimator's per-token policy loss ``(pg [B, T], clipped [B, T] bool)`` (§7).
 
     ``settings`` (or the same fields as keywords: ``eps_clip``, ``eps_clip_high``,
-    ``eps_clip_c``, ``tau_pos``, ``tau_neg``). SAPO has no clip; its ``clipped`` is all False."""
+    ``eps_clip_c``, ``tau_pos``, ``tau_neg``). SAPO and RLOO have no clip; their ``clipped`` is
+    all False."""
     if settings is None:
         settings = PolicyLossSettings(**knobs)
     return get_estimator(estimator).policy_loss(log_probs, old_log_probs, advantages, mask, settings)

@@ -62,11 +62,11 @@ class TrainConfig:
     # algorithm
     advantage_estimator: str = option(
         "grpo", "The advantage estimator and with it the policy loss "
-        "(reinforce_plus_plus.md §3-§5, 7).", group="algorithm", choices=ESTIMATOR_NAMES)
+        "(reinforce_plus_plus.md §3-§5b, 7).", group="algorithm", choices=ESTIMATOR_NAMES)
     normalize_advantages: bool = option(
         False, "REINFORCE++ variants: global masked population normalization, "
-        "required (reinforce_plus_plus.md §6, 8). grpo/gspo/sapo: masked_whiten "
-        "(reinforce_plus_plus.md §5).", group="algorithm")
+        "required (reinforce_plus_plus.md §6, 8). grpo/gspo/sapo/cispo: masked_whiten "
+        "(reinforce_plus_plus.md §5); rejected for rloo (§5a).", group="algorithm")
     gamma: float = option(
         1.0, "Discount of the reward-to-go return, in (0, 1]; only "
         "reinforce_plus_plus reads it (reinforce_plus_plus.md §3).", group="algorithm")
@@ -89,11 +89,13 @@ class TrainConfig:
         0.0, "Entropy bonus weight, >= 0: loss -= coef * entropy "
         "(reinforce_plus_plus.md §7).", group="algorithm")
     eps_clip: float = option(
-        0.2, "Lower PPO clip eps_low, in (0, 1) (reinforce_plus_plus.md §7); not "
-        "for sapo.", group="algorithm")
+        0.2, "Lower PPO clip eps_low, in (0, 1) (reinforce_plus_plus.md §7); cispo: "
+        "its weight's floor 1 - eps_low for A < 0 (§5b); not for sapo or rloo.",
+        group="algorithm")
     eps_clip_high: float | None = option(
-        None, "Upper PPO clip eps_high > 0 (reinforce_plus_plus.md §7); "
-        "not for sapo.", default_text='--eps-clip', group="algorithm")
+        None, "Upper PPO clip eps_high > 0 (reinforce_plus_plus.md §7); cispo: its "
+        "weight's cap 1 + eps_high for A >= 0 (§5b); not for sapo or rloo.",
+        default_text='--eps-clip', group="algorithm")
     eps_clip_c: float | None = option(
         None, "Dual-clip bound c > 1 for negative advantages "
         "(reinforce_plus_plus.md §7); grpo and the REINFORCE++ variants only.",
@@ -105,15 +107,16 @@ class TrainConfig:
         1.05, "SAPO gate temperature for A <= 0 (reinforce_plus_plus.md §7); sapo "
         "only.", group="algorithm")
     disable_grpo_std_normalization: bool = option(
-        False, "grpo/gspo/sapo: do not divide the group-centred reward by the "
+        False, "grpo/gspo/sapo/cispo: do not divide the group-centred reward by the "
         "group std (reinforce_plus_plus.md §5).", group="algorithm")
     calculate_per_token_loss: bool = option(
-        False, "grpo/gspo/sapo: global token-mean reduction; "
-        "rejected for the REINFORCE++ variants (reinforce_plus_plus.md §7, 8).",
+        False, "grpo/gspo/sapo: global token-mean reduction; required for rloo and "
+        "cispo (§5a, §5b); rejected for the REINFORCE++ variants (reinforce_plus_plus.md §7, 8).",
         default_note='response mean', group="algorithm")
     custom_advantage_function_path: str | None = option(
         None, "'module:function' or 'file.py:function' replacing the advantage "
-        "of grpo/gspo/sapo; rejected for the REINFORCE++ variants (reinforce_plus_plus.md §8).",
+        "of grpo/gspo/sapo/cispo/rloo; rejected for the REINFORCE++ variants "
+        "(reinforce_plus_plus.md §8).",
         group="algorithm")
     custom_reward_post_process_path: str | None = option(
         None, "'module:function' or 'file.py:function' post-processing rewards; "
@@ -123,7 +126,8 @@ class TrainConfig:
     # off-policy (reinforce_plus_plus.md §7a)
     use_rollout_logprobs: bool = option(
         False, "pi_old of the PPO ratio is the sampler's log-prob of each token (kept by the "
-        "decode, no extra pass) instead of the trainer's.", group="off-policy")
+        "decode, no extra pass) instead of the trainer's; rejected for rloo (no ratio).",
+        group="off-policy")
     get_mismatch_metrics: bool | None = option(
         None, "rollout/logprob_abs_diff (mean, max), rollout/mismatch_k1, _k3 and "
         "_ratio_outside between the sampler's and the trainer's log-probs of the trained "

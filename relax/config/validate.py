@@ -12,7 +12,8 @@ The rules, in the order they are checked:
 1. value ranges of single flags (finite, positive, in (0, 1], ...);
 2. KL: ``--kl-coef`` and ``--kl-loss-coef`` never both nonzero, then the estimator's KL facts;
 3. the reinforce_plus_plus.md §8 rows for both REINFORCE++ variants and the modes that no
-   estimator implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1);
+   estimator implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1),
+   then the rules of rloo and cispo (``estimator_rules.py``);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
 5. environments (``--env``), data, reward, model paths, run directories, evaluation
    (``eval_flags.py``);
@@ -40,6 +41,7 @@ from relax.config.checks import (
     reject,
 )
 from relax.config.constants import BUILTIN_FILTER_NAMES
+from relax.config.estimator_rules import check_estimator_rules
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
 from relax.config.off_policy import check_off_policy
@@ -98,7 +100,6 @@ _RANGES = {
 }
 
 
-
 # --------------------------------------------------------------------------- 2-4. algorithm
 
 def _check_kl(cfg: TrainConfig) -> None:
@@ -152,13 +153,6 @@ def _check_modes(cfg: TrainConfig) -> None:
         raise ConfigError(f"--advantage-estimator {f.name}", "requires --normalize-advantages "
                           "(the global token normalization of reinforce_plus_plus.md §6 is part "
                           "of the estimator); add --normalize-advantages")
-    if cfg.calculate_per_token_loss and not f.per_token_loss:
-        reject(cfg, "calculate_per_token_loss", f"{f.name}: the objective is the response "
-               "mean (reinforce_plus_plus.md §7); remove --calculate-per-token-loss")
-    if cfg.n_samples_per_prompt < f.min_samples_per_prompt:
-        reject(cfg, "n_samples_per_prompt", f"{f.name}: with one response per prompt every raw "
-               f"advantage would be 0 (reinforce_plus_plus.md {f.section}); set "
-               "--n-samples-per-prompt 8")
 
 
 def _check_estimator_specific(cfg: TrainConfig) -> None:
@@ -176,7 +170,7 @@ def _check_estimator_specific(cfg: TrainConfig) -> None:
                "--custom-advantage-function-path")
     if cfg.disable_grpo_std_normalization and not f.reads_std_normalization:
         reject(cfg, "disable_grpo_std_normalization", f"{f.name} never divides by a group "
-               "std, it uses the global token normalization (reinforce_plus_plus.md §6); remove it")
+               f"std (reinforce_plus_plus.md {f.section}); remove it")
     if not f.reads_gamma and cfg.gamma != _DEFAULTS["gamma"]:
         reject(cfg, "gamma", f"{f.name} has no per-token discounted return, only "
                "reinforce_plus_plus reads --gamma (reinforce_plus_plus.md §3); set --gamma 1.0")
@@ -465,6 +459,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     check_bounds(cfg)
     _check_kl(cfg)
     _check_modes(cfg)
+    check_estimator_rules(cfg)
     _check_estimator_specific(cfg)
     _check_env(cfg, explicit)
     _check_agents(cfg, explicit)

@@ -49,7 +49,7 @@ class LossSettings:
     kl_loss_type: str = "k1"
     kl_loss_coef: float = 0.0
     entropy_coef: float = 0.0
-    per_token: bool = False  # --calculate-per-token-loss (group-relative family only)
+    per_token: bool = False  # --calculate-per-token-loss (required by rloo and cispo, §5a, §5b)
     temperature: float = 1.0
     bf16: bool = False  # forward passes under bf16 autocast (relax/precision.py)
     max_tokens: int | None = None  # token-budget micro-batches (relax/trainer/experience.py)
@@ -138,9 +138,10 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
 def inert_rows(mb: Experience, s: LossSettings) -> torch.Tensor | None:
     """[B] bool: responses whose loss and gradient are exactly zero, or None when no row can be.
 
-    Every reinforce_plus_plus.md §7 policy loss is ``-A * f(ratio)`` per token (PPO clip with dual clip, GSPO,
-    SAPO); with ``A = 0`` on every token of a response its terms are 0 and so is their gradient,
-    whatever the ratio. A KL loss or an entropy bonus adds terms that do not vanish.
+    Every policy loss is ``-A`` times a finite factor per token (reinforce_plus_plus.md §7: PPO
+    clip with dual clip, GSPO, SAPO; §5a, §5b: RLOO's ``log pi``, CISPO's ``sg(w) log pi``); with
+    ``A = 0`` on every token of a response its terms are 0 and so is their gradient, whatever
+    the ratio. A KL loss or an entropy bonus adds terms that do not vanish.
     """
     if s.use_kl_loss or s.entropy_coef:
         return None

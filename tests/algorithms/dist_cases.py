@@ -1,4 +1,5 @@
-"""Per-rank data and the worker for the two-process Gloo tests (reinforce_plus_plus.md §6).
+"""Per-rank data and the worker for the two-process Gloo tests (reinforce_plus_plus.md §6, and
+the global token mean of rloo and cispo, §5a, §5b).
 
 Kept out of ``test_*.py`` so spawned children import only this module, torch and relax.
 Every rank's data is a pure function of (case, rank), so the parent builds the same
@@ -28,10 +29,16 @@ DISPATCH_CASES = {
     "grpo": (dict(estimator="grpo"), False),
     "sapo_no_std": (dict(estimator="sapo", normalize_advantages=True, std_normalization=False),
                     False),
+    "cispo": (dict(estimator="cispo", normalize_advantages=True), False),
+    "rloo": (dict(estimator="rloo"), False),
+    "rloo_rank1_empty": (dict(estimator="rloo"), True),
     "rpp_rank1_empty": (RPP, True),
     "grpo_whiten_rank1_empty": (GRPO_WHITEN, True),
 }
 DISPATCH_B, DISPATCH_T, GROUP_SIZE = 6, 9, 3
+# policy losses reduced by the global token mean, rank 1 with one fully masked row
+TOKEN_LOSSES = ("cispo", "rloo")
+CISPO_CLIP = dict(eps_clip=0.2, eps_clip_high=0.28)
 
 
 def _holes_mask(rng, B, T) -> np.ndarray:
@@ -88,6 +95,39 @@ def dispatch_data(rank: int, rank1_empty: bool = False, dtype=torch.float32) -> 
                 ref_log_probs=torch.tensor(refl, dtype=dtype))
 
 
+def loss_data(rank: int) -> dict:
+    """(log_probs, old, advantages float64 with sentinels outside the mask, mask) of a rank:
+    ratios on both sides of both CISPO bounds, advantages of both signs."""
+    rng = np.random.default_rng(8100 + rank)
+    B, T = (4, 7) if rank == 0 else (5, 7)
+    mask = _holes_mask(rng, B, T)
+    if rank == 1:
+        mask[2] = False
+    old = rng.normal(-1.5, 0.6, size=(B, T))
+    lp = old + rng.normal(0.0, 0.5, size=(B, T))
+    adv = rng.normal(0.0, 1.0, size=(B, T))
+    out = {k: torch.tensor(np.where(mask, v, NAN), dtype=torch.float64)
+           for k, v in (("log_probs", lp), ("old", old), ("advantages", adv))}
+    return {**out, "mask": torch.from_numpy(mask)}
+
+
+def token_loss(kind: str, data: dict, group) -> tuple:
+    """This rank's share of the global token mean of ``kind``'s loss and its gradient."""
+    import relax.algorithms as alg
+    from relax.collectives import all_reduce
+
+    mask = data["mask"]
+    count = all_reduce(mask.sum().to(torch.float64), group)
+    leaf = data["log_probs"].clone().requires_grad_(True)
+    if kind == "cispo":
+        pg = alg.cispo_loss(leaf, data["old"], data["advantages"], mask, **CISPO_CLIP)[0]
+    else:
+        pg = alg.rloo_loss(leaf, data["advantages"], mask)
+    loss = alg.token_mean(pg, mask, num_tokens=count)
+    loss.backward()
+    return loss.detach(), leaf.grad.clone(), float(count)
+
+
 def _stats_dict(stats) -> dict:
     return {k: getattr(stats, k).detach().clone() for k in
             ("mean", "var", "count", "zero_variance", "normalized_mean", "normalized_std")}
@@ -133,6 +173,8 @@ def worker() -> dict:
             return o.advantages, o.returns, {k: v.clone() for k, v in o.metrics.items()}
 
         out[("dispatch", name)] = _attempt(dispatch)
+    for kind in TOKEN_LOSSES:
+        out[("token_loss", kind)] = _attempt(lambda k=kind: token_loss(k, loss_data(rank), group))
     values, mask = normalize_data("empty", rank)
     out[("normalize", "empty")] = _attempt(
         lambda: alg.masked_population_normalize(values, mask, group=group))

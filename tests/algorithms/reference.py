@@ -149,6 +149,21 @@ def group_relative_advantages(rewards, group_index, mask, *,
     return out
 
 
+def rloo_advantages(rewards, group_index, mask) -> np.ndarray:
+    """§5a: A_i = R_i - mean of the OTHER members' rewards (a group of one: A = 0)."""
+    m = as_mask(mask)
+    R = f64(rewards)
+    out = np.zeros(m.shape, dtype=np.float64)
+    for members in _groups(group_index).values():
+        for i in members:
+            others = [float(R[j]) for j in members if j != i]
+            a = float(R[i]) - sum(others) / len(others) if others else 0.0
+            for t in range(m.shape[1]):
+                if m[i, t]:
+                    out[i, t] = a
+    return out
+
+
 # ---------------------------------------------------------- normalization (§5, §6)
 
 
@@ -288,6 +303,32 @@ def sapo_loss(log_probs, old_log_probs, advantages, mask, *, tau_pos=1.0, tau_ne
     return pg
 
 
+def cispo_loss(log_probs, old_log_probs, advantages, mask, *, eps_clip=0.2, eps_clip_high=None):
+    """§5b: pg = -w * A * logp, w = min(rho, 1 + eps_high) for A >= 0, max(rho, 1 - eps_low)
+    for A < 0. Returns (pg, w, clipped), all [B, T]; w is the constant d pg / d logp = -w A."""
+    lp, old, A, m = f64(log_probs), f64(old_log_probs), f64(advantages), as_mask(mask)
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    pg, w = np.zeros(m.shape), np.zeros(m.shape)
+    flags = np.zeros(m.shape, dtype=bool)
+    for idx in np.ndindex(m.shape):
+        if m[idx]:
+            rho, a = math.exp(float(lp[idx]) - float(old[idx])), float(A[idx])
+            bounded = min(rho, 1.0 + eps_high) if a >= 0 else max(rho, 1.0 - eps_clip)
+            w[idx], flags[idx] = bounded, bounded != rho
+            pg[idx] = -bounded * a * float(lp[idx])
+    return pg, w, flags
+
+
+def rloo_loss(log_probs, advantages, mask) -> np.ndarray:
+    """§5a: pg = -A * logp on valid tokens (no ratio)."""
+    lp, A, m = f64(log_probs), f64(advantages), as_mask(mask)
+    pg = np.zeros(m.shape)
+    for idx in np.ndindex(m.shape):
+        if m[idx]:
+            pg[idx] = -float(A[idx]) * float(lp[idx])
+    return pg
+
+
 def response_mean(values, mask, *, num_responses=None) -> float:
     """(1/B) sum_i (1/L_i) sum_t m v; L_i = 0 rows count in B and add 0."""
     v, m = f64(values), as_mask(mask)
@@ -332,10 +373,13 @@ def advantages_and_returns(estimator: str, rewards, mask, *, group_index=None,
     elif estimator == "reinforce_plus_plus_baseline":
         raw = baseline_advantages(rewards, group_index, m)
         returns = raw
-    elif estimator in ("grpo", "gspo", "sapo"):
+    elif estimator in ("grpo", "gspo", "sapo", "cispo"):
         raw = group_relative_advantages(rewards, group_index, m,
                                         std_normalization=std_normalization)
         returns = raw
+    elif estimator == "rloo":
+        assert not normalize_advantages, "§5a: rloo is never normalized"
+        raw = returns = rloo_advantages(rewards, group_index, m)
     else:
         raise ValueError(estimator)
     vals = _valid_values([raw], [m])

@@ -1,4 +1,4 @@
-"""Integration: compute_advantages_and_returns end to end for all five estimators.
+"""Integration: compute_advantages_and_returns end to end for every estimator.
 
 Advantages, returns and every ``rollout/...`` metric are checked against the float64
 reference dispatcher (tests/algorithms/reference.py), which composes only reference math.
@@ -39,6 +39,10 @@ CASES = [
                                 std_normalization=False)),
     ("gspo", dict(estimator="gspo")),
     ("sapo", dict(estimator="sapo", normalize_advantages=True)),
+    ("cispo", dict(estimator="cispo")),
+    ("cispo_whiten_no_std", dict(estimator="cispo", normalize_advantages=True,
+                                 std_normalization=False)),
+    ("rloo", dict(estimator="rloo")),
 ]
 
 
@@ -146,15 +150,17 @@ def test_unknown_estimator_lists_valid_names():
                                          normalize_advantages=True)
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi)
     for name in ("estimator", "reinforce_minus_minus", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                 "grpo", "gspo", "sapo"):
+                 "grpo", "gspo", "sapo", "cispo", "rloo"):
         assert name in str(err.value)
 
 
-@pytest.mark.parametrize("estimator", ["reinforce_plus_plus_baseline", "grpo", "gspo", "sapo"])
+@pytest.mark.parametrize("estimator", ["reinforce_plus_plus_baseline", "grpo", "gspo", "sapo",
+                                       "cispo", "rloo"])
 def test_group_estimators_require_group_index(estimator):
     _, rewards, mask, gi, old, refl = make_rollout(16)
     with pytest.raises(ValueError, match="group_index"):
-        settings = alg.AdvantageSettings(estimator=estimator, normalize_advantages=True)
+        settings = alg.AdvantageSettings(estimator=estimator,
+                                         normalize_advantages=estimator != "rloo")
         alg.compute_advantages_and_returns(settings, rewards, mask)
 
 
@@ -176,3 +182,23 @@ def test_dispatcher_bad_shapes_name_argument():
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi[:-1])
     with pytest.raises(ValueError, match="group_index"):
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi.float())
+
+
+def test_rloo_rejects_normalize_advantages():
+    """§5a: the leave-one-out advantage keeps the reward's scale; whitening it is refused."""
+    _, rewards, mask, gi, old, refl = make_rollout(19)
+    with pytest.raises(ValueError, match="normalize_advantages=False"):
+        alg.compute_advantages_and_returns(
+            alg.AdvantageSettings(estimator="rloo", normalize_advantages=True), rewards, mask,
+            group_index=gi)
+
+
+def test_rloo_metrics_are_the_raw_advantage():
+    """§5a, §10: no normalization, so the normalized moments are the raw ones."""
+    _, rewards, mask, gi, old, refl = make_rollout(20)
+    out, (adv, _, metrics) = run_both(dict(estimator="rloo"), rewards, mask, gi, old, refl)
+    assert torch.equal(out.advantages, out.returns)
+    assert float(out.metrics["rollout/advantage_normalized_std"]) == pytest.approx(
+        float(out.metrics["rollout/advantage_raw_std"]), rel=1e-12)
+    assert float(out.advantages.abs().max()) > 0.1  # rewards in {0, 1}: a real signal
+    check_metrics(out.metrics, metrics, torch.float32)

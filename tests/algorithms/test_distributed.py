@@ -118,6 +118,34 @@ def test_dispatcher_distributed_equals_single_process(results, name):
                 f"{name} rank {rank} {key}: {got}, reference {want}"
 
 
+@pytest.mark.parametrize("kind", dc.TOKEN_LOSSES)
+def test_token_mean_loss_across_ranks_equals_the_concatenated_batch(results, kind):
+    """§5a, §5b: each rank divides by the global token count, so the ranks' losses add up to
+    the whole batch's token mean and each rank's gradient is its slice of the whole gradient
+    (``-w A / N`` for cispo, ``-A / N`` for rloo, float64 reference)."""
+    data = [dc.loss_data(rank) for rank in range(dc.WORLD)]
+    masks = [d["mask"] for d in data]
+    n = sum(int(m.sum()) for m in masks)
+    total, pgs, grads = 0.0, [], []
+    for d in data:
+        if kind == "cispo":
+            pg, w, _ = ref.cispo_loss(d["log_probs"], d["old"], d["advantages"], d["mask"],
+                                      **dc.CISPO_CLIP)
+        else:
+            pg = ref.rloo_loss(d["log_probs"], d["advantages"], d["mask"])
+            w = np.where(d["mask"].numpy(), 1.0, 0.0)
+        pgs.append(pg)
+        grads.append(np.where(d["mask"].numpy(), -w * ref.f64(d["advantages"]) / n, 0.0))
+    want = ref.masked_token_mean_global(pgs, masks)
+    for rank, (loss, grad, count) in enumerate(_ok(results, ("token_loss", kind))):
+        assert count == n
+        total += float(loss)
+        assert_ref(grad, grads[rank], torch.float64, what=f"{kind} rank {rank} gradient")
+        assert_zero_outside(grad, masks[rank])
+    assert total == pytest.approx(want, rel=1e-12, abs=1e-12)
+    assert float(np.abs(grads[1]).max()) > 0  # rank 1 trains on its own tokens
+
+
 # ------------------------------------------------------------ run_distributed itself
 
 

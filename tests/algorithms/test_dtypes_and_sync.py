@@ -47,6 +47,9 @@ def test_low_precision_inputs_give_float32_outputs(dtype):
         "gspo": (alg.gspo_loss(lp, old, A, mask, eps_clip=0.2)[0],
                  ref.gspo_loss(lp, old, A, mask)[0]),
         "sapo": (alg.sapo_loss(lp, old, A, mask), ref.sapo_loss(lp, old, A, mask)),
+        "rloo_advantages": (alg.rloo_advantages(R, gi, mask), ref.rloo_advantages(R, gi, mask)),
+        "cispo": (alg.cispo_loss(lp, old, A, mask)[0], ref.cispo_loss(lp, old, A, mask)[0]),
+        "rloo": (alg.rloo_loss(lp, A, mask), ref.rloo_loss(lp, A, mask)),
         "kl": (alg.approx_kl(lp, old, "k3"), ref.approx_kl(lp, old, "k3")),
     }
     for name, (got, expected) in checks.items():
@@ -86,6 +89,8 @@ def test_no_host_sync_in_normalization_returns_and_losses(dtype):
         alg.ppo_clip_loss(lp, v, v, mask, eps_clip_c=3.0)[0],
         alg.gspo_loss(lp, v, v, mask, eps_clip=0.2)[0],
         alg.sapo_loss(lp, v, v, mask),
+        alg.cispo_loss(lp, v, v, mask, eps_clip_high=0.28)[0],
+        alg.rloo_loss(lp, v, mask),
     ]
     for pg in losses:
         loss = alg.response_mean(pg, mask, num_responses=7) + alg.token_mean(pg, mask)

@@ -106,6 +106,8 @@ LOSSES = {
     "ppo": lambda x, o, a, m: alg.ppo_clip_loss(x, o, a, m, eps_clip_c=3.0)[0],
     "gspo": lambda x, o, a, m: alg.gspo_loss(x, o, a, m, eps_clip=0.2)[0],
     "sapo": lambda x, o, a, m: alg.sapo_loss(x, o, a, m),
+    "cispo": lambda x, o, a, m: alg.cispo_loss(x, o, a, m, eps_clip_high=0.28)[0],
+    "rloo": lambda x, o, a, m: alg.rloo_loss(x, a, m),
 }
 
 

@@ -201,7 +201,7 @@ def test_k2_loss_response_reduced():
 # -------------------------------------------------- gradients and masked sentinels
 
 
-LOSSES = ["ppo", "ppo_dual", "gspo", "sapo"]
+LOSSES = ["ppo", "ppo_dual", "gspo", "sapo", "cispo", "rloo"]
 
 
 def _loss_tokens(kind, lp, old, A, mask):
@@ -211,11 +211,23 @@ def _loss_tokens(kind, lp, old, A, mask):
         return alg.ppo_clip_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_c=3.0)[0]
     if kind == "gspo":
         return alg.gspo_loss(lp, old, A, mask, eps_clip=0.2)[0]
+    if kind == "cispo":
+        return alg.cispo_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_high=0.28)[0]
+    if kind == "rloo":
+        return alg.rloo_loss(lp, A, mask)
     return alg.sapo_loss(lp, old, A, mask)
 
 
-def _ref_objective(kind, lp, old, A, mask):
-    if kind == "ppo":
+def _ref_objective(kind, lp, old, A, mask, at=None):
+    """The float64 objective; ``at``: where CISPO's detached weight is read (default ``lp``),
+    so finite differences see ``-w A logp`` with ``w`` a constant (§5b)."""
+    if kind == "cispo":
+        w = ref.cispo_loss(lp if at is None else at, old, A, mask, eps_clip=0.2,
+                           eps_clip_high=0.28)[1]
+        pg = np.where(ref.as_mask(mask), -w * ref.f64(A) * ref.f64(lp), 0.0)
+    elif kind == "rloo":
+        pg = ref.rloo_loss(lp, A, mask)
+    elif kind == "ppo":
         pg = ref.ppo_clip_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_high=0.28)[0]
     elif kind == "ppo_dual":
         pg = ref.ppo_clip_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_c=3.0)[0]
@@ -251,8 +263,8 @@ def test_gradient_matches_reference_finite_differences(kind):
         up, dn = base.copy(), base.copy()
         up[idx] += h
         dn[idx] -= h
-        fd[idx] = (_ref_objective(kind, up, old, A, mask)
-                   - _ref_objective(kind, dn, old, A, mask)) / (2 * h)
+        fd[idx] = (_ref_objective(kind, up, old, A, mask, at=base)
+                   - _ref_objective(kind, dn, old, A, mask, at=base)) / (2 * h)
     np.testing.assert_allclose(g.numpy(), fd, rtol=1e-5, atol=1e-7)
     assert_zero_outside(g, mask)
 
@@ -297,7 +309,8 @@ def test_micro_batch_additivity(kind, dtype):
 # ------------------------------------------------------------- registry and dispatch
 
 EXPECTED_LOSS = {"reinforce_plus_plus": "ppo_clip", "reinforce_plus_plus_baseline": "ppo_clip",
-                 "grpo": "ppo_clip", "gspo": "gspo", "sapo": "sapo"}
+                 "grpo": "ppo_clip", "gspo": "gspo", "sapo": "sapo", "cispo": "cispo",
+                 "rloo": "rloo"}
 
 
 def test_estimator_table():
@@ -326,6 +339,12 @@ def test_compute_policy_loss_dispatch(estimator):
         rpg, _ = ref.ppo_clip_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_high=0.3)
     elif loss == "gspo":
         rpg, _ = ref.gspo_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_high=0.3)
+    elif loss == "cispo":
+        rpg, _, rflags = ref.cispo_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_high=0.3)
+        assert clipped.tolist() == rflags.tolist() and bool(clipped.any())
+    elif loss == "rloo":
+        rpg = ref.rloo_loss(lp, A, mask)
+        assert clipped.dtype == torch.bool and not bool(clipped.any())
     else:
         rpg = ref.sapo_loss(lp, old, A, mask, tau_pos=0.9, tau_neg=1.1)
         assert clipped.dtype == torch.bool and not bool(clipped.any())
@@ -333,7 +352,7 @@ def test_compute_policy_loss_dispatch(estimator):
     assert clipped.shape == mask.shape
 
 
-@pytest.mark.parametrize("fn", ["ppo_clip_loss", "gspo_loss", "sapo_loss"])
+@pytest.mark.parametrize("fn", ["ppo_clip_loss", "gspo_loss", "sapo_loss", "cispo_loss"])
 def test_loss_shape_mismatch_names_argument(fn):
     f = getattr(alg, fn)
     z, m = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)

@@ -96,7 +96,7 @@ def test_normalize_property(b):
     assert_zero_outside(whitened, m)
 
 
-@pytest.mark.parametrize("kind", ["ppo", "ppo_dual", "gspo", "sapo"])
+@pytest.mark.parametrize("kind", ["ppo", "ppo_dual", "gspo", "sapo", "cispo", "rloo"])
 @given(b=batches())
 def test_losses_property(kind, b):
     old = _values(b, -1.5, 0.5)
@@ -119,6 +119,13 @@ def test_losses_property(kind, b):
         pg, clipped = alg.gspo_loss(leaf, do, dA, m, eps_clip=eps_lo, eps_clip_high=eps_hi)
         rpg, rflags = ref.gspo_loss(lp, old, A, m, eps_clip=eps_lo, eps_clip_high=eps_hi)
         rho = ref.gspo_ratios(lp, old, m)[:, None] * np.ones(m.shape)
+    elif kind == "cispo":
+        pg, clipped = alg.cispo_loss(leaf, do, dA, m, eps_clip=eps_lo, eps_clip_high=eps_hi)
+        rpg, _, rflags = ref.cispo_loss(lp, old, A, m, eps_clip=eps_lo, eps_clip_high=eps_hi)
+        rho = np.exp(lp.double().numpy() - old.double().numpy())
+    elif kind == "rloo":
+        pg = alg.rloo_loss(leaf, dA, m)
+        clipped, rpg, rflags, rho = None, ref.rloo_loss(lp, A, m), None, None
     else:
         pg = alg.sapo_loss(leaf, do, dA, m)
         clipped, rpg, rflags, rho = None, ref.sapo_loss(lp, old, A, m), None, None

@@ -58,6 +58,9 @@ def test_non_contiguous_views_match_contiguous():
         (alg.gspo_loss(lp, old, A, mask, eps_clip=0.2)[0],
          alg.gspo_loss(c(lp), c(old), c(A), c(mask), eps_clip=0.2)[0]),
         (alg.sapo_loss(lp, old, A, mask), alg.sapo_loss(c(lp), c(old), c(A), c(mask))),
+        (alg.rloo_advantages(R, gi, mask), alg.rloo_advantages(c(R), c(gi), c(mask))),
+        (alg.cispo_loss(lp, old, A, mask)[0], alg.cispo_loss(c(lp), c(old), c(A), c(mask))[0]),
+        (alg.rloo_loss(lp, A, mask), alg.rloo_loss(c(lp), c(A), c(mask))),
     ]
     for k, (a, b) in enumerate(pairs):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"pair {k}")
@@ -89,10 +92,14 @@ def test_inputs_are_not_modified(dtype):
     alg.ppo_clip_loss(lp, old, A, mask, eps_clip_c=3.0)
     alg.gspo_loss(lp, old, A, mask, eps_clip=0.2)
     alg.sapo_loss(lp, old, A, mask)
+    alg.rloo_advantages(R, gi, mask)
+    alg.cispo_loss(lp, old, A, mask)
+    alg.rloo_loss(lp, A, mask)
     alg.response_mean(A, mask)
     alg.token_mean(A, mask)
     for est in alg.ESTIMATORS:
-        settings = alg.AdvantageSettings(estimator=est, normalize_advantages=True,
+        normalize = alg.ESTIMATORS[est].facts.normalization != "none"  # rloo: never (§5a)
+        settings = alg.AdvantageSettings(estimator=est, normalize_advantages=normalize,
                                          kl_coef=0.01 if est == "reinforce_plus_plus" else 0.0)
         alg.compute_advantages_and_returns(settings, R, mask, group_index=gi,
                                            old_log_probs=old, ref_log_probs=refl)

@@ -20,6 +20,8 @@ ACCEPTED = {
     "grpo": ["--advantage-estimator", "grpo"],
     "gspo": ["--advantage-estimator", "gspo"],
     "sapo": ["--advantage-estimator", "sapo"],
+    "cispo": ["--advantage-estimator", "cispo", "--calculate-per-token-loss"],
+    "rloo": ["--advantage-estimator", "rloo", "--calculate-per-token-loss"],
 }
 VARIANTS = {"rpp": RPP, "baseline": BASE}
 

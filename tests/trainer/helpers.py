@@ -25,6 +25,8 @@ RECIPES = {
     "grpo": ["--advantage-estimator", "grpo"],
     "gspo": ["--advantage-estimator", "gspo"],
     "sapo": ["--advantage-estimator", "sapo"],
+    "cispo": ["--advantage-estimator", "cispo", "--calculate-per-token-loss"],
+    "rloo": ["--advantage-estimator", "rloo", "--calculate-per-token-loss"],
 }
 
 # A reward that varies between samples of any model: the share of odd character codes.

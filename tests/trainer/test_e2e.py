@@ -42,6 +42,10 @@ def test_two_rollout_steps_per_estimator(estimator, tmp_path):
             assert abs(row["rollout/advantage_normalized_mean"]) < 1e-5
             assert row["rollout/advantage_normalized_std"] == pytest.approx(1.0, abs=1e-4)
             assert row["rollout/advantage_zero_variance"] == 0.0
+    if estimator == "rloo":  # reinforce_plus_plus.md §5a: no clip, no normalization
+        assert all(r["train/pg_clipfrac"] == 0.0 for r in rows)
+        assert all(r["rollout/advantage_normalized_std"] == pytest.approx(
+            r["rollout/advantage_raw_std"]) for r in rows)
     if estimator == "reinforce_plus_plus":
         # k1 shaping: the returns differ from the raw reward (§10)
         assert rows[1]["rollout/returns"] != pytest.approx(rows[1]["rollout/raw_reward"])

@@ -17,6 +17,8 @@ MICRO = [
     ("reinforce_plus_plus_baseline", False, False),
     ("reinforce_plus_plus_baseline", False, True),
     ("gspo", True, False),
+    ("cispo", True, False),  # the global token mean of reinforce_plus_plus.md §5a, §5b
+    ("rloo", True, False),
 ]
 # key -> one_step's arguments on each of the two ranks
 CASES = {

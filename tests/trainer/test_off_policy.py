@@ -77,10 +77,11 @@ def test_a_run_with_tis_and_opsm_logs_the_corrections_and_the_mismatch(tmp_path)
 
 
 @pytest.mark.parametrize("estimator", ["reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                                       "grpo", "gspo", "sapo"])
+                                       "grpo", "gspo", "sapo", "cispo", "rloo"])
 def test_the_weight_enters_every_estimators_policy_loss_and_not_the_kl_loss(model, estimator):
-    """reinforce_plus_plus.md §7a: pg' = w * pg for all five losses; the KL loss is not
-    weighted. A constant weight of 0.5 halves the policy loss exactly."""
+    """reinforce_plus_plus.md §7a: pg' = w * pg for every estimator's loss (for cispo the TIS
+    weight multiplies its own capped weight, §5b); the KL loss is not weighted. A constant
+    weight of 0.5 halves the policy loss exactly."""
     exp = fixed_experience(model)
     exp.rollout_log_probs = exp.old_log_probs.clone()
     s = dataclasses.replace(settings(estimator), entropy_coef=0.0, use_kl_loss=True,

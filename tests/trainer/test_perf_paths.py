@@ -41,7 +41,7 @@ def test_log_probs_and_entropy_against_a_float64_log_softmax(model):
     assert with_grad.requires_grad
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "gspo", "sapo"])
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "sapo", "cispo", "rloo"])
 def test_first_step_without_old_pass_equals_the_recomputed_old(model, estimator):
     """One optimizer step per rollout: using the update's own detached log-probs as pi_old
     gives the loss, metrics and gradient of a separate no-grad pass (up to rounding)."""
@@ -102,7 +102,8 @@ def test_cpu_threads():
 
 
 @pytest.mark.parametrize("estimator,per_token", [("grpo", False), ("gspo", False),
-                                                 ("sapo", False), ("grpo", True)])
+                                                 ("sapo", False), ("grpo", True),
+                                                 ("cispo", True), ("rloo", True)])
 def test_zero_advantage_rows_skip_the_backward_with_the_same_step(model, estimator, per_token,
                                                                   monkeypatch):
     """Two optimizer steps with old log-probs off the policy (ratios far from 1, clipping on):
