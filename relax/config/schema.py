@@ -43,6 +43,14 @@ from relax.config.fields import (
     seed_option,
     system_prompt_option,
 )
+from relax.config.reward_services import (
+    group_rm_option,
+    reward_max_concurrency_option,
+    rm_batch_size_option,
+    rm_retries_option,
+    rm_retry_backoff_option,
+    rm_url_option,
+)
 from relax.config.sections import (
     AlgorithmSection,
     BatchSection,
@@ -346,6 +354,14 @@ class TrainConfig:
     agent_timeout: float = option(
         600.0, "Seconds an agent episode may run; then its process group is "
         "killed and the episode fails (reward 0).", group="environments")
+
+    # rewards (relax/config/reward_services.py)
+    rm_url: str | None = rm_url_option()
+    reward_max_concurrency: int = reward_max_concurrency_option()
+    rm_batch_size: int = rm_batch_size_option()
+    rm_retries: int = rm_retries_option()
+    rm_retry_backoff: float = rm_retry_backoff_option()
+    group_rm: bool = group_rm_option()
 
     # run
     output_dir: str | None = option(
