@@ -13,7 +13,7 @@ from relax.config.gym_spec import ANSWER_FORMATS
 from relax.config.presets import BUILTIN_TASK_NAMES
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-RM_TYPES: tuple[str, ...] = ("math", "remote_rm", *BUILTIN_TASK_NAMES)
+RM_TYPES: tuple[str, ...] = ("math", "remote_rm", "genrm", *BUILTIN_TASK_NAMES)
 
 # Argument groups of ``relax train --help``, in order.
 GROUPS: dict[str, str] = {
@@ -191,7 +191,8 @@ def system_prompt_option():
 
 def rm_type_option():
     return option(None, "Reward for prompt files: math "
-                  "(math-verify answer check), remote_rm (relax train: the --rm-url server) "
+                  "(math-verify answer check), remote_rm (relax train: the --rm-url server), "
+                  "genrm (relax train: the --genrm-model-path judge) "
                   "or a built-in task's reward.",
                   default_text="the built-in task's reward", group="model and data",
                   choices=RM_TYPES)

@@ -1,5 +1,7 @@
 """Rewards served outside the reward function: the flags of a remote reward model
-(``--rm-type remote_rm --rm-url``), of group rewards (``--group-rm``) and their rules.
+(``--rm-type remote_rm --rm-url``), of group rewards (``--group-rm``), of a generative judge
+(``--rm-type genrm --genrm-model-path``; its template rules, shared with
+relax/rollout/genrm.py) and their rules.
 
 The fields are built here so relax/config/schema.py stays one line per flag; the rules run
 with the rest of validation (relax/config/validate.py) and, like it, never touch the network:
@@ -9,6 +11,8 @@ Torch-free.
 
 from __future__ import annotations
 
+import os
+import string
 from urllib.parse import urlsplit
 
 from relax.config.checks import reject
@@ -63,6 +67,63 @@ def group_rm_option():
         "returns one reward per member (pairwise or relative judgements).", group=GROUP)
 
 
+# The judge's prompt. {label} is the data row's label (a reasoning-gym item's "answer").
+DEFAULT_TEMPLATE = (
+    "You are grading a student's answer to a question.\n\n"
+    "Question:\n{prompt}\n\n"
+    "Reference answer: {label}\n\n"
+    "Student answer:\n{response}\n\n"
+    "Does the student's final answer match the reference answer? Reply with one word: "
+    "Yes or No.")
+TEMPLATE_FIELDS = ("prompt", "response", "label")
+REQUIRED_FIELDS = ("response",)
+MAX_TEMPLATE_BYTES = 1 << 16
+
+
+def template_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a judging template, or None: it must name ``{response}``, may
+    name ``{prompt}`` and ``{label}``, nothing else (``{{``/``}}`` are literal braces)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        return f"not a template ({e}); write literal braces as {{{{ and }}}}"
+    unknown = sorted({f for f in fields if f not in TEMPLATE_FIELDS})
+    if unknown:
+        return (f"unknown field {{{unknown[0]}}}; a template may use {{prompt}}, {{response}} "
+                "and {label}")
+    missing = [f for f in REQUIRED_FIELDS if f not in fields]
+    if missing:
+        return f"has no {{{missing[0]}}} field; the judge must see the response it judges"
+    return None
+
+
+def fill_template(template: str, *, prompt: str, response: str, label) -> str:
+    if isinstance(label, dict) and "answer" in label:  # a reasoning-gym item
+        label = label["answer"]
+    return template.format(prompt=prompt, response=response, label=label)
+
+
+def genrm_model_path_option():
+    return option(
+        None, "With --rm-type genrm: a Hugging Face causal LM directory whose greedy verdict on "
+        "each sample is its reward, decoded on the policy's device under the run's precision "
+        "(relax/rollout/genrm.py).", group=GROUP, metavar="DIR")
+
+
+def genrm_prompt_template_option():
+    return option(
+        None, "A text file: the judging prompt, with {response} and optionally {prompt} and "
+        "{label}; needs --rm-type genrm.", default_text="the template of "
+        "docs/reward_services.md", group=GROUP, metavar="FILE")
+
+
+def genrm_max_response_len_option():
+    return option(
+        16, "Most tokens of the judge's verdict; needs --rm-type genrm.", group=GROUP)
+
+
+_GENRM_ONLY = ("genrm_model_path", "genrm_prompt_template", "genrm_max_response_len")
+
 # the flags only the remote reward model reads
 _REMOTE_ONLY = ("rm_url", "reward_max_concurrency", "rm_batch_size", "rm_retries",
                 "rm_retry_backoff")
@@ -77,6 +138,12 @@ def check_reward_services(cfg, explicit: set[str]) -> None:
                    "remote_rm or remove this flag")
     if remote:
         _check_remote(cfg)
+    for dest in _GENRM_ONLY:
+        if dest in explicit and cfg.rm_type != "genrm":
+            reject(cfg, dest, "only applies to the generative judge; add --rm-type genrm or "
+                   "remove this flag")
+    if cfg.rm_type == "genrm":
+        _check_genrm(cfg)
     if cfg.group_rm:
         _check_group_rm(cfg)
 
@@ -119,3 +186,39 @@ def _check_group_rm(cfg) -> None:
         if getattr(cfg, dest):
             reject(cfg, ("group_rm", dest), "episodes are scored by their environment or "
                    "agent; remove --group-rm")
+
+
+def _check_genrm(cfg) -> None:
+    path = cfg.genrm_model_path
+    if path is None:
+        reject(cfg, "rm_type", "needs --genrm-model-path DIR, the judge's Hugging Face model "
+               "directory")
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        reject(cfg, "genrm_model_path", "not a Hugging Face model directory (no config.json); "
+               "point it at the judge model")
+    if not 1 <= cfg.genrm_max_response_len <= 4096:
+        reject(cfg, "genrm_max_response_len", "must lie in [1, 4096] tokens")
+    if cfg.eval_interval is not None:
+        reject(cfg, ("rm_type", "eval_interval"), "evaluation measures pass@k against a "
+               "verifiable reward; evaluate the saved model with relax eval and --rm-type math "
+               "or a reward function")
+    if cfg.genrm_prompt_template is not None:
+        problem = read_template_problem(cfg.genrm_prompt_template)
+        if problem:
+            reject(cfg, "genrm_prompt_template", problem)
+
+
+def read_template(path: str) -> str:
+    """The template file's text (UTF-8)."""
+    with open(path, encoding="utf-8") as f:
+        return f.read(MAX_TEMPLATE_BYTES + 1)
+
+
+def read_template_problem(path: str) -> str | None:
+    try:
+        text = read_template(path)
+    except (OSError, UnicodeDecodeError) as e:
+        return f"cannot read it ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+    if len(text.encode("utf-8")) > MAX_TEMPLATE_BYTES:
+        return f"larger than {MAX_TEMPLATE_BYTES} bytes; a judging prompt is a few lines"
+    return template_problem(text)

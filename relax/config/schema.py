@@ -44,6 +44,9 @@ from relax.config.fields import (
     system_prompt_option,
 )
 from relax.config.reward_services import (
+    genrm_max_response_len_option,
+    genrm_model_path_option,
+    genrm_prompt_template_option,
     group_rm_option,
     reward_max_concurrency_option,
     rm_batch_size_option,
@@ -362,6 +365,9 @@ class TrainConfig:
     rm_retries: int = rm_retries_option()
     rm_retry_backoff: float = rm_retry_backoff_option()
     group_rm: bool = group_rm_option()
+    genrm_model_path: str | None = genrm_model_path_option()
+    genrm_prompt_template: str | None = genrm_prompt_template_option()
+    genrm_max_response_len: int = genrm_max_response_len_option()
 
     # run
     output_dir: str | None = option(

@@ -27,13 +27,17 @@ class Scorer:
     """Rewards [B] float32 for one rank's samples; ``ctx`` gives rank, world size, group and
     device; ``tracker`` (relax/metrics/tracker.py) counts ``rollout/reward_errors``."""
 
-    def __init__(self, rollout, ctx, *, builtin_task: str | None, post_process_path: str | None):
-        """``rollout``: the configuration's section (relax/config/sections.py)."""
-        self.ctx = ctx
+    def __init__(self, rollout, ctx, *, builtin_task: str | None, post_process_path: str | None,
+                 judge=None):
+        """``rollout``: the configuration's section (relax/config/sections.py); ``judge``: the
+        GenerativeJudge of ``--rm-type genrm`` (relax/trainer/judge.py loads it)."""
+        self.ctx, self.judge = ctx, judge
         # a built-in task scores with its own reward unless told otherwise
         rm_type = rollout.rm_type or builtin_task
         self.remote = None
-        if rm_type == "remote_rm":
+        if judge is not None:
+            self.reward_fn, self.reward_name = judge, f"--genrm-model-path {rollout.genrm_model_path}"
+        elif rm_type == "remote_rm":
             self.remote = RemoteRewardModel.of(rollout)
             self.remote.check_reachable()  # before any model is loaded: exit 2 naming --rm-url
             self.reward_fn, self.reward_name = self.remote, self.remote.name
@@ -56,6 +60,8 @@ class Scorer:
         except RelaxError as e:  # a RewardError, or the InputError of a broken --group-rm
             error = e
         raise_together(error, self.ctx)
+        if self.judge is not None:  # verdicts without a yes/no word, scored 0
+            tracker.add_ratio("rollout/genrm_unparsed", self.judge.unparsed, len(prompts))
         # --reward-error-policy zero: counted in rollout/reward_errors and printed, never silent
         tracker.add_sum("rollout/reward_errors", len(failures))
         warn_some(failures, self.ctx, "samples", "scored 0 (--reward-error-policy zero)")
@@ -65,6 +71,8 @@ class Scorer:
     def _score(self, prompts, responses, labels, group_index: list[int]):
         """Rewards [B] and the messages of the samples scored 0 under the error policy."""
         index_base = self.ctx.rank * len(prompts)
+        if self.judge is not None:  # the trainer's own model code, bounded by its token limit
+            return self.judge(prompts, responses, labels), []
         if self.remote is not None:
             return self._score_remote(prompts, responses, labels, group_index, index_base)
         if self.group_rm:

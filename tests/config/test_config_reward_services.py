@@ -30,6 +30,13 @@ ROWS = {
     "group-without-function": (["--group-rm"], ("--group-rm", "--custom-rm-path")),
     "group-with-remote": (remote("--rm-url", URL, "--group-rm"), ("--group-rm",
                                                                    "--custom-rm-path")),
+    "genrm-without-model": (["--prompt-data", "README.md", "--rm-type", "genrm"],
+                            ("--rm-type genrm", "needs --genrm-model-path")),
+    "genrm-not-a-model": (["--prompt-data", "README.md", "--rm-type", "genrm",
+                           "--genrm-model-path", "docs"],
+                          ("--genrm-model-path docs", "not a Hugging Face model directory")),
+    "genrm-flag-without-genrm": (["--genrm-max-response-len", "8"],
+                                 ("--genrm-max-response-len 8", "--rm-type genrm")),
 }
 
 
@@ -60,3 +67,43 @@ def test_relax_eval_refuses_the_remote_reward_model(cli, tmp_path):
     assert result.code == 2 and result.err.count("\n") == 1
     assert result.err.startswith("relax eval: error: --rm-type remote_rm: ") and (
         "relax train" in result.err)
+
+
+@pytest.fixture
+def judge_dir(tmp_path):
+    (tmp_path / "judge").mkdir()
+    (tmp_path / "judge" / "config.json").write_text("{}")
+    return str(tmp_path / "judge")
+
+
+def genrm(judge_dir, *flags):
+    return ["train", "--prompt-data", "README.md", "--rm-type", "genrm", "--genrm-model-path",
+            judge_dir, *flags, "--dry-run"]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("Is {prompt} right?", "has no {response} field"),
+    ("{response} vs {answer}", "unknown field {answer}"),
+    ("{response} {", "not a template")])
+def test_a_template_without_the_fields_it_needs_is_one_line(cli, rejected, judge_dir, tmp_path,
+                                                             text, needle):
+    template = tmp_path / "t.txt"
+    template.write_text(text)
+    rejected(cli(genrm(judge_dir, "--genrm-prompt-template", str(template))),
+             f"--genrm-prompt-template {template}", needle)
+
+
+def test_a_missing_template_file_and_evaluation_are_refused(cli, rejected, judge_dir, tmp_path):
+    rejected(cli(genrm(judge_dir, "--genrm-prompt-template", str(tmp_path / "none.txt"))),
+             "--genrm-prompt-template", "cannot read it")
+    rejected(cli(genrm(judge_dir, "--eval-interval", "1", "--eval-prompt-data", "x",
+                       "README.md")), "--rm-type genrm", "--eval-interval 1")
+
+
+def test_good_genrm_flags_resolve(cli, judge_dir, tmp_path):
+    template = tmp_path / "t.txt"
+    template.write_text("Q: {prompt}\nA: {response}\nGold: {label}\nCorrect?")
+    cfg = cli(genrm(judge_dir, "--genrm-prompt-template", str(template),
+                    "--genrm-max-response-len", "8")).config()
+    assert (cfg["rm_type"], cfg["genrm_model_path"], cfg["genrm_max_response_len"]) == (
+        "genrm", judge_dir, 8)

@@ -90,3 +90,33 @@ def test_a_group_function_returning_the_wrong_count_is_exit_2_naming_the_flag(tm
     assert code == 2 and len(err) == 1
     assert err[0].startswith("relax train: error: --group-rm: reward function --custom-rm-path ")
     assert "returned 1 values for 2 samples" in err[0]
+
+
+def test_relax_train_with_a_generative_judge(tmp_path):
+    from tests.rollout.test_genrm import _tiny_judge_dir
+
+    data = write_jsonl(tmp_path, ROWS)
+    cfg = make_config("--prompt-data", data, "--rm-type", "genrm", "--genrm-model-path",
+                      _tiny_judge_dir(tmp_path), "--genrm-max-response-len", "4",
+                      output_dir=tmp_path / "run")
+    trainer, _, _ = fit(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["rollout/genrm_unparsed"] <= 1.0 for r in rows)
+    # the judge's verdicts are 0/1 rewards (or 0 when it wrote no verdict)
+    assert all(s["reward"] in (0.0, 1.0) for s in _samples(tmp_path / "run"))
+    assert len(trainer.scorer.judge.last_verdicts) == 16  # one batch: the step's 4 x 4 samples
+
+
+def test_a_judge_that_does_not_load_is_exit_2_naming_the_flag(tmp_path, capsys):
+    from relax.cli import main
+
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    (judge / "config.json").write_text('{"model_type": "not-a-model"}')
+    code = main(["train", "--prompt-data", write_jsonl(tmp_path, ROWS), "--rm-type", "genrm",
+                 "--genrm-model-path", str(judge), "--num-rollout", "1", "--device", "cpu",
+                 "--output-dir", str(tmp_path / "run")])
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"relax train: error: --genrm-model-path {judge}: ")
