@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
     parser.add_argument("--max-response-len", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="the policy's; 0 is greedy (one distinct answer per prompt)")
     parser.add_argument("--judge-max-len", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--show", type=int, default=3, help="verdicts to print per step")
@@ -54,7 +56,7 @@ def main() -> None:
     tokenizer = models.load_tokenizer(args.model)
     policy = models.load_policy(args.model, tokenizer, device, seed=args.seed).eval()
     sampler = Sampler(policy, eos_token_ids=models.eos_token_ids(tokenizer, policy),
-                      pad_token_id=tokenizer.pad_token_id, params=SamplingParams(1.0),
+                      pad_token_id=tokenizer.pad_token_id, params=SamplingParams(args.temperature),
                       bf16=False, device=device)
     judge = build_judge(SimpleNamespace(
         rm_type="genrm", genrm_model_path=args.judge or args.model,
@@ -93,7 +95,8 @@ def main() -> None:
         "unparsed_share": unparsed / total,
         "generate_s_per_step": sum(gen_s) / len(gen_s),
         "judge_s_per_step": sum(judge_s) / len(judge_s),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "temperature": args.temperature,
+        "template": args.template or "default",
     }))
 
 
