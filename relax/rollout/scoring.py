@@ -14,7 +14,7 @@ import sys
 import torch
 
 from relax.collectives import raise_together
-from relax.errors import RelaxError, RewardError, error_summary, stops_the_run, value_summary
+from relax.errors import InputError, RewardError, error_summary, stops_the_run, value_summary
 from relax.rollout.group_rewards import score_groups
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.remote_reward import RemoteRewardModel
@@ -57,8 +57,8 @@ class Scorer:
         values, error, failures = None, None, []
         try:
             values, failures = self._score(prompts, responses, labels, group_index.tolist())
-        except RelaxError as e:  # a RewardError, or the InputError of a broken --group-rm
-            error = e
+        except (RewardError, InputError) as e:  # InputError: a broken --group-rm function
+            error = e  # (a signal's Interrupted passes through, as before)
         raise_together(error, self.ctx)
         if self.judge is not None:  # verdicts without a yes/no word, scored 0
             tracker.add_ratio("rollout/genrm_unparsed", self.judge.unparsed, len(prompts))
