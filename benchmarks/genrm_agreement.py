@@ -34,7 +34,7 @@ SPEC = ("reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max
         "&operators=+&allow_parentheses=false&allow_negation=false&size=80")
 
 
-def main() -> None:
+def _parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="the policy's model directory")
     parser.add_argument("--judge", help="the judge's model directory (default: --model)")
@@ -48,9 +48,11 @@ def main() -> None:
     parser.add_argument("--judge-max-len", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--show", type=int, default=3, help="verdicts to print per step")
-    args = parser.parse_args()
-    torch.manual_seed(args.seed)
-    device = torch.device("cpu")
+    return parser.parse_args()
+
+
+def _build(args, device):
+    """The prompts, the policy's tokenizer and sampler, and the judge."""
     cfg = SimpleNamespace(reasoning_gym_answer="last_number", system_prompt=None)
     items = load_source(SPEC, "--prompt-data", cfg, role="train")
     tokenizer = models.load_tokenizer(args.model)
@@ -62,6 +64,14 @@ def main() -> None:
         rm_type="genrm", genrm_model_path=args.judge or args.model,
         genrm_prompt_template=args.template, genrm_max_response_len=args.judge_max_len),
         device, bf16=False)
+    return items, tokenizer, sampler, judge
+
+
+def main() -> None:
+    args = _parse_args()
+    torch.manual_seed(args.seed)
+    device = torch.device("cpu")
+    items, tokenizer, sampler, judge = _build(args, device)
     truth_fn = make_reward("last_number")
     counts = {"tp": 0, "fp": 0, "tn": 0, "fn": 0}
     unparsed, gen_s, judge_s = 0, [], []
