@@ -31,8 +31,8 @@ GROUPS: dict[str, str] = {
                   "held-out prompts (docs/configuration.md).",
     "environments": "Multi-turn episodes: the model acts, an environment or an agent program's "
                     "tools answer (relax/rollout/envs.py, episodes.py, agent_server.py).",
-    "rewards": "Rewards served outside the trainer's reward function: a remote reward model, "
-               "group rewards (docs/reward_services.md).",
+    "rewards": "Rewards served outside the trainer's reward function: a remote reward model, a "
+               "generative judge, group rewards (docs/reward_services.md).",
     "run": "Output, checkpoints, logging.",
 }
 

@@ -120,3 +120,20 @@ def test_a_judge_that_does_not_load_is_exit_2_naming_the_flag(tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"relax train: error: --genrm-model-path {judge}: ")
+
+
+@pytest.mark.subprocess
+def test_two_ranks_post_their_own_samples_named_over_both(tmp_path):
+    from tests.distributed_utils import torchrun_relax
+
+    data = write_jsonl(tmp_path, ROWS)
+    with server("math", tmp_path) as url:
+        proc = torchrun_relax("--prompt-data", data, "--rm-type", "remote_rm", "--rm-url", url,
+                              "--num-rollout", "1", "--rollout-batch-size", "4",
+                              "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
+                              "--device", "cpu", "--output-dir", str(tmp_path / "run"))
+        bodies = stats(url)["bodies"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = sorted((b[0]["metadata"]["index"], b[0]["metadata"]["group_index"]) for b in bodies)
+    # 4 prompts x 2 samples over 2 ranks: every sample once, groups numbered over both ranks
+    assert meta == [(i, i // 2) for i in range(8)]
