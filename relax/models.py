@@ -132,6 +132,17 @@ def load_reference(cfg, tokenizer, device: torch.device, *, bf16: bool = False):
     return model.to(device).eval()
 
 
+def load_judge(path: str, device: torch.device, *, bf16: bool, flag: str = "--genrm-model-path"):
+    """A frozen causal LM for judging (relax/rollout/genrm.py), stored in bf16 when the
+    forward passes run in bf16, like the reference; a load failure names ``flag``."""
+    try:
+        model = _from_pretrained(path, torch.bfloat16 if bf16 else torch.float32)
+    except InputError as e:
+        raise InputError(f"{flag} {path}: {e}") from e
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
 def eos_token_ids(tokenizer, model) -> list[int]:
     ids = {tokenizer.eos_token_id}
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -133,6 +133,9 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     check_custom_path(cfg, "custom_rm_path")
     if cfg.rm_type is not None and cfg.custom_rm_path is not None:
         reject(cfg, ("rm_type", "custom_rm_path"), "two reward functions; keep one")
+    if cfg.rm_type in ("remote_rm", "genrm"):
+        reject(cfg, "rm_type", "relax eval scores with a local reward (--rm-type math, a "
+               "built-in task's, --custom-rm-path); remote_rm and genrm are relax train's")
     if pairs is None:
         if cfg.rm_type is not None and cfg.rm_type != cfg.builtin_task:
             reject(cfg, "rm_type", f"the built-in task {cfg.builtin_task!r} brings its own "

@@ -13,7 +13,7 @@ from relax.config.gym_spec import ANSWER_FORMATS
 from relax.config.presets import BUILTIN_TASK_NAMES
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-RM_TYPES: tuple[str, ...] = ("math", *BUILTIN_TASK_NAMES)
+RM_TYPES: tuple[str, ...] = ("math", "remote_rm", "genrm", *BUILTIN_TASK_NAMES)
 
 # Argument groups of ``relax train --help``, in order.
 GROUPS: dict[str, str] = {
@@ -33,6 +33,8 @@ GROUPS: dict[str, str] = {
                   "held-out prompts (docs/configuration.md).",
     "environments": "Multi-turn episodes: the model acts, an environment or an agent program's "
                     "tools answer (relax/rollout/envs.py, episodes.py, agent_server.py).",
+    "rewards": "Rewards served outside the trainer's reward function: a remote reward model, a "
+               "generative judge, group rewards (docs/reward_services.md).",
     "run": "Output, checkpoints, logging.",
 }
 
@@ -191,7 +193,9 @@ def system_prompt_option():
 
 def rm_type_option():
     return option(None, "Reward for prompt files: math "
-                  "(math-verify answer check) or a built-in task's reward.",
+                  "(math-verify answer check), remote_rm (relax train: the --rm-url server), "
+                  "genrm (relax train: the --genrm-model-path judge) "
+                  "or a built-in task's reward.",
                   default_text="the built-in task's reward", group="model and data",
                   choices=RM_TYPES)
 

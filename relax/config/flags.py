@@ -124,7 +124,12 @@ def _build(config_cls, prog: str, description: str, suppress_defaults: bool) -> 
     parser = OneLineParser(prog=prog, description=description, allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     groups: dict = {}
-    for f in dataclasses.fields(config_cls):
+    # a base class's fields (FullyAsyncFields) after the class's own, in --help too
+    inherited = {f.name for base in config_cls.__mro__[1:] if dataclasses.is_dataclass(base)
+                 for f in dataclasses.fields(base)}
+    fields = dataclasses.fields(config_cls)
+    for f in [f for f in fields if f.name not in inherited] + \
+            [f for f in fields if f.name in inherited]:
         if f.metadata.get("flag", True):
             _add_field(parser, groups, f, suppress_defaults)
     return parser

@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
+from relax.config.async_fields import FullyAsyncFields
 from relax.config.fields import (
     apply_chat_template_option,
     bf16_option,
@@ -43,6 +44,17 @@ from relax.config.fields import (
     seed_option,
     system_prompt_option,
 )
+from relax.config.reward_services import (
+    genrm_max_response_len_option,
+    genrm_model_path_option,
+    genrm_prompt_template_option,
+    group_rm_option,
+    reward_max_concurrency_option,
+    rm_batch_size_option,
+    rm_retries_option,
+    rm_retry_backoff_option,
+    rm_url_option,
+)
 from relax.config.sections import (
     AlgorithmSection,
     BatchSection,
@@ -56,7 +68,7 @@ from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(FullyAsyncFields):
     """``relax train`` settings (rules: reinforce_plus_plus.md §8 and relax/config/validate.py)."""
 
     # algorithm
@@ -310,27 +322,6 @@ class TrainConfig:
     hybrid: bool = option(
         False, "Rejected like --fully-async (reinforce_plus_plus.md §8).",
         group="modes")
-    # fully asynchronous (--fully-async; Relax/slime's placement names)
-    actor_num_nodes: int = option(
-        1, "Nodes of the training ranks (the first ranks of the torchrun job); needs "
-        "--fully-async.", group="async")
-    actor_num_gpus_per_node: int | None = option(
-        None, "Training ranks per node; needs --fully-async.",
-        default_text="(WORLD_SIZE - --rollout-num-gpus) / --actor-num-nodes", group="async")
-    rollout_num_gpus: int = option(
-        1, "Ranks that only sample and score (the last ranks of the torchrun job; on the "
-        "CPU, processes); needs --fully-async.", group="async")
-    max_staleness: int = option(
-        1, "K: rollout step n trains on the batch sampled with the weights after step "
-        "n - K (a fixed lag: runs repeat and resume exactly); 0 waits for the newest weights "
-        "(the colocated loop's numbers), K >= 1 overlaps sampling with training and needs "
-        "--use-tis or --use-rollout-logprobs. Needs --fully-async.", group="async")
-    update_weights_interval: int = option(
-        1, "Optimizer rollout steps between weight syncs to the rollout ranks; needs "
-        "--fully-async.", group="async")
-    weight_sync_bucket_mb: float = option(
-        64.0, "Size of one weight-sync broadcast: no rank holds more than one bucket of "
-        "gathered weights beyond its shard; needs --fully-async.", group="async")
     context_parallel_size: int = option(
         1, "Values other than 1 are rejected (reinforce_plus_plus.md §8, 9).",
         group="modes")
@@ -374,6 +365,17 @@ class TrainConfig:
     agent_timeout: float = option(
         600.0, "Seconds an agent episode may run; then its process group is "
         "killed and the episode fails (reward 0).", group="environments")
+
+    # rewards (relax/config/reward_services.py)
+    rm_url: str | None = rm_url_option()
+    reward_max_concurrency: int = reward_max_concurrency_option()
+    rm_batch_size: int = rm_batch_size_option()
+    rm_retries: int = rm_retries_option()
+    rm_retry_backoff: float = rm_retry_backoff_option()
+    group_rm: bool = group_rm_option()
+    genrm_model_path: str | None = genrm_model_path_option()
+    genrm_prompt_template: str | None = genrm_prompt_template_option()
+    genrm_max_response_len: int = genrm_max_response_len_option()
 
     # run
     output_dir: str | None = option(

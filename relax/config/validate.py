@@ -46,6 +46,7 @@ from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
 from relax.config.off_policy import check_off_policy
 from relax.config.recompute import check_recompute
+from relax.config.reward_services import check_reward_services
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
@@ -473,6 +474,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     _check_lora(cfg)
     check_off_policy(cfg, explicit)
     check_recompute(cfg)
+    check_reward_services(cfg, explicit)
     check_fully_async(cfg, explicit)
     world_size = training_world_size(cfg, world_size)  # --fully-async: the training ranks
     output_dir = cfg.output_dir or os.path.join(

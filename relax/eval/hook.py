@@ -28,7 +28,9 @@ from relax.rollout.data import format_prompt, load_source
 from relax.rollout.env_guard import guarded_factory
 from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import turn_io
+from relax.rollout.group_rewards import by_prompt_runs
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
+from relax.rollout.remote_reward import RemoteRewardModel
 from relax.rollout.rewards import build_reward_fn
 from relax.rollout.samples import PromptSample
 from relax.rollout.tasks import get_task
@@ -54,6 +56,18 @@ def _eval_reward_type(cfg) -> str | None:
     """The run's reward: --rm-type, else the built-in task's (resolution sets ``builtin_task``
     to None when prompt files are given), else None (the source's own or --custom-rm-path)."""
     return cfg.rm_type or cfg.builtin_task
+
+
+def _eval_reward(cfg, reasoning_gym: bool):
+    """The run's reward function and its name for one evaluation set: the reward server of
+    ``--rm-type remote_rm`` (relax train only), or rewards.py's, called per prompt's samples
+    with ``--group-rm``."""
+    if cfg.rm_type == "remote_rm":
+        remote = RemoteRewardModel.of(cfg.rollout)
+        return remote, remote.name
+    fn, name = build_reward_fn(cfg.custom_rm_path, _eval_reward_type(cfg),
+                               gym_answer=cfg.reasoning_gym_answer if reasoning_gym else None)
+    return (by_prompt_runs(fn, name), name) if getattr(cfg, "group_rm", False) else (fn, name)
 
 
 def load_eval_sets(cfg) -> list[EvalSet]:
@@ -88,9 +102,7 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     sampling = EvalSampling.from_config(cfg)
     metrics: dict[str, float] = {}
     for s in sets:
-        reward_fn, reward_name = build_reward_fn(
-            cfg.custom_rm_path, _eval_reward_type(cfg),
-            gym_answer=cfg.reasoning_gym_answer if s.reasoning_gym else None)
+        reward_fn, reward_name = _eval_reward(cfg, s.reasoning_gym)
         texts = [format_prompt(tokenizer, p, apply_chat_template=cfg.apply_chat_template,
                                system_prompt=cfg.system_prompt) for p in s.prompts]
         metrics.update(evaluate(

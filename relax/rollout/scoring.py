@@ -1,5 +1,7 @@
-"""A rollout's rewards: the reward function over this rank's samples, its failures counted
-and agreed between ranks, and ``--custom-reward-post-process-path`` over the result.
+"""A rollout's rewards: the reward function over this rank's samples (or over each group with
+``--group-rm``, relax/rollout/group_rewards.py; or the reward server of ``--rm-type remote_rm``,
+relax/rollout/remote_reward.py), its failures counted and agreed between ranks, and
+``--custom-reward-post-process-path`` over the result.
 
 Prompt rollouts call :meth:`Scorer.score`; episode rollouts have their rewards from the
 environment or the agent and only call :meth:`Scorer.post_process`.
@@ -12,8 +14,10 @@ import sys
 import torch
 
 from relax.collectives import raise_together
-from relax.errors import RewardError, error_summary, stops_the_run, value_summary
+from relax.errors import InputError, RewardError, error_summary, stops_the_run, value_summary
+from relax.rollout.group_rewards import score_groups
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
+from relax.rollout.remote_reward import RemoteRewardModel
 from relax.rollout.rewards import build_reward_fn, call_plugin, load_function, score_with_errors
 
 POST_PROCESS_FLAG = "--custom-reward-post-process-path"
@@ -23,15 +27,26 @@ class Scorer:
     """Rewards [B] float32 for one rank's samples; ``ctx`` gives rank, world size, group and
     device; ``tracker`` (relax/metrics/tracker.py) counts ``rollout/reward_errors``."""
 
-    def __init__(self, rollout, ctx, *, builtin_task: str | None, post_process_path: str | None):
-        """``rollout``: the configuration's section (relax/config/sections.py)."""
-        self.ctx = ctx
+    def __init__(self, rollout, ctx, *, builtin_task: str | None, post_process_path: str | None,
+                 judge=None):
+        """``rollout``: the configuration's section (relax/config/sections.py); ``judge``: the
+        GenerativeJudge of ``--rm-type genrm`` (relax/trainer/judge.py loads it)."""
+        self.ctx, self.judge = ctx, judge
         # a built-in task scores with its own reward unless told otherwise
         rm_type = rollout.rm_type or builtin_task
-        self.reward_fn, self.reward_name = build_reward_fn(
-            rollout.custom_rm_path, rm_type,
-            gym_answer=(rollout.reasoning_gym_answer if is_reasoning_gym(rollout.prompt_data)
-                        else None))
+        self.remote = None
+        if judge is not None:
+            self.reward_fn, self.reward_name = judge, f"--genrm-model-path {rollout.genrm_model_path}"
+        elif rm_type == "remote_rm":
+            self.remote = RemoteRewardModel.of(rollout)
+            self.remote.check_reachable()  # before any model is loaded: exit 2 naming --rm-url
+            self.reward_fn, self.reward_name = self.remote, self.remote.name
+        else:
+            self.reward_fn, self.reward_name = build_reward_fn(
+                rollout.custom_rm_path, rm_type,
+                gym_answer=(rollout.reasoning_gym_answer if is_reasoning_gym(rollout.prompt_data)
+                            else None))
+        self.group_rm = rollout.group_rm
         self.timeout, self.error_policy = rollout.reward_timeout, rollout.reward_error_policy
         self.post_process_fn = (load_function(post_process_path, POST_PROCESS_FLAG)
                                 if post_process_path else None)
@@ -41,18 +56,46 @@ class Scorer:
         """Rewards [B]; a bad reward names its sample (global index over ranks)."""
         values, error, failures = None, None, []
         try:
-            values, failures = score_with_errors(
-                self.reward_fn, prompts, responses, labels, name=self.reward_name,
-                index_base=self.ctx.rank * len(prompts), timeout=self.timeout,
-                policy=self.error_policy)
-        except RewardError as e:
-            error = e
+            values, failures = self._score(prompts, responses, labels, group_index.tolist())
+        except (RewardError, InputError) as e:  # InputError: a broken --group-rm function
+            error = e  # (a signal's Interrupted passes through, as before)
         raise_together(error, self.ctx)
+        if self.judge is not None:  # verdicts without a yes/no word, scored 0
+            tracker.add_ratio("rollout/genrm_unparsed", self.judge.unparsed, len(prompts))
         # --reward-error-policy zero: counted in rollout/reward_errors and printed, never silent
         tracker.add_sum("rollout/reward_errors", len(failures))
         warn_some(failures, self.ctx, "samples", "scored 0 (--reward-error-policy zero)")
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
         return self.post_process(rewards, group_index)
+
+    def _score(self, prompts, responses, labels, group_index: list[int]):
+        """Rewards [B] and the messages of the samples scored 0 under the error policy."""
+        index_base = self.ctx.rank * len(prompts)
+        if self.judge is not None:  # the trainer's own model code, bounded by its token limit
+            return self.judge(prompts, responses, labels), []
+        if self.remote is not None:
+            return self._score_remote(prompts, responses, labels, group_index, index_base)
+        if self.group_rm:
+            return score_groups(self.reward_fn, prompts, responses, labels, group_index,
+                                name=self.reward_name, index_base=index_base,
+                                timeout=self.timeout, policy=self.error_policy)
+        return score_with_errors(self.reward_fn, prompts, responses, labels,
+                                 name=self.reward_name, index_base=index_base,
+                                 timeout=self.timeout, policy=self.error_policy)
+
+    def _score_remote(self, prompts, responses, labels, group_index, index_base):
+        """The server's rewards; its metadata names each sample and its group over all ranks
+        (this rank's groups are numbered after the lower ranks')."""
+        groups_before = self.ctx.rank * (max(group_index) + 1 if group_index else 0)
+        metadata = [{"index": index_base + i, "group_index": groups_before + g}
+                    for i, g in enumerate(group_index)]
+        values, errors = self.remote.score(prompts, responses, labels, metadata=metadata,
+                                           index_base=index_base)
+        failures = [e for e in errors if e is not None]
+        if failures and self.error_policy == "raise":
+            more = f" (and {len(failures) - 1} more samples failed)" if len(failures) > 1 else ""
+            raise RewardError(failures[0] + more)
+        return [0.0 if e is not None else v for v, e in zip(values, errors, strict=True)], failures
 
     def post_process(self, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
         """``--custom-reward-post-process-path`` over rewards [B], checked; else unchanged."""

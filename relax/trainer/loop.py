@@ -56,6 +56,7 @@ from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.async_layout import AsyncLayout, Schedule
 from relax.trainer.experience import experience_from_rollout
+from relax.trainer.judge import build_judge
 from relax.trainer.off_policy import MismatchMeter
 from relax.trainer.policy import Policy
 from relax.trainer.remote_rollout import RemoteRollout
@@ -127,7 +128,10 @@ class Trainer:
             task = get_task(cfg.builtin_task)
         self.scorer = Scorer(cfg.rollout, self.ctx,
                              builtin_task=None if self.samples is not None else cfg.builtin_task,
-                             post_process_path=cfg.algorithm.reward_post_process_path)
+                             post_process_path=cfg.algorithm.reward_post_process_path,
+                             # --fully-async: the rollout ranks score (and hold the judge)
+                             judge=None if cfg.fully_async else build_judge(
+                                 cfg.rollout, self.ctx.device, bf16=self.bf16))
         self.custom_advantage = (load_function(cfg.custom_advantage_function_path, ADVANTAGE_FLAG)
                                  if cfg.custom_advantage_function_path else None)
         self.group_filter = (load_group_filter(cfg.dynamic_sampling_filter_path)

@@ -38,6 +38,7 @@ from relax.seeding import seed_for
 from relax.trainer import weight_sync
 from relax.trainer.async_layout import AsyncLayout, Schedule, recv_object, send_object
 from relax.trainer.distributed import DistContext, is_peer_failure
+from relax.trainer.judge import build_judge
 from relax.trainer.lora import ALL_LINEAR, add_lora
 from relax.trainer.runtime import Timer
 
@@ -77,12 +78,15 @@ class RolloutWorker:
         self.timers = {v: Timer(ctx.device) for v in self.shares}
         self.trackers = {v: MetricTracker() for v in self.shares}
         self.collectors = {}
+        # --rm-type genrm: one judge per rollout rank, for every share it samples
+        judge = build_judge(cfg.rollout, ctx.device, bf16=use_bf16(cfg.bf16, ctx.device))
         for v in self.shares:
             # data-parallel rank v of the training ranks, alone in its process
             share = DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None)
             scorer = Scorer(cfg.rollout, share, builtin_task=None if samples is not None
                             else cfg.builtin_task,
-                            post_process_path=cfg.algorithm.reward_post_process_path)
+                            post_process_path=cfg.algorithm.reward_post_process_path,
+                            judge=judge)
             self.collectors[v] = PromptCollector(
                 cfg.rollout, cfg.batches, share, seed=cfg.seed, source=source,
                 tokenizer=tokenizer, sampler=sampler, scorer=scorer, timer=self.timers[v],

@@ -1,0 +1,224 @@
+"""Rewards served outside the reward function: the flags of a remote reward model
+(``--rm-type remote_rm --rm-url``), of group rewards (``--group-rm``), of a generative judge
+(``--rm-type genrm --genrm-model-path``; its template rules, shared with
+relax/rollout/genrm.py) and their rules.
+
+The fields are built here so relax/config/schema.py stays one line per flag; the rules run
+with the rest of validation (relax/config/validate.py) and, like it, never touch the network:
+whether the URL answers is checked when the trainer starts (relax/rollout/remote_reward.py).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from urllib.parse import urlsplit
+
+from relax.config.checks import reject
+from relax.config.fields import option
+
+GROUP = "rewards"
+
+# The remote client's defaults are slime's and Relax's remote_rm: ten attempts, waits of
+# min(2**k, 30) s plus up to a second of jitter, 64 requests in flight, one sample a request.
+DEFAULT_RETRIES = 9
+DEFAULT_BACKOFF = 1.0
+MAX_BACKOFF_WAIT = 30.0
+
+
+def rm_url_option():
+    return option(
+        None, "With --rm-type remote_rm: the http(s) URL the trainer POSTs samples to as "
+        "JSON, one reward back per sample (docs/reward_services.md). Must accept connections "
+        "when relax train starts.", group=GROUP, metavar="URL")
+
+
+def reward_max_concurrency_option():
+    return option(
+        64, "Most --rm-url requests in flight at once per data-parallel rank.", group=GROUP)
+
+
+def rm_batch_size_option():
+    return option(
+        1, "Samples per --rm-url request. 1: one JSON object per request (slime's and "
+        "Relax's format); N > 1: a JSON array of up to N objects, answered by an array.",
+        group=GROUP)
+
+
+def rm_retries_option():
+    return option(
+        DEFAULT_RETRIES, "Retries of an --rm-url request after a connection error, a "
+        "timeout or an HTTP 5xx answer (then --reward-error-policy decides); 0: none.",
+        group=GROUP)
+
+
+def rm_retry_backoff_option():
+    return option(
+        DEFAULT_BACKOFF, "Seconds B of the retry waits: before retry k (0, 1, ...) "
+        f"min(B * 2**k, {MAX_BACKOFF_WAIT:g}) plus a uniform jitter in [0, B).", group=GROUP,
+        metavar="SECONDS")
+
+
+def group_rm_option():
+    return option(
+        False, "--custom-rm-path scores a whole group at a time: it is called once per "
+        "prompt with the group's --n-samples-per-prompt prompts, responses and labels and "
+        "returns one reward per member (pairwise or relative judgements).", group=GROUP)
+
+
+# The judge's prompt. {label} is the data row's label (a reasoning-gym item's "answer").
+DEFAULT_TEMPLATE = (
+    "You are grading a student's answer to a question.\n\n"
+    "Question:\n{prompt}\n\n"
+    "Reference answer: {label}\n\n"
+    "Student answer:\n{response}\n\n"
+    "Does the student's final answer match the reference answer? Reply with one word: "
+    "Yes or No.")
+TEMPLATE_FIELDS = ("prompt", "response", "label")
+REQUIRED_FIELDS = ("response",)
+MAX_TEMPLATE_BYTES = 1 << 16
+
+
+def template_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a judging template, or None: it must name ``{response}``, may
+    name ``{prompt}`` and ``{label}``, nothing else (``{{``/``}}`` are literal braces)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        return f"not a template ({e}); write literal braces as {{{{ and }}}}"
+    unknown = sorted({f for f in fields if f not in TEMPLATE_FIELDS})
+    if unknown:
+        return (f"unknown field {{{unknown[0]}}}; a template may use {{prompt}}, {{response}} "
+                "and {label}")
+    missing = [f for f in REQUIRED_FIELDS if f not in fields]
+    if missing:
+        return f"has no {{{missing[0]}}} field; the judge must see the response it judges"
+    return None
+
+
+def fill_template(template: str, *, prompt: str, response: str, label) -> str:
+    if isinstance(label, dict) and "answer" in label:  # a reasoning-gym item
+        label = label["answer"]
+    return template.format(prompt=prompt, response=response, label=label)
+
+
+def genrm_model_path_option():
+    return option(
+        None, "With --rm-type genrm: a Hugging Face causal LM directory whose greedy verdict on "
+        "each sample is its reward, decoded on the policy's device under the run's precision "
+        "(relax/rollout/genrm.py).", group=GROUP, metavar="DIR")
+
+
+def genrm_prompt_template_option():
+    return option(
+        None, "A text file: the judging prompt, with {response} and optionally {prompt} and "
+        "{label}; needs --rm-type genrm.", default_text="the template of "
+        "docs/reward_services.md", group=GROUP, metavar="FILE")
+
+
+def genrm_max_response_len_option():
+    return option(
+        16, "Most tokens of the judge's verdict; needs --rm-type genrm.", group=GROUP)
+
+
+_GENRM_ONLY = ("genrm_model_path", "genrm_prompt_template", "genrm_max_response_len")
+
+# the flags only the remote reward model reads
+_REMOTE_ONLY = ("rm_url", "reward_max_concurrency", "rm_batch_size", "rm_retries",
+                "rm_retry_backoff")
+
+
+def check_reward_services(cfg, explicit: set[str]) -> None:
+    """The remote reward model's and ``--group-rm``'s rules (ConfigError on the first)."""
+    remote = cfg.rm_type == "remote_rm"
+    for dest in _REMOTE_ONLY:
+        if dest in explicit and not remote:
+            reject(cfg, dest, "only applies to the remote reward model; add --rm-type "
+                   "remote_rm or remove this flag")
+    if remote:
+        _check_remote(cfg)
+    for dest in _GENRM_ONLY:
+        if dest in explicit and cfg.rm_type != "genrm":
+            reject(cfg, dest, "only applies to the generative judge; add --rm-type genrm or "
+                   "remove this flag")
+    if cfg.rm_type == "genrm":
+        _check_genrm(cfg)
+    if cfg.group_rm:
+        _check_group_rm(cfg)
+
+
+def _check_remote(cfg) -> None:
+    if cfg.rm_url is None:
+        reject(cfg, "rm_type", "needs --rm-url URL, the address of the reward server (e.g. "
+               "http://127.0.0.1:8000/reward)")
+    problem = url_problem(cfg.rm_url)
+    if problem:
+        reject(cfg, "rm_url", problem)
+    if cfg.reward_max_concurrency < 1:
+        reject(cfg, "reward_max_concurrency", "must be >= 1 requests in flight")
+    if not 1 <= cfg.rm_batch_size <= 1 << 16:
+        reject(cfg, "rm_batch_size", "must lie in [1, 65536] samples per request")
+    if not 0 <= cfg.rm_retries <= 100:
+        reject(cfg, "rm_retries", "must lie in [0, 100]; 0 turns retries off")
+    if not 0 < cfg.rm_retry_backoff <= MAX_BACKOFF_WAIT:
+        reject(cfg, "rm_retry_backoff", f"must lie in (0, {MAX_BACKOFF_WAIT:g}] seconds, "
+               "e.g. 1")
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a reward server's address, or None."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- reading it raises ValueError for a port that is not one
+    except ValueError as e:
+        return f"not a URL ({e}); give e.g. http://127.0.0.1:8000/reward"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/reward"
+    return None
+
+
+def _check_group_rm(cfg) -> None:
+    if cfg.custom_rm_path is None:
+        reject(cfg, "group_rm", "scores groups with --custom-rm-path module:function; add it "
+               "(a function of one group's prompts, responses and labels)")
+    for dest in ("env", "use_agentic_rollout"):
+        if getattr(cfg, dest):
+            reject(cfg, ("group_rm", dest), "episodes are scored by their environment or "
+                   "agent; remove --group-rm")
+
+
+def _check_genrm(cfg) -> None:
+    path = cfg.genrm_model_path
+    if path is None:
+        reject(cfg, "rm_type", "needs --genrm-model-path DIR, the judge's Hugging Face model "
+               "directory")
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        reject(cfg, "genrm_model_path", "not a Hugging Face model directory (no config.json); "
+               "point it at the judge model")
+    if not 1 <= cfg.genrm_max_response_len <= 4096:
+        reject(cfg, "genrm_max_response_len", "must lie in [1, 4096] tokens")
+    if cfg.eval_interval is not None:
+        reject(cfg, ("rm_type", "eval_interval"), "evaluation measures pass@k against a "
+               "verifiable reward; evaluate the saved model with relax eval and --rm-type math "
+               "or a reward function")
+    if cfg.genrm_prompt_template is not None:
+        problem = read_template_problem(cfg.genrm_prompt_template)
+        if problem:
+            reject(cfg, "genrm_prompt_template", problem)
+
+
+def read_template(path: str) -> str:
+    """The template file's text (UTF-8)."""
+    with open(path, encoding="utf-8") as f:
+        return f.read(MAX_TEMPLATE_BYTES + 1)
+
+
+def read_template_problem(path: str) -> str | None:
+    try:
+        text = read_template(path)
+    except (OSError, UnicodeDecodeError) as e:
+        return f"cannot read it ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+    if len(text.encode("utf-8")) > MAX_TEMPLATE_BYTES:
+        return f"larger than {MAX_TEMPLATE_BYTES} bytes; a judging prompt is a few lines"
+    return template_problem(text)
