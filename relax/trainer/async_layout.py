@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from relax.trainer.distributed import DistContext
+from relax.errors import PeerFailure
+from relax.trainer.distributed import DistContext, is_peer_failure
 
 TRAIN, ROLLOUT = "training", "rollout"
 
@@ -107,6 +108,19 @@ def split_roles(ctx: DistContext, trainers: int) -> tuple[AsyncLayout, DistConte
         return layout, replace(ctx, world_size=trainers, group=train_group)
     return layout, replace(ctx, rank=ctx.rank - trainers, world_size=world - trainers,
                            group=None)
+
+
+def naming_the_peer(what: str, timeout_minutes: float, call):
+    """``call()``; a failure of the other side (a closed connection, a timeout) becomes one
+    PeerFailure line: ``what`` says who waited for whom."""
+    try:
+        return call()
+    except Exception as e:
+        if not is_peer_failure(e):
+            raise
+        raise PeerFailure(f"{what} died or did not answer within --distributed-timeout-minutes "
+                          f"{timeout_minutes:g}: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]}") from e
 
 
 # ---------------------------------------------------------------------- transport

@@ -22,11 +22,15 @@ from __future__ import annotations
 import contextlib
 import time
 
-from relax.errors import PeerFailure
 from relax.rollout.batch import StepBatch
 from relax.trainer import weight_sync
-from relax.trainer.async_layout import AsyncLayout, Schedule, recv_object, send_object
-from relax.trainer.distributed import is_peer_failure
+from relax.trainer.async_layout import (
+    AsyncLayout,
+    Schedule,
+    naming_the_peer,
+    recv_object,
+    send_object,
+)
 
 
 class RemoteRollout:
@@ -140,16 +144,8 @@ class RemoteRollout:
 
     def _guard(self, doing: str, call):
         """Name the side that failed: a rollout rank gone, or a peer of the weight sync."""
-        try:
-            return call()
-        except Exception as e:
-            if not is_peer_failure(e):
-                raise
-            raise PeerFailure(
-                f"{doing}: rollout rank {self.peer} (--rollout-num-gpus) or training rank 0 "
-                "died or did not answer within --distributed-timeout-minutes "
-                f"{self.timeout_minutes:g}: {type(e).__name__}: "
-                f"{' '.join(str(e).split())[:200]}") from e
+        return naming_the_peer(f"{doing}: rollout rank {self.peer} (--rollout-num-gpus) or "
+                               "training rank 0", self.timeout_minutes, call)
 
     def _record(self, step: int, message: dict, waited: float, cycle: float) -> None:
         t, rows = self.tracker, len(message["batch"].prompts)

@@ -36,7 +36,13 @@ from relax.rollout.scoring import Scorer
 from relax.rollout.tasks import get_task
 from relax.seeding import seed_for
 from relax.trainer import weight_sync
-from relax.trainer.async_layout import AsyncLayout, Schedule, recv_object, send_object
+from relax.trainer.async_layout import (
+    AsyncLayout,
+    Schedule,
+    naming_the_peer,
+    recv_object,
+    send_object,
+)
 from relax.trainer.distributed import DistContext, is_peer_failure
 from relax.trainer.judge import build_judge
 from relax.trainer.lora import ALL_LINEAR, add_lora
@@ -136,17 +142,8 @@ class RolloutWorker:
         return idle
 
     def _guard(self, trainer: int, doing: str, call):
-        try:
-            return call()
-        except Exception as e:
-            if not is_peer_failure(e):
-                raise
-            raise PeerFailure(
-                f"rollout rank {self.layout.rank} {doing}: training rank {trainer} died or did "
-                "not answer within --distributed-timeout-minutes "
-                f"{self.cfg.distributed_timeout_minutes:g}: {type(e).__name__}: "
-                f"{' '.join(str(e).split())[:200]}") from e
-
+        return naming_the_peer(f"rollout rank {self.layout.rank} {doing}: training rank "
+                               f"{trainer}", self.timeout, call)
 
 
 def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
