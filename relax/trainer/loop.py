@@ -96,6 +96,7 @@ class Trainer:
             report_overlap(self.samples, self.eval_sets,
                            report=lambda line: print(line, file=sys.stderr))
         self.policy = self._build_policy()
+        self.step_metrics.remote_generation = layout is not None
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
             # the host's cores shared between the local ranks (build.cpu_threads)

@@ -4,7 +4,9 @@ limits (``perf/*_mfu``, ``perf/generate_bandwidth_fraction``: relax/trainer/flop
 
 ``perf/step_time`` = ``perf/rollout_time`` (generate + reward) + ``perf/train_time``
 (log_prob + advantage + update) + ``perf/eval_time``; ``perf/generated_tokens_per_s`` is the
-global generated tokens over the rollout time.
+global generated tokens over the rollout time. With ``--fully-async`` the rollout time is the
+training ranks' wait for their batch; the tokens per second divide by the rollout ranks'
+generate time and ``perf/mfu`` counts the training ranks' own passes only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class StepMetrics:
         self.tracker, self.ctx, self.shape = tracker, ctx, shape
         self.peak_flops, self.bandwidth = peak_flops, bandwidth
         self.log_prob_passes = log_prob_passes
+        # --fully-async: rollout ranks generate, so the training ranks' perf/mfu leaves the
+        # generation out and the tokens per second divide by the rollout ranks' time
+        self.remote_generation = False
 
     @classmethod
     def measure(cls, module, tracker, ctx, *, peak_tflops: float | None, bf16: bool,
@@ -43,8 +48,9 @@ class StepMetrics:
         for name, seconds in times.items():  # the slowest rank sets the pace of a step
             t.add_max(f"perf/{name}_time", seconds)
         t.add_max("perf/peak_memory_gb", peak_memory_gb(self.ctx.device))
-        for name, r in (("perf/forward_flops", b.rollout), ("perf/generate_flops", b.generated)):
-            t.add_sum(name, self._forward_flops(r))
+        t.add_sum("perf/forward_flops", self._forward_flops(b.rollout))
+        t.add_sum("perf/generate_flops",
+                  0.0 if self.remote_generation else self._forward_flops(b.generated))
         metrics = t.reduce()
         metrics.update(phase_metrics(
             metrics.pop("perf/forward_flops"), log_prob_passes=self.log_prob_passes,
@@ -57,8 +63,9 @@ class StepMetrics:
         # the limits the ratios divide by, so a reader of metrics.jsonl can check them
         metrics["perf/peak_tflops"] = self.peak_flops / 1e12
         metrics["perf/bandwidth_gb_per_s"] = self.bandwidth / 1e9
+        generating = metrics.get("async/rollout_generate_time", metrics["perf/rollout_time"])
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
-            metrics["perf/rollout_time"], 1e-9)
+            generating, 1e-9)
         return metrics
 
     def _forward_flops(self, r) -> float:
