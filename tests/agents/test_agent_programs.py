@@ -38,9 +38,9 @@ def _run(tiny, mode, n=4, timeout_s=60.0, max_turns=4):
     rows = []
     generator = torch.Generator().manual_seed(0)
 
-    def sample(ids, mask, k):
+    def sample(ids, mask, k, cache=None):
         out = generate(model, ids, mask, max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
-                       pad_token_id=tok.pad_token_id, generator=generator)
+                       pad_token_id=tok.pad_token_id, generator=generator, cache=cache)
         rows.extend(tuple(out.response_ids[i][out.response_mask[i]].tolist())
                     for i in range(len(out.response_ids)))
         return out
