@@ -15,6 +15,9 @@ Python call per module. This engine computes the same function from the same par
   prompt, so its keys and values are computed once and indexed out to the n rows;
 * rows that ended (EOS) leave the batch (``keep``, called by ``generate`` once they are an
   eighth of the rows still computed), so long length limits cost only what rows use.
+* between the turns of an episode the rows' caches are kept (``retain``, ``chunks``) and the
+  next prefill computes only each row's new tokens, the rest copied from ``past``
+  (relax/rollout/turn_cache.py).
 
 The architecture contract it relies on is checked by ``unsupported_reason``; a model that does
 not match (another family, sliding-window layers, an activation other than SiLU, a sharded
