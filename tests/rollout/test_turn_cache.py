@@ -16,6 +16,7 @@ from relax.rollout.episodes import TurnRenderer, run_episodes
 from relax.rollout.generate import generate, left_pad
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.rollout.turn_cache import TurnCache
+from tests.rollout.test_engine import CONFIGS, _model
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +131,26 @@ def test_an_ended_episode_frees_its_memory(tiny):
     assert set(cache.entries) == {"c"}
     cache.release("c")
     assert cache.tokens == 0 and not cache.entries
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_architecture_extends_its_cache_exactly(name):
+    """The extended prefill is the whole prefill to rounding, for every architecture the engine
+    runs (Qwen3's per-head norms, biases, an untied head, llama3 RoPE scaling). Float64
+    models; the cached columns of the drawn tokens carry the decode step's float32 softmax, so
+    the bound is float32's (a wrong position or a missed column is off by orders more)."""
+    model = _model(CONFIGS[name]())
+    cache = TurnCache()
+    first = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    with torch.no_grad():
+        out = generate(model, *left_pad(first, 0, "cpu"), max_new_tokens=5, eos_token_ids=[1],
+                       pad_token_id=0, generator=torch.Generator().manual_seed(3),
+                       cache=cache.rows([0, 1, 2]))
+        rows = [r + out.response_ids[i][out.response_mask[i]].tolist() + [20 + i] * (i + 1)
+                for i, r in enumerate(first)]
+        ids, mask = left_pad(rows, 0, "cpu")
+        past = cache.rows([0, 1, 2]).past(ids, mask)
+        assert past is not None and bool((past.cached > 0).all())
+        reused = DecodeEngine(model).prefill(ids, mask, 5, past=past)
+        fresh = DecodeEngine(model).prefill(ids, mask, 5)
+    torch.testing.assert_close(reused, fresh, rtol=0, atol=1e-5)
