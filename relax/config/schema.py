@@ -331,7 +331,8 @@ class TrainConfig(FullyAsyncFields):
     peak_tflops: float | None = option(
         None, "Peak "
         "TFLOP/s per rank that perf/*_mfu divides by.",
-        default_text="measured at start-up (a square matmul in the run's dtype)", group="modes")
+        default_text="a known GPU's data sheet, else the best of square matmuls in the run's "
+        "dtype measured at start-up and at every step", group="modes")
     bf16: bool | None = bf16_option()
     device: str = device_option()
 

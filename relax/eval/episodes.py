@@ -52,8 +52,8 @@ def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, epi
     sampler = eval_sampler(model, tokenizer, sampling, device)
     generator = eval_generator(sampling, device, name, step, rank)
 
-    def sample(ids, mask, max_new_tokens):
-        return sampler(ids, mask, max_new_tokens, generator)
+    def sample(ids, mask, max_new_tokens, cache=None):
+        return sampler(ids, mask, max_new_tokens, generator, cache=cache)
 
     mine = [i for i, _ in _my_prompts(episodes, rank, world, pad=False)]
     per_call = max(1, sampling.batch_size // n)  # seeds per batch, n plays each

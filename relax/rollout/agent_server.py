@@ -22,7 +22,10 @@ log-probs describe the distribution the tokens came from. Tool calls the model w
 
 Requests of concurrent episodes are answered in batches: once a request arrives, the server
 waits until every running agent has one pending or no new one came for ``BATCH_WINDOW_S``,
-then runs one batched generation for all of them.
+then runs one batched generation for all of them. Each session's KV cache stays between its
+calls (relax/rollout/turn_cache.py): a call prefills only the model's last drawn token and
+the new messages, whichever sessions share its batch; a session's cache is released when its
+agent ends, and all of them when the step ends.
 
 Contained (docs/reliability.md, section 9): a request body is checked against the Chat
 Completions shape in the handler thread (relax/rollout/chat_schema.py: 400 with the reason,
@@ -61,6 +64,7 @@ from relax.rollout.episodes import (
 )
 from relax.rollout.generate import left_pad
 from relax.rollout.peer import connection_group
+from relax.rollout.turn_cache import TurnCache
 
 BATCH_WINDOW_S = 0.02
 DISCARD_BYTES = 256 << 20  # of a body over the cap: read and dropped before the socket closes
@@ -241,21 +245,27 @@ class AgentRunner:
 
     # ------------------------------------------------------------------ one step
     def run(self, inputs: list[dict], sample) -> AgentResults:
-        """Start one agent per input, answer their calls with ``sample(ids, mask, k)`` (the
-        trainer's batched generation), and collect the episodes when all have ended. Every
-        agent's process group is killed when the step ends, however it ends."""
+        """Start one agent per input, answer their calls with ``sample(ids, mask, k,
+        cache=...)`` (the trainer's batched generation, with the sessions' KV caches), and
+        collect the episodes when all have ended. Every agent's process group is killed when
+        the step ends, however it ends."""
         workspace, runs = AgentWorkspace(), []
+        cache = TurnCache()  # one per step: the weights do not change while agents run
         try:
             for payload in inputs:
                 runs.append(self._start(workspace, payload))
             live = list(range(len(runs)))
             while live:
-                self._answer(self._collect(runs, live), sample)
+                self._answer(self._collect(runs, live), sample, cache)
+                for i in live:
+                    if runs[i].finished():
+                        cache.release(id(runs[i].session))
                 live = [i for i in live if not runs[i].finished()]
             for r in runs:
                 r.end()  # what the agent started dies with its episode
             results = [self._result(r) for r in runs]
         finally:
+            cache.clear()
             for r in runs:
                 self.server.sessions.pop(r.sid, None)
                 r.end()
@@ -347,7 +357,7 @@ class AgentRunner:
                      f"{'; output tail: ' + tail if tail else ''}")
 
     # ------------------------------------------------------------------ answering
-    def _answer(self, batch: list[_Request], sample) -> None:
+    def _answer(self, batch: list[_Request], sample, cache: TurnCache) -> None:
         ready = []
         for request in batch:
             problem = self._extend(request)
@@ -362,7 +372,7 @@ class AgentRunner:
         contexts = [r.session.episode.prompt + r.session.episode.ids for r in ready]
         budget = min(self._max_tokens(r) for r in ready)
         ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, self.device)
-        out = sample(ids, mask, budget)
+        out = sample(ids, mask, budget, cache=cache.rows([id(r.session) for r in ready]))
         for row, request in enumerate(ready):
             session, episode = request.session, request.session.episode
             action = out.response_ids[row][out.response_mask[row]].tolist()

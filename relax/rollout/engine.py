@@ -15,6 +15,9 @@ Python call per module. This engine computes the same function from the same par
   prompt, so its keys and values are computed once and indexed out to the n rows;
 * rows that ended (EOS) leave the batch (``keep``, called by ``generate`` once they are an
   eighth of the rows still computed), so long length limits cost only what rows use.
+* between the turns of an episode the rows' caches are kept (``retain``, ``chunks``) and the
+  next prefill computes only each row's new tokens, the rest copied from ``past``
+  (relax/rollout/turn_cache.py).
 
 The architecture contract it relies on is checked by ``unsupported_reason``; a model that does
 not match (another family, sliding-window layers, an activation other than SiLU, a sharded
@@ -174,9 +177,12 @@ class DecodeEngine:
     ``prefill(prompt_ids [B, P], prompt_mask [B, P], max_new_tokens)`` returns the logits [B, V]
     for the first new token; each ``step(tokens [B])`` appends one column and returns the next
     logits [B, V]. Prompts are left-padded, so every row writes the same cache column per step.
+    With ``retain``, ``chunks()`` hands every row's cache to the next call's ``past`` (the
+    turns of an episode, relax/rollout/turn_cache.py).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, *, retain: bool = False):
+        self.retain = retain  # keep the cache of rows that leave the batch (``chunks``)
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the decode engine cannot run this model: {reason}")
@@ -193,18 +199,42 @@ class DecodeEngine:
         self.layers = [_Layer(layer, num_heads, num_kv_heads, head_dim) for layer in inner.layers]
 
     # ------------------------------------------------------------------ prefill
-    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int):
+    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+                past=None):
+        """Logits [B, V] of the first new token after the left-padded ``prompt_ids`` [B, P].
+
+        ``past`` (relax/rollout/turn_cache.py ``Past``): the keys and values of each row's
+        first ``past.cached[i]`` real tokens, kept from an earlier call; only the rest of each
+        row is computed (at least one token per row). None computes every row."""
         B, P = prompt_ids.shape
         device = prompt_ids.device
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, P]
         # one cos/sin row per position any row can reach during this rollout
         table_pos = torch.arange(P + max_new_tokens, device=device)[None]
-        x0 = self.embed.weight[:1]
-        cos, sin = self.rotary(x0, table_pos)
+        cos, sin = self.rotary(self.embed.weight[:1], table_pos)
         self.cos, self.sin = cos[0], sin[0]  # [L, hd]
         self.next_position = positions[:, -1] + 1  # [B]
+        # the rows still computed (``keep``) by their index in this batch, and the cache of
+        # the rows that left, for ``chunks`` (kept only with ``retain``)
+        self.rows, self.retired = torch.arange(B, device=device), []
+        L = P + max_new_tokens
+        if past is None:
+            last = self._prefill_distinct(prompt_ids, prompt_mask, L)
+        else:
+            last = self._prefill_new(prompt_ids, prompt_mask, positions, L, past)
+        # padded prompt columns never receive attention from a generated token
+        bias = torch.zeros(B, L, dtype=last.dtype, device=device)
+        bias[:, :P].masked_fill_(~prompt_mask, float("-inf"))
+        self.bias = bias[:, None, None, :]  # [B, 1, 1, L]
+        self.length = P
+        return self._logits(last)
 
-        # the n samples of a group share their prompt: run each distinct prompt once
+    def _prefill_distinct(self, prompt_ids, prompt_mask, L: int) -> torch.Tensor:
+        """Every column of every row into a fresh cache of ``L`` columns; the last hidden
+        state [B, H]. The n samples of a group share their prompt: each distinct prompt runs
+        once."""
+        B, P = prompt_ids.shape
+        device = prompt_ids.device
         u_ids, u_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
         u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
         u_mask = u_mask.bool()
@@ -214,8 +244,6 @@ class DecodeEngine:
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
         allowed = (causal & u_mask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
         allowed = allowed[:, None]  # [U, 1, P, P]
-
-        L = P + max_new_tokens
         x = self.embed(u_ids)  # [U, P, H]
         cos, sin = self.cos[u_pos], self.sin[u_pos]  # [U, P, hd]
         self.k_cache, self.v_cache = [], []
@@ -234,12 +262,47 @@ class DecodeEngine:
             vc[:, :, :P] = v[inverse]
             self.k_cache.append(kc)
             self.v_cache.append(vc)
-        # padded prompt columns never receive attention from a generated token
-        bias = torch.zeros(B, L, dtype=x.dtype, device=device)
-        bias[:, :P].masked_fill_(~prompt_mask, float("-inf"))
-        self.bias = bias[:, None, None, :]  # [B, 1, 1, L]
-        self.length = P
-        return self._logits(x[inverse, -1])
+        return x[inverse, -1]
+
+    def _prefill_new(self, ids, mask, positions, L: int, past) -> torch.Tensor:
+        """The columns of each row that ``past`` does not hold, into a cache of ``L`` columns
+        whose other columns ``past`` fills; the last hidden state [B, H].
+
+        Ragged: row i computes its last ``m_i`` columns, so the block of the last ``M = max
+        m_i`` columns runs for every row and a row keeps the block's keys and values only on
+        its own new columns (the others come from ``past``, or are padding)."""
+        B, P = ids.shape
+        device = ids.device
+        new = mask.sum(-1) - past.cached  # [B] >= 1
+        M = int(new.max())
+        block = torch.arange(P - M, P, device=device)
+        fresh = (block[None] >= (P - new)[:, None])[:, None, :, None]  # [B, 1, M, 1]
+        # a query sees the row's tokens up to itself; a padded one sees itself (no empty
+        # softmax row), a cached one computes what is never read
+        columns = torch.arange(P, device=device)
+        allowed = (columns[None, None] <= block[None, :, None]) & mask[:, None, :]
+        allowed = (allowed | (columns[None, None] == block[None, :, None]))[:, None]
+        x = self.embed(ids[:, P - M:])  # [B, M, H]
+        cos, sin = self.cos[positions[:, P - M:]], self.sin[positions[:, P - M:]]
+        self.k_cache, self.v_cache = [], []
+        for index, layer in enumerate(self.layers):
+            h = _rms(x, layer.in_norm.weight, layer.in_norm.variance_epsilon)
+            q, k, v = layer.qkv(h, cos, sin)  # [B, M, heads, hd]
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            # zeros, not garbage, in the padding columns: a masked key still meets its value
+            kc = k.new_zeros(B, self.num_kv_heads, L, self.head_dim)
+            vc = torch.zeros_like(kc)
+            past.fill(index, kc, vc)
+            kc[:, :, P - M:P] = torch.where(fresh, k, kc[:, :, P - M:P])
+            vc[:, :, P - M:P] = torch.where(fresh, v, vc[:, :, P - M:P])
+            out = F.scaled_dot_product_attention(
+                q, kc[:, :, :P], vc[:, :, :P], attn_mask=allowed, scale=layer.scaling,
+                enable_gqa=self.groups > 1)
+            x = x + layer.o(out.transpose(1, 2).reshape(B, M, -1))
+            x = layer.mlp(x)
+            self.k_cache.append(kc)
+            self.v_cache.append(vc)
+        return x[:, -1]
 
     # ------------------------------------------------------------------ one token
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -267,10 +330,26 @@ class DecodeEngine:
         return self._logits(x)
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Continue with the rows ``rows`` [k] only (rows that ended stop costing compute)."""
+        """Continue with the rows ``rows`` [k] only (rows that ended stop costing compute).
+        With ``retain`` the others' filled columns are kept for ``chunks``."""
+        if self.retain:
+            gone = torch.ones(self.rows.shape[0], dtype=torch.bool, device=rows.device)
+            gone[rows] = False
+            self.retired.append((self.rows[gone],
+                                 [kc[gone, :, :self.length] for kc in self.k_cache],
+                                 [vc[gone, :, :self.length] for vc in self.v_cache]))
+        self.rows = self.rows[rows]
         self.k_cache = [kc[rows] for kc in self.k_cache]
         self.v_cache = [vc[rows] for vc in self.v_cache]
         self.bias, self.next_position = self.bias[rows], self.next_position[rows]
+
+    def chunks(self) -> list[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]]:
+        """Every row's cache after the decode: ``(rows [r], keys, values)`` per group of rows
+        (those that left together with ``keep``, and the rows computed to the end), keys and
+        values per layer [r, kv heads, columns, head_dim]. Row i's context sits in the
+        columns of the left-padded prefill, its j-th generated token in column P + j (the last
+        one drawn was never fed, so it is not there)."""
+        return [*self.retired, (self.rows, self.k_cache, self.v_cache)]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.final_norm.weight, self.final_norm.variance_epsilon)

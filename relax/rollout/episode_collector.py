@@ -59,8 +59,8 @@ class EpisodeCollector(StreamPosition):
     def collect(self, step: int) -> StepBatch:
         generator = rollout_generator(self.seed, self.ctx.rank, step, 0, self.ctx.device)
 
-        def sample(ids, mask, max_new_tokens):  # every turn of the step draws from one stream
-            return self.sampler(ids, mask, max_new_tokens, generator)
+        def sample(ids, mask, max_new_tokens, cache=None):  # one stream for every turn
+            return self.sampler(ids, mask, max_new_tokens, generator, cache=cache)
 
         with self.timer("generate"):  # an episode interleaves generation and the environment
             if self.envs is not None:

@@ -13,10 +13,12 @@ reward only the last step, such as textarena's, that is the terminal reward). So
 estimator, both REINFORCE++ variants included, trains on the episode unchanged.
 
 Token-in/token-out: the model's sampled ids are appended exactly as drawn (never decoded and
-re-tokenized); only the environment's text is tokenized. Each turn re-runs the model over the
-growing context with the engine's batched generation (relax/rollout/generate.py): the KV
-cache of a turn is not kept for the next, which costs one prefill per turn and keeps the
-engine unchanged. An episode also ends, counted as truncated, when its context could not hold
+re-tokenized); only the environment's text is tokenized. Each turn is one batched generation
+over the live episodes' contexts (relax/rollout/generate.py) that keeps every episode's KV
+cache for the next turn (relax/rollout/turn_cache.py): a turn prefills only the last token
+the model drew and the environment's answer, ragged across the batch, with the same sampled
+ids as a prefill of the whole context; an episode's cache is released when it ends, and the
+step's when the episodes are played. An episode also ends, counted as truncated, when its context could not hold
 another full turn within the model's context window; an observation that would take that
 room is not added, so an episode never outgrows the context.
 
@@ -36,6 +38,7 @@ from relax.errors import InputError
 from relax.rollout.data import format_prompt
 from relax.rollout.env_guard import EnvFailure, GuardedEnv
 from relax.rollout.generate import Rollout, left_pad
+from relax.rollout.turn_cache import TurnCache
 
 SENTINEL = "RELAXTURNSENTINEL"
 
@@ -150,8 +153,10 @@ def run_episodes(
 
     ``envs``: :class:`~relax.rollout.env_guard.GuardedEnv` (a plain environment is guarded
     here, without a time limit); what one does wrong fails its episode (``errors``).
-    ``sample(ids [b, L] left-padded, mask [b, L], max_new_tokens)`` is the trainer's batched
-    generation (its own seeded generator); it is called once per turn with every live episode.
+    ``sample(ids [b, L] left-padded, mask [b, L], max_new_tokens, cache=...)`` is the trainer's
+    batched generation (its own seeded generator); it is called once per turn with every live
+    episode and the episodes' KV caches (relax/rollout/turn_cache.py ``CachedRows``, passed on
+    to ``generate``).
     ``context``: the model's window (None: unbounded); ``length_flag`` names the flag of
     ``max_turn_tokens`` in the error when the first observation leaves no room for a turn.
     """
@@ -159,13 +164,14 @@ def run_episodes(
     prompts, episodes = _start(envs, seeds, tokenizer=tokenizer, format_prompt=format_prompt,
                                max_turn_tokens=max_turn_tokens, context=context,
                                length_flag=length_flag)
+    cache = TurnCache()  # one per call: the weights do not change while episodes play
     for turn in range(max_turns):
         live = [i for i, e in enumerate(episodes) if e.live]
         if not live:
             break
         ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
                               tokenizer.pad_token_id, device)
-        out = sample(ids, mask, max_turn_tokens)
+        out = sample(ids, mask, max_turn_tokens, cache=cache.rows(live))
         for row, i in enumerate(live):
             action = out.response_ids[row][out.response_mask[row]].tolist()
             episodes[i].add(action, trained=True,
@@ -175,6 +181,9 @@ def run_episodes(
                           room=None if context is None else context - max_turn_tokens)
             if error:
                 episodes[i].error = f"episode {i} (seed {seeds[i]}), turn {turn + 1}: {error}"
+            if not episodes[i].live:
+                cache.release(i)
+    cache.clear()
     return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
                           [e.reward for e in episodes], [e.turns for e in episodes],
                           [e.error for e in episodes if e.error], prompts)

@@ -158,6 +158,7 @@ def generate(
     inference_mode: bool = True,
     budgets: torch.Tensor | None = None,
     stop=None,
+    cache=None,
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` per row (``budgets`` [B]: fewer for some rows; a row at
     its budget ends as truncated).
@@ -168,24 +169,28 @@ def generate(
     passes, so the "all rows finished" (or stop) decision is all-reduced over this group.
     ``inference_mode=False`` runs under plain ``no_grad``: FSDP2 reuses its all-gather buffers
     in later training passes, and inference tensors cannot be updated outside inference mode.
+    ``cache`` (relax/rollout/turn_cache.py ``CachedRows``): the rows' KV caches of earlier
+    turns, used for the tokens they cover and replaced by this call's.
     """
     with torch.no_grad(), torch.inference_mode(inference_mode):
         return _decode(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
             eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, temperature=temperature,
             top_p=top_p, top_k=top_k, generator=generator, sync_group=sync_group,
-            budgets=budgets, stop=stop,
+            budgets=budgets, stop=stop, cache=cache,
         )
 
 
 def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pad_token_id,
-            temperature, top_p, top_k, generator, sync_group, budgets=None, stop=None
-            ) -> Rollout:
+            temperature, top_p, top_k, generator, sync_group, budgets=None, stop=None,
+            cache=None) -> Rollout:
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     eos = torch.tensor(eos_token_ids, device=device)
-    forward = _ModelSteps(model) if unsupported_reason(model) else DecodeEngine(model)
-    logits = forward.prefill(prompt_ids, prompt_mask, max_new_tokens)
+    forward, cache = _forward(model, cache)
+    # the past is not held here: its tensors are freed once the prefill copied them
+    logits = forward.prefill(prompt_ids, prompt_mask, max_new_tokens,
+                             past=None if cache is None else cache.past(prompt_ids, prompt_mask))
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     ended_eos = torch.zeros(B, dtype=torch.bool, device=device)
     alive = None  # the rows the forward still computes (None: all B)
@@ -215,20 +220,35 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         if t == max_new_tokens - 1:
             break
         ended = int(finished.sum())  # the step's one host sync: early stop and dropped rows
-        done = ended == B or (stop is not None and bool(stop(finished)))
-        if sync_group is not None:
-            flag = torch.tensor(int(done), dtype=torch.int32, device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=sync_group)
-            done = bool(flag)
-        if done:
+        if _done(ended == B or (stop is not None and bool(stop(finished))), sync_group, device):
             break
         if hasattr(forward, "keep"):
             alive = _drop_finished(forward, alive, finished, ended)
         logits = forward.step(tok if alive is None else tok[alive])
     response_ids = torch.stack(tokens, dim=1)
     response_mask = torch.stack(masks, dim=1)
+    if cache is not None:
+        cache.store(forward.chunks(), prompt_ids, prompt_mask, response_ids, response_mask)
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~ended_eos,
                    log_probs=torch.stack(log_probs, dim=1))
+
+
+def _forward(model, cache):
+    """The decode's forward (the engine, or the model's own for what the engine does not run:
+    every turn prefilled whole, so no cache) and the cache it uses."""
+    if unsupported_reason(model):
+        return _ModelSteps(model), None
+    return DecodeEngine(model, retain=cache is not None), cache
+
+
+def _done(done: bool, sync_group, device) -> bool:
+    """``done`` agreed by every rank of ``sync_group`` (a sharded model: every rank runs the
+    same number of forward passes)."""
+    if sync_group is None:
+        return done
+    flag = torch.tensor(int(done), dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=sync_group)
+    return bool(flag)
 
 
 def _drop_finished(engine, alive, finished, ended: int):
@@ -253,7 +273,7 @@ class _ModelSteps:
         self.model = model
         self.cache_arg = cache_argument(model)
 
-    def prefill(self, prompt_ids, prompt_mask, max_new_tokens):
+    def prefill(self, prompt_ids, prompt_mask, max_new_tokens, past=None):
         self.attn = prompt_mask.long()
         position = (self.attn.cumsum(-1) - 1).clamp(min=0)
         out = self.model(

@@ -48,9 +48,10 @@ class Sampler:
         self.sync_group, self.after = sync_group, after
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
-                 generator: torch.Generator | None = None, *, budgets=None, stop=None
-                 ) -> Rollout:
-        """``budgets`` / ``stop``: per-row limits and an early end (relax/rollout/generate.py)."""
+                 generator: torch.Generator | None = None, *, budgets=None, stop=None,
+                 cache=None) -> Rollout:
+        """``budgets`` / ``stop``: per-row limits and an early end; ``cache``: the rows' KV
+        caches of earlier turns (relax/rollout/generate.py)."""
         was_training = self.model.training
         self.model.eval()
         try:
@@ -60,7 +61,7 @@ class Sampler:
                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                     temperature=self.params.temperature, top_p=self.params.top_p,
                     top_k=self.params.top_k, generator=generator, sync_group=self.sync_group,
-                    budgets=budgets, stop=stop,
+                    budgets=budgets, stop=stop, cache=cache,
                     # a sharded model keeps its gathered buffers for training passes
                     inference_mode=self.sync_group is None,
                 )

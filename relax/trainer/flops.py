@@ -17,12 +17,13 @@ whose backward is skipped. Recomputation (the chunked output layer) is not model
 prompt shared by a group's rows counts for every row (the work without prefix sharing; the
 shared-prompt forward does less, so the ratio can overstate the hardware's utilization).
 
-The peak is measured once at start-up on the run's device and dtype (the best of a few square
-matmuls), or given with ``--peak-tflops``. Decoding reads every weight once per step, so its
-roofline is ``decode steps x weight bytes / time`` against a measured copy bandwidth.
-Both measurements can be replaced by known figures through the environment
-(``RELAX_PEAK_TFLOPS``, ``RELAX_MEMORY_BANDWIDTH_GBPS``): a machine that is busy or shared
-measures too low, and a short run or a test suite need not spend a second on them.
+The peak is measured on the run's device and dtype (the best of a few square matmuls), unless
+a flag, the environment or a known GPU's data sheet gives it (relax/trainer/limits.py, which
+also keeps the best of the start-up and per-step measurements: a busy machine measures low).
+Decoding reads every weight once per step, so its roofline is ``decode steps x weight bytes /
+time`` against a measured copy bandwidth. Both measurements can be replaced by known figures
+through the environment (``RELAX_PEAK_TFLOPS``, ``RELAX_MEMORY_BANDWIDTH_GBPS``): a short run
+or a test suite need not spend a second on them.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def phase_metrics(forward: float, *, log_prob_passes: int, skipped_fraction: flo
     return out
 
 
-def _given(name: str) -> float | None:
+def given_limit(name: str) -> float | None:
     """The positive number the environment variable ``name`` holds, None when unset or empty."""
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -136,7 +137,7 @@ def measure_peak_flops(device: torch.device, bf16: bool, size: int = 1024,
                        repeats: int = 5) -> float:
     """FLOP/s of a square matmul in the run's compute dtype (best of ``repeats``), or
     ``RELAX_PEAK_TFLOPS`` x 1e12 when that is set (nothing is measured then)."""
-    given = _given(PEAK_ENV)
+    given = given_limit(PEAK_ENV)
     if given is not None:
         return given * 1e12
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -155,7 +156,7 @@ def measure_peak_flops(device: torch.device, bf16: bool, size: int = 1024,
 def measure_bandwidth(device: torch.device, megabytes: int = 128, repeats: int = 3) -> float:
     """Bytes/s of a large copy (read + write), the decode's roofline (best of ``repeats``), or
     ``RELAX_MEMORY_BANDWIDTH_GBPS`` x 1e9 when that is set (nothing is measured then)."""
-    given = _given(BANDWIDTH_ENV)
+    given = given_limit(BANDWIDTH_ENV)
     if given is not None:
         return given * 1e9
     src = torch.empty(megabytes << 18, dtype=torch.float32, device=device).fill_(1.0)

@@ -7,25 +7,32 @@ limits (``perf/*_mfu``, ``perf/generate_bandwidth_fraction``: relax/trainer/flop
 global generated tokens over the rollout time. With ``--fully-async`` the rollout time is the
 training ranks' wait for their batch; the tokens per second divide by the rollout ranks'
 generate time and ``perf/mfu`` counts the training ranks' own passes only.
+``perf/peak_tflops`` and ``perf/bandwidth_gb_per_s`` are the limits the fractions divide by
+(relax/trainer/limits.py: measured ones are measured again after steps 1, 2, 4, 8, ..., the
+best kept); ``perf/over_limit`` counts the fractions above 1, and the first one of a run is
+explained in a warning on stderr.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+
 from relax.rollout.batch import StepBatch
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
+from relax.trainer.limits import Limits, device_name, over_limit, over_limit_warning, tf32_matmuls
 from relax.trainer.runtime import peak_memory_gb
 
 
 class StepMetrics:
     """``row(batch, times)``: the reduced metrics of a step (a collective: every rank calls
-    it, the result is the same everywhere). ``peak_flops`` is one device's, ``bandwidth`` its
-    copy bandwidth; ``log_prob_passes`` the no-grad passes a step runs (pi_old, reference)."""
+    it, the result is the same everywhere). ``limits`` holds one device's peak FLOP/s and copy
+    bandwidth; ``log_prob_passes`` the no-grad passes a step runs (pi_old, reference)."""
 
-    def __init__(self, tracker, ctx, *, shape: ModelShape, peak_flops: float, bandwidth: float,
-                 log_prob_passes: int):
+    def __init__(self, tracker, ctx, *, shape: ModelShape, limits: Limits, log_prob_passes: int):
         self.tracker, self.ctx, self.shape = tracker, ctx, shape
-        self.peak_flops, self.bandwidth = peak_flops, bandwidth
-        self.log_prob_passes = log_prob_passes
+        self.limits, self.log_prob_passes = limits, log_prob_passes
+        self.warned, self.rows = False, 0
         # --fully-async: rollout ranks generate, so the training ranks' perf/mfu leaves the
         # generation out and the tokens per second divide by the rollout ranks' time
         self.remote_generation = False
@@ -33,14 +40,27 @@ class StepMetrics:
     @classmethod
     def measure(cls, module, tracker, ctx, *, peak_tflops: float | None, bf16: bool,
                 log_prob_passes: int) -> StepMetrics:
-        """The model's FLOP counts and this device's peak (``--peak-tflops`` or measured) and
-        copy bandwidth."""
-        peak = peak_tflops * 1e12 if peak_tflops else measure_peak_flops(ctx.device, bf16)
-        return cls(tracker, ctx, shape=ModelShape.of(module), peak_flops=peak,
-                   bandwidth=measure_bandwidth(ctx.device), log_prob_passes=log_prob_passes)
+        """The model's FLOP counts and this device's limits (relax/trainer/limits.py)."""
+        limits = Limits.resolve(
+            peak_tflops=peak_tflops, device_name=device_name(ctx.device), bf16=bf16,
+            tf32=tf32_matmuls(),
+            # the per-step measurements repeat less: the best over the run is what counts
+            measure_peak=functools.partial(measure_peak_flops, ctx.device, bf16, repeats=2),
+            measure_bandwidth=functools.partial(measure_bandwidth, ctx.device, repeats=2))
+        return cls(tracker, ctx, shape=ModelShape.of(module), limits=limits,
+                   log_prob_passes=log_prob_passes)
 
     def row(self, b: StepBatch, times: dict[str, float]) -> dict[str, float]:
-        t = self.tracker
+        t, limits = self.tracker, self.limits
+        self.rows += 1
+        if self.rows & (self.rows - 1) == 0:
+            # measured limits again after steps 1, 2, 4, 8, ...: a later quiet moment corrects a
+            # start-up measurement on a busy machine, at a cost (about 0.9 s on one CPU thread)
+            # that vanishes over a run instead of taxing every step
+            limits.refresh()
+        # every rank divides by the same limits: the best any rank measured
+        t.add_max("perf/peak_tflops", limits.peak / 1e12)
+        t.add_max("perf/bandwidth_gb_per_s", limits.bandwidth / 1e9)
         mask = b.generated.response_mask
         t.add_ratio("rollout/response_length", mask.sum(), mask.shape[0])
         t.add_ratio("rollout/truncated", b.generated.truncated.sum(), mask.shape[0])
@@ -52,21 +72,29 @@ class StepMetrics:
         t.add_sum("perf/generate_flops",
                   0.0 if self.remote_generation else self._forward_flops(b.generated))
         metrics = t.reduce()
+        limits.peak = metrics["perf/peak_tflops"] * 1e12
+        limits.bandwidth = metrics["perf/bandwidth_gb_per_s"] * 1e9
         metrics.update(phase_metrics(
             metrics.pop("perf/forward_flops"), log_prob_passes=self.log_prob_passes,
             generate_forward=metrics.pop("perf/generate_flops"),
             skipped_fraction=metrics.get("perf/backward_skipped_fraction", 0.0),
             times={k: metrics.get(f"perf/{k}_time", 0.0)
                    for k in ("step", "update", "log_prob", "generate")},
-            peak_flops=self.peak_flops * self.ctx.world_size, decode_steps=b.decode_steps,
-            weight_bytes=self.shape.weight_bytes, bandwidth=self.bandwidth))
-        # the limits the ratios divide by, so a reader of metrics.jsonl can check them
-        metrics["perf/peak_tflops"] = self.peak_flops / 1e12
-        metrics["perf/bandwidth_gb_per_s"] = self.bandwidth / 1e9
+            peak_flops=limits.peak * self.ctx.world_size, decode_steps=b.decode_steps,
+            weight_bytes=self.shape.weight_bytes, bandwidth=limits.bandwidth))
+        self._explain_over_limit(metrics)
         generating = metrics.get("async/rollout_generate_time", metrics["perf/rollout_time"])
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
             generating, 1e-9)
         return metrics
+
+    def _explain_over_limit(self, metrics: dict[str, float]) -> None:
+        """``perf/over_limit``: the fractions above 1 this step, the first explained once."""
+        metrics["perf/over_limit"] = float(len(over_limit(metrics)))
+        if metrics["perf/over_limit"] and not self.warned:
+            self.warned = True
+            if self.ctx.is_main:
+                print(over_limit_warning(metrics, self.limits), file=sys.stderr, flush=True)
 
     def _forward_flops(self, r) -> float:
         # an episode's training forward also runs over the environment's tokens

@@ -38,9 +38,9 @@ def _run(tiny, mode, n=4, timeout_s=60.0, max_turns=4):
     rows = []
     generator = torch.Generator().manual_seed(0)
 
-    def sample(ids, mask, k):
+    def sample(ids, mask, k, cache=None):
         out = generate(model, ids, mask, max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
-                       pad_token_id=tok.pad_token_id, generator=generator)
+                       pad_token_id=tok.pad_token_id, generator=generator, cache=cache)
         rows.extend(tuple(out.response_ids[i][out.response_mask[i]].tolist())
                     for i in range(len(out.response_ids)))
         return out
@@ -206,3 +206,42 @@ def test_two_process_gloo_agents(tmp_path):
         # every rank ran its own agents; the reward is the global mean over both ranks
         indices = range(step * 4, (step + 1) * 4)
         assert row["rollout/raw_reward"] == pytest.approx(sum(i % 3 for i in indices) / 4)
+
+
+@pytest.mark.parametrize("mode", ["ok", "tool"])
+@pytest.mark.subprocess
+def test_sessions_keep_their_kv_cache_between_calls(tiny, mode, tmp_path, monkeypatch):
+    """Every batch of calls, sampled with the sessions' kept KV caches, draws exactly the ids
+    a prefill of the whole conversations draws from the same generator state (fp32), and
+    every session that called before finds its cache, whichever sessions share the batch."""
+    monkeypatch.setenv("RELAX_TEST_DIR", str(tmp_path))
+    tok, model = tiny
+    generator = torch.Generator().manual_seed(0)
+    seen, hits = set(), []
+
+    def sample(ids, mask, k, cache=None):
+        kw = dict(max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
+                  pad_token_id=tok.pad_token_id, generator=generator)
+        state = generator.get_state()
+        whole = generate(model, ids, mask, **kw)
+        generator.set_state(state)
+        hits.append((sum(key in cache.cache.entries for key in cache.keys),
+                     sum(key in seen for key in cache.keys)))
+        seen.update(cache.keys)
+        kept = generate(model, ids, mask, **kw, cache=cache)
+        assert torch.equal(whole.response_ids, kept.response_ids)
+        assert torch.equal(whole.response_mask, kept.response_mask)
+        torch.testing.assert_close(whole.log_probs, kept.log_probs, rtol=0, atol=1e-5)
+        return kept
+
+    runner = AgentRunner(command(mode), timeout_s=60, max_turns=4, max_turn_tokens=4,
+                         tokenizer=tok, eos_token_id=tok.eos_token_id, context=256,
+                         device="cpu")
+    try:
+        played = runner.run([{"prompt": f"p{i}", "label": None, "index": i, "step": 0}
+                             for i in range(4)], sample)
+    finally:
+        runner.close()
+    assert played.failures == [] and played.turns == [2, 2, 2, 2]
+    assert all(found == before for found, before in hits)
+    assert sum(found for found, _ in hits) == 4  # each session's second call

@@ -78,7 +78,7 @@ class Model:
         self.tok, self.reply = tok, tok(text, add_special_tokens=False)["input_ids"]
         self.calls: list[tuple[list[list[int]], int]] = []
 
-    def __call__(self, ids, mask, k):
+    def __call__(self, ids, mask, k, cache=None):
         self.calls.append(([row[m].tolist() for row, m in zip(ids, mask, strict=True)], k))
         full = [*self.reply, self.tok.eos_token_id]
         out = full[:k]

@@ -27,9 +27,9 @@ def _play(tok, model, seeds, *, max_turns=3, chat=False, max_turn_tokens=4, cont
     calls = []
     generator = torch.Generator().manual_seed(0)
 
-    def sample(ids, mask, k):
+    def sample(ids, mask, k, cache=None):
         out = generate(model, ids, mask, max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
-                       pad_token_id=tok.pad_token_id, generator=generator)
+                       pad_token_id=tok.pad_token_id, generator=generator, cache=cache)
         calls.append((ids, mask, out))
         return out
 

@@ -33,10 +33,10 @@ def run_agents(tiny, mode: str, n: int, tmp_path, monkeypatch, **kw):
     generator = torch.Generator().manual_seed(0)
     batches = []
 
-    def sample(ids, mask, k):
+    def sample(ids, mask, k, cache=None):
         batches.append(len(ids))
         return generate(model, ids, mask, max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
-                        pad_token_id=tok.pad_token_id, generator=generator)
+                        pad_token_id=tok.pad_token_id, generator=generator, cache=cache)
 
     runner = AgentRunner(f"{sys.executable} {PROGRAM} {mode}", timeout_s=kw.get("timeout", 60),
                          max_turns=4, max_turn_tokens=4, tokenizer=tok,

@@ -49,9 +49,9 @@ def play(tiny, envs, *, context=256, max_turns=3):
     tok, model = tiny
     generator = torch.Generator().manual_seed(0)
 
-    def sample(ids, mask, k):
+    def sample(ids, mask, k, cache=None):
         return generate(model, ids, mask, max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
-                        pad_token_id=tok.pad_token_id, generator=generator)
+                        pad_token_id=tok.pad_token_id, generator=generator, cache=cache)
 
     return run_episodes(envs, list(range(len(envs))), tokenizer=tok,
                         format_prompt=lambda t: t,
