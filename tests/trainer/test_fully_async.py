@@ -5,19 +5,22 @@ train, under one torchrun, with a fixed lag. Real Gloo processes, bounded waits.
   and FSDP2 served by one rollout rank; LoRA, which sends only the adapter);
 - K = 1 trains on batches one step old, repeats exactly, and --load continues exactly with the
   batch in flight taken from the checkpoint;
-- a rollout rank that fails ends the run with one line naming it and its role.
+- a rollout rank that fails, hangs or is killed ends the run with one line naming it and its
+  role; SIGTERM drains both sides; two simulated nodes on localhost train like one machine.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from relax.trainer import sharded_state
 from relax.trainer.async_layout import Schedule
-from tests.distributed_utils import torchrun_relax
+from tests.distributed_utils import free_port, torchrun_relax
 from tests.reliability.helpers import finish_all, kill_left, start_ranks
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward
 
@@ -159,3 +162,41 @@ def test_a_hung_rollout_rank_ends_the_run_within_the_timeout(tmp_path):
         kill_left(ranks)  # the rollout rank still sleeps in its reward function
     (line,) = ranks[0].errors()
     assert "[rank 0 training] waiting for step 2's batch: rollout rank 1" in line, line
+
+
+def test_two_simulated_nodes_on_localhost(tmp_path):
+    """The README's two-node layout in miniature: node 0 trains, node 1 samples, each its own
+    torchrun agent meeting at 127.0.0.1."""
+    reward, out, port = write_reward(tmp_path), tmp_path / "run", str(free_port())
+    flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
+             "--fully-async", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
+             "--rollout-num-gpus", "1", "--max-staleness", "1", "--use-tis",
+             "--output-dir", str(out)]
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(n),
+         "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
+         "-m", "relax", "train", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
+    try:
+        results = [node.communicate(timeout=180) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:]
+    assert [r["async/staleness"] for r in read_metrics(out)] == [0, 1, 1, 1]
+
+
+def test_a_killed_rollout_rank_is_named(tmp_path):
+    reward = write_reward(tmp_path)
+    flags = [*RECIPES["grpo"], *STEPS, "--num-rollout", "500", "--custom-rm-path",
+             f"{reward}:parity", "--fully-async", "--max-staleness", "0",
+             "--output-dir", str(tmp_path / "run")]
+    ranks = start_ranks(flags, {**os.environ, "OMP_NUM_THREADS": "1"}, world=2)
+    try:
+        ranks[0].wait_for_line("step 2/500", timeout=120)
+        ranks[1].proc.kill()  # SIGKILL: no message of its own, sockets closed by the kernel
+        assert ranks[0].finish(timeout=60) == 1
+    finally:
+        kill_left(ranks)
+    (line,) = ranks[0].errors()
+    assert "[rank 0 training]" in line and "rollout rank 1" in line, line
