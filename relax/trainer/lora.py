@@ -19,6 +19,7 @@ import os
 import torch
 
 from relax.errors import InputError
+from relax.seeding import seed_for
 
 # Relax's Megatron-style names -> the Hugging Face Llama/Qwen module names they cover
 MEGATRON_NAMES: dict[str, tuple[str, ...]] = {
@@ -115,3 +116,12 @@ def save_adapter(model: torch.nn.Module, tuner, folder: str, *, base: str | None
         config.base_model_name_or_path = os.path.abspath(base)
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def add_configured(module: torch.nn.Module, section, seed: int):
+    """The run's adapter (``cfg.lora``, a LoraSection) on ``module``, its A drawn from the run's
+    seed: the training policy and a --fully-async rollout rank build the same adapter."""
+    return add_lora(module, rank=section.rank, alpha=section.alpha, dropout=section.dropout,
+                    targets=list(section.target_modules or ALL_LINEAR),
+                    seed=seed_for(seed, "lora"))
+

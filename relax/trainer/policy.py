@@ -21,15 +21,13 @@ import torch
 
 from relax import models
 from relax.rollout.sampler import Sampler, SamplingParams
-from relax.seeding import seed_for
 from relax.trainer import build, sharded_state
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.lora import (
     ADAPTER_DIR,
-    ALL_LINEAR,
     adapter_disabled,
-    add_lora,
+    add_configured,
     merged_copy,
     save_adapter,
 )
@@ -56,10 +54,7 @@ class Policy:
         reference, data-parallel wrapping and AdamW around the loaded Hugging Face ``module``."""
         lora = None
         if cfg.lora.enabled:
-            lora = add_lora(module, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
-                            dropout=cfg.lora.dropout,
-                            targets=list(cfg.lora.target_modules or ALL_LINEAR),
-                            seed=seed_for(cfg.seed, "lora"))
+            lora = add_configured(module, cfg.lora, cfg.seed)
         # before wrap_model: FSDP2 shards the same blocks, its hooks outside the checkpoint
         apply_recompute(module, cfg.recompute)
         has_reference = build.needs_reference(cfg)

@@ -104,10 +104,8 @@ class RemoteRollout:
             for step in self.schedule.in_flight(self.next_step):
                 if step not in self.pending and step > self.received:
                     self.pending[step] = self._receive(step)
-        pending = {s: {**m, "batch": m["batch"].plain()} for s, m in self.pending.items()
-                   if s >= self.next_step}
-        cursor = int(self.state.get("cursor", 0)) - self.stride * len(pending)
-        return {"pending": pending, "rollout": self.state, "cursor": cursor}
+        pending = {s: {**m, "batch": m["batch"].plain()} for s, m in self.pending.items()}
+        return {"pending": pending, "rollout": self.state, "cursor": self._cursor()}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's :meth:`state_dict`, or a colocated run's ``{"cursor"}``."""
@@ -116,8 +114,13 @@ class RemoteRollout:
         self.state = dict(state.get("rollout") or {"cursor": int(state["cursor"])})
 
     def position(self) -> dict[str, int]:
-        cursor = int(self.state.get("cursor", 0)) - self.stride * len(self.pending)
+        cursor = self._cursor()
         return {**self.source.position_at(cursor), "cursor": cursor}
+
+    def _cursor(self) -> int:
+        """Prompts consumed by the steps trained so far: the rollout side's cursor less the
+        batches still pending here (a fixed stride: no rounds under --fully-async)."""
+        return int(self.state.get("cursor", 0)) - self.stride * len(self.pending)
 
     # ------------------------------------------------------------------ internals
     def _start(self, step: int) -> None:

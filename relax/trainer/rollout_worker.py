@@ -34,7 +34,6 @@ from relax.rollout.data import PromptSource, load_source
 from relax.rollout.sampler import Sampler, SamplingParams
 from relax.rollout.scoring import Scorer
 from relax.rollout.tasks import get_task
-from relax.seeding import seed_for
 from relax.trainer import weight_sync
 from relax.trainer.async_layout import (
     AsyncLayout,
@@ -45,7 +44,7 @@ from relax.trainer.async_layout import (
 )
 from relax.trainer.distributed import DistContext, is_peer_failure
 from relax.trainer.judge import build_judge
-from relax.trainer.lora import ALL_LINEAR, add_lora
+from relax.trainer.lora import add_configured
 from relax.trainer.runtime import Timer
 
 
@@ -56,9 +55,7 @@ def build_sampler(cfg, device: torch.device):
     tokenizer = models.load_tokenizer(cfg.hf_checkpoint)
     module = models.load_policy(cfg.hf_checkpoint, tokenizer, device, seed=cfg.seed)
     if cfg.lora.enabled:
-        add_lora(module, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                 targets=list(cfg.lora.target_modules or ALL_LINEAR),
-                 seed=seed_for(cfg.seed, "lora"))
+        add_configured(module, cfg.lora, cfg.seed)
     r = cfg.rollout
     sampler = Sampler(module, eos_token_ids=models.eos_token_ids(tokenizer, module),
                       pad_token_id=tokenizer.pad_token_id,
