@@ -15,7 +15,8 @@ What it does, in a fresh ``--workdir``:
 2. **Training.** ``relax train`` on it: REINFORCE++ (``--normalize-advantages --gamma 1.0
    --kl-coef 0.01 --kl-loss-type k1``, so each step has a reference pass), 64 prompts x 8
    samples, up to 1024 new tokens, the built-in ``copy`` prompts, ``--bf16``, one optimizer
-   step per rollout step. Random weights over 151,936 tokens almost never sample EOS, so the
+   step per rollout step, ``--recompute-granularity full`` (``--recompute none`` keeps the
+   activations instead). Random weights over 151,936 tokens almost never sample EOS, so the
    responses run to the limit: the step is the full 512 x 1024 tokens. Printed: step time
    (median of the steps after the first, which pays for kernel set-up), the phase split,
    generated tokens/s, ``perf/mfu``, ``perf/update_mfu``, ``perf/log_prob_mfu``,
@@ -105,6 +106,8 @@ def train(args, size: dict, model_dir: str) -> dict:
            "--micro-batch-size", str(size["micro_batch"]), "--num-rollout", str(size["steps"]),
            "--lr", "1e-6", "--bf16", "--device", args.device, "--log-samples", "0",
            "--output-dir", out]
+    if args.recompute:
+        cmd += ["--recompute-granularity", args.recompute]
     say("train: " + " ".join(cmd[1:]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
@@ -132,7 +135,7 @@ def train(args, size: dict, model_dir: str) -> dict:
     def median(key):
         return statistics.median(r[key] for r in later if key in r) if key in later[0] else None
 
-    result = {"wall_s": wall, "steps": len(rows),
+    result = {"wall_s": wall, "steps": len(rows), "recompute": args.recompute,
               "step_time_s": median("perf/step_time"),
               "phases_s": {p: median(f"perf/{p}_time") for p in PHASES},
               "generated_tokens_per_s": median("perf/generated_tokens_per_s"),
@@ -143,7 +146,8 @@ def train(args, size: dict, model_dir: str) -> dict:
               "peak_memory_gb": max(r["perf/peak_memory_gb"] for r in rows)}
     memory = "GPU memory allocated" if args.device == "cuda" else "RSS of the process"
     phases = ", ".join(f"{p} {v:.2f}" for p, v in result["phases_s"].items() if v is not None)
-    say(f"train: {len(rows)} steps in {wall:.1f} s (start-up included); step time "
+    say(f"train: {len(rows)} steps in {wall:.1f} s (start-up included, recompute "
+        f"{args.recompute or 'none'}); step time "
         f"{result['step_time_s']:.2f} s (median of steps 2..{len(rows)}); phases (s): {phases}")
     say(f"train: {result['generated_tokens_per_s']:.0f} generated tokens/s, mean response "
         f"{result['response_length']:.0f} tokens; " + ", ".join(
@@ -242,11 +246,16 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="rollout steps (default: per size)")
     p.add_argument("--train-timeout", type=float, default=300.0,
                    help="seconds the training run may take (default 300)")
+    p.add_argument("--recompute", choices=("full", "none"), default="full",
+                   help="--recompute-granularity of the training run (default full: every "
+                        "decoder layer recomputed in the backward, issue 28; none measures "
+                        "the same step keeping the activations)")
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--hf-compile", action="store_true",
                    help="let transformers compile its static-cache decode step (minutes)")
     args = p.parse_args(argv)
+    args.recompute = None if args.recompute == "none" else args.recompute
     if args.device == "cuda" and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         say(f"no CUDA device visible (torch {torch.__version__} is {build}); run with a GPU, "

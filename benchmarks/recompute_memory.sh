@@ -8,7 +8,10 @@
 #      samples) of up to 256 tokens in one micro-batch, REINFORCE++-baseline with the k2 KL
 #      loss, fp32 (--no-bf16): perf/peak_memory_gb (the process's peak: RSS on the CPU, the
 #      allocator's peak on CUDA) and perf/step_time / perf/update_time (the recompute's cost);
-#   2. with LONG=1, 32 responses of up to 512 tokens (4 prompts x 8 samples), the size that
+#   2. with HOST=1 instead, recompute on in both arms: A keeps glibc's dynamic memory-map
+#      threshold (--host-mmap-threshold-kb 0), B the default fixed 128 KiB (relax/host_memory.py):
+#      what the allocator's retained memory adds to the peak, and what returning it costs;
+#   3. with LONG=1, 32 responses of up to 512 tokens (4 prompts x 8 samples), the size that
 #      should train within 24 GiB with recompute; B alone shows whether it fits, A how far
 #      it is over.
 #
@@ -27,6 +30,14 @@ COMMON=(--hf-checkpoint "${MODEL_DIR}" --prompt-data "${TASK}" --reasoning-gym-a
         --advantage-estimator reinforce_plus_plus_baseline --normalize-advantages --kl-coef 0
         --use-kl-loss --kl-loss-type k2 --kl-loss-coef 0.01)
 RECOMPUTE=${RECOMPUTE:-"--recompute-granularity full"}
+
+if [[ "${HOST:-0}" == 1 ]]; then
+  echo "## 16 x 256 tokens, fp32, ${RECOMPUTE}: A --host-mmap-threshold-kb 0, B the default"
+  "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
+    --a-flags "${RECOMPUTE} --host-mmap-threshold-kb 0" --b-flags "${RECOMPUTE}" \
+    -- "${COMMON[@]}" --rollout-batch-size 2 --rollout-max-response-len 256 --micro-batch-size 16
+  exit 0
+fi
 
 echo "## 16 x 256 tokens, fp32, one micro-batch: A none, B ${RECOMPUTE}"
 "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \

@@ -34,6 +34,11 @@ def test_tiny_cpu_mode_runs_every_phase(tmp_path):
     summary = json.loads((workdir / "summary.json").read_text())
     train = summary["train"]
     assert train["steps"] == 2 and train["step_time_s"] > 0
+    # the check trains with activation recompute on (issue 28), and says so
+    assert train["recompute"] == "full"
+    config = json.loads((workdir / "run" / "config.json").read_text())
+    assert config["recompute_granularity"] == "full"
+    assert "recompute full" in proc.stdout
     assert train["phases_s"]["generate"] > 0 and train["phases_s"]["update"] > 0
     # REINFORCE++ with --kl-coef has a reference pass, so every ratio is reported
     for key in ("mfu", "update_mfu", "log_prob_mfu", "generate_bandwidth_fraction"):

@@ -15,6 +15,7 @@ MAX_SAMPLES_PER_STEP = 1 << 20  # samples (or episodes) one rollout step or roun
 MAX_ROUNDS = 1000  # --dynamic-sampling-max-rounds
 MAX_TURNS = 10_000  # --max-turns
 MAX_TOKENS = 1 << 20  # --rollout-max-response-len / --eval-max-response-len, per turn
+MAX_MMAP_THRESHOLD_KB = 32 << 10  # glibc refuses an M_MMAP_THRESHOLD above 32 MiB (64-bit)
 
 
 def check_bounds(cfg) -> None:
@@ -37,7 +38,11 @@ def check_bounds(cfg) -> None:
 
 
 def check_episode_bounds(cfg) -> None:
-    """The bounds ``relax train`` and ``relax eval`` share: turns and evaluation episodes."""
+    """The bounds ``relax train`` and ``relax eval`` share: turns, evaluation episodes and
+    the host memory-map threshold."""
+    if not 0 <= cfg.host_mmap_threshold_kb <= MAX_MMAP_THRESHOLD_KB:
+        reject(cfg, "host_mmap_threshold_kb", f"must be between 0 (glibc's dynamic threshold) "
+               f"and {MAX_MMAP_THRESHOLD_KB} KiB, glibc's largest")
     if cfg.max_turns > MAX_TURNS:
         reject(cfg, "max_turns", f"must be <= {MAX_TURNS} model turns per episode")
     plays = cfg.eval_episodes * cfg.n_samples_per_eval_prompt

@@ -224,3 +224,12 @@ def bf16_option():
 def device_option():
     return option("auto", "", default_note="cuda when available, else cpu", group="modes",
                   choices=DEVICES)
+
+
+def host_mmap_threshold_kb_option():
+    return option(128, "Host (CPU) memory blocks of at least this many KiB get their own "
+                  "memory map and go back to the OS when freed (glibc; relax/host_memory.py). "
+                  "glibc's default raises this threshold up to 32 MiB as blocks are freed, "
+                  "after which freed tensors stay in the process: on a CPU run the peak RSS "
+                  "nearly doubles (docs/performance.md). 0 keeps glibc's dynamic threshold.",
+                  default_note="KiB", group="modes")

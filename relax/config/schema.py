@@ -24,6 +24,7 @@ from relax.config.fields import (
     custom_rm_path_option,
     derived,
     device_option,
+    host_mmap_threshold_kb_option,
     env_option,
     env_step_timeout_option,
     eval_batch_size_option,
@@ -335,6 +336,7 @@ class TrainConfig(FullyAsyncFields):
         "dtype measured at start-up and at every step", group="modes")
     bf16: bool | None = bf16_option()
     device: str = device_option()
+    host_mmap_threshold_kb: int = host_mmap_threshold_kb_option()
 
     # evaluation
     eval_interval: int | None = option(
@@ -490,6 +492,7 @@ class EvalConfig:
     seed: int = seed_option()
     bf16: bool | None = bf16_option()
     device: str = device_option()
+    host_mmap_threshold_kb: int = host_mmap_threshold_kb_option()
     env: str | None = env_option()
     max_turns: int = max_turns_option()
     env_step_timeout: float | None = env_step_timeout_option()

@@ -16,11 +16,13 @@ import torch
 from relax import models
 from relax.errors import InputError, RelaxError
 from relax.eval.hook import EvalSet, evaluate_env, evaluate_sets, load_eval_sets
+from relax.host_memory import set_mmap_threshold
 from relax.rollout.data import check_formatted_lengths
 
 
 def run_eval_command(cfg) -> int:
     """``relax eval CHECKPOINT``: print the metrics as JSON; exit 0, or 2/1 on error."""
+    set_mmap_threshold(cfg.host_mmap_threshold_kb)  # freed tensors go back to the OS
     try:
         device = models.pick_device(cfg.device, 0)
         models.quiet_transformers()

@@ -14,6 +14,7 @@ import sys
 import time
 
 from relax.errors import Interrupted, PeerFailure, RelaxError
+from relax.host_memory import set_mmap_threshold
 from relax.trainer.async_layout import split_roles
 from relax.trainer.distributed import (
     exit_rank,
@@ -30,6 +31,7 @@ from relax.trainer.signals import StopRequest
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     """Train as configured; return the metrics of each rollout step (raises RelaxError)."""
     start = time.perf_counter()
+    set_mmap_threshold(cfg.host_mmap_threshold_kb)  # freed tensors go back to the OS
     stop = StopRequest()
     stop.install()
     try:
