@@ -14,7 +14,8 @@
 #       relax.algorithms runs on the GPU against the CPU float64 references
 #       (tests/algorithms/conftest.py); the multi-process Gloo tests are left out (CPU only);
 #   (b)+(c) benchmarks/gpu_check.py: a Qwen3-0.6B-shaped model with random weights trained 3
-#       rollout steps with REINFORCE++ at 64 prompts x 8 samples x 1024 tokens under bf16
+#       rollout steps with REINFORCE++ at 64 prompts x 8 samples x 1024 tokens under bf16 with
+#       --recompute-granularity full (every decoder layer recomputed in the backward)
 #       (step time, phase split, tokens/s, perf/mfu, the decode roofline fraction, peak GPU
 #       memory), then Relax's decode against transformers' static-cache generate on the same
 #       batch, as a ratio.

@@ -9,8 +9,9 @@
 #      loss, fp32 (--no-bf16): perf/peak_memory_gb (the process's peak: RSS on the CPU, the
 #      allocator's peak on CUDA) and perf/step_time / perf/update_time (the recompute's cost);
 #   2. with HOST=1 instead, recompute on in both arms: A keeps glibc's dynamic memory-map
-#      threshold (--host-mmap-threshold-kb 0), B the default fixed 128 KiB (relax/host_memory.py):
-#      what the allocator's retained memory adds to the peak, and what returning it costs;
+#      threshold (the default), B fixes it at 128 KiB (--host-mmap-threshold-kb 128,
+#      relax/host_memory.py): what the allocator's retained memory adds to the peak, and what
+#      returning it costs;
 #   3. with LONG=1, 32 responses of up to 512 tokens (4 prompts x 8 samples), the size that
 #      should train within 24 GiB with recompute; B alone shows whether it fits, A how far
 #      it is over.
@@ -32,9 +33,9 @@ COMMON=(--hf-checkpoint "${MODEL_DIR}" --prompt-data "${TASK}" --reasoning-gym-a
 RECOMPUTE=${RECOMPUTE:-"--recompute-granularity full"}
 
 if [[ "${HOST:-0}" == 1 ]]; then
-  echo "## 16 x 256 tokens, fp32, ${RECOMPUTE}: A --host-mmap-threshold-kb 0, B the default"
+  echo "## 16 x 256 tokens, fp32, ${RECOMPUTE}: A the default, B --host-mmap-threshold-kb 128"
   "${PYTHON}" benchmarks/ab_step_time.py --a . --b . --repeats "${REPEATS}" \
-    --a-flags "${RECOMPUTE} --host-mmap-threshold-kb 0" --b-flags "${RECOMPUTE}" \
+    --a-flags "${RECOMPUTE}" --b-flags "${RECOMPUTE} --host-mmap-threshold-kb 128" \
     -- "${COMMON[@]}" --rollout-batch-size 2 --rollout-max-response-len 256 --micro-batch-size 16
   exit 0
 fi

@@ -1,4 +1,4 @@
-"""Freed host memory goes back to the operating system (``--host-mmap-threshold-kb``).
+"""Freed host memory goes back to the operating system (``--host-mmap-threshold-kb N``).
 
 glibc's malloc serves a block of at least ``M_MMAP_THRESHOLD`` bytes (128 KiB at start) from a
 memory map of its own, returned to the OS by ``free``; smaller blocks come from the heap,
@@ -6,15 +6,15 @@ whose freed space stays in the process for reuse. The threshold is dynamic: each
 block is freed, glibc raises it to that block's size (up to 32 MiB on 64-bit). A training step
 frees tensors of every size many times over, so after the first step nearly every tensor under
 32 MiB (a decoder layer's activations, a gradient) lives in the heap, and the heap fragments:
-the process keeps gigabytes it no longer uses. Measured on SmolLM2-135M, 16 x 256 tokens in
-fp32 with recompute (docs/performance.md, "What sets the peak"): peak RSS 6.1 GB with the
-dynamic threshold, 3.3 GB with it fixed at 128 KiB, the live tensors being the same.
+the process keeps gigabytes it no longer uses.
 
-Fixing the threshold (``mallopt``) also stops the dynamic adjustment. It acts on host memory
-only, so it is set the same way on every device: on CUDA the host holds little, and the
-GPU's caching allocator is untouched. Where the C library is not glibc (macOS, musl) nothing
-is set. An explicit ``MALLOC_MMAP_THRESHOLD_`` in the environment is glibc's own setting and
-is left as the user gave it.
+Fixing the threshold (``mallopt``, which also stops the dynamic adjustment) returns them, at
+the price of faulting every large tensor in afresh. Measured on SmolLM2-135M, 16 x 256 tokens
+in fp32 with recompute (docs/performance.md, "What sets the peak"): peak RSS 6.2 GB with the
+dynamic threshold, 3.3 GB with 128 KiB, the step 25-35% slower. So it is off by default, a
+lever for runs whose host memory binds. It acts on host memory only (on CUDA the GPU's caching
+allocator is untouched). Where the C library is not glibc (macOS, musl) nothing is set; an
+explicit ``MALLOC_MMAP_THRESHOLD_`` in the environment is glibc's own setting and wins.
 """
 
 from __future__ import annotations

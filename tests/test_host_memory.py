@@ -57,7 +57,7 @@ def test_freed_tensors_go_back_to_the_os_with_the_threshold_fixed():
     was_set, kept = retained_mib(128)
     assert was_set
     assert kept < 20, f"{kept} MiB of 160 MiB of freed tensors stayed in the process"
-    # the control: glibc's dynamic threshold keeps them (what the default flag prevents)
+    # the control: glibc's dynamic threshold (the default, 0) keeps them
     was_set, kept = retained_mib(0)
     assert not was_set
     assert kept > 120, f"only {kept} MiB stayed with glibc's dynamic threshold"
@@ -71,8 +71,8 @@ def test_an_explicit_glibc_setting_is_left_alone(monkeypatch):
 
 
 def test_the_flag_default_and_its_bounds():
-    assert parse_train_config([]).host_mmap_threshold_kb == 128
-    assert parse_train_config(["--host-mmap-threshold-kb", "0"]).host_mmap_threshold_kb == 0
+    assert parse_train_config([]).host_mmap_threshold_kb == 0  # glibc's own behaviour
+    assert parse_train_config(["--host-mmap-threshold-kb", "128"]).host_mmap_threshold_kb == 128
     for bad in ("-1", "40000"):
         with pytest.raises(ConfigError, match="--host-mmap-threshold-kb.*between 0"):
             parse_train_config(["--host-mmap-threshold-kb", bad])

@@ -227,9 +227,11 @@ def device_option():
 
 
 def host_mmap_threshold_kb_option():
-    return option(128, "Host (CPU) memory blocks of at least this many KiB get their own "
-                  "memory map and go back to the OS when freed (glibc; relax/host_memory.py). "
-                  "glibc's default raises this threshold up to 32 MiB as blocks are freed, "
-                  "after which freed tensors stay in the process: on a CPU run the peak RSS "
-                  "nearly doubles (docs/performance.md). 0 keeps glibc's dynamic threshold.",
-                  default_note="KiB", group="modes")
+    return option(0, "Host (CPU) memory blocks of at least this many KiB get their own "
+                  "memory map and go back to the OS when freed (glibc's M_MMAP_THRESHOLD, "
+                  "fixed; relax/host_memory.py). Turn it on (128) when host memory binds: "
+                  "glibc's dynamic threshold keeps freed tensors in a fragmenting heap, so a "
+                  "CPU run's peak RSS can be twice its live tensors; a fixed one trades that "
+                  "for page faults (SmolLM2, 16 x 256 with recompute: peak 6.2 -> 3.3 GB, "
+                  "step time +25-35 percent; docs/performance.md). 0: glibc's dynamic one.",
+                  default_note="glibc's dynamic threshold", group="modes")

@@ -22,7 +22,7 @@ from relax.rollout.data import check_formatted_lengths
 
 def run_eval_command(cfg) -> int:
     """``relax eval CHECKPOINT``: print the metrics as JSON; exit 0, or 2/1 on error."""
-    set_mmap_threshold(cfg.host_mmap_threshold_kb)  # freed tensors go back to the OS
+    set_mmap_threshold(cfg.host_mmap_threshold_kb)  # 0: glibc's own behaviour
     try:
         device = models.pick_device(cfg.device, 0)
         models.quiet_transformers()

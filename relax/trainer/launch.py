@@ -31,7 +31,7 @@ from relax.trainer.signals import StopRequest
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     """Train as configured; return the metrics of each rollout step (raises RelaxError)."""
     start = time.perf_counter()
-    set_mmap_threshold(cfg.host_mmap_threshold_kb)  # freed tensors go back to the OS
+    set_mmap_threshold(cfg.host_mmap_threshold_kb)  # 0: glibc's own behaviour
     stop = StopRequest()
     stop.install()
     try:
