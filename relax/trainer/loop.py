@@ -166,6 +166,7 @@ class Trainer:
         self.step_metrics = StepMetrics.measure(module, self.tracker, ctx,
                                                 peak_tflops=cfg.peak_tflops, bf16=self.bf16,
                                                 log_prob_passes=passes)
+        self.step_metrics.padding_note = not cfg.use_dynamic_batch_size
         policy = Policy.build(module, cfg, ctx, tokenizer,
                               eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=self.bf16)
         if ctx.is_main:

@@ -10,7 +10,9 @@ generate time and ``perf/mfu`` counts the training ranks' own passes only.
 ``perf/peak_tflops`` and ``perf/bandwidth_gb_per_s`` are the limits the fractions divide by
 (relax/trainer/limits.py: measured ones are measured again after steps 1, 2, 4, 8, ..., the
 best kept); ``perf/over_limit`` counts the fractions above 1, and the first one of a run is
-explained in a warning on stderr.
+explained in a warning on stderr. Without token budgets, the first step whose
+``perf/update_padding_fraction`` exceeds :data:`PADDING_NOTE` (more padded token slots than
+tokens in the update) prints one note naming ``--use-dynamic-batch-size``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from relax.rollout.batch import StepBatch
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.limits import Limits, device_name, over_limit, over_limit_warning, tf32_matmuls
 from relax.trainer.runtime import peak_memory_gb
+
+# Above this share of padded slots in the update, fixed micro-batches cost more than the tokens
+# they hold: 16 responses of up to 1,024 tokens on SmolLM2 padded 56% of the update's slots
+# (docs/performance.md, "Where a long step goes")
+PADDING_NOTE = 0.5
 
 
 class StepMetrics:
@@ -36,6 +43,8 @@ class StepMetrics:
         # --fully-async: rollout ranks generate, so the training ranks' perf/mfu leaves the
         # generation out and the tokens per second divide by the rollout ranks' time
         self.remote_generation = False
+        # fixed micro-batches (no --use-dynamic-batch-size): a padding-heavy step gets one note
+        self.padding_note = False
 
     @classmethod
     def measure(cls, module, tracker, ctx, *, peak_tflops: float | None, bf16: bool,
@@ -83,6 +92,7 @@ class StepMetrics:
             peak_flops=limits.peak * self.ctx.world_size, decode_steps=b.decode_steps,
             weight_bytes=self.shape.weight_bytes, bandwidth=limits.bandwidth))
         self._explain_over_limit(metrics)
+        self._note_padding(metrics)
         generating = metrics.get("async/rollout_generate_time", metrics["perf/rollout_time"])
         metrics["perf/generated_tokens_per_s"] = metrics.pop("perf/generated_tokens") / max(
             generating, 1e-9)
@@ -95,6 +105,20 @@ class StepMetrics:
             self.warned = True
             if self.ctx.is_main:
                 print(over_limit_warning(metrics, self.limits), file=sys.stderr, flush=True)
+
+    def _note_padding(self, metrics: dict[str, float]) -> None:
+        """Once per run: most of the update's token slots were padding."""
+        share = metrics.get("perf/update_padding_fraction", 0.0)
+        if not self.padding_note or share <= PADDING_NOTE:
+            return
+        self.padding_note = False
+        if self.ctx.is_main:
+            print(f"relax train: note: {share:.0%} of the update's token slots were padding "
+                  "(perf/update_padding_fraction): responses of very different lengths share "
+                  "fixed micro-batches; --use-dynamic-batch-size --max-tokens-per-gpu N groups "
+                  "rows of similar length (N a few times the longest prompt + response), with "
+                  "the same loss (docs/performance.md, 'Where a long step goes'); said once per "
+                  "run", file=sys.stderr, flush=True)
 
     def _forward_flops(self, r) -> float:
         # an episode's training forward also runs over the environment's tokens

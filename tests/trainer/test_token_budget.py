@@ -15,7 +15,7 @@ from relax.trainer.experience import budget_groups, micro_batches, split_to, tri
 from relax.trainer.logprobs import batched_log_probs, response_log_probs
 from relax.trainer.update import LossSettings, train_on_rollout
 from tests.distributed_utils import torchrun_relax
-from tests.trainer.helpers import make_config, read_metrics
+from tests.trainer.helpers import make_config, read_metrics, write_jsonl, write_reward
 from tests.trainer.workers import B, fixed_experience
 
 CTX = DistContext(0, 1, 0, torch.device("cpu"), None)
@@ -121,3 +121,39 @@ def test_a_last_shorter_micro_batch_changes_nothing(model):
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
     assert any(float(g.abs().max()) > 0 for g in grads[0])
+
+
+def test_a_padding_heavy_step_names_token_budgets_once(capsys):
+    from types import SimpleNamespace
+
+    from relax.trainer.step_metrics import PADDING_NOTE, StepMetrics
+
+    metrics = StepMetrics.__new__(StepMetrics)
+    metrics.ctx, metrics.padding_note = SimpleNamespace(is_main=True), True
+    metrics._note_padding({"perf/update_padding_fraction": PADDING_NOTE})  # not above: quiet
+    assert capsys.readouterr().err == ""
+    metrics._note_padding({"perf/update_padding_fraction": 0.56})
+    err = capsys.readouterr().err
+    assert "56% of the update's token slots were padding" in err
+    assert "--use-dynamic-batch-size --max-tokens-per-gpu N" in err
+    metrics._note_padding({"perf/update_padding_fraction": 0.9})  # once per run
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("budget", [False, True])
+def test_relax_train_notes_padding_only_with_fixed_micro_batches(tmp_path, capsys, budget):
+    # one prompt of 120 characters among three of one: the short rows' micro-batch slots are
+    # mostly the long prompt's padding (the tiny tokenizer has a token per character)
+    data = write_jsonl(tmp_path, [{"input": "x" * n, "label": 1} for n in (120, 1, 1, 1)])
+    flags = ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "256"] if budget else []
+    cfg = make_config(*flags, "--prompt-data", data, "--custom-rm-path",
+                      write_reward(tmp_path) + ":parity", output_dir=tmp_path / "run")
+    from relax.trainer.launch import run
+
+    run(cfg, console=False)
+    shares = [r["perf/update_padding_fraction"] for r in read_metrics(tmp_path / "run")]
+    noted = capsys.readouterr().err.count("of the update's token slots were padding")
+    if budget:
+        assert noted == 0 and max(shares) < 0.5, shares
+    else:
+        assert noted == 1 and min(shares) > 0.5, shares  # two such steps, one note
