@@ -95,8 +95,10 @@ class Profile:
 
 def install(profile: Profile) -> None:
     import torch
-    from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                       register_optimizer_step_pre_hook)
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
     from relax.trainer import policy, runtime, update
 

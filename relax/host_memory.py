@@ -31,10 +31,10 @@ def _glibc():
     """glibc's ``mallopt``, or None where the C library is another one."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version  # glibc only (AttributeError elsewhere)
-    except (OSError, AttributeError):
+    except OSError:
         return None
-    return libc.mallopt
+    # gnu_get_libc_version exists in glibc only; another C library's mallopt takes other codes
+    return libc.mallopt if hasattr(libc, "gnu_get_libc_version") else None
 
 
 def set_mmap_threshold(kib: int) -> bool:
