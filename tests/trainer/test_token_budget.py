@@ -157,3 +157,29 @@ def test_relax_train_notes_padding_only_with_fixed_micro_batches(tmp_path, capsy
         assert noted == 0 and max(shares) < 0.5, shares
     else:
         assert noted == 1 and min(shares) > 0.5, shares  # two such steps, one note
+
+
+def test_gradients_stay_allocated_and_equal_freed_ones(model):
+    """update.py zeroes the gradients in place (their storage is reused from step to step,
+    which keeps the host heap from fragmenting); the parameters after two AdamW steps are
+    bitwise those of gradients freed and allocated again (``set_to_none=True``)."""
+    exp = fixed_experience(model)
+    s = LossSettings(estimator="grpo", use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.1)
+    params = []
+    for set_to_none in (False, True):
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
+        if set_to_none:  # the reference: what zero_grad(set_to_none=True) did before
+            zero = opt.zero_grad
+            opt.zero_grad = lambda set_to_none=True, zero=zero: zero(set_to_none=True)
+        storage = None
+        for _ in range(2):
+            train_on_rollout(m, opt, exp, s, CTX, global_batch_size=B // 2, micro_batch_size=2,
+                             clip_grad=1.0)
+            pointers = [p.grad.data_ptr() for p in m.parameters()]
+            if not set_to_none:
+                assert storage in (None, pointers)  # the same buffers in every step
+            storage = pointers
+        params.append([p.detach().clone() for p in m.parameters()])
+    for kept, freed in zip(*params, strict=True):
+        assert torch.equal(kept, freed)
