@@ -11,7 +11,7 @@ the process keeps gigabytes it no longer uses.
 Fixing the threshold (``mallopt``, which also stops the dynamic adjustment) returns them, at
 the price of faulting every large tensor in afresh. Measured on SmolLM2-135M, 16 x 256 tokens
 in fp32 with recompute (docs/performance.md, "What sets the peak"): peak RSS 6.2 GB with the
-dynamic threshold, 3.3 GB with 128 KiB, the step 25-35% slower. So it is off by default, a
+dynamic threshold, 3.3 GB with 128 KiB, the step 20-27% slower. So it is off by default, a
 lever for runs whose host memory binds. It acts on host memory only (on CUDA the GPU's caching
 allocator is untouched). Where the C library is not glibc (macOS, musl) nothing is set; an
 explicit ``MALLOC_MMAP_THRESHOLD_`` in the environment is glibc's own setting and wins.

@@ -232,6 +232,6 @@ def host_mmap_threshold_kb_option():
                   "fixed; relax/host_memory.py). Turn it on (128) when host memory binds: "
                   "glibc's dynamic threshold keeps freed tensors in a fragmenting heap, so a "
                   "CPU run's peak RSS can be twice its live tensors; a fixed one trades that "
-                  "for page faults (SmolLM2, 16 x 256 with recompute: peak 6.2 -> 3.3 GB, "
-                  "step time +25-35 percent; docs/performance.md). 0: glibc's dynamic one.",
+                  "for page faults (SmolLM2, 16 x 256 with recompute: peak 6.2 -> 3.3 GiB, "
+                  "step time +20-27 percent; docs/performance.md). 0: glibc's dynamic one.",
                   default_note="glibc's dynamic threshold", group="modes")

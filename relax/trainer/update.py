@@ -199,7 +199,7 @@ def train_on_rollout(
             num_tokens = all_reduce(chunk.response_mask.sum().to(torch.float64), ctx.group)
         # zeroed in place, not freed: gradients allocated once stay where they are instead of
         # being allocated again amid each backward's activations, which fragments the host
-        # heap (SmolLM2, 16 x 256 with recompute: peak RSS 6.1 -> 4.9 GiB, docs/performance.md
+        # heap (SmolLM2, 16 x 256 with recompute: peak RSS 6.1 -> 5.0 GiB, docs/performance.md
         # "What sets the peak"). The gradients are bitwise the same (0 + g = g); a parameter
         # that had a gradient once and takes no part in this step gets a zero one, and AdamW
         # then moves it (moment decay, weight decay) where None would skip it: no model Relax
