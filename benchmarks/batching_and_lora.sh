@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18 items 2 and 3 on the real model, each as an A, B, A, B run of
+# Token-budget micro-batches and LoRA on the real model, each as an A, B, A, B run of
 # benchmarks/ab_step_time.py (medians over steps 2..N of each run, then over the repeats):
 #
 #   1. token-budget micro-batches: fixed micro-batches of 8 rows (A) vs

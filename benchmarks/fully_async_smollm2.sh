@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 27 item 6: --fully-async against the colocated loop on this 2-core machine, at equal
+# --fully-async against the colocated loop on this 2-core machine, at equal
 # wall clock. SmolLM2-135M-Instruct, GRPO, the reasoning-gym recipe of
 # examples/reasoning_gym/run-smollm2-reasoning-gym.sh (4 sums x 8 samples per step, responses
 # of up to 64 tokens); per seed, one after the other (each arm uses both cores):

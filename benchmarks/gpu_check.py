@@ -248,7 +248,7 @@ def main(argv=None) -> int:
                    help="seconds the training run may take (default 300)")
     p.add_argument("--recompute", choices=("full", "none"), default="full",
                    help="--recompute-granularity of the training run (default full: every "
-                        "decoder layer recomputed in the backward, issue 28; none measures "
+                        "decoder layer recomputed in the backward; none measures "
                         "the same step keeping the activations)")
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-decode", action="store_true")

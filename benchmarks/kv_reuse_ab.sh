@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28 item 2: time per step of gem's GuessTheNumber episodes on SmolLM2-135M-Instruct (the
+# KV reuse across turns: time per step of gem's GuessTheNumber episodes on SmolLM2-135M-Instruct (the
 # recipe of docs/reports/guess-the-number-smollm2.md, REINFORCE++-baseline, 4 games x 8
 # episodes, up to 4 turns of 32 tokens), A: a checkout from before KV reuse (every turn
 # prefills the whole conversation) against B: this one (each episode's KV cache kept between

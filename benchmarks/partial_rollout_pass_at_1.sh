@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26 item 5: held-out pass@1 at equal wall clock, with and without partial rollouts, on
+# Partial rollouts: held-out pass@1 at equal wall clock, with and without partial rollouts, on
 # SmolLM2-135M-Instruct (reasoning-gym sums, responses of up to 256 tokens: a long tail).
 #
 #   A: --use-tis                                                 (every group decoded to its end)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28 item 3: where a long-response step and an episode step spend their time and memory,
+# Where a long-response step and an episode step spend their time and memory,
 # region by region (benchmarks/profile_step.py: the phases, the reference pass, and the
 # update's forward, backward and optimizer step), on SmolLM2-135M-Instruct in fp32.
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Where a ``relax train`` step spends its time and which part sets its peak memory (issue 28
-item 3): seconds and peak RSS per phase, and inside the phases.
+"""Where a ``relax train`` step spends its time and which part sets its peak memory: seconds
+and peak RSS per phase, and inside the phases.
 
 Runs ``relax train`` in this process with regions around:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28 item 1 on the real model: activation recompute as an A, B, A, B run of
+# Activation recompute on the real model: activation recompute as an A, B, A, B run of
 # benchmarks/ab_step_time.py (medians over steps 2..N of each run, then over the repeats).
 # A: no recompute; B: --recompute-granularity full (every decoder layer keeps only its input
 # and runs again in the backward pass). Same code state, same seed.

@@ -34,7 +34,7 @@ def test_tiny_cpu_mode_runs_every_phase(tmp_path):
     summary = json.loads((workdir / "summary.json").read_text())
     train = summary["train"]
     assert train["steps"] == 2 and train["step_time_s"] > 0
-    # the check trains with activation recompute on (issue 28), and says so
+    # the check trains with activation recompute on, and says so
     assert train["recompute"] == "full"
     config = json.loads((workdir / "run" / "config.json").read_text())
     assert config["recompute_granularity"] == "full"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19 item 4 (docs/reports/guess-the-number-smollm2.md): SmolLM2-135M-Instruct trained on
+# The GuessTheNumber report (docs/reports/guess-the-number-smollm2.md): SmolLM2-135M-Instruct trained on
 # gem's GuessTheNumber-v0-easy episodes (up to 4 turns, the reply's last number as the move:
 # examples/envs/gem_last_number.py) with REINFORCE++-baseline and GRPO, 2 seeds each, one
 # wall-clock budget per run (--exit-duration-in-mins); greedy win rate and turns on 100

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18 item 4 (docs/reports/dynamic-sampling-lora-smollm2.md): REINFORCE++-baseline on
+# The dynamic-sampling and LoRA report (docs/reports/dynamic-sampling-lora-smollm2.md): REINFORCE++-baseline on
 # SmolLM2-135M-Instruct and reasoning-gym sums, three arms at the same wall-clock budget
 # (--exit-duration-in-mins, model loading included; the final held-out evaluation runs after it):
 #

@@ -89,7 +89,7 @@ def batch(B: int = 2, P: int = 3, T: int = 4) -> StepBatch:
 
 
 def test_a_busy_start_up_is_reported_above_1_once_then_corrected(no_env, capsys):
-    """The issue's hand run: the start-up measured 0.06 TFLOP/s on a busy machine, the update
+    """A hand run: the start-up measured 0.06 TFLOP/s on a busy machine, the update
     achieved more; the step says so (perf/over_limit, one warning), and a later
     measurement on a quiet machine (after step 4) brings every fraction back below 1 without
     a warning."""
