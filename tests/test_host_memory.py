@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from relax.config import ConfigError, parse_train_config
+from relax.config import ConfigError, parse_eval_config, parse_train_config
 from relax.host_memory import set_mmap_threshold
 
 pytestmark = pytest.mark.subprocess
@@ -76,3 +76,11 @@ def test_the_flag_default_and_its_bounds():
     for bad in ("-1", "40000"):
         with pytest.raises(ConfigError, match="--host-mmap-threshold-kb.*between 0"):
             parse_train_config(["--host-mmap-threshold-kb", bad])
+
+
+def test_relax_eval_takes_the_flag_with_the_same_bounds(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint directory, as eval checks
+    assert parse_eval_config([str(tmp_path), "--host-mmap-threshold-kb", "128"]
+                             ).host_mmap_threshold_kb == 128
+    with pytest.raises(ConfigError, match="--host-mmap-threshold-kb.*between 0"):
+        parse_eval_config([str(tmp_path), "--host-mmap-threshold-kb", "40000"])

@@ -30,14 +30,14 @@ def check_bounds(cfg) -> None:
     if cfg.dynamic_sampling_max_rounds > MAX_ROUNDS:
         reject(cfg, "dynamic_sampling_max_rounds", f"must be <= {MAX_ROUNDS} rounds per "
                "rollout step")
-    check_episode_bounds(cfg)
+    check_shared_bounds(cfg)
     for dest in ("rollout_max_response_len", "eval_max_response_len"):
         value = getattr(cfg, dest)
         if value is not None and value > MAX_TOKENS:
             reject(cfg, dest, f"must be <= {MAX_TOKENS} tokens")
 
 
-def check_episode_bounds(cfg) -> None:
+def check_shared_bounds(cfg) -> None:
     """The bounds ``relax train`` and ``relax eval`` share: turns, evaluation episodes and
     the host memory-map threshold."""
     if not 0 <= cfg.host_mmap_threshold_kb <= MAX_MMAP_THRESHOLD_KB:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from relax.config.bounds import check_episode_bounds
+from relax.config.bounds import check_shared_bounds
 from relax.config.checks import (
     check_custom_path,
     check_env_name,
@@ -106,7 +106,7 @@ def resolved_train_eval(cfg: TrainConfig) -> dict:
 
 def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     check_ranges(cfg, EVAL_RANGES)
-    check_episode_bounds(cfg)
+    check_shared_bounds(cfg)
     ckpt = cfg.checkpoint
     if not os.path.isdir(ckpt):
         raise ConfigError(ckpt, "no such directory; give a checkpoint written by relax train "

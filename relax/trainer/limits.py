@@ -73,20 +73,13 @@ class Limits:
         None off CUDA. The measurement callables run only for a limit nothing else gives."""
         sheet = published(device_name, bf16, tf32) if device_name else None
         peak_env, bw_env = given_limit(PEAK_ENV), given_limit(BANDWIDTH_ENV)
-        if peak_tflops:
-            peak, peak_source, again = peak_tflops * 1e12, "flag", None
-        elif peak_env is not None:
-            peak, peak_source, again = peak_env * 1e12, "environment", None
-        elif sheet is not None:
-            peak, peak_source, again = sheet[0], "data sheet", None
-        else:
-            peak, peak_source, again = measure_peak(), "measured", measure_peak
-        if bw_env is not None:
-            bw, bw_source, bw_again = bw_env * 1e9, "environment", None
-        elif sheet is not None:
-            bw, bw_source, bw_again = sheet[1], "data sheet", None
-        else:
-            bw, bw_source, bw_again = measure_bandwidth(), "measured", measure_bandwidth
+        peak, peak_source, again = _first_given(
+            flag=peak_tflops * 1e12 if peak_tflops else None,
+            environment=None if peak_env is None else peak_env * 1e12,
+            sheet=None if sheet is None else sheet[0], measure=measure_peak)
+        bw, bw_source, bw_again = _first_given(
+            flag=None, environment=None if bw_env is None else bw_env * 1e9,
+            sheet=None if sheet is None else sheet[1], measure=measure_bandwidth)
         return cls(peak, bw, peak_source, bw_source, again, bw_again)
 
     def refresh(self) -> None:
@@ -95,6 +88,14 @@ class Limits:
             self.peak = max(self.peak, self.measure_peak())
         if self.measure_bandwidth is not None:
             self.bandwidth = max(self.bandwidth, self.measure_bandwidth())
+
+
+def _first_given(*, flag, environment, sheet, measure):
+    """``(value, source, measure again or None)``: the first limit given, else measured."""
+    for value, source in ((flag, "flag"), (environment, "environment"), (sheet, "data sheet")):
+        if value is not None:
+            return value, source, None
+    return measure(), "measured", measure
 
 
 def over_limit(metrics: dict[str, float]) -> list[str]:
