@@ -1,0 +1,105 @@
+"""A reward server as a hostile peer (docs/reward_services.md, "Failures"): one that drips its
+answer, redirects, cuts its body short or answers a reward beyond float32 -- each a real server
+process on 127.0.0.1 (tests/rollout/reward_servers.py) against the client of
+relax/rollout/remote_reward.py, and the drip against a real ``relax train``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from relax.errors import RewardError
+from tests.hostile.helpers import SMALL, one_error_line, relax, write
+from tests.rollout.test_remote_reward import (
+    GROUPS,
+    LABELS,
+    PROMPTS,
+    RESPONSES,
+    TRUTH,
+    Tracker,
+    model,
+    scorer,
+    server,
+    stats,
+)
+
+ENDED_S = 30  # proves a request ended; the deadlines under test are 2 s
+
+
+def _score_in_time(remote, n: int = 1):
+    """``remote.score`` of the first n samples, which must end within ENDED_S seconds."""
+    box = {}
+    worker = threading.Thread(target=lambda: box.update(
+        out=remote.score(PROMPTS[:n], RESPONSES[:n], LABELS[:n])), daemon=True)
+    worker.start()
+    worker.join(ENDED_S)
+    assert "out" in box, f"the request did not end within {ENDED_S} s"
+    return box["out"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("mode", ["drip-status", "drip-body"])
+def test_a_dripping_server_is_cut_off_at_the_requests_deadline(tmp_path, mode):
+    # one byte every 0.5 s for up to 120 s: a per-read timeout of 2 s never fires
+    with server(mode, tmp_path) as url:
+        values, errors = _score_in_time(model(url, timeout=2.0, retries=0))
+        assert values[0] != values[0]  # NaN: no reward
+        assert "no complete answer within 2 s (--reward-timeout), no retries" in errors[0]
+        assert f"--rm-url {url}" in errors[0] and "sample 0" in errors[0]
+        # a request of 2 samples has 2 x the limit, and a retry its own deadline
+        values, errors = _score_in_time(model(url, timeout=1.0, retries=1, batch_size=2), n=2)
+        assert "no complete answer within 2 s (--reward-timeout), after 2 attempts" in errors[0]
+        assert stats(url)["posts"] == 3
+
+
+@pytest.mark.subprocess
+def test_relax_train_ends_in_one_line_when_the_server_drips(tmp_path):
+    data = write(tmp_path / "data.jsonl", '{"input": "1+1=", "label": "2"}\n' * 4)
+    with server("drip-status", tmp_path) as url:
+        out = relax("train", "--prompt-data", data, "--rm-type", "remote_rm", "--rm-url", url,
+                    "--reward-timeout", "2", "--rm-retries", "0", *SMALL,
+                    "--output-dir", tmp_path / "run")
+    line = one_error_line(out)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert line.startswith(f"relax train: error: reward model --rm-url {url}: no complete "
+                           "answer within 2 s (--reward-timeout), no retries"), line
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("status", [302, 307])
+def test_a_redirect_is_refused_in_one_line_and_never_followed(tmp_path, status):
+    with server(f"redirect-{status}", tmp_path) as url:
+        values, errors = _score_in_time(model(url, retries=3), n=2)
+        seen = stats(url)
+    assert all(v != v for v in values)
+    assert (f"--rm-url {url}: answered HTTP {status} redirecting to '/elsewhere'; redirects "
+            "are not followed") in errors[0] and "give the final URL as --rm-url" in errors[0]
+    # nothing went to /elsewhere (urllib re-sent a 302's POST there as a GET, no body), and a
+    # redirect is not retried: it would come back the same
+    assert seen.get("elsewhere_gets", 0) == 0 and seen["posts"] == 2
+
+
+@pytest.mark.subprocess
+def test_a_body_cut_short_is_a_connection_error_and_retried(tmp_path):
+    with server("cut", tmp_path) as url:
+        # one request at a time: requests 1, 3, 5 are cut short, each retry is answered
+        assert model(url, concurrency=1, retries=1, sleep=lambda s: None)(
+            PROMPTS[:3], RESPONSES[:3], LABELS[:3]) == TRUTH[:3]
+        assert stats(url)["posts"] == 6
+        _, errors = model(url, concurrency=1).score(PROMPTS[:2], RESPONSES[:2], LABELS[:2])
+    assert errors[1] is None and ("connection failed: CutShort: the connection closed after 2 "
+                                  "of the 50 bytes the answer announced") in errors[0], errors
+
+
+@pytest.mark.subprocess
+def test_a_reward_beyond_float32_is_the_servers_error_under_the_policy(tmp_path):
+    with server("huge", tmp_path) as url:
+        _, errors = model(url).score(PROMPTS[:1], RESPONSES[:1], LABELS[:1])
+        assert ("the answer is -1e+300, beyond the float32 range of rewards (+-3.4e+38), not a "
+                "reward") in errors[0] and f"--rm-url {url}" in errors[0] and "sample 0" in errors[0]
+        with pytest.raises(RewardError, match=r"--rm-url .*beyond the float32 range"):
+            scorer(url, "raise").score(PROMPTS, RESPONSES, LABELS, GROUPS, tracker=Tracker())
+        tracker = Tracker()
+        got = scorer(url, "zero").score(PROMPTS, RESPONSES, LABELS, GROUPS, tracker=tracker)
+    assert got.tolist() == [0.0] * 6 and tracker.sums["rollout/reward_errors"] == 6
