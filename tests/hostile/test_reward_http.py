@@ -1,11 +1,14 @@
 """A reward server as a hostile peer (docs/reward_services.md, "Failures"): one that drips its
 answer, redirects, cuts its body short or answers a reward beyond float32 -- each a real server
 process on 127.0.0.1 (tests/rollout/reward_servers.py) against the client of
-relax/rollout/remote_reward.py, and the drip against a real ``relax train``."""
+relax/rollout/remote_reward.py, and the drip against a real ``relax train``; and the example
+server (examples/reward_server/) against malformed requests and a slow client."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 
 import pytest
 
@@ -103,3 +106,100 @@ def test_a_reward_beyond_float32_is_the_servers_error_under_the_policy(tmp_path)
         tracker = Tracker()
         got = scorer(url, "zero").score(PROMPTS, RESPONSES, LABELS, GROUPS, tracker=tracker)
     assert got.tolist() == [0.0] * 6 and tracker.sums["rollout/reward_errors"] == 6
+
+
+# ---------------------------------------------------------------- the example server
+def _exchange(url: str, raw: bytes, *, half_close: bool = False) -> tuple[int, str]:
+    """Send ``raw`` bytes to the server of ``url``; its status and body (bounded waits)."""
+    host, port = url.split("/")[2].split(":")
+    with socket.create_connection((host, int(port)), timeout=ENDED_S) as conn:
+        conn.sendall(raw)
+        if half_close:
+            conn.shutdown(socket.SHUT_WR)
+        head, _, body = _read_answer(conn).partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    return status, body.decode()
+
+
+def _read_answer(conn) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _length(data: bytes) -> int:
+    for line in data.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+def _post(body: bytes, length: str | None = None) -> bytes:
+    length = str(len(body)) if length is None else length
+    return (b"POST /reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + (f"Content-Length: {length}\r\n".encode() if length != "-" else b"")
+            + b"Connection: close\r\n\r\n" + body)
+
+
+BAD_REQUESTS = {
+    "no label": (_post(b'{"prompt": "1+1=", "response": "\\\\boxed{2}"}'),
+                 "sample 0 has no 'label'"),
+    "nested": (_post(b"[" * 100_000 + b"]" * 100_000), "nested too deeply"),
+    "length abc": (_post(b'{"response": "2", "label": "2"}', "abc"),
+                   "Content-Length 'abc' is not a number"),
+    "no length": (_post(b'{"response": "2", "label": "2"}', "-"), "with its Content-Length"),
+    "bad json": (_post(b'{"response": '), "the body is not JSON"),
+    "response a number": (_post(b'{"response": 5, "label": "2"}'), "no string 'response'"),
+    "label a list": (_post(b'{"response": "2", "label": [2]}'), "has a list 'label'"),
+    "label a bool": (_post(b'{"response": "2", "label": true}'), "has a bool 'label'"),
+    "prompt a dict": (_post(b'{"prompt": {}, "response": "2", "label": 2}'),
+                      "'prompt' that is not a string"),
+    "array of numbers": (_post(b"[1, 2]"), "sample 0 is a int, not an object"),
+    "empty array": (_post(b"[]"), "no samples"),
+    "a string": (_post(b'"2"'), "one sample object or an array"),
+}
+
+
+@pytest.mark.subprocess
+def test_the_example_server_answers_400_with_the_reason_to_every_bad_request(tmp_path):
+    with server("math", tmp_path) as url:
+        for name, (raw, reason) in BAD_REQUESTS.items():
+            status, body = _exchange(url, raw)
+            assert status == 400 and reason in body, (name, status, body)
+        # a body cut short by the client (it closes its side): the reason, not a hang
+        status, body = _exchange(url, _post(b'{"response": "2"}', "100"), half_close=True)
+        assert status == 400 and "the body ended after 17 of 100 bytes" in body
+        # Relax reads the 400 as a failure that would come back the same: no retries
+        _, errors = model(url, retries=3).score(["1+1="], ["\\boxed{2}"], [None])
+        assert "answered HTTP 400 \"sample 0 has no 'label'" in errors[0], errors
+        assert stats(url)["posts"] == len(BAD_REQUESTS) + 2
+        assert model(url)(PROMPTS, RESPONSES, LABELS) == TRUTH  # and it still serves
+    log = (tmp_path / "math-server.log").read_text()
+    assert "Traceback" not in log, log
+
+
+@pytest.mark.subprocess
+def test_a_client_that_sends_a_byte_a_second_is_cut_off_at_the_request_timeout(tmp_path):
+    with server("math", tmp_path, "--request-timeout", "2") as url:
+        host, port = url.split("/")[2].split(":")
+        with socket.create_connection((host, int(port)), timeout=ENDED_S) as conn:
+            conn.settimeout(0.5)
+            closed, start = False, time.monotonic()
+            for byte in b"POST /reward HTTP/1.1\r\nHost: " + b"x" * 200:
+                if time.monotonic() - start > ENDED_S:
+                    break
+                try:
+                    conn.sendall(bytes([byte]))
+                    closed = conn.recv(1) == b""
+                except TimeoutError:
+                    continue
+                except OSError:  # reset: closed as well
+                    closed = True
+                if closed:
+                    break
+        assert closed, f"the server still held the connection after {ENDED_S} s"
+        assert model(url)(PROMPTS[:2], RESPONSES[:2], LABELS[:2]) == TRUTH[:2]

@@ -32,10 +32,11 @@ TRUTH = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
 
 
 @contextmanager
-def server(mode: str, tmp_path):
-    """A reward server process in ``mode`` (tests/rollout/reward_servers.py); yields its URL."""
+def server(mode: str, tmp_path, *flags: str):
+    """A reward server process in ``mode`` (tests/rollout/reward_servers.py) with the example
+    server's ``flags``; yields its URL."""
     log = open(tmp_path / f"{mode}-server.log", "w")
-    proc = subprocess.Popen([sys.executable, str(SERVERS), mode, "--port", "0"],
+    proc = subprocess.Popen([sys.executable, str(SERVERS), mode, "--port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         line: list[str] = []
