@@ -6,6 +6,7 @@ server (examples/reward_server/) against malformed requests and a slow client.""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -203,3 +204,32 @@ def test_a_client_that_sends_a_byte_a_second_is_cut_off_at_the_request_timeout(t
                     break
         assert closed, f"the server still held the connection after {ENDED_S} s"
         assert model(url)(PROMPTS[:2], RESPONSES[:2], LABELS[:2]) == TRUTH[:2]
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.subprocess
+def test_an_interrupted_step_leaves_no_request_running_past_its_deadline(tmp_path):
+    """A signal's exception in the waiting thread (as a second SIGTERM raises it) ends the
+    step at once; the request threads start no retry and end at their request's deadline."""
+    def interrupt(signum, frame):
+        raise _Stop
+
+    with server("drip-body", tmp_path) as url:
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(_Stop):
+                model(url, timeout=1.0, retries=5, backoff=0.01, concurrency=4).score(
+                    PROMPTS, RESPONSES, LABELS)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        start = time.monotonic()
+        while time.monotonic() - start < ENDED_S and any(
+                t.name == "relax-remote-rm" for t in threading.enumerate()):
+            time.sleep(0.1)
+        assert not [t for t in threading.enumerate() if t.name == "relax-remote-rm"]
+        assert stats(url)["posts"] <= 4  # at most the four in flight: no retry, no further sample
