@@ -54,6 +54,7 @@ FLOAT32_RANGE = "the range of float32, the dtype of the tensors it is used with 
     (["--rollout-temperature", "1e-308"], "--rollout-temperature 1e-308: below"),
     (["--advantage-estimator", "sapo", "--sapo-tau-neg", "1e-300"], "--sapo-tau-neg 1e-300: below"),
     (["--lora-rank", "2", "--lora-alpha", "1e308"], "--lora-alpha 1e+308: beyond"),
+    (["--lr", "1e308"], "--lr 1e+308: beyond"),
 ])
 def test_float_flags_beyond_float32_are_refused(flags, words, tmp_path):
     with pytest.raises(ConfigError) as e:
