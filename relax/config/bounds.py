@@ -17,6 +17,17 @@ MAX_TURNS = 10_000  # --max-turns
 MAX_TOKENS = 1 << 20  # --rollout-max-response-len / --eval-max-response-len, per turn
 MAX_MMAP_THRESHOLD_KB = 32 << 10  # glibc refuses an M_MMAP_THRESHOLD above 32 MiB (64-bit)
 
+# Float flags that scale, clip or divide float32 (or bf16, the same exponent range) tensors:
+# beyond float32's range a clamp bound is a RuntimeError ("cannot be converted to type float
+# without overflow") and a coefficient an infinity; below its smallest normal number a
+# temperature or coefficient is flushed towards 0. Torch-free, so the limits are written out.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+FLOAT32_FLAGS = ("tis_clip", "tis_clip_low", "eps_clip", "eps_clip_high", "eps_clip_c",
+                 "sapo_tau_pos", "sapo_tau_neg", "entropy_coef", "kl_coef", "kl_loss_coef",
+                 "opsm_delta", "gamma", "lora_alpha", "rollout_temperature",
+                 "eval_temperature", "lr", "weight_decay")
+
 
 def check_bounds(cfg) -> None:
     """Raise ConfigError for the first count of ``cfg`` (a TrainConfig) past its bound."""
@@ -31,6 +42,7 @@ def check_bounds(cfg) -> None:
         reject(cfg, "dynamic_sampling_max_rounds", f"must be <= {MAX_ROUNDS} rounds per "
                "rollout step")
     check_shared_bounds(cfg)
+    check_float32(cfg, FLOAT32_FLAGS)
     for dest in ("rollout_max_response_len", "eval_max_response_len"):
         value = getattr(cfg, dest)
         if value is not None and value > MAX_TOKENS:
@@ -38,8 +50,9 @@ def check_bounds(cfg) -> None:
 
 
 def check_shared_bounds(cfg) -> None:
-    """The bounds ``relax train`` and ``relax eval`` share: turns, evaluation episodes and
-    the host memory-map threshold."""
+    """The bounds ``relax train`` and ``relax eval`` share: turns, evaluation episodes, the
+    host memory-map threshold and the evaluation temperature's float32 range."""
+    check_float32(cfg, ("eval_temperature",))
     if not 0 <= cfg.host_mmap_threshold_kb <= MAX_MMAP_THRESHOLD_KB:
         reject(cfg, "host_mmap_threshold_kb", f"must be between 0 (glibc's dynamic threshold) "
                f"and {MAX_MMAP_THRESHOLD_KB} KiB, glibc's largest")
@@ -50,3 +63,15 @@ def check_shared_bounds(cfg) -> None:
         reject(cfg, ("eval_episodes", "n_samples_per_eval_prompt"), f"{cfg.eval_episodes} x "
                f"{cfg.n_samples_per_eval_prompt} = {plays} episodes per evaluation, more than "
                f"the bound of {MAX_SAMPLES_PER_STEP}")
+
+
+def check_float32(cfg, dests) -> None:
+    """Each of ``dests`` that ``cfg`` holds (None: unset) is 0 or a normal float32 in
+    magnitude, [1.2e-38, 3.4e38]; the message names the flag and the range."""
+    for dest in dests:
+        value = getattr(cfg, dest, None)
+        if value is None or value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
+            continue
+        side = "beyond" if abs(value) > FLOAT32_MAX else "below"
+        reject(cfg, dest, f"{side} the range of float32, the dtype of the tensors it is used "
+               f"with (0 or a magnitude in [{FLOAT32_TINY:.2g}, {FLOAT32_MAX:.3g}])")

@@ -76,31 +76,48 @@ DEFAULT_TEMPLATE = (
     "Does the student's final answer match the reference answer? Reply with one word: "
     "Yes or No.")
 TEMPLATE_FIELDS = ("prompt", "response", "label")
-REQUIRED_FIELDS = ("response",)
 MAX_TEMPLATE_BYTES = 1 << 16
 
 
 def template_problem(text: str) -> str | None:
     """Why ``text`` cannot be a judging template, or None: it must name ``{response}``, may
-    name ``{prompt}`` and ``{label}``, nothing else (``{{``/``}}`` are literal braces)."""
+    name ``{prompt}`` and ``{label}``, nothing else (``{{``/``}}`` are literal braces), and
+    each field plainly: a format spec (``{response:>10000000}`` pads to ten million
+    characters), a conversion (``{response!r}``) or a nested field would make the filled
+    prompt something other than the text it names."""
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        fields = list(_fields(text))
     except ValueError as e:
         return f"not a template ({e}); write literal braces as {{{{ and }}}}"
-    unknown = sorted({f for f in fields if f not in TEMPLATE_FIELDS})
-    if unknown:
-        return (f"unknown field {{{unknown[0]}}}; a template may use {{prompt}}, {{response}} "
-                "and {label}")
-    missing = [f for f in REQUIRED_FIELDS if f not in fields]
-    if missing:
-        return f"has no {{{missing[0]}}} field; the judge must see the response it judges"
+    for name, spec, conversion in fields:
+        if name not in TEMPLATE_FIELDS:
+            return (f"unknown field {{{name}}}; a template may use {{prompt}}, {{response}} "
+                    "and {label}")
+        if spec or conversion is not None:
+            written = "{" + name + (f"!{conversion}" if conversion is not None else "") + \
+                (f":{spec}" if spec else "") + "}"
+            return (f"field {written} has a {'format spec' if spec else 'conversion'}; write "
+                    f"{{{name}}} alone (the text is inserted as it is)")
+    if not any(name == "response" for name, _, _ in fields):
+        return "has no {response} field; the judge must see the response it judges"
     return None
 
 
+def _fields(text: str):
+    """``(name, format spec, conversion)`` of each replacement field, in order."""
+    for _, name, spec, conversion in string.Formatter().parse(text):
+        if name is not None:
+            yield name, spec, conversion
+
+
 def fill_template(template: str, *, prompt: str, response: str, label) -> str:
+    """The template with each field replaced by its text: the same parse as
+    :func:`template_problem`, so only what it accepted is ever filled (no ``str.format``)."""
     if isinstance(label, dict) and "answer" in label:  # a reasoning-gym item
         label = label["answer"]
-    return template.format(prompt=prompt, response=response, label=label)
+    values = {"prompt": prompt, "response": response, "label": label}
+    return "".join(literal + ("" if name is None else str(values[name]))
+                   for literal, name, _, _ in string.Formatter().parse(template))
 
 
 def genrm_model_path_option():

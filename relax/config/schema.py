@@ -152,7 +152,8 @@ class TrainConfig(FullyAsyncFields):
         "clamp(pi_trainer / pi_sampler, --tis-clip-low, --tis-clip), a constant.",
         group="off-policy")
     tis_clip: float = option(
-        2.0, "Upper clip of the TIS weight, > 0; needs --use-tis.", group="off-policy")
+        2.0, "Upper clip of the TIS weight, > 0, at most 3.4e38 (float32); needs --use-tis.",
+        group="off-policy")
     tis_clip_low: float = option(
         0.0, "Lower clip of the TIS weight, in [0, --tis-clip]; needs --use-tis.",
         group="off-policy")
@@ -408,8 +409,8 @@ class TrainConfig(FullyAsyncFields):
         "when saving and compare it at --load (reads every byte of the checkpoint).",
         default_note='file sizes only', group="run")
     reward_timeout: float = option(
-        30.0, "Seconds per sample a reward function may take "
-        "(docs/reliability.md).", group="run")
+        30.0, "Seconds per sample a reward function may take; with --rm-url, one request as "
+        "a whole (docs/reliability.md).", group="run")
     reward_error_policy: str = option(
         "raise", "A reward that raises, times out or is NaN/Inf: stop with an "
         "error naming the sample, or score it 0 and count it in rollout/reward_errors.",

@@ -15,10 +15,8 @@ member is a broken plug-in, not a bad sample: an :class:`InputError` (exit 2) na
 
 from __future__ import annotations
 
-import math
-
 from relax.errors import InputError, RewardError
-from relax.rollout.rewards import RewardFn, _as_floats, _call, _Raised, _Timeout
+from relax.rollout.rewards import RewardFn, _as_floats, _call, _Raised, _Timeout, bad_reward
 
 
 def group_spans(group_index: list[int]) -> list[list[int]]:
@@ -87,7 +85,7 @@ def _score_group(fn, prompts, responses, labels, members, *, name, index_base, t
     except RewardError as e:
         raise InputError(f"--group-rm: {e}; a group function returns one reward per member "
                          f"of the group it is given ({len(members)} here)") from None
-    bad = [v for v in got if not math.isfinite(v)]
+    bad = [p for p in map(bad_reward, got) if p is not None]
     if bad:
         return None, f"--group-rm reward function {name} returned {bad[0]} in {where}"
     return got, None

@@ -5,34 +5,34 @@ JSON body is one sample ``{"prompt", "response", "label", "metadata"}`` and whos
 is its reward, a number (or ``{"reward": number}``). With ``--rm-batch-size N > 1`` the body is
 an array of up to N such objects and the answer an array of as many rewards, in order.
 
-How it differs from slime's client: requests run on a thread pool of
-``--reward-max-concurrency`` workers (slime: one asyncio task per sample, bounded elsewhere);
-only what may pass -- a refused or dropped connection, a timeout, an HTTP 5xx -- is retried
+How it differs from slime's client: requests run on ``--reward-max-concurrency`` daemon threads
+(slime: one asyncio task per sample, bounded elsewhere); each request, from its connection to
+the last byte of the answer, has one deadline of ``--reward-timeout`` per sample it carries
+(relax/rollout/http_post.py; a socket timeout would bound each read only). Only what may pass
+-- a refused, dropped or cut-short connection, a timeout, an HTTP 5xx -- is retried
 (``--rm-retries`` times, waits ``min(B * 2**k, 30) + U(0, B)`` with ``B =
---rm-retry-backoff``, slime's with B = 1); a 4xx or an answer that is not one finite reward per
-sample is not retried, since it would come back the same. What still fails is reported per
-sample, and :class:`~relax.rollout.scoring.Scorer` applies ``--reward-error-policy`` to it.
-Only the standard library: urllib, one connection per request (no keep-alive pool to go stale
-between rollout steps), which costs a TCP handshake per request, small next to a reward
-model's forward pass.
+--rm-retry-backoff``, slime's with B = 1); a redirect, a 4xx or an answer that is not one
+reward per sample finite in float32 is not retried, since it would come back the same. What
+still fails is reported per sample, and :class:`~relax.rollout.scoring.Scorer` applies
+``--reward-error-policy`` to it. Only the standard library, one connection per request (no
+keep-alive pool to go stale between rollout steps), which costs a TCP handshake per request,
+small next to a reward model's forward pass.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import math
 import numbers
 import random
 import socket
-import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from urllib.parse import urlsplit
 
 from relax.config.reward_services import MAX_BACKOFF_WAIT
 from relax.errors import InputError, RewardError
+from relax.rollout import http_post
+from relax.rollout.rewards import bad_reward
 
 MAX_ANSWER_BYTES = 16 << 20  # an answer is a few bytes per sample; more is a wrong endpoint
 FLAG = "--rm-url"
@@ -54,31 +54,34 @@ def _peek(raw) -> str:
 
 
 def _reward(value, where: str) -> float:
-    """One reward of an answer: a real number or ``{"reward": number}``, finite."""
+    """One reward of an answer: a real number or ``{"reward": number}``, finite in float32."""
     if isinstance(value, dict) and "reward" in value:
         value = value["reward"]
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _Failed(f"{where} is not a number or {{\"reward\": number}}: {_peek(json.dumps(value))}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise _Failed(f"{where} is {value}, not a finite reward")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise _Failed(f"{where} is an integer beyond float range: {_peek(str(value))}") from None
+    problem = bad_reward(value)
+    if problem is not None:
+        raise _Failed(f"{where} is {problem}, not a reward")
     return value
 
 
 class RemoteRewardModel:
     """Rewards of samples from the server at ``url``.
 
-    ``timeout``: seconds per sample a request may stay silent (``--reward-timeout``; a request
-    of k samples gets k times it). ``sleep`` is the wait between attempts (tests pass a fake).
+    ``timeout``: seconds per sample a request may take as a whole (``--reward-timeout``; a
+    request of k samples gets k times it). ``sleep(seconds)`` is the wait between attempts
+    (tests pass a fake); by default a wait that ends early when the step is abandoned.
     """
 
     def __init__(self, url: str, *, concurrency: int = 64, batch_size: int = 1,
-                 timeout: float = 30.0, retries: int = 9, backoff: float = 1.0,
-                 sleep=time.sleep):
+                 timeout: float = 30.0, retries: int = 9, backoff: float = 1.0, sleep=None):
         self.url, self.concurrency, self.batch_size = url, concurrency, batch_size
         self.timeout, self.retries, self.backoff, self.sleep = timeout, retries, backoff, sleep
         self._jitter = random.Random()  # its own: the run's seeded RNGs stay untouched
-        self._opener = urllib.request.build_opener()
 
     @classmethod
     def of(cls, rollout) -> RemoteRewardModel:
@@ -118,24 +121,55 @@ class RemoteRewardModel:
         samples = [{"prompt": p, "response": r, "label": y, "metadata": m}
                    for p, r, y, m in zip(prompts, responses, labels, metadata, strict=True)]
         starts = list(range(0, n, self.batch_size))
-        values, errors = [math.nan] * n, [None] * n
-        if not starts:
-            return values, errors
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(starts)),
-                                  thread_name_prefix="relax-remote-rm")
-        try:
-            futures = [pool.submit(self._score_chunk, samples[s:s + self.batch_size])
-                       for s in starts]
-            for s, future in zip(starts, futures, strict=True):
-                chunk_values, message = future.result()
-                for k, v in enumerate(chunk_values):
-                    values[s + k] = v
-                    if message is not None:
-                        errors[s + k] = self._message(message, index_base + s + k, prompts[s + k])
-        finally:
-            # an interrupted step does not wait for the requests still in flight
-            pool.shutdown(wait=False, cancel_futures=True)
+        values, errors = [float("nan")] * n, [None] * n
+        results = self._run_all([samples[s:s + self.batch_size] for s in starts])
+        for s, (chunk_values, message) in zip(starts, results, strict=True):
+            for k, v in enumerate(chunk_values):
+                values[s + k] = v
+                if message is not None:
+                    errors[s + k] = self._message(message, index_base + s + k, prompts[s + k])
         return values, errors
+
+    def _run_all(self, chunks: list[list[dict]]) -> list[tuple[list[float], str | None]]:
+        """``_score_chunk`` of every chunk on at most ``concurrency`` daemon threads.
+
+        Each chunk ends by itself (each attempt has its deadline, each wait is bounded), so
+        the wait for all of them is bounded. An interrupted step (a signal's exception in this
+        thread) sets ``stop``: the threads start no further request or retry and end with
+        their request in flight; being daemons, they never hold up the interpreter's exit.
+        """
+        results: list = [None] * len(chunks)
+        pending = iter(range(len(chunks)))
+        lock, stop, done = threading.Lock(), threading.Event(), threading.Event()
+        left = [len(chunks)]
+
+        def work():
+            while not stop.is_set():
+                with lock:
+                    i = next(pending, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = self._score_chunk(chunks[i], stop)
+                except BaseException as e:  # a bug here must not leave the caller waiting
+                    results[i] = e
+                with lock:
+                    left[0] -= 1
+                    if not left[0]:
+                        done.set()
+
+        if not chunks:
+            return results
+        for _ in range(min(self.concurrency, len(chunks))):
+            threading.Thread(target=work, daemon=True, name="relax-remote-rm").start()
+        try:
+            done.wait()
+        finally:
+            stop.set()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
 
     def __call__(self, prompts: list[str], responses: list[str], labels: list) -> list[float]:
         """A reward function (rewards.py's signature, as evaluation calls it): the first failed
@@ -151,12 +185,13 @@ class RemoteRewardModel:
         return (f"reward model {self.name}: {what} (sample {index}, prompt {head!r}"
                 f"{'...' if len(prompt) > 60 else ''})")
 
-    def _score_chunk(self, chunk: list[dict]) -> tuple[list[float], str | None]:
+    def _score_chunk(self, chunk: list[dict], stop: threading.Event,
+                     ) -> tuple[list[float], str | None]:
         """One request's rewards, or NaNs and why they failed."""
         single = self.batch_size == 1
         body = json.dumps(chunk[0] if single else chunk, default=str).encode("utf-8")
         try:
-            answer = self._post(body, len(chunk))
+            answer = self._post(body, len(chunk), stop)
             if single:
                 return [_reward(answer, "the answer")], None
             if not isinstance(answer, list) or len(answer) != len(chunk):
@@ -165,15 +200,21 @@ class RemoteRewardModel:
                               "rewards")
             return [_reward(v, f"reward {i} of the answer") for i, v in enumerate(answer)], None
         except _Failed as e:
-            return [math.nan] * len(chunk), str(e)
+            return [float("nan")] * len(chunk), str(e)
 
-    def _post(self, body: bytes, n: int):
+    def _post(self, body: bytes, n: int, stop: threading.Event):
         """The decoded JSON answer, after at most ``retries`` retries of transient failures."""
         limit = self.timeout * n
         for attempt in range(self.retries + 1):
             if attempt:
-                self.sleep(min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_WAIT)
-                           + self._jitter.uniform(0, self.backoff))
+                wait = (min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_WAIT)
+                        + self._jitter.uniform(0, self.backoff))
+                if self.sleep is not None:
+                    self.sleep(wait)
+                else:
+                    stop.wait(wait)
+            if stop.is_set():
+                raise _Failed("the step was interrupted")
             try:
                 return self._once(body, limit)
             except _Transient as e:
@@ -182,27 +223,25 @@ class RemoteRewardModel:
         raise _Failed(f"{last}, {tries}")
 
     def _once(self, body: bytes, limit: float):
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
         try:
-            with self._opener.open(request, timeout=limit) as answer:
-                raw = answer.read(MAX_ANSWER_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            text = _peek(e.read(1000) if e.fp is not None else b"")
-            if e.code >= 500:
-                raise _Transient(f"HTTP {e.code} {text}") from None
-            raise _Failed(f"answered HTTP {e.code} {text}") from None
+            answer = http_post.post(self.url, body, limit=limit, max_bytes=MAX_ANSWER_BYTES)
         except TimeoutError:
-            raise _Transient(f"no answer within {limit:g} s (--reward-timeout)") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, TimeoutError):
-                raise _Transient(f"no answer within {limit:g} s (--reward-timeout)") from None
-            raise _Transient(f"connection failed: {e.reason}") from None
-        except (OSError, http.client.HTTPException) as e:  # reset, dropped mid-answer
-            raise _Transient(f"connection failed: {type(e).__name__}: {e}") from None
-        if len(raw) > MAX_ANSWER_BYTES:
-            raise _Failed(f"answered more than {MAX_ANSWER_BYTES} bytes")
+            raise _Transient(f"no complete answer within {limit:g} s (--reward-timeout)") from None
+        except http_post.TooLarge as e:
+            raise _Failed(f"answered more than {MAX_ANSWER_BYTES} bytes ({e})") from None
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, cut short
+            detail = " ".join(str(e).split())
+            raise _Transient(f"connection failed: {type(e).__name__}"
+                             f"{': ' + detail if detail else ''}") from None
+        status = answer.status
+        if 300 <= status < 400:
+            raise _Failed(f"answered HTTP {status} redirecting to {answer.location!r}; redirects "
+                          f"are not followed (a POST is not re-sent): give the final URL as {FLAG}")
+        if status >= 500:
+            raise _Transient(f"HTTP {status} {_peek(answer.body[:1000])}")
+        if not 200 <= status < 300:
+            raise _Failed(f"answered HTTP {status} {_peek(answer.body[:1000])}")
         try:
-            return json.loads(raw)
+            return json.loads(answer.body)
         except (ValueError, RecursionError):
-            raise _Failed(f"answered something that is not JSON: {_peek(raw)}") from None
+            raise _Failed(f"answered something that is not JSON: {_peek(answer.body)}") from None

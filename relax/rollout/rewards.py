@@ -5,7 +5,7 @@ Every reward function has the signature
 User functions are named ``module:function`` (importable module) or ``path/file.py:function``.
 :func:`score_with_errors` runs it under a per-sample time limit (``--reward-timeout``) and checks
 what comes back: a function that raises, times out, returns the wrong number of values or a
-NaN/Inf is an error naming the sample and the start of its prompt, or -- only with
+NaN/Inf (or a value beyond float32, the rewards' dtype) is an error naming the sample and the start of its prompt, or -- only with
 ``--reward-error-policy zero`` -- a 0.0 reported in a message and counted, never a silent zero.
 """
 
@@ -25,6 +25,19 @@ from relax.rollout.reasoning_gym_source import make_reward
 from relax.rollout.tasks import get_task
 
 RewardFn = Callable[[list[str], list[str], list], list[float]]
+
+# Rewards become float32 tensors (relax/rollout/scoring.py): a value finite in float64 but
+# beyond this is Inf there, and would surface as a non-finite loss blaming --lr.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def bad_reward(value: float) -> str | None:
+    """Why ``value`` cannot be a reward (NaN, an infinity, beyond float32), or None."""
+    if math.isfinite(value) and abs(value) <= FLOAT32_MAX:
+        return None
+    if math.isfinite(value):
+        return f"{value:g}, beyond the float32 range of rewards (+-{FLOAT32_MAX:.3g})"
+    return f"{value}"
 
 
 def load_function(spec: str, flag: str) -> Callable:
@@ -251,8 +264,10 @@ def _zero_non_finite(values, prompts, *, name, index_base, policy):
     """NaN/Inf rewards: a RewardError naming the sample, or 0.0 and a message each."""
     errors = []
     for i, v in enumerate(values):
-        if not math.isfinite(v):
-            msg = f"reward function {name} returned {v} for {_describe(i, prompts, index_base)}"
+        problem = bad_reward(v)
+        if problem is not None:
+            msg = (f"reward function {name} returned {problem} for "
+                   f"{_describe(i, prompts, index_base)}")
             if policy == "raise":
                 raise RewardError(msg)
             errors.append(msg)
@@ -266,9 +281,10 @@ def _score_one(fn, prompts, responses, labels, i, *, name, index_base, timeout):
     where = _describe(i, prompts, index_base)
     try:
         (v,) = _as_floats(_call(fn, one, timeout), 1, name, f"sample {index_base + i}")
-        if math.isfinite(v):
+        problem = bad_reward(v)
+        if problem is None:
             return v, None
-        msg = f"reward function {name} returned {v} for {where}"
+        msg = f"reward function {name} returned {problem} for {where}"
     except _Timeout:
         msg = f"reward function {name} timed out after {timeout:g} s (--reward-timeout) on {where}"
     except RewardError as e:

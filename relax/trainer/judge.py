@@ -9,6 +9,8 @@ import torch
 
 from relax import models
 from relax.config.reward_services import DEFAULT_TEMPLATE, read_template
+from relax.errors import InputError
+from relax.rollout.data import format_prompt
 from relax.rollout.genrm import GenerativeJudge
 
 FLAG = "--genrm-model-path"
@@ -27,3 +29,30 @@ def build_judge(rollout, device: torch.device, *, bf16: bool) -> GenerativeJudge
     return GenerativeJudge(model, tokenizer, eos_token_ids=models.eos_token_ids(tokenizer, model),
                            template=template, max_new_tokens=rollout.genrm_max_response_len,
                            bf16=bf16, device=device)
+
+
+def check_judging_lengths(judge: GenerativeJudge | None, tokenizer, samples, *,
+                          apply_chat_template: bool, system_prompt: str | None,
+                          max_response: int) -> None:
+    """Every sample's judging prompt -- the template around the prompt as the policy sees it
+    (``tokenizer`` formats it) and the label, in the judge's tokens -- must fit the judge's
+    context with a full response (``max_response``, counted as the policy's tokens) and a full
+    verdict; else an :class:`InputError` naming the first prompt's ``file:line`` (exit 2), as
+    the policy's own check does, instead of cutting the start of each prompt at run time."""
+    if judge is None or samples is None or judge.max_prompt_tokens is None:
+        return
+    texts = [judge.judging_prompt(format_prompt(tokenizer, s.prompt,
+                                                apply_chat_template=apply_chat_template,
+                                                system_prompt=system_prompt), "", s.label)
+             for s in samples]
+    counts = [len(ids) for ids in judge.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    too_long = [(s, n) for s, n in zip(samples, counts, strict=True)
+                if n + max_response > judge.max_prompt_tokens]
+    if too_long:
+        sample, n = too_long[0]
+        raise InputError(
+            f"{sample.source}: judging prompt of {n} tokens (template, prompt and label) + "
+            f"--rollout-max-response-len {max_response} + --genrm-max-response-len "
+            f"{judge.max_new_tokens} exceeds the judge's context of {judge.context} tokens "
+            f"({len(too_long)} of {len(samples)} prompts do not fit); shorten the prompts or "
+            "the template, or lower --rollout-max-response-len or --genrm-max-response-len")

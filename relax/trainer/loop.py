@@ -56,7 +56,7 @@ from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.async_layout import AsyncLayout, Schedule
 from relax.trainer.experience import experience_from_rollout
-from relax.trainer.judge import build_judge
+from relax.trainer.judge import build_judge, check_judging_lengths
 from relax.trainer.off_policy import MismatchMeter
 from relax.trainer.policy import Policy
 from relax.trainer.remote_rollout import RemoteRollout
@@ -182,6 +182,8 @@ class Trainer:
         if self.samples is not None:
             check_formatted_lengths(tokenizer, self.samples, **fmt, context=context,
                                     max_response=cfg.rollout_max_response_len)
+        check_judging_lengths(self.scorer.judge, tokenizer, self.samples, **fmt,
+                              max_response=cfg.rollout_max_response_len)
         for eval_set in self.eval_sets:
             check_formatted_lengths(tokenizer, eval_set.as_samples(), **fmt,
                                     context=context, max_response=cfg.eval_max_response_len,

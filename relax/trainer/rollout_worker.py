@@ -43,7 +43,7 @@ from relax.trainer.async_layout import (
     send_object,
 )
 from relax.trainer.distributed import DistContext, is_peer_failure
-from relax.trainer.judge import build_judge
+from relax.trainer.judge import build_judge, check_judging_lengths
 from relax.trainer.lora import add_configured
 from relax.trainer.runtime import Timer
 
@@ -83,6 +83,9 @@ class RolloutWorker:
         self.collectors = {}
         # --rm-type genrm: one judge per rollout rank, for every share it samples
         judge = build_judge(cfg.rollout, ctx.device, bf16=use_bf16(cfg.bf16, ctx.device))
+        check_judging_lengths(judge, tokenizer, samples, apply_chat_template=cfg.apply_chat_template,
+                              system_prompt=cfg.system_prompt,
+                              max_response=cfg.rollout_max_response_len)
         for v in self.shares:
             # data-parallel rank v of the training ranks, alone in its process
             share = DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None)

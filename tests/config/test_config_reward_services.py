@@ -84,7 +84,15 @@ def genrm(judge_dir, *flags):
 @pytest.mark.parametrize("text,needle", [
     ("Is {prompt} right?", "has no {response} field"),
     ("{response} vs {answer}", "unknown field {answer}"),
-    ("{response} {", "not a template")])
+    ("{response} {", "not a template"),
+    # parsed as they are filled: a spec, a conversion or a nested field is refused
+    ("{response:d}", "field {response:d} has a format spec; write {response} alone"),
+    ("{response:{foo}}", "field {response:{foo}} has a format spec"),
+    ("{response:>10000000}", "field {response:>10000000} has a format spec"),
+    ("{response!r}", "field {response!r} has a conversion; write {response} alone"),
+    ("{prompt!s:>9} {response}", "field {prompt!s:>9} has a format spec"),
+    ("{response.upper}", "unknown field {response.upper}"),
+    ("{response[0]}", "unknown field {response[0]}")])
 def test_a_template_without_the_fields_it_needs_is_one_line(cli, rejected, judge_dir, tmp_path,
                                                              text, needle):
     template = tmp_path / "t.txt"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.config import ConfigError
+from relax.config import ConfigError, parse_eval_config
 from relax.config.bounds import MAX_ROUNDS, MAX_SAMPLES_PER_STEP, MAX_TURNS
 from relax.config.gym_spec import MAX_SIZE
 from tests.hostile.helpers import one_error_line, relax
@@ -34,6 +34,50 @@ def test_counts_past_their_bound_are_refused(flags, words, tmp_path):
     with pytest.raises(ConfigError) as e:
         make_config(*flags, output_dir=tmp_path)
     assert words in str(e.value)
+
+
+FLOAT32_RANGE = "the range of float32, the dtype of the tensors it is used with (0 or a " \
+    "magnitude in [1.2e-38, 3.4e+38])"
+
+
+@pytest.mark.parametrize("flags, words", [
+    # a clamp bound beyond float32 was a RuntimeError traceback in the first step ("value
+    # cannot be converted to type float without overflow")
+    (["--use-tis", "--tis-clip", "1e308", "--tis-clip-low", "1e308"], "--tis-clip 1e+308: beyond"),
+    (["--use-tis", "--tis-clip", "1e39"], "--tis-clip 1e+39: beyond"),
+    (["--eps-clip-high", "1e308"], "--eps-clip-high 1e+308: beyond"),
+    # an infinite coefficient or a temperature of 0 in float32 ended as "non-finite training
+    # values ... try a lower --lr"
+    (["--entropy-coef", "1e308"], "--entropy-coef 1e+308: beyond"),
+    (["--use-kl-loss", "--kl-loss-coef", "1e300", "--kl-loss-type", "k2"],
+     "--kl-loss-coef 1e+300: beyond"),
+    (["--rollout-temperature", "1e-308"], "--rollout-temperature 1e-308: below"),
+    (["--advantage-estimator", "sapo", "--sapo-tau-neg", "1e-300"], "--sapo-tau-neg 1e-300: below"),
+    (["--lora-rank", "2", "--lora-alpha", "1e308"], "--lora-alpha 1e+308: beyond"),
+    (["--lr", "1e308"], "--lr 1e+308: beyond"),
+])
+def test_float_flags_beyond_float32_are_refused(flags, words, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        make_config(*flags, output_dir=tmp_path)
+    assert words in str(e.value) and FLOAT32_RANGE in str(e.value)
+
+
+def test_float32s_own_limits_are_accepted(tmp_path):
+    biggest = "3.4028234663852886e38"
+    cfg = make_config("--use-tis", "--tis-clip", biggest, "--tis-clip-low", biggest,
+                      "--entropy-coef", "1.2e-38", output_dir=tmp_path)
+    assert cfg.tis_clip == float(biggest) and cfg.entropy_coef == 1.2e-38
+    with pytest.raises(ConfigError, match="--eval-temperature 1e-300: below the range of float32"):
+        parse_eval_config([str(tmp_path), "--eval-temperature", "1e-300"])
+
+
+@pytest.mark.subprocess
+def test_tis_clips_beyond_float32_stop_relax_train_in_one_line(tmp_path):
+    out = relax("train", "--use-tis", "--tis-clip", "1e308", "--tis-clip-low", "1e308",
+                "--output-dir", tmp_path / "run", "--device", "cpu", timeout=120)
+    assert out.returncode == 2
+    assert one_error_line(out).startswith("relax train: error: --tis-clip 1e+308: beyond the "
+                                          "range of float32")
 
 
 @pytest.mark.subprocess

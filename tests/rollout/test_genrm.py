@@ -30,6 +30,9 @@ def test_template_rules():
     assert "unknown field {answer}" in template_problem("{response} vs {answer}")
     assert "not a template" in template_problem("{response} {")
     assert template_problem("literal {{braces}} around {response}") is None
+    # filled by the parse that validated it: text holding braces is inserted as it is
+    assert fill_template("{{x}} {response}", prompt="", response="{label:>9}", label=1) == \
+        "{x} {label:>9}"
     # a reasoning-gym item's answer fills {label}
     filled = fill_template("{prompt}|{response}|{label}", prompt="1+1", response="2",
                            label={"answer": "2", "metadata": {}})
@@ -107,11 +110,23 @@ def test_verdicts_become_rewards_and_unparsed_ones_score_zero(tmp_path):
     assert judge.unparsed == 1
 
 
-def test_a_long_judging_prompt_keeps_its_end_within_the_context(tmp_path):
+def test_a_long_judging_prompt_keeps_its_end_within_the_context_and_says_so(tmp_path, capsys):
     judge = build_judge(_rollout_section(_tiny_judge_dir(tmp_path)), torch.device("cpu"),
                         bf16=False)
     assert judge.max_prompt_tokens == 256 - 6
     assert len(judge(["x" * 1000], ["y" * 1000], ["z"])) == 1  # no position past the context
+    assert ("warning: 1 of 1 judging prompts exceed the judge's context of 256 tokens with "
+            "--genrm-max-response-len 6") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("max_len", [64, 300])
+def test_a_verdict_budget_the_judges_context_cannot_hold_is_one_line(tmp_path, max_len):
+    # 300: the prompt budget went negative (IndexError); 64: the template's own 192 tokens
+    # (the tiny tokenizer is one token per character) left no room for a sample
+    with pytest.raises(InputError, match=rf"^--genrm-max-response-len {max_len}: with the "
+                       r"judging prompt's own 192 tokens .* context of 256 tokens"):
+        build_judge(_rollout_section(_tiny_judge_dir(tmp_path), max_len=max_len),
+                    torch.device("cpu"), bf16=False)
 
 
 def test_a_directory_that_is_not_a_loadable_model_names_the_flag(tmp_path):

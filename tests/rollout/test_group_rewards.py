@@ -71,6 +71,18 @@ def test_a_group_that_raises_or_is_nan_scores_zero_or_stops_the_run():
         score_groups(fn, PROMPTS, RESPONSES, LABELS, GROUPS, name="fn")
 
 
+def test_a_group_reward_beyond_float32_is_the_groups_failure():
+    def fn(prompts, responses, labels):
+        return [1.0, 1e39, 1.0] if prompts[0] == "b" else [1.0] * 3  # 1e39: inf in float32
+
+    values, failures = score_groups(fn, PROMPTS, RESPONSES, LABELS, GROUPS, name="fn",
+                                    policy="zero")
+    assert values == [1.0] * 3 + [0.0] * 3 + [1.0] * 3 and len(failures) == 3
+    assert "returned 1e+39, beyond the float32 range of rewards" in failures[0]
+    with pytest.raises(RewardError, match="beyond the float32 range .* samples 3..5"):
+        score_groups(fn, PROMPTS, RESPONSES, LABELS, GROUPS, name="fn")
+
+
 def test_a_group_has_its_members_times_the_per_sample_limit():
     def slow(prompts, responses, labels):
         time.sleep(0.3)

@@ -32,10 +32,11 @@ TRUTH = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
 
 
 @contextmanager
-def server(mode: str, tmp_path):
-    """A reward server process in ``mode`` (tests/rollout/reward_servers.py); yields its URL."""
+def server(mode: str, tmp_path, *flags: str):
+    """A reward server process in ``mode`` (tests/rollout/reward_servers.py) with the example
+    server's ``flags``; yields its URL."""
     log = open(tmp_path / f"{mode}-server.log", "w")
-    proc = subprocess.Popen([sys.executable, str(SERVERS), mode, "--port", "0"],
+    proc = subprocess.Popen([sys.executable, str(SERVERS), mode, "--port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         line: list[str] = []
@@ -117,14 +118,14 @@ def test_a_slow_server_gets_at_most_the_concurrency_in_flight_and_times_out(tmp_
         values, errors = model(url, timeout=0.05, retries=1).score(
             PROMPTS[:2], RESPONSES[:2], LABELS[:2])
         assert all(v != v for v in values)  # NaN: no reward
-        assert all("no answer within 0.05 s (--reward-timeout), after 2 attempts" in e
+        assert all("no complete answer within 0.05 s (--reward-timeout), after 2 attempts" in e
                    and f"--rm-url {url}" in e for e in errors), errors
         # --reward-error-policy zero: scored 0, counted
         tracker = Tracker()
         got = scorer(url, "zero", reward_timeout=0.05).score(
             PROMPTS, RESPONSES, LABELS, GROUPS, tracker=tracker)
         assert got.tolist() == [0.0] * 6 and tracker.sums["rollout/reward_errors"] == 6
-        with pytest.raises(RewardError, match=r"no answer within 0.05 s .*and 5 more samples"):
+        with pytest.raises(RewardError, match=r"no complete answer within 0.05 s .*and 5 more samples"):
             scorer(url, "raise", reward_timeout=0.05).score(
                 PROMPTS, RESPONSES, LABELS, GROUPS, tracker=Tracker())
 

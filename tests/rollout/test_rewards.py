@@ -51,18 +51,33 @@ def _bad(kind):
             return [float("nan") if r == "boom" else 1.0 for r in responses]
         if kind == "inf":
             return [float("inf") if r == "boom" else 1.0 for r in responses]
+        if kind == "beyond-float32":  # finite in float64, -inf as the float32 reward tensor
+            return [-1e300 if r == "boom" else 1.0 for r in responses]
         return [1.0] * len(prompts)
 
     return fn
 
 
-@pytest.mark.parametrize("kind", ["raise", "nan", "inf"])
+@pytest.mark.parametrize("kind", ["raise", "nan", "inf", "beyond-float32"])
 def test_bad_reward_names_sample_and_prompt(kind):
     prompts = ["What is 1+1?", "A long question about apples and oranges " * 3, "third"]
     with pytest.raises(RewardError) as e:
         score(_bad(kind), prompts, ["ok", "boom", "ok"], [1, 2, 3], name="r", index_base=10)
     msg = str(e.value)
     assert "sample 11" in msg and "A long question about apples" in msg and "\n" not in msg
+    if kind == "beyond-float32":
+        assert "returned -1e+300, beyond the float32 range of rewards" in msg
+
+
+def test_the_reward_bound_is_float32s_largest_value():
+    import torch
+
+    from relax.rollout.rewards import bad_reward
+
+    biggest = float(torch.finfo(torch.float32).max)
+    assert bad_reward(biggest) is None and bad_reward(-biggest) is None
+    assert bad_reward(2 * biggest) is not None and bad_reward(-1e300) is not None
+    assert torch.isinf(torch.tensor([-1e300], dtype=torch.float32)).all()  # why it is refused
 
 
 def test_wrong_count_is_an_error():

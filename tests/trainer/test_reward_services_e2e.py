@@ -108,6 +108,26 @@ def test_relax_train_with_a_generative_judge(tmp_path):
     assert len(trainer.scorer.judge.last_verdicts) == 16  # one batch: the step's 4 x 4 samples
 
 
+def test_prompts_the_judge_cannot_hold_with_a_full_response_are_exit_2(tmp_path, capsys):
+    from relax.cli import main
+    from tests.rollout.test_genrm import _tiny_judge_dir
+
+    # row 3 fits the policy (64 + 4 tokens of 256) but not the judge: the default template's
+    # 192 tokens + 64 + its label + 4 + the verdict's 4 (before: its start was cut silently)
+    rows = ROWS[:2] + [{"input": "7" * 63 + "=", "label": "1"}] + ROWS[2:]
+    data = write_jsonl(tmp_path, rows)
+    code = main(["train", "--prompt-data", data, "--rm-type", "genrm", "--genrm-model-path",
+                 _tiny_judge_dir(tmp_path), "--genrm-max-response-len", "4", "--num-rollout",
+                 "1", "--rollout-max-response-len", "4", "--device", "cpu", "--output-dir",
+                 str(tmp_path / "run")])
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"relax train: error: {data}:3: judging prompt of 257 tokens "
+                             "(template, prompt and label) + --rollout-max-response-len 4 + "
+                             "--genrm-max-response-len 4 exceeds the judge's context of 256 "
+                             "tokens (1 of 9 prompts do not fit)"), err
+
+
 def test_a_judge_that_does_not_load_is_exit_2_naming_the_flag(tmp_path, capsys):
     from relax.cli import main
 
