@@ -113,3 +113,28 @@ def test_a_seeded_distillation_run_resumes_exactly(tmp_path):
     for got, want in zip(tail, uninterrupted[1:], strict=True):
         for key in (*OPD_METRICS, "rollout/raw_reward", "train/loss", "train/grad_norm"):
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+
+def test_multi_turn_distils_only_the_model_tokens(tmp_path, monkeypatch):
+    from relax.trainer.distill import Distillation
+
+    seen = []
+    original = Distillation.advantages
+
+    def spy(self, exp, tracker):
+        out = original(self, exp, tracker)
+        seen.append((exp.response_mask.clone(), exp.attention_mask.clone(), out))
+        return out
+
+    monkeypatch.setattr(Distillation, "advantages", spy)
+    teacher = _save(tmp_path / "teacher", sharpen=2.0)
+    cfg = make_config("--use-opd", "--opd-teacher-load", teacher, "--opd-only", "--env",
+                      "tests.agents.scripted:countdown", "--max-turns", "3",
+                      "--num-rollout", "1", output_dir=tmp_path / "run")
+    fit(cfg)
+    _assert_finite(read_metrics(tmp_path / "run"))
+    (mask, attention, adv), = seen
+    env_tokens = attention[:, -mask.shape[1]:].bool() & ~mask  # read by the model, not its own
+    assert env_tokens.any(), "the episodes had no environment turn"
+    assert torch.equal(adv[env_tokens], torch.zeros_like(adv[env_tokens]))
+    assert (adv[mask] != 0).any()
