@@ -5,12 +5,25 @@ relax/config/opd_rules.py. Torch-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from relax.config.fields import option
+from relax.config.sections import Section, flag
 
 # model: a Hugging Face teacher loaded beside the policy (slime's "megatron" mode);
 # self: on-policy self-distillation, declared so that asking for it gets a clear refusal
 OPD_TYPES: tuple[str, ...] = ("model", "self")
+
+
+@dataclass(frozen=True)
+class DistillationSection(Section):
+    """What the teacher and its advantage term read (``cfg.distillation``)."""
+
+    enabled: bool = flag("use_opd")
+    type: str = flag("opd_type")
+    kl_coef: float = flag("opd_kl_coef")
+    teacher_load: str | None = flag("opd_teacher_load")
+    only: bool = flag("opd_only")
 
 
 @dataclass(frozen=True)
@@ -36,3 +49,7 @@ class DistillationFields:
         False, "Distillation alone: the estimator's advantage is replaced by 0, so the "
         "teacher's reverse KL is the only training signal (the task reward is still computed "
         "and logged as rollout/raw_reward); needs --use-opd.", group="distillation")
+
+    @cached_property
+    def distillation(self) -> DistillationSection:
+        return DistillationSection.of(self)

@@ -2,7 +2,8 @@
 teacher of ``--use-opd``, its log-probs of the student's sampled tokens, and the advantage
 term they give.
 
-    distill = Distillation.build(cfg, ctx, tokenizer=policy.tokenizer, student=policy.module)
+    distill = Distillation.build(cfg.distillation, ctx, tokenizer=policy.tokenizer,
+                                 student=policy.module, bf16=False)
     exp.teacher_log_probs = distill.teacher_log_probs(exp, **passes)   # no autograd, once a step
     exp.advantages = distill.advantages(exp, tracker)                  # A - C * (s - t)
 
@@ -53,13 +54,14 @@ class Distillation:
         self.bf16, self.group = bf16, group
 
     @classmethod
-    def build(cls, cfg, ctx, *, tokenizer, student: torch.nn.Module,
+    def build(cls, section, ctx, *, tokenizer, student: torch.nn.Module,
               bf16: bool) -> Distillation | None:
         """The teacher of ``--opd-teacher-load`` after its vocabulary is checked against the
-        student's (tokenizer first, before any weight is read); None without ``--use-opd``."""
-        if not cfg.use_opd:
+        student's (tokenizer first, before any weight is read); None without ``--use-opd``.
+        ``section``: ``cfg.distillation`` (relax/config/opd_fields.py)."""
+        if not section.enabled:
             return None
-        path = cfg.opd_teacher_load
+        path = section.teacher_load
         check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
         # a frozen causal LM loaded like the judge: bf16 with --bf16, eval, no gradients
         teacher = models.load_judge(path, ctx.device, bf16=bf16, flag=FLAG)
@@ -68,7 +70,7 @@ class Distillation:
                              f"{_output_rows(teacher)} rows, fewer than the student's "
                              f"{_output_rows(student)}; it cannot score every token the "
                              "student may sample")
-        return cls(teacher, kl_coef=cfg.opd_kl_coef, only=cfg.opd_only, bf16=bf16,
+        return cls(teacher, kl_coef=section.kl_coef, only=section.only, bf16=bf16,
                    group=ctx.group)
 
     def teacher_log_probs(self, exp, **passes) -> torch.Tensor:

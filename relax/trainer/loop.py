@@ -100,7 +100,7 @@ class Trainer:
                            report=lambda line: print(line, file=sys.stderr))
         self.policy = self._build_policy()
         # --use-opd: the teacher, its vocabulary checked against the student's before any step
-        self.distill = Distillation.build(cfg, ctx, tokenizer=self.policy.tokenizer,
+        self.distill = Distillation.build(cfg.distillation, ctx, tokenizer=self.policy.tokenizer,
                                           student=self.policy.module, bf16=self.bf16)
         self.step_metrics.remote_generation = layout is not None
         self.collector = self._build_collector(envs)

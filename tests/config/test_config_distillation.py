@@ -58,3 +58,13 @@ def test_good_distillation_flags_resolve(cli, teacher_dir):
     assert (cfg["opd_kl_coef"], cfg["opd_teacher_load"]) == (0.5, teacher_dir)
     off = cli(["train", "--dry-run"]).config()
     assert not off["use_opd"] and off["opd_kl_coef"] == 1.0
+
+
+def test_the_distillation_section_reads_the_flags(teacher_dir):
+    from relax.config import parse_train_config
+
+    cfg = parse_train_config(["--use-opd", "--opd-teacher-load", teacher_dir, "--opd-kl-coef",
+                              "0.25", "--opd-only"])
+    d = cfg.distillation
+    assert (d.enabled, d.type, d.kl_coef, d.teacher_load, d.only) == (
+        True, "model", 0.25, teacher_dir, True)
