@@ -3,13 +3,13 @@ teacher of ``--use-opd``, its log-probs of the student's sampled tokens, and the
 term they give.
 
     distill = Distillation.build(cfg.distillation, ctx, tokenizer=policy.tokenizer,
-                                 student=policy.module, bf16=False)
+                                 student=policy.module, bf16=bf16)
     exp.teacher_log_probs = distill.teacher_log_probs(exp, **passes)   # no autograd, once a step
     exp.advantages = distill.advantages(exp, tracker)                  # A - C * (s - t)
 
 The teacher pass is the reference pass of relax/trainer/logprobs.py (``batched_log_probs``):
-the same micro-batches or token budget, the same chunked output layer, so no [B, T, V] tensor
-exists, and the same sampling temperature as the student's pi_old pass. The teacher is kept in
+the same micro-batches or token budget, the output layer in chunks where the model allows (no
+[B, T, V] tensor), and the same sampling temperature as the student's pi_old pass. The teacher is kept in
 bf16 under ``--bf16`` (it is never trained), whole on every rank (not sharded by ``--fsdp``).
 """
 
