@@ -22,6 +22,8 @@ cispo_loss                     :mod:`relax.algorithms.losses`         5b
 compute_advantages_and_returns :mod:`relax.algorithms.registry`       3-6, 10
 mismatch_sums, tis_weights,    :mod:`relax.algorithms.off_policy`     7a
 opsm_keep
+distilled_advantages,          :mod:`relax.algorithms.distillation`   7b
+opd_reverse_kl, opd_metrics
 =============================  =====================================  ==========
 """
 
@@ -30,6 +32,12 @@ from relax.algorithms.advantages import (
     reinforce_plus_plus_baseline_advantages,
     reinforce_plus_plus_returns,
     rloo_advantages,
+)
+from relax.algorithms.distillation import (
+    OPD_TERMS,
+    distilled_advantages,
+    opd_metrics,
+    opd_reverse_kl,
 )
 from relax.algorithms.kl import KL_KINDS, approx_kl
 from relax.algorithms.losses import (
@@ -66,16 +74,20 @@ __all__ = [
     "Estimator",
     "PolicyLossSettings",
     "NormalizationStats",
+    "OPD_TERMS",
     "approx_kl",
     "cispo_loss",
     "compute_advantages_and_returns",
     "compute_policy_loss",
+    "distilled_advantages",
     "get_estimator",
     "group_relative_advantages",
     "gspo_loss",
     "masked_population_normalize",
     "masked_whiten",
     "mismatch_sums",
+    "opd_metrics",
+    "opd_reverse_kl",
     "opsm_keep",
     "ppo_clip_loss",
     "reinforce_plus_plus_baseline_advantages",

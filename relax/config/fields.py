@@ -22,6 +22,8 @@ GROUPS: dict[str, str] = {
     "model and data": "Defaults: the built-in tiny model and task.",
     "off-policy": "The sampler's log-probs: mismatch metrics and importance correction "
                   "(reinforce_plus_plus.md §7a).",
+    "distillation": "On-policy distillation: a frozen teacher's log-probs of the student's "
+                    "own tokens in the advantage (reinforce_plus_plus.md §7b).",
     "lora": "Low-rank adapters instead of full fine-tuning (peft).",
     "optimizer": "AdamW, constant learning rate.",
     "recompute": "Activation recompute of the policy's training forward: less memory for one "

@@ -45,6 +45,7 @@ from relax.config.fields import (
     seed_option,
     system_prompt_option,
 )
+from relax.config.opd_fields import DistillationFields
 from relax.config.reward_services import (
     genrm_max_response_len_option,
     genrm_model_path_option,
@@ -69,7 +70,7 @@ from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
 
 
 @dataclass(frozen=True)
-class TrainConfig(FullyAsyncFields):
+class TrainConfig(FullyAsyncFields, DistillationFields):
     """``relax train`` settings (rules: reinforce_plus_plus.md §8 and relax/config/validate.py)."""
 
     # algorithm

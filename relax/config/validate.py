@@ -45,6 +45,7 @@ from relax.config.estimator_rules import check_estimator_rules
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
 from relax.config.off_policy import check_off_policy
+from relax.config.opd_rules import check_distillation
 from relax.config.recompute import check_recompute
 from relax.config.reward_services import check_reward_services
 from relax.config.schema import TrainConfig
@@ -475,6 +476,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     check_off_policy(cfg, explicit)
     check_recompute(cfg)
     check_reward_services(cfg, explicit)
+    check_distillation(cfg, explicit)
     check_fully_async(cfg, explicit)
     world_size = training_world_size(cfg, world_size)  # --fully-async: the training ranks
     output_dir = cfg.output_dir or os.path.join(

@@ -24,11 +24,14 @@ def needs_old_log_probs(cfg) -> bool:
     1): every micro-batch of that step runs before ``optimizer.step()``, so the policy of the
     update *is* the policy that pi_old denotes, and ``update.micro_batch_loss`` uses its own
     log-probs, detached (ratio exactly 1, gradient of log pi). Still needed when a later
-    optimizer step sees a moved policy, and for REINFORCE++ k1 reward shaping, whose returns
-    read pi_old before any update (reinforce_plus_plus.md §3).
+    optimizer step sees a moved policy, for REINFORCE++ k1 reward shaping, whose returns
+    read pi_old before any update (reinforce_plus_plus.md §3), and for on-policy distillation,
+    whose advantage term reads it the same way (§7b).
     """
     f = estimators.facts(cfg.advantage_estimator)
-    return estimators.returns_read_old_policy(f, kl_coef=cfg.kl_coef) or cfg.num_steps_per_rollout > 1
+    return (estimators.returns_read_old_policy(f, kl_coef=cfg.kl_coef)
+            or cfg.num_steps_per_rollout > 1
+            or cfg.use_opd)  # the distillation term reads pi_old before any update (§7b)
 
 
 def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,

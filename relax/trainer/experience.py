@@ -37,6 +37,7 @@ class Experience:
     ref_log_probs: torch.Tensor | None = None  # [B, T]
     advantages: torch.Tensor | None = None  # [B, T]
     rollout_log_probs: torch.Tensor | None = None  # [B, T] the sampler's (reinforce_plus_plus.md §7a)
+    teacher_log_probs: torch.Tensor | None = None  # [B, T] --use-opd (reinforce_plus_plus.md §7b)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -1,0 +1,89 @@
+"""On-policy distillation on the trainer's ranks (reinforce_plus_plus.md §7b): the frozen
+teacher of ``--use-opd``, its log-probs of the student's sampled tokens, and the advantage
+term they give.
+
+    distill = Distillation.build(cfg.distillation, ctx, tokenizer=policy.tokenizer,
+                                 student=policy.module, bf16=bf16)
+    exp.teacher_log_probs = distill.teacher_log_probs(exp, **passes)   # no autograd, once a step
+    exp.advantages = distill.advantages(exp, tracker)                  # A - C * (s - t)
+
+The teacher pass is the reference pass of relax/trainer/logprobs.py (``batched_log_probs``):
+the same micro-batches or token budget, the output layer in chunks where the model allows (no
+[B, T, V] tensor), and the same sampling temperature as the student's pi_old pass. The teacher is kept in
+bf16 under ``--bf16`` (it is never trained), whole on every rank (not sharded by ``--fsdp``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relax import models
+from relax.algorithms.distillation import distilled_advantages, opd_metrics
+from relax.errors import InputError
+from relax.trainer.logprobs import batched_log_probs
+
+FLAG = "--opd-teacher-load"
+
+
+def check_vocabulary(path: str, student_tokenizer, teacher_tokenizer) -> None:
+    """The teacher must give the student's token ids the same meaning: equal vocabularies
+    (token -> id, added tokens included), else one line naming the flag and the first
+    difference."""
+    s, t = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if s == t:
+        return
+    if len(s) != len(t):
+        raise InputError(f"{FLAG} {path}: the teacher's tokenizer has {len(t)} tokens, the "
+                         f"student's {len(s)}; distillation needs the student's vocabulary")
+    token = next(tok for tok in sorted(s) if s[tok] != t.get(tok))
+    raise InputError(f"{FLAG} {path}: token {token!r} is id {s[token]} for the student but "
+                     f"{t.get(token)} for the teacher; distillation needs the student's "
+                     "vocabulary")
+
+
+def _output_rows(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+class Distillation:
+    """The teacher (frozen, eval mode) and the term's settings; see the module docstring."""
+
+    def __init__(self, teacher: torch.nn.Module, *, kl_coef: float, only: bool, bf16: bool,
+                 group=None):
+        self.teacher, self.kl_coef, self.only = teacher, kl_coef, only
+        self.bf16, self.group = bf16, group
+
+    @classmethod
+    def build(cls, section, ctx, *, tokenizer, student: torch.nn.Module,
+              bf16: bool) -> Distillation | None:
+        """The teacher of ``--opd-teacher-load`` after its vocabulary is checked against the
+        student's (tokenizer first, before any weight is read); None without ``--use-opd``.
+        ``section``: ``cfg.distillation`` (relax/config/opd_fields.py)."""
+        if not section.enabled:
+            return None
+        path = section.teacher_load
+        check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
+        # a frozen causal LM loaded like the judge: bf16 with --bf16, eval, no gradients
+        teacher = models.load_judge(path, ctx.device, bf16=bf16, flag=FLAG)
+        if _output_rows(teacher) < _output_rows(student):
+            raise InputError(f"{FLAG} {path}: the teacher's output layer has "
+                             f"{_output_rows(teacher)} rows, fewer than the student's "
+                             f"{_output_rows(student)}; it cannot score every token the "
+                             "student may sample")
+        return cls(teacher, kl_coef=section.kl_coef, only=section.only, bf16=bf16,
+                   group=ctx.group)
+
+    def teacher_log_probs(self, exp, **passes) -> torch.Tensor:
+        """log pi_teacher(y_t) [B, T] float32 of ``exp``'s responses, no autograd
+        (``passes``: the micro-batching of ``batched_log_probs``)."""
+        return batched_log_probs(self.teacher, exp, bf16=self.bf16, **passes)
+
+    def advantages(self, exp, tracker) -> torch.Tensor:
+        """``A - C * (log pi_old - log pi_teacher)`` [B, T] on the loss mask (the estimator's
+        ``A`` replaced by 0 with ``--opd-only``), and the step's ``rollout/opd_reverse_kl``
+        and ``rollout/teacher_logprob`` (global over the data-parallel group)."""
+        student, teacher, mask = exp.old_log_probs, exp.teacher_log_probs, exp.response_mask
+        for name, value in opd_metrics(student, teacher, mask, group=self.group).items():
+            tracker.add_global(name, value)
+        base = None if self.only else exp.advantages
+        return distilled_advantages(base, student, teacher, mask, kl_coef=self.kl_coef)

@@ -1,0 +1,70 @@
+"""reinforce_plus_plus.md §7b flags: each bad value is exit 2 with one line naming the flag,
+before anything is loaded (``--dry-run`` resolves and prints the config only)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def teacher_dir(tmp_path):
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "config.json").write_text("{}")
+    return str(tmp_path / "teacher")
+
+
+def _rows(teacher, tmp_path):
+    return {
+        "negative-coef": (["--use-opd", "--opd-teacher-load", teacher, "--opd-kl-coef", "-0.5"],
+                          ("--opd-kl-coef -0.5", "must be >= 0")),
+        "nan-coef": (["--use-opd", "--opd-teacher-load", teacher, "--opd-kl-coef", "nan"],
+                     ("--opd-kl-coef", "finite")),
+        "huge-coef": (["--use-opd", "--opd-teacher-load", teacher, "--opd-kl-coef", "1e39"],
+                      ("--opd-kl-coef 1e+39", "float32")),
+        "no-teacher": (["--use-opd"], ("--use-opd", "--opd-teacher-load DIR")),
+        "missing-teacher": (["--use-opd", "--opd-teacher-load", str(tmp_path / "gone")],
+                            ("--opd-teacher-load", "gone", "no such directory")),
+        "not-a-model-dir": (["--use-opd", "--opd-teacher-load", str(tmp_path)],
+                            ("--opd-teacher-load", "no config.json")),
+        "self-not-built": (["--use-opd", "--opd-type", "self", "--opd-teacher-load", teacher],
+                           ("--opd-type self", "not built")),
+        "coef-without-opd": (["--opd-kl-coef", "0.5"], ("--opd-kl-coef 0.5", "without --use-opd")),
+        "teacher-without-opd": (["--opd-teacher-load", teacher],
+                                ("--opd-teacher-load", "without --use-opd")),
+        "only-without-opd": (["--opd-only"], ("--opd-only", "without --use-opd")),
+        "only-with-zero-coef": (["--use-opd", "--opd-teacher-load", teacher, "--opd-only",
+                                 "--opd-kl-coef", "0"], ("--opd-only", "--opd-kl-coef 0")),
+        "fully-async": (["--use-opd", "--opd-teacher-load", teacher, "--fully-async"],
+                        ("--use-opd", "--fully-async")),
+    }
+
+
+ROW_NAMES = [
+    "negative-coef", "nan-coef", "huge-coef", "no-teacher", "missing-teacher", "not-a-model-dir",
+    "self-not-built", "coef-without-opd", "teacher-without-opd", "only-without-opd",
+    "only-with-zero-coef", "fully-async"]
+
+
+@pytest.mark.parametrize("row", ROW_NAMES)
+def test_bad_distillation_flags_are_one_line(cli, rejected, row, teacher_dir, tmp_path):
+    flags, needles = _rows(teacher_dir, tmp_path)[row]
+    rejected(cli(["train", *flags, "--dry-run"]), *needles)
+
+
+def test_good_distillation_flags_resolve(cli, teacher_dir):
+    cfg = cli(["train", "--use-opd", "--opd-teacher-load", teacher_dir, "--opd-kl-coef", "0.5",
+               "--opd-only", "--dry-run"]).config()
+    assert cfg["use_opd"] and cfg["opd_only"] and cfg["opd_type"] == "model"
+    assert (cfg["opd_kl_coef"], cfg["opd_teacher_load"]) == (0.5, teacher_dir)
+    off = cli(["train", "--dry-run"]).config()
+    assert not off["use_opd"] and off["opd_kl_coef"] == 1.0
+
+
+def test_the_distillation_section_reads_the_flags(teacher_dir):
+    from relax.config import parse_train_config
+
+    cfg = parse_train_config(["--use-opd", "--opd-teacher-load", teacher_dir, "--opd-kl-coef",
+                              "0.25", "--opd-only"])
+    d = cfg.distillation
+    assert (d.enabled, d.type, d.kl_coef, d.teacher_load, d.only) == (
+        True, "model", 0.25, teacher_dir, True)
