@@ -193,7 +193,9 @@ class Trainer:
         rollout, batches, p = self.cfg.rollout, self.cfg.batches, self.policy
         if self.layout is not None:  # batches sampled on the rollout ranks
             cfg = self.cfg
-            schedule = Schedule(cfg.max_staleness, cfg.update_weights_interval, self.total_steps)
+            # with --save the final checkpoint holds the batches in flight after the last step
+            schedule = Schedule(cfg.max_staleness, cfg.update_weights_interval, self.total_steps,
+                                carry=cfg.save is not None)
             return RemoteRollout(cfg, self.ctx, self.layout, schedule, policy=p,
                                  source=self.source, tracker=self.tracker,
                                  timeout_minutes=cfg.distributed_timeout_minutes)

@@ -7,6 +7,13 @@
     remote.publish(step + 1)             the weights after step + 1, when a batch needs them
     remote.state_dict()                  the batches in flight and the rollout side's position
 
+The first ``collect`` starts the rollout ranks: each training rank sends its rollout rank the
+first step to sample, the schedule (relax/trainer/async_layout.py; on ``--load`` continued from
+the checkpoint's step, with the stored batches its lag allows), the collector state and the
+shapes of the weights it will send, and waits for the answer: a rollout rank that would follow
+another schedule or build another model says so, and both sides end with that line instead
+of waiting on each other.
+
 Metrics (reinforce_plus_plus.md §10; per rollout step, reduced over the training ranks):
 ``async/staleness`` (steps between the weights a batch was sampled with and the weights it
 trains), ``async/train_idle_fraction`` (share of the step cycle this training rank waited for
@@ -20,8 +27,10 @@ for weights), ``async/weight_sync_time`` and ``async/weight_sync_bytes``,
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
+from relax.errors import InputError
 from relax.rollout.batch import StepBatch
 from relax.trainer import weight_sync
 from relax.trainer.async_layout import (
@@ -29,7 +38,7 @@ from relax.trainer.async_layout import (
     Schedule,
     naming_the_peer,
     recv_object,
-    send_object,
+    send_and_wait,
 )
 
 
@@ -88,7 +97,12 @@ class RemoteRollout:
 
     def close(self) -> None:
         """End the rollout ranks' loop (training rank 0 sends the stop header); a rollout rank
-        that is gone already is not waited for."""
+        that is gone already is not waited for. A resumed run with no step left starts them
+        with nothing to sample first (they wait for a start before anything else)."""
+        if not self.started and not self.stopped and \
+                self.next_step >= self.schedule.total_steps:
+            self._guard("starting", lambda: self._handshake(self.schedule.end))
+            self.started = True
         if self.started and not self.stopped and self.ctx.rank == 0:
             with contextlib.suppress(Exception):
                 weight_sync.send_header(weight_sync.STOP, -1, self.layout.sync_group,
@@ -105,13 +119,16 @@ class RemoteRollout:
                 if step not in self.pending and step > self.received:
                     self.pending[step] = self._receive(step)
         pending = {s: {**m, "batch": m["batch"].plain()} for s, m in self.pending.items()}
-        return {"pending": pending, "rollout": self.state, "cursor": self._cursor()}
+        return {"pending": pending, "rollout": self.state, "cursor": self._cursor(),
+                "step": self.next_step}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's :meth:`state_dict`, or a colocated run's ``{"cursor"}``."""
         self.pending = {s: {**m, "batch": StepBatch.from_plain(m["batch"])}
                         for s, m in (state.get("pending") or {}).items()}
         self.state = dict(state.get("rollout") or {"cursor": int(state["cursor"])})
+        # a colocated checkpoint's fixed stride puts step s at cursor s x stride
+        self.next_step = int(state.get("step", int(state["cursor"]) // self.stride))
 
     def position(self) -> dict[str, int]:
         cursor = self._cursor()
@@ -124,17 +141,51 @@ class RemoteRollout:
 
     # ------------------------------------------------------------------ internals
     def _start(self, step: int) -> None:
-        """Tell the rollout rank where to begin (after the batches carried in the checkpoint)
-        and with which collector state; publish the starting weights if a batch needs them."""
-        first = step + len([s for s in self.pending if s >= step])
+        """Continue the schedule from ``step`` (a checkpoint's batches in flight first, those
+        its lag allows: Schedule.resumed), start the rollout rank after them, and publish the
+        starting weights if a batch needs them."""
+        stored = {s: int(m["version"]) for s, m in self.pending.items() if s >= step}
+        self.schedule, kept = self.schedule.resumed(step, stored)
+        self._drop_stored(step + kept)
+        first = step + kept
         self.received = first - 1
         self.needed = set(self.schedule.needed(first))
         self.started, self.next_step = True, step
-        self._guard("starting", lambda: [w.wait() for w, _ in send_object(
-            {"first": first, "total": self.schedule.total_steps, "state": self.state},
-            self.peer)])
+        self._guard("starting", lambda: self._handshake(first))
         self.cycle = time.perf_counter()
         self.publish(step)
+
+    def _handshake(self, first: int) -> None:
+        """Send the start (first step, schedule, collector state, the weights' shapes); the
+        rollout rank answers None, or the line saying why it cannot follow (InputError on
+        both sides)."""
+        send_and_wait({"first": first, "schedule": self.schedule.to_dict(), "state": self.state,
+                       "weights": weight_sync.signature(self.policy.module)},
+                      self.peer, self.timeout_minutes)
+        problem = recv_object(self.peer, self.timeout_minutes)
+        if problem is not None:
+            raise InputError(problem)
+
+    def _drop_stored(self, first: int) -> None:
+        """Forget the stored batches from ``first`` on (a lag this run's schedule does not
+        allow, or past its end): the rollout rank samples them again with the checkpoint's
+        weights, from the collector state before the first of them."""
+        dropped = sorted(s for s in self.pending if s >= first)
+        if not dropped:
+            return
+        cursor = self._cursor()  # at the checkpoint's step
+        kept = [s for s in self.pending if s < first]
+        self.state = dict(self.pending[max(kept)]["state"]) if kept else {"cursor": cursor}
+        lags = {s: s - int(self.pending[s]["version"]) for s in dropped}
+        for s in dropped:
+            del self.pending[s]
+        if self.ctx.is_main and max(lags.values()) > self.schedule.max_lag:
+            k, i = self.schedule.staleness, self.schedule.interval
+            print(f"relax train: --load: the checkpoint holds the batches of steps "
+                  f"{', '.join(str(s + 1) for s in dropped)}, sampled "
+                  f"{', '.join(str(x) for x in lags.values())} steps behind; --max-staleness "
+                  f"{k} --update-weights-interval {i} allow {self.schedule.max_lag}, so they "
+                  "are sampled again with the checkpoint's weights", file=sys.stderr, flush=True)
 
     def _receive(self, step: int) -> dict:
         message = self._guard(f"waiting for step {step + 1}'s batch",
