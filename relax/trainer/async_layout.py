@@ -24,8 +24,8 @@ holds them too and a run continued from it (a higher --num-rollout) is the unint
 no longer exist, so the resumed run's versions are the new schedule's, never older than the
 checkpoint step s: ``max(s, I' * floor(max(0, n - K') / I'))``, as a fresh run's are never
 older than its initial weights. A stored batch trains as it is when its lag is one the new
-schedule allows (at most ``K' + I' - 1``), else it and the stored ones after it are sampled
-again with the checkpoint's weights. The training side decides this and sends the schedule in
+schedule allows (at most ``K' + I' - 1``) and it has this run's size, else it and the stored
+ones after it are sampled again with the checkpoint's weights. The training side decides this and sends the schedule in
 its start message, so the two roles cannot follow different ones; every rank first compares
 the settings both roles share (:func:`check_same_settings`) and a difference ends every rank
 in one line before any other wait.

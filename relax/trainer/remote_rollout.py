@@ -44,17 +44,20 @@ from relax.trainer.async_layout import (
 
 class RemoteRollout:
     """``ctx``: this training rank's data-parallel context; ``policy``: relax/trainer/policy.py;
-    ``stride``: prompts the stream advances per step (--rollout-batch-size)."""
+    ``source``: the prompt stream (for the data position a checkpoint records)."""
 
     def __init__(self, cfg, ctx, layout: AsyncLayout, schedule: Schedule, *, policy, source,
                  tracker, timeout_minutes: float):
         self.ctx, self.layout, self.schedule, self.policy = ctx, layout, schedule, policy
-        self.source, self.tracker, self.stride = source, tracker, cfg.rollout_batch_size
+        self.source, self.tracker = source, tracker
+        # this rank's rows of a step's batch (whole groups of its share of the prompts)
+        self.rows = cfg.rollout_batch_size // layout.trainers * cfg.n_samples_per_prompt
         self.bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
         self.fsdp, self.timeout_minutes = cfg.fsdp, timeout_minutes
         self.peer = layout.rollout_rank_of(ctx.rank)
         self.pending: dict[int, dict] = {}  # step -> message, received, not trained yet
         self.state: dict = {"cursor": 0}  # the rollout side's collector after the newest batch
+        self.cursor = 0  # prompts consumed by the steps trained so far
         self.received = -1  # the newest step received
         self.next_step = 0  # the step the next collect trains
         self.needed: set[int] = set()
@@ -69,7 +72,7 @@ class RemoteRollout:
         message = self.pending.pop(step, None) or self._receive(step)
         now = time.perf_counter()
         waited, cycle, self.cycle = now - waited, now - self.cycle, now
-        self.next_step = step + 1
+        self.next_step, self.cursor = step + 1, int(message["state"]["cursor"])
         self._record(step, message, waited, cycle)
         return message["batch"].to(self.ctx.device)
 
@@ -119,32 +122,30 @@ class RemoteRollout:
                 if step not in self.pending and step > self.received:
                     self.pending[step] = self._receive(step)
         pending = {s: {**m, "batch": m["batch"].plain()} for s, m in self.pending.items()}
-        return {"pending": pending, "rollout": self.state, "cursor": self._cursor(),
+        return {"pending": pending, "rollout": self.state, "cursor": self.cursor,
                 "step": self.next_step}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's :meth:`state_dict`, or a colocated run's ``{"cursor"}``."""
         self.pending = {s: {**m, "batch": StepBatch.from_plain(m["batch"])}
                         for s, m in (state.get("pending") or {}).items()}
-        self.state = dict(state.get("rollout") or {"cursor": int(state["cursor"])})
-        # a colocated checkpoint's fixed stride puts step s at cursor s x stride
-        self.next_step = int(state.get("step", int(state["cursor"]) // self.stride))
+        self.cursor = int(state["cursor"])
+        self.state = dict(state.get("rollout") or {"cursor": self.cursor})
+        # (a colocated checkpoint: its step from the fixed stride the rollout ranks require)
+        self.next_step = int(state.get("step", self.cursor // self.source.batch_size))
 
     def position(self) -> dict[str, int]:
-        cursor = self._cursor()
-        return {**self.source.position_at(cursor), "cursor": cursor}
-
-    def _cursor(self) -> int:
-        """Prompts consumed by the steps trained so far: the rollout side's cursor less the
-        batches still pending here (a fixed stride: no rounds under --fully-async)."""
-        return int(self.state.get("cursor", 0)) - self.stride * len(self.pending)
+        return {**self.source.position_at(self.cursor), "cursor": self.cursor}
 
     # ------------------------------------------------------------------ internals
     def _start(self, step: int) -> None:
         """Continue the schedule from ``step`` (a checkpoint's batches in flight first, those
         its lag allows: Schedule.resumed), start the rollout rank after them, and publish the
         starting weights if a batch needs them."""
-        stored = {s: int(m["version"]) for s, m in self.pending.items() if s >= step}
+        # a batch of another size (another --rollout-batch-size or --n-samples-per-prompt)
+        # is not this run's: sampled again
+        stored = {s: int(m["version"]) for s, m in self.pending.items()
+                  if s >= step and len(m["batch"].prompts) == self.rows}
         self.schedule, kept = self.schedule.resumed(step, stored)
         self._drop_stored(step + kept)
         first = step + kept
@@ -167,25 +168,32 @@ class RemoteRollout:
             raise InputError(problem)
 
     def _drop_stored(self, first: int) -> None:
-        """Forget the stored batches from ``first`` on (a lag this run's schedule does not
-        allow, or past its end): the rollout rank samples them again with the checkpoint's
-        weights, from the collector state before the first of them."""
+        """Forget the stored batches from ``first`` on (not this run's size, a lag this run's
+        schedule does not allow, or past its end): the rollout rank samples them again with
+        the checkpoint's weights, from the collector state before the first of them."""
         dropped = sorted(s for s in self.pending if s >= first)
         if not dropped:
             return
-        cursor = self._cursor()  # at the checkpoint's step
         kept = [s for s in self.pending if s < first]
-        self.state = dict(self.pending[max(kept)]["state"]) if kept else {"cursor": cursor}
-        lags = {s: s - int(self.pending[s]["version"]) for s in dropped}
-        for s in dropped:
-            del self.pending[s]
-        if self.ctx.is_main and max(lags.values()) > self.schedule.max_lag:
-            k, i = self.schedule.staleness, self.schedule.interval
-            print(f"relax train: --load: the checkpoint holds the batches of steps "
-                  f"{', '.join(str(s + 1) for s in dropped)}, sampled "
-                  f"{', '.join(str(x) for x in lags.values())} steps behind; --max-staleness "
-                  f"{k} --update-weights-interval {i} allow {self.schedule.max_lag}, so they "
-                  "are sampled again with the checkpoint's weights", file=sys.stderr, flush=True)
+        self.state = dict(self.pending[max(kept)]["state"]) if kept else {"cursor": self.cursor}
+        messages = [self.pending.pop(s) for s in dropped]
+        if self.ctx.is_main and dropped[0] < self.schedule.total_steps:
+            print(f"relax train: --load: the checkpoint's batches of steps "
+                  f"{', '.join(str(s + 1) for s in dropped)} are sampled again with its weights: "
+                  f"{self._why_not(dropped[0], messages[0])}", file=sys.stderr, flush=True)
+
+    def _why_not(self, step: int, message: dict) -> str:
+        """Why a stored batch does not train as it is (the first of those dropped)."""
+        rows, lag = len(message["batch"].prompts), step - int(message["version"])
+        if rows != self.rows:
+            return (f"step {step + 1}'s has {rows} rows per training rank, this run's have "
+                    f"{self.rows} (another --rollout-batch-size or --n-samples-per-prompt)")
+        s = self.schedule
+        if lag > s.max_lag:
+            return (f"step {step + 1}'s was sampled {lag} steps behind, more than "
+                    f"--max-staleness {s.staleness} --update-weights-interval {s.interval} "
+                    f"allow ({s.max_lag})")
+        return f"they follow step {step}'s, which is sampled again"
 
     def _receive(self, step: int) -> dict:
         message = self._guard(f"waiting for step {step + 1}'s batch",

@@ -174,9 +174,14 @@ def test_resume_with_another_staleness_or_interval_continues_the_schedule(tmp_pa
     # K = 0 the colocated loop continued from the same checkpoint
     said = []
     lagless, lags = staleness("k0", "--max-staleness", "0", steps=4, stderr=said)
-    assert lags == [0, 0] and "sampled again with the checkpoint's weights" in said[0]
+    assert lags == [0, 0] and ("step 3's was sampled 1 steps behind, more than --max-staleness "
+                               "0 --update-weights-interval 1 allow (0)") in said[0]
     colocated = _run(tmp_path, "colocated", "--use-tis", *load, "--num-rollout", "4", nproc=1)
     _same(lagless, colocated)
+    # a batch of another size is not this run's either (it trained with a traceback before)
+    assert staleness("bs", "--max-staleness", "1", "--rollout-batch-size", "1", steps=4,
+                     stderr=said)[1] == [0, 1]
+    assert "step 3's has 8 rows per training rank, this run's have 4" in said[1]
     # nothing left to train: the rollout rank is started with nothing to sample and stopped
     assert staleness("none", "--max-staleness", "1", steps=2)[1] == []
 
