@@ -186,28 +186,39 @@ def test_resume_with_another_staleness_or_interval_continues_the_schedule(tmp_pa
     assert staleness("none", "--max-staleness", "1", steps=2)[1] == []
 
 
-def test_ranks_launched_with_different_settings_stop_at_once_naming_the_flag(tmp_path):
+@pytest.mark.parametrize("differ", ["staleness", "model"])
+def test_ranks_launched_with_different_settings_stop_at_once_with_one_line(tmp_path, differ):
+    """Two torchrun agents (nodes) with different flags: a deadlock would wait
+    --distributed-timeout-minutes (10 min); each rank says why at once, exit 2."""
     reward, port = write_reward(tmp_path), str(free_port())
     flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
              "--fully-async", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
              "--rollout-num-gpus", "1", "--use-tis", "--output-dir", str(tmp_path / "run")]
+    per_node = {  # node 0 trains, node 1 samples
+        "staleness": (["--max-staleness", "1"], ["--max-staleness", "2"]),
+        # not a setting compared up front: the rollout rank's trainable tensors differ
+        "model": (["--lora-rank", "4", "--lora-target-modules", "q_proj"],
+                  ["--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj"])}[differ]
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(n),
          "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
-         "-m", "relax", "train", *flags, "--max-staleness", str(n + 1)],
+         "-m", "relax", "train", *flags, *per_node[n]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
-    try:  # a deadlock would wait --distributed-timeout-minutes (10 min)
+    try:
         errs = [node.communicate(timeout=120)[1] for node in nodes]
     finally:
         for node in nodes:
             node.kill()
+    why = {"staleness": "the ranks of this job were launched with different --max-staleness: "
+                        "1 on rank 0; 2 on rank 1; launch every node with the same flags",
+           "model": "rollout rank 1 builds another model than the training ranks (4 trainable "
+                    "tensors on the training ranks, 8 here); give every node the same "
+                    "--hf-checkpoint and LoRA flags"}[differ]
     for rank, err in enumerate(errs):
         role = "training" if rank == 0 else "rollout"
         (line,) = [x for x in err.splitlines() if x.startswith("relax train: error:")]
-        assert line == (f"relax train: error: [rank {rank} {role}] the ranks of this job were "
-                        "launched with different --max-staleness: 1 on rank 0; 2 on rank 1; "
-                        "launch every node with the same flags"), line
+        assert line == f"relax train: error: [rank {rank} {role}] {why}", line
         assert "exitcode  : 2" in err
 
 
