@@ -118,6 +118,8 @@ class Trainer:
             start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
             wandb=cfg.use_wandb, config=cfg.to_dict(), samples=cfg.log_samples > 0,
         )
+        if layout is not None:  # the rollout ranks wait for their start before anything else
+            self.collector.start(self.start_step)
 
     # ------------------------------------------------------------------ building
     def _build_data_and_rewards(self) -> None:

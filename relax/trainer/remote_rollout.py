@@ -2,12 +2,13 @@
 (relax/trainer/rollout_worker.py), and the weight publication after each step.
 
     remote = RemoteRollout(...)          the Trainer's collector
+    remote.start(step)                   once built (and resumed): the rollout ranks begin
     batch = remote.collect(step)         this training rank's share of step's batch, sampled
                                          with the weights after step Schedule.version(step)
     remote.publish(step + 1)             the weights after step + 1, when a batch needs them
     remote.state_dict()                  the batches in flight and the rollout side's position
 
-The first ``collect`` starts the rollout ranks: each training rank sends its rollout rank the
+:meth:`RemoteRollout.start` starts the rollout ranks: each training rank sends its rollout rank the
 first step to sample, the schedule (relax/trainer/async_layout.py; on ``--load`` continued from
 the checkpoint's step, with the stored batches its lag allows), the collector state and the
 shapes of the weights it will send, and waits for the answer: a rollout rank that would follow
@@ -65,9 +66,27 @@ class RemoteRollout:
         self.cycle = time.perf_counter()
 
     # ------------------------------------------------------------------ the loop's calls
+    def start(self, step: int) -> None:
+        """Continue the schedule from ``step`` (a checkpoint's batches in flight first, those
+        its lag allows: Schedule.resumed), start the rollout rank after them, and publish the
+        starting weights if a batch needs them. Called once the trainer is built, before its
+        first step or its stop: the rollout ranks wait for their start before anything else
+        (also a run that ends without a step: a resume with none left, a signal first)."""
+        # a batch of another size (another --rollout-batch-size or --n-samples-per-prompt)
+        # is not this run's: sampled again
+        stored = {s: int(m["version"]) for s, m in self.pending.items()
+                  if s >= step and len(m["batch"].prompts) == self.rows}
+        self.schedule, kept = self.schedule.resumed(step, stored)
+        self._drop_stored(step + kept)
+        first = step + kept
+        self.received = first - 1
+        self.needed = set(self.schedule.needed(first))
+        self.started, self.next_step = True, step
+        self._guard("starting", lambda: self._handshake(first))
+        self.cycle = time.perf_counter()
+        self.publish(step)
+
     def collect(self, step: int):
-        if not self.started:
-            self._start(step)
         waited = time.perf_counter()
         message = self.pending.pop(step, None) or self._receive(step)
         now = time.perf_counter()
@@ -100,12 +119,7 @@ class RemoteRollout:
 
     def close(self) -> None:
         """End the rollout ranks' loop (training rank 0 sends the stop header); a rollout rank
-        that is gone already is not waited for. A resumed run with no step left starts them
-        with nothing to sample first (they wait for a start before anything else)."""
-        if not self.started and not self.stopped and \
-                self.next_step >= self.schedule.total_steps:
-            self._guard("starting", lambda: self._handshake(self.schedule.end))
-            self.started = True
+        that is gone already is not waited for."""
         if self.started and not self.stopped and self.ctx.rank == 0:
             with contextlib.suppress(Exception):
                 weight_sync.send_header(weight_sync.STOP, -1, self.layout.sync_group,
@@ -122,8 +136,7 @@ class RemoteRollout:
                 if step not in self.pending and step > self.received:
                     self.pending[step] = self._receive(step)
         pending = {s: {**m, "batch": m["batch"].plain()} for s, m in self.pending.items()}
-        return {"pending": pending, "rollout": self.state, "cursor": self.cursor,
-                "step": self.next_step}
+        return {"pending": pending, "rollout": self.state, "cursor": self.cursor}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's :meth:`state_dict`, or a colocated run's ``{"cursor"}``."""
@@ -131,31 +144,11 @@ class RemoteRollout:
                         for s, m in (state.get("pending") or {}).items()}
         self.cursor = int(state["cursor"])
         self.state = dict(state.get("rollout") or {"cursor": self.cursor})
-        # (a colocated checkpoint: its step from the fixed stride the rollout ranks require)
-        self.next_step = int(state.get("step", self.cursor // self.source.batch_size))
 
     def position(self) -> dict[str, int]:
         return {**self.source.position_at(self.cursor), "cursor": self.cursor}
 
     # ------------------------------------------------------------------ internals
-    def _start(self, step: int) -> None:
-        """Continue the schedule from ``step`` (a checkpoint's batches in flight first, those
-        its lag allows: Schedule.resumed), start the rollout rank after them, and publish the
-        starting weights if a batch needs them."""
-        # a batch of another size (another --rollout-batch-size or --n-samples-per-prompt)
-        # is not this run's: sampled again
-        stored = {s: int(m["version"]) for s, m in self.pending.items()
-                  if s >= step and len(m["batch"].prompts) == self.rows}
-        self.schedule, kept = self.schedule.resumed(step, stored)
-        self._drop_stored(step + kept)
-        first = step + kept
-        self.received = first - 1
-        self.needed = set(self.schedule.needed(first))
-        self.started, self.next_step = True, step
-        self._guard("starting", lambda: self._handshake(first))
-        self.cycle = time.perf_counter()
-        self.publish(step)
-
     def _handshake(self, first: int) -> None:
         """Send the start (first step, schedule, collector state, the weights' shapes); the
         rollout rank answers None, or the line saying why it cannot follow (InputError on
