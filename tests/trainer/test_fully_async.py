@@ -149,6 +149,24 @@ def test_a_run_continued_from_its_final_checkpoint_is_the_uninterrupted_run(tmp_
     # (a resumed run's first step also counts the checkpoint's weights, sent once at start:
     # the rollout ranks begin with the initial ones)
     _same(tail, whole[2:], skip=("async/weight_sync_bytes",))
+    if mode == "async":
+        _stop_before_the_first_step(tmp_path, [*lag, "--load", str(save)])
+
+
+def _stop_before_the_first_step(tmp_path, flags):
+    """SIGTERM as the resumed run starts: the rollout rank, waiting for its start before
+    anything else, is started and stopped (it waited --distributed-timeout-minutes before)."""
+    reward = write_reward(tmp_path)
+    ranks = start_ranks([*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
+                         *flags, "--output-dir", str(tmp_path / "stopped")],
+                        {**os.environ, "OMP_NUM_THREADS": "1"}, world=2)
+    try:
+        ranks[0].wait_for_line("resuming from", timeout=120)
+        for rank in ranks:  # as torchrun forwards it
+            rank.proc.send_signal(signal.SIGTERM)
+        assert finish_all(ranks, timeout=120) == [128 + signal.SIGTERM] * 2
+    finally:
+        kill_left(ranks)
 
 
 def test_resume_with_another_staleness_or_interval_continues_the_schedule(tmp_path):
