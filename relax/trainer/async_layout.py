@@ -25,10 +25,10 @@ no longer exist, so the resumed run's versions are the new schedule's, never old
 checkpoint step s: ``max(s, I' * floor(max(0, n - K') / I'))``, as a fresh run's are never
 older than its initial weights. A stored batch trains as it is when its lag is one the new
 schedule allows (at most ``K' + I' - 1``) and it has this run's size, else it and the stored
-ones after it are sampled again with the checkpoint's weights. The training side decides this and sends the schedule in
-its start message, so the two roles cannot follow different ones; every rank first compares
-the settings both roles share (:func:`check_same_settings`) and a difference ends every rank
-in one line before any other wait.
+ones after it are sampled again with the checkpoint's weights. The training side decides
+this and sends the schedule in its start message, so the two roles cannot follow different
+ones; every rank first compares the settings both roles share (:func:`check_same_settings`)
+and a difference ends every rank in one line before any other wait.
 
 Process groups (created by every rank in the same order, as ``new_group`` requires): the
 training ranks' group (the data-parallel group of everything that trains), and the sync
