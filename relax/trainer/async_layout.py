@@ -16,7 +16,19 @@ after step ``version(n) = I * floor(max(0, n - K) / I)`` (K = --max-staleness,
 I = --update-weights-interval); the training side publishes exactly the versions some
 remaining batch needs, in order. Nothing depends on timing, so a seeded run repeats exactly
 and a checkpoint after step s holds the batches already in flight (those sampled with weights
-older than s), which ``--load`` trains on before anything new is sampled.
+older than s), which ``--load`` trains on before anything new is sampled. With ``--save`` the
+rollout ranks also sample the batches in flight after the last step, so the final checkpoint
+holds them too and a run continued from it (a higher --num-rollout) is the uninterrupted run.
+
+**Resuming with other K or I** (:meth:`Schedule.resumed`): weights older than the checkpoint's
+no longer exist, so the resumed run's versions are the new schedule's, never older than the
+checkpoint step s: ``max(s, I' * floor(max(0, n - K') / I'))``, as a fresh run's are never
+older than its initial weights. A stored batch trains as it is when its lag is one the new
+schedule allows (at most ``K' + I' - 1``) and it has this run's size, else it and the stored
+ones after it are sampled again with the checkpoint's weights. The training side decides
+this and sends the schedule in its start message, so the two roles cannot follow different
+ones; every rank first compares the settings both roles share (:func:`check_same_settings`)
+and a difference ends every rank in one line before any other wait.
 
 Process groups (created by every rank in the same order, as ``new_group`` requires): the
 training ranks' group (the data-parallel group of everything that trains), and the sync
@@ -28,12 +40,12 @@ from __future__ import annotations
 
 import datetime
 import io
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
 
-from relax.errors import PeerFailure
+from relax.errors import InputError, PeerFailure
 from relax.trainer.distributed import DistContext, is_peer_failure
 
 TRAIN, ROLLOUT = "training", "rollout"
@@ -45,23 +57,82 @@ class Schedule:
 
     staleness: int  # K
     interval: int  # I
-    total_steps: int
+    total_steps: int  # steps this run trains
+    floor: int = 0  # the oldest weights there are: a resumed run's checkpoint step
+    carry: bool = False  # also sample the batches in flight after the last step (--save)
 
     def version(self, step: int) -> int:
         """The weights (optimizer rollout steps completed) batch ``step`` is sampled with."""
-        return self.interval * (max(0, step - self.staleness) // self.interval)
+        return max(self.floor, self.interval * (max(0, step - self.staleness) // self.interval))
+
+    @property
+    def max_lag(self) -> int:
+        """The largest ``step - version(step)`` the lag itself produces."""
+        return self.staleness + self.interval - 1
+
+    @property
+    def end(self) -> int:
+        """One past the last batch sampled: ``total_steps``, and with ``carry`` the batches a
+        checkpoint after the last step holds (sampled with weights older than its own)."""
+        end = self.total_steps
+        while self.carry and self.version(end) < self.total_steps:
+            end += 1
+        return end
 
     def needed(self, first: int) -> list[int]:
-        """The versions the batches ``first .. total_steps - 1`` are sampled with, ascending."""
-        return sorted({self.version(n) for n in range(first, self.total_steps)})
+        """The versions the batches ``first .. end - 1`` are sampled with, ascending."""
+        return sorted({self.version(n) for n in range(first, self.end)})
 
     def in_flight(self, completed: int) -> range:
         """Batches a checkpoint after ``completed`` steps holds: not trained yet and sampled
         with weights older than the checkpoint's (the checkpoint cannot recreate those)."""
         end = completed
-        while end < self.total_steps and self.version(end) < completed:
+        while end < self.end and self.version(end) < completed:
             end += 1
         return range(completed, end)
+
+    def resumed(self, step: int, stored: dict[int, int]) -> tuple[Schedule, int]:
+        """This schedule continuing a checkpoint of ``step`` whose stored batches were sampled
+        with ``stored`` {step: version}: (the schedule, how many stored batches train as they
+        are: the consecutive ones from ``step`` whose lag it allows and that it samples)."""
+        schedule = replace(self, floor=step)
+        kept = 0
+        while (step + kept) in stored and step + kept < schedule.end and \
+                step + kept - stored[step + kept] <= schedule.max_lag:
+            kept += 1
+        return schedule, kept
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# What the two roles must agree on (the layout, the schedule, the weights and the batches that
+# travel): compared across all ranks before anything else waits (check_same_settings)
+SHARED = ("fully_async", "world_size", "rollout_num_gpus", "max_staleness",
+          "update_weights_interval", "weight_sync_bucket_mb", "num_rollout", "num_epoch",
+          "seed", "rollout_batch_size", "n_samples_per_prompt", "lora_rank", "fsdp")
+
+
+def check_same_settings(cfg) -> None:
+    """Every rank's :data:`SHARED` settings are the same (one all-gather over the job), else
+    :class:`InputError` on every rank naming the first that differs: nodes launched with
+    other flags would otherwise wait on each other until --distributed-timeout-minutes."""
+    mine = {k: getattr(cfg, k, None) for k in SHARED}
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    for key in SHARED:
+        values = [s[key] for s in every]
+        if len(set(map(repr, values))) > 1:
+            seen: dict = {}
+            for rank, value in enumerate(values):
+                seen.setdefault(repr(value), []).append(str(rank))
+            flag = "--" + key.replace("_", "-")
+            if key == "world_size":
+                flag = "the training ranks (--actor-num-nodes x --actor-num-gpus-per-node)"
+            told = "; ".join(f"{v} on rank{'s' if len(r) > 1 else ''} {','.join(r)}"
+                             for v, r in seen.items())
+            raise InputError(f"the ranks of this job were launched with different {flag}: "
+                             f"{told}; launch every node with the same flags")
 
 
 @dataclass(frozen=True)
@@ -124,6 +195,13 @@ def naming_the_peer(what: str, timeout_minutes: float, call):
 
 
 # ---------------------------------------------------------------------- transport
+def send_and_wait(obj, dst: int, timeout_minutes: float) -> None:
+    """:func:`send_object`, waiting at most ``timeout_minutes`` for each part to go."""
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    for work, _ in send_object(obj, dst):
+        work.wait(timeout=timeout)
+
+
 def send_object(obj, dst: int) -> list:
     """Start sending ``obj`` (tensors, lists, dataclasses) to world rank ``dst``; returns the
     pending works, which keep their buffers alive until waited on."""

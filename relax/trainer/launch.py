@@ -15,7 +15,7 @@ import time
 
 from relax.errors import Interrupted, PeerFailure, RelaxError
 from relax.host_memory import set_mmap_threshold
-from relax.trainer.async_layout import split_roles
+from relax.trainer.async_layout import check_same_settings, split_roles
 from relax.trainer.distributed import (
     exit_rank,
     finish_together,
@@ -37,6 +37,8 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     try:
         ctx = init_distributed(cfg.device, cfg.distributed_timeout_minutes)
         layout = None
+        if ctx.world_size > 1:  # nodes launched with other flags would wait on each other
+            check_same_settings(cfg)
         if cfg.fully_async:  # rollout ranks serve batches; the others train on them
             layout, ctx = split_roles(ctx, cfg.world_size)
             if layout.is_rollout:

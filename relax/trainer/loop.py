@@ -124,6 +124,8 @@ class Trainer:
             start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
             wandb=cfg.use_wandb, config=cfg.to_dict(), samples=cfg.log_samples > 0,
         )
+        if layout is not None:  # the rollout ranks wait for their start before anything else
+            self.collector.start(self.start_step)
 
     # ------------------------------------------------------------------ building
     def _build_data_and_rewards(self) -> None:
@@ -201,7 +203,9 @@ class Trainer:
         rollout, batches, p = self.cfg.rollout, self.cfg.batches, self.policy
         if self.layout is not None:  # batches sampled on the rollout ranks
             cfg = self.cfg
-            schedule = Schedule(cfg.max_staleness, cfg.update_weights_interval, self.total_steps)
+            # with --save the final checkpoint holds the batches in flight after the last step
+            schedule = Schedule(cfg.max_staleness, cfg.update_weights_interval, self.total_steps,
+                                carry=cfg.save is not None)
             return RemoteRollout(cfg, self.ctx, self.layout, schedule, policy=p,
                                  source=self.source, tracker=self.tracker,
                                  timeout_minutes=cfg.distributed_timeout_minutes)

@@ -2,10 +2,18 @@
 (relax/trainer/rollout_worker.py), and the weight publication after each step.
 
     remote = RemoteRollout(...)          the Trainer's collector
+    remote.start(step)                   once built (and resumed): the rollout ranks begin
     batch = remote.collect(step)         this training rank's share of step's batch, sampled
                                          with the weights after step Schedule.version(step)
     remote.publish(step + 1)             the weights after step + 1, when a batch needs them
     remote.state_dict()                  the batches in flight and the rollout side's position
+
+:meth:`RemoteRollout.start` starts the rollout ranks: each training rank sends its rollout rank the
+first step to sample, the schedule (relax/trainer/async_layout.py; on ``--load`` continued from
+the checkpoint's step, with the stored batches its lag allows), the collector state and the
+shapes of the weights it will send, and waits for the answer: a rollout rank that would follow
+another schedule or build another model says so, and both sides end with that line instead
+of waiting on each other.
 
 Metrics (reinforce_plus_plus.md §10; per rollout step, reduced over the training ranks):
 ``async/staleness`` (steps between the weights a batch was sampled with and the weights it
@@ -20,8 +28,10 @@ for weights), ``async/weight_sync_time`` and ``async/weight_sync_bytes``,
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
+from relax.errors import InputError
 from relax.rollout.batch import StepBatch
 from relax.trainer import weight_sync
 from relax.trainer.async_layout import (
@@ -29,23 +39,26 @@ from relax.trainer.async_layout import (
     Schedule,
     naming_the_peer,
     recv_object,
-    send_object,
+    send_and_wait,
 )
 
 
 class RemoteRollout:
     """``ctx``: this training rank's data-parallel context; ``policy``: relax/trainer/policy.py;
-    ``stride``: prompts the stream advances per step (--rollout-batch-size)."""
+    ``source``: the prompt stream (for the data position a checkpoint records)."""
 
     def __init__(self, cfg, ctx, layout: AsyncLayout, schedule: Schedule, *, policy, source,
                  tracker, timeout_minutes: float):
         self.ctx, self.layout, self.schedule, self.policy = ctx, layout, schedule, policy
-        self.source, self.tracker, self.stride = source, tracker, cfg.rollout_batch_size
+        self.source, self.tracker = source, tracker
+        # this rank's rows of a step's batch (whole groups of its share of the prompts)
+        self.rows = cfg.rollout_batch_size // layout.trainers * cfg.n_samples_per_prompt
         self.bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
         self.fsdp, self.timeout_minutes = cfg.fsdp, timeout_minutes
         self.peer = layout.rollout_rank_of(ctx.rank)
         self.pending: dict[int, dict] = {}  # step -> message, received, not trained yet
         self.state: dict = {"cursor": 0}  # the rollout side's collector after the newest batch
+        self.cursor = 0  # prompts consumed by the steps trained so far
         self.received = -1  # the newest step received
         self.next_step = 0  # the step the next collect trains
         self.needed: set[int] = set()
@@ -53,14 +66,32 @@ class RemoteRollout:
         self.cycle = time.perf_counter()
 
     # ------------------------------------------------------------------ the loop's calls
+    def start(self, step: int) -> None:
+        """Continue the schedule from ``step`` (a checkpoint's batches in flight first, those
+        its lag allows: Schedule.resumed), start the rollout rank after them, and publish the
+        starting weights if a batch needs them. Called once the trainer is built, before its
+        first step or its stop: the rollout ranks wait for their start before anything else
+        (also a run that ends without a step: a resume with none left, a signal first)."""
+        # a batch of another size (another --rollout-batch-size or --n-samples-per-prompt)
+        # is not this run's: sampled again
+        stored = {s: int(m["version"]) for s, m in self.pending.items()
+                  if s >= step and len(m["batch"].prompts) == self.rows}
+        self.schedule, kept = self.schedule.resumed(step, stored)
+        self._drop_stored(step + kept)
+        first = step + kept
+        self.received = first - 1
+        self.needed = set(self.schedule.needed(first))
+        self.started, self.next_step = True, step
+        self._guard("starting", lambda: self._handshake(first))
+        self.cycle = time.perf_counter()
+        self.publish(step)
+
     def collect(self, step: int):
-        if not self.started:
-            self._start(step)
         waited = time.perf_counter()
         message = self.pending.pop(step, None) or self._receive(step)
         now = time.perf_counter()
         waited, cycle, self.cycle = now - waited, now - self.cycle, now
-        self.next_step = step + 1
+        self.next_step, self.cursor = step + 1, int(message["state"]["cursor"])
         self._record(step, message, waited, cycle)
         return message["batch"].to(self.ctx.device)
 
@@ -105,36 +136,57 @@ class RemoteRollout:
                 if step not in self.pending and step > self.received:
                     self.pending[step] = self._receive(step)
         pending = {s: {**m, "batch": m["batch"].plain()} for s, m in self.pending.items()}
-        return {"pending": pending, "rollout": self.state, "cursor": self._cursor()}
+        return {"pending": pending, "rollout": self.state, "cursor": self.cursor}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's :meth:`state_dict`, or a colocated run's ``{"cursor"}``."""
         self.pending = {s: {**m, "batch": StepBatch.from_plain(m["batch"])}
                         for s, m in (state.get("pending") or {}).items()}
-        self.state = dict(state.get("rollout") or {"cursor": int(state["cursor"])})
+        self.cursor = int(state["cursor"])
+        self.state = dict(state.get("rollout") or {"cursor": self.cursor})
 
     def position(self) -> dict[str, int]:
-        cursor = self._cursor()
-        return {**self.source.position_at(cursor), "cursor": cursor}
-
-    def _cursor(self) -> int:
-        """Prompts consumed by the steps trained so far: the rollout side's cursor less the
-        batches still pending here (a fixed stride: no rounds under --fully-async)."""
-        return int(self.state.get("cursor", 0)) - self.stride * len(self.pending)
+        return {**self.source.position_at(self.cursor), "cursor": self.cursor}
 
     # ------------------------------------------------------------------ internals
-    def _start(self, step: int) -> None:
-        """Tell the rollout rank where to begin (after the batches carried in the checkpoint)
-        and with which collector state; publish the starting weights if a batch needs them."""
-        first = step + len([s for s in self.pending if s >= step])
-        self.received = first - 1
-        self.needed = set(self.schedule.needed(first))
-        self.started, self.next_step = True, step
-        self._guard("starting", lambda: [w.wait() for w, _ in send_object(
-            {"first": first, "total": self.schedule.total_steps, "state": self.state},
-            self.peer)])
-        self.cycle = time.perf_counter()
-        self.publish(step)
+    def _handshake(self, first: int) -> None:
+        """Send the start (first step, schedule, collector state, the weights' shapes); the
+        rollout rank answers None, or the line saying why it cannot follow (InputError on
+        both sides)."""
+        send_and_wait({"first": first, "schedule": self.schedule.to_dict(), "state": self.state,
+                       "weights": weight_sync.signature(self.policy.module)},
+                      self.peer, self.timeout_minutes)
+        problem = recv_object(self.peer, self.timeout_minutes)
+        if problem is not None:
+            raise InputError(problem)
+
+    def _drop_stored(self, first: int) -> None:
+        """Forget the stored batches from ``first`` on (not this run's size, a lag this run's
+        schedule does not allow, or past its end): the rollout rank samples them again with
+        the checkpoint's weights, from the collector state before the first of them."""
+        dropped = sorted(s for s in self.pending if s >= first)
+        if not dropped:
+            return
+        kept = [s for s in self.pending if s < first]
+        self.state = dict(self.pending[max(kept)]["state"]) if kept else {"cursor": self.cursor}
+        messages = [self.pending.pop(s) for s in dropped]
+        if self.ctx.is_main and dropped[0] < self.schedule.total_steps:
+            print(f"relax train: --load: the checkpoint's batches of steps "
+                  f"{', '.join(str(s + 1) for s in dropped)} are sampled again with its weights: "
+                  f"{self._why_not(dropped[0], messages[0])}", file=sys.stderr, flush=True)
+
+    def _why_not(self, step: int, message: dict) -> str:
+        """Why a stored batch does not train as it is (the first of those dropped)."""
+        rows, lag = len(message["batch"].prompts), step - int(message["version"])
+        if rows != self.rows:
+            return (f"step {step + 1}'s has {rows} rows per training rank, this run's have "
+                    f"{self.rows} (another --rollout-batch-size or --n-samples-per-prompt)")
+        s = self.schedule
+        if lag > s.max_lag:
+            return (f"step {step + 1}'s was sampled {lag} steps behind, more than "
+                    f"--max-staleness {s.staleness} --update-weights-interval {s.interval} "
+                    f"allow ({s.max_lag})")
+        return f"they follow step {step}'s, which is sampled again"
 
     def _receive(self, step: int) -> dict:
         message = self._guard(f"waiting for step {step + 1}'s batch",

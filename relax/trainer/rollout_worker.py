@@ -1,9 +1,10 @@
 """A rollout rank of ``--fully-async`` (relax/trainer/async_layout.py): sample and score the
 shares of the training ranks it serves, with the weights the fixed lag prescribes.
 
-    start   <- each served training rank: the first step to sample, the step count, the
-               collector state (a checkpoint's, on --load)
-    for step n from the first:
+    start   <- each served training rank: the first step to sample, the schedule, the
+               collector state (a checkpoint's, on --load), the shapes of the weights
+    answer  -> each: None, or why this rank cannot follow (another model): both sides stop
+    for step n from the first to Schedule.end:
         until holding the weights after step Schedule.version(n):
             header <- training rank 0 (weights of a version, or stop); weights <- buckets
         for each served training rank v: batch = v's collector.collect(n); send it to v
@@ -26,7 +27,7 @@ import time
 import torch
 
 from relax import models
-from relax.errors import Interrupted, PeerFailure
+from relax.errors import InputError, Interrupted, PeerFailure
 from relax.metrics.tracker import MetricTracker
 from relax.precision import use_bf16
 from relax.rollout.collectors import PromptCollector
@@ -40,6 +41,7 @@ from relax.trainer.async_layout import (
     Schedule,
     naming_the_peer,
     recv_object,
+    send_and_wait,
     send_object,
 )
 from relax.trainer.distributed import DistContext, is_peer_failure
@@ -101,14 +103,9 @@ class RolloutWorker:
 
     def serve(self) -> None:
         """The loop of the module docstring; returns when training rank 0 says stop."""
-        starts = {v: self._guard(v, "waiting for its start", lambda v=v: recv_object(v, self.timeout))
-                  for v in self.shares}
-        first, total = starts[self.shares[0]]["first"], starts[self.shares[0]]["total"]
-        for v, start in starts.items():
-            self.collectors[v].load_state_dict(start["state"])
-        schedule = Schedule(self.cfg.max_staleness, self.cfg.update_weights_interval, total)
+        first, schedule = self._start()
         clock = time.perf_counter()
-        for step in range(first, total):
+        for step in range(first, schedule.end):
             idle = self._weights_for(schedule.version(step))
             if idle is None:
                 return
@@ -123,6 +120,38 @@ class RolloutWorker:
                 self.works += send_object(message, v)
             clock = time.perf_counter()
         self._weights_for(None)  # the stop header after the last batch
+
+    def _start(self) -> tuple[int, Schedule]:
+        """Each served training rank's start, answered (None, or why not: then InputError
+        here too); the first step and the schedule the training ranks chose."""
+        starts = {v: self._guard(v, "waiting for its start",
+                                 lambda v=v: recv_object(v, self.timeout))
+                  for v in self.shares}
+        lead = starts[self.shares[0]]
+        problem = self._problem(lead, starts)
+        for v in self.shares:
+            self._guard(v, "answering its start",
+                        lambda v=v: send_and_wait(problem, v, self.timeout))
+        if problem is not None:
+            raise InputError(problem)
+        for v, start in starts.items():
+            self.collectors[v].load_state_dict(start["state"])
+        return int(lead["first"]), Schedule(**lead["schedule"])
+
+    def _problem(self, lead: dict, starts: dict) -> str | None:
+        """Why this rank cannot follow the training ranks' start, or None."""
+        for v, start in starts.items():
+            if (start["first"], start["schedule"]) != (lead["first"], lead["schedule"]):
+                return (f"training ranks {self.shares[0]} and {v} sent rollout rank "
+                        f"{self.layout.rank} different starts ({lead['first']}, "
+                        f"{lead['schedule']} vs {start['first']}, {start['schedule']})")
+        differ = weight_sync.signature_difference(weight_sync.signature(self.module),
+                                                  lead["weights"])
+        if differ:
+            return (f"rollout rank {self.layout.rank} builds another model than the training "
+                    f"ranks ({differ}); give every node the same --hf-checkpoint and LoRA "
+                    "flags")
+        return None
 
     def _weights_for(self, version: int | None) -> float | None:
         """Receive syncs until holding ``version``'s weights (None: until stop); the seconds

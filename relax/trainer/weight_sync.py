@@ -28,6 +28,23 @@ def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for _, p in module.named_parameters() if p.requires_grad]
 
 
+def signature(module: torch.nn.Module) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of what a sync sends, in order: both sides must build the same, or the
+    broadcasts would not match (compared once at start, relax/trainer/rollout_worker.py)."""
+    return [(tuple(p.shape), str(p.dtype)) for p in trainable(module)]
+
+
+def signature_difference(mine: list, theirs: list) -> str | None:
+    """Where two :func:`signature` lists first differ, in words; None when they agree."""
+    if len(mine) != len(theirs):
+        return f"{len(theirs)} trainable tensors on the training ranks, {len(mine)} here"
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        if tuple(a[0]) != tuple(b[0]) or a[1] != b[1]:
+            return (f"trainable tensor {i} is {list(b[0])} {b[1]} on the training ranks, "
+                    f"{list(a[0])} {a[1]} here")
+    return None
+
+
 def plan_buckets(params: list, bucket_bytes: int) -> list[list[int]]:
     """Consecutive parameter indices, at most ``bucket_bytes`` per bucket (a larger parameter
     goes alone) and one dtype per bucket."""
