@@ -367,10 +367,16 @@ class AgentRunner:
                 request.session.refused = problem
                 request.reply = (400, _error(problem))
                 request.done.set()
-        if not ready:
-            return
+        # One decode per distinct max_tokens: a shared budget would cut every call of the
+        # batch to the smallest one asked (a first turn answered "length" after 2 tokens
+        # because another agent's call asked for 2).
+        for budget in sorted({self._max_tokens(r) for r in ready}):
+            self._decode([r for r in ready if self._max_tokens(r) == budget], budget,
+                         sample, cache)
+
+    def _decode(self, ready: list[_Request], budget: int, sample, cache: TurnCache) -> None:
+        """Sample one turn of at most ``budget`` tokens for each request and answer it."""
         contexts = [r.session.episode.prompt + r.session.episode.ids for r in ready]
-        budget = min(self._max_tokens(r) for r in ready)
         ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, self.device)
         out = sample(ids, mask, budget, cache=cache.rows([id(r.session) for r in ready]))
         for row, request in enumerate(ready):

@@ -318,3 +318,28 @@ def test_paths_and_sessions_the_endpoint_does_not_know_are_404(tok):
         assert _call(f"{runner.base}/sessions/s/v1/other")[0] == 404
     finally:
         runner.close()
+
+
+def test_calls_answered_together_each_keep_their_own_max_tokens(play):
+    """Two agents call at the same moment (a barrier), so the endpoint answers them in one
+    batch; one asks for 2 tokens, the other for the default 4. Each reply follows its own
+    budget: a shared one cut the default call to 2 tokens ("length" instead of "stop")."""
+    barrier, replies = threading.Barrier(2, timeout=30), {}
+
+    def agent(env):
+        task = _task(env)
+        body = {"messages": [{"role": "user", "content": task["prompt"]}]}
+        if task["index"] == 0:
+            body["max_tokens"] = 2
+        barrier.wait()
+        replies[task["index"]] = _call(env["RELAX_BASE_URL"] + "/chat/completions", body)
+        return _reward(env, 1)
+
+    played, _, model = play(agent, n=2)
+    assert played.failures == []
+    (status0, cut), (status1, whole) = replies[0], replies[1]
+    assert status0 == status1 == 200
+    assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 2
+    assert whole["choices"][0]["finish_reason"] == "stop"
+    assert whole["usage"]["completion_tokens"] == 3  # "ok" and EOS
+    assert sorted(k for _, k in model.calls) == [2, 4]
