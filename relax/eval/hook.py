@@ -122,7 +122,7 @@ def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dic
         tokenizer, apply_chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt,
         eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
     metrics = evaluate_episodes(
-        model, tokenizer, guarded_factory(environment_factory(cfg.env), cfg.env_step_timeout),
+        model, tokenizer, guarded_factory(environment_factory(cfg.env, cfg.env_step_timeout), cfg.env_step_timeout),
         EvalSampling.from_config(cfg),
         episodes=cfg.eval_episodes, max_turns=cfg.max_turns, format_prompt=format_prompt,
         render=render, name="env", step=step, device=device, group=group)
