@@ -84,10 +84,10 @@ class Trainer:
         # everything that can fail on bad input comes before any model is loaded
         models.check_model_paths(cfg)
         resume = find_resume(cfg, report=ctx.is_main)
-        stop = stop or StopRequest()
-        # a factory may take up to its deadline (600 s by default): a signal stops it at once
-        with stop.at_once("building the --env environments"):
-            envs = build_environments(cfg.rollout, cfg.batches, ctx)
+        stop, envs = stop or StopRequest(), None
+        if cfg.env:  # a factory may take up to its deadline (600 s by default): a signal
+            with stop.at_once("building the --env environments"):  # stops it at once
+                envs = build_environments(cfg.rollout, cfg.batches, ctx)
         self._build_data_and_rewards()
         if resume:
             changed = check_resume(cfg, resume[0], resume[1], self.total_steps)

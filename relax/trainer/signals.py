@@ -48,7 +48,10 @@ class StopRequest:
     @contextlib.contextmanager
     def at_once(self, what: str):
         """While ``what`` runs (user code at start-up: nothing trained, nothing to save), the
-        first signal stops the run at once instead of after a rollout step."""
+        first signal stops the run at once instead of after a rollout step (one that came
+        before it stops it on entry)."""
+        if self.signum is not None:
+            raise _starting_stop(self.signum, what)
         self._starting = what
         try:
             yield
@@ -76,11 +79,16 @@ class StopRequest:
             raise Interrupted(signum, _second_signal_message(name), at_once=True)
         self.signum = signum
         if self._starting is not None:
-            raise Interrupted(signum, f"stopped by {name} while {self._starting}, before the "
-                              "first rollout step (nothing to save)", at_once=True)
+            raise _starting_stop(signum, self._starting)
         # os.write: print() inside a handler can hit a reentrant buffered-stream error
         os.write(2, f"relax train: received {name}: finishing the current rollout step, then "
                  "stopping (send it again to stop at once)\n".encode())
+
+
+def _starting_stop(signum: int, what: str) -> Interrupted:
+    name = signal.Signals(signum).name
+    return Interrupted(signum, f"stopped by {name} while {what}, before the first rollout step "
+                       "(nothing to save)", at_once=True)
 
 
 def _second_signal_message(name: str) -> str:

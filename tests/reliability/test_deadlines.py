@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from relax.errors import RewardError
+from relax.errors import Interrupted, RewardError
 from relax.plugins import CallRaised, CallTimeout, DeadlinePool, call_plugin
-from relax.trainer.signals import GRACE_S
+from relax.trainer.signals import GRACE_S, StopRequest
 from tests.hostile.helpers import SMALL, env
 from tests.reliability.helpers import Child
 
@@ -82,6 +82,16 @@ def test_a_plugin_past_its_deadline_is_one_line_naming_the_flag(release):
                        r"did not return within 0.05 s \(--reward-timeout 0.05 s\)$"):
         call_plugin(lambda: release.wait(30), "--custom-reward-post-process-path",
                     timeout=0.05)
+
+
+def test_a_signal_before_start_up_waits_on_user_code_stops_it_on_entry():
+    stop = StopRequest()
+    stop.signum = signal.SIGTERM  # what the handler records for a first signal
+    with pytest.raises(Interrupted, match=r"^stopped by SIGTERM while building it, before the "
+                       r"first rollout step \(nothing to save\)$") as e:
+        with stop.at_once("building it"):
+            raise AssertionError("not entered")
+    assert e.value.at_once and e.value.exit_code == 143
 
 
 # ------------------------------------------------------------------ real relax processes
