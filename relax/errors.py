@@ -66,11 +66,14 @@ class PeerFailure(RelaxError):
 
 
 class Interrupted(RelaxError):
-    """SIGTERM / SIGINT stopped the run (after a checkpoint when ``--save`` is set)."""
+    """SIGTERM / SIGINT stopped the run (after a checkpoint when ``--save`` is set);
+    ``at_once``: by a second signal (or one during start-up), which ends the process without
+    waiting for anything still running (relax/trainer/launch.py)."""
 
-    def __init__(self, signum: int, message: str):
+    def __init__(self, signum: int, message: str, *, at_once: bool = False):
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+        self.at_once = at_once
 
 
 def stops_the_run(error: BaseException) -> bool:

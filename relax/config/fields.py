@@ -152,11 +152,12 @@ def max_turns_option():
 
 def env_step_timeout_option():
     return option(
-        None, "Seconds, in (0, 86400], that one reset or step of an --env environment may "
-        "take; the call runs on a thread of its own, one that runs over fails its episode and "
-        "is abandoned, and a fresh environment from the factory plays the next episode "
-        "(relax/rollout/env_guard.py).", metavar="SECONDS",
-        default_note="no limit: the calls run on the main thread", group="environments")
+        None, "Seconds, in (0, 86400], that one call of an --env environment's code (its "
+        "factory, reset or step) may take; the call runs on a worker thread, one that runs "
+        "over fails its episode (at start-up: exit 2) and is abandoned, and a fresh environment "
+        "from the factory plays the next episode (relax/rollout/env_guard.py).",
+        metavar="SECONDS", default_note="reset and step unbounded, on the main thread; the "
+        "factory 600 s", group="environments")
 
 
 def eval_episodes_option():

@@ -118,12 +118,14 @@ def evaluate(
     group=None,
     sync_group=None,
     reward_name: str = "reward",
+    reward_timeout: float | None = None,
 ) -> dict[str, float]:
     """Evaluate ``model`` (a plain Hugging Face causal LM, not a DDP wrapper) on ``prompts``.
 
     ``prompts`` are the texts fed to the model (chat template already applied);
     ``labels[i]`` goes to ``reward_fn(prompts, responses, labels) -> list[float]``.
-    ``step`` only varies the sampling seed between evaluations of one run. Returns
+    ``step`` only varies the sampling seed between evaluations of one run;
+    ``reward_timeout``: seconds per sample ``reward_fn`` may take (None: no limit). Returns
     ``eval/<name>/pass@k`` for k in 1, 2, 4, ..., n_samples, ``eval/<name>/mean_reward``
     (over all responses), ``eval/<name>/response_length`` (mean tokens) and
     ``eval/<name>/truncated`` (share without EOS); identical on every rank of ``group``.
@@ -144,7 +146,8 @@ def evaluate(
     for start in range(0, len(mine), per_call):
         _add_chunk(sums, sampler, tokenizer, prompts, labels, mine[start:start + per_call],
                    reward_fn, generator=generator, max_new_tokens=sampling.max_response_len,
-                   reward_name=reward_name, index_base=start * sampling.n_samples)
+                   reward_name=reward_name, index_base=start * sampling.n_samples,
+                   timeout=reward_timeout)
     return sums.metrics(name, totals=all_reduced(sums.values, device, group))
 
 
@@ -155,7 +158,8 @@ def all_reduced(values: list[float], device: torch.device, group) -> list[float]
 
 
 def _add_chunk(sums: PassAtKSums, sampler: Sampler, tokenizer, prompts, labels, chunk,
-               reward_fn, *, generator, max_new_tokens, reward_name, index_base) -> None:
+               reward_fn, *, generator, max_new_tokens, reward_name, index_base,
+               timeout=None) -> None:
     """Generate ``n`` responses for each ``(prompt index, weight)`` of ``chunk``, score them and
     add them to ``sums`` (a padded duplicate prompt has weight 0: it keeps the ranks'
     generation calls in lockstep and counts nothing)."""
@@ -166,7 +170,7 @@ def _add_chunk(sums: PassAtKSums, sampler: Sampler, tokenizer, prompts, labels, 
     rollout = sampler(ids, mask, max_new_tokens, generator)
     responses = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
     rewards = score(reward_fn, texts, responses, chunk_labels, name=reward_name,
-                    index_base=index_base)
+                    index_base=index_base, timeout=timeout)
     lengths = rollout.response_mask.sum(-1).cpu().tolist()
     truncated = rollout.truncated.cpu().tolist()
     for j, (_, weight) in enumerate(chunk):

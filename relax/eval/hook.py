@@ -105,9 +105,14 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
         reward_fn, reward_name = _eval_reward(cfg, s.reasoning_gym)
         texts = [format_prompt(tokenizer, p, apply_chat_template=cfg.apply_chat_template,
                                system_prompt=cfg.system_prompt) for p in s.prompts]
+        # relax train's --reward-timeout (relax eval has none); a reward server bounds its
+        # requests itself
+        timeout = None if isinstance(reward_fn, RemoteRewardModel) else \
+            getattr(cfg, "reward_timeout", None)
         metrics.update(evaluate(
             model, tokenizer, texts, s.labels, reward_fn, sampling, name=s.name, step=step,
             device=device, group=group, sync_group=sync_group, reward_name=reward_name,
+            reward_timeout=timeout,
         ))
     metrics["perf/eval_time"] = time.perf_counter() - start
     return metrics
@@ -121,8 +126,9 @@ def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dic
     format_prompt, render = turn_io(
         tokenizer, apply_chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt,
         eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
+    timeout = cfg.env_step_timeout
     metrics = evaluate_episodes(
-        model, tokenizer, guarded_factory(environment_factory(cfg.env), cfg.env_step_timeout),
+        model, tokenizer, guarded_factory(environment_factory(cfg.env, timeout), timeout),
         EvalSampling.from_config(cfg),
         episodes=cfg.eval_episodes, max_turns=cfg.max_turns, format_prompt=format_prompt,
         render=render, name="env", step=step, device=device, group=group)

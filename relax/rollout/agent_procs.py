@@ -19,7 +19,6 @@ process group, a private directory, a deadline, and bounded reads of what it lea
 from __future__ import annotations
 
 import json
-import math
 import numbers
 import os
 import secrets
@@ -30,6 +29,7 @@ import tempfile
 import time
 
 from relax.errors import InputError
+from relax.rollout.rewards import bad_reward
 
 TAIL_CHARS = 600
 MAX_OUTPUT_BYTES = 1 << 20  # {"reward": number} needs a few bytes
@@ -126,7 +126,8 @@ class AgentProcess:
             reward = float(value)
         except OverflowError:
             return None, "the reward does not fit in a float"
-        return (reward, None) if math.isfinite(reward) else (None, f"the reward is {reward}")
+        problem = bad_reward(reward)  # rewards become float32 tensors: -1e300 is -inf there
+        return (reward, None) if problem is None else (None, f"the reward is {problem}")
 
     def tail(self) -> str:
         """The last lines of the run's output, one line (only the end of the log is read)."""

@@ -123,8 +123,10 @@ class DynamicSampling:
     its share of groups that pass ``group_filter`` or ``--dynamic-sampling-max-rounds`` is
     reached; the batch is the first passing groups, as many on every rank."""
 
-    def __init__(self, batches, ctx, inner: PromptCollector, group_filter, *, tracker):
+    def __init__(self, batches, ctx, inner: PromptCollector, group_filter, *, tracker,
+                 filter_timeout: float | None = None):
         self.ctx, self.inner, self.group_filter, self.tracker = ctx, inner, group_filter, tracker
+        self.filter_timeout = filter_timeout  # --reward-timeout: seconds per group
         self.n, self.rounds = batches.samples_per_prompt, batches.max_rounds
         self.count = batches.over_sampling_batch_size
         self.quota = batches.rollout_batch_size // ctx.world_size
@@ -135,7 +137,8 @@ class DynamicSampling:
             part = self.inner.collect_round(step, r, self.count)
             parts.append(part)
             kept += [(r, g) for g in kept_groups(self.group_filter, part.rewards.tolist(),
-                                                 part.responses, part.labels, self.n)]
+                                                 part.responses, part.labels, self.n,
+                                                 timeout=self.filter_timeout)]
             # every rank runs the same rounds (lockstep generation, equal update sizes)
             short = torch.tensor([float(len(kept) < self.quota)], device=self.ctx.device)
             if not all_reduce(short, self.ctx.group, dist.ReduceOp.MAX).item():

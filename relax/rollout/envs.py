@@ -31,8 +31,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from relax.config.constants import LIBRARIES  # --env prefix -> the importable module
-from relax.errors import InputError
-from relax.rollout.rewards import load_function
+from relax.errors import InputError, error_summary
+from relax.plugins import load_function
+from relax.rollout.env_guard import start_environments
 
 
 class Environment(Protocol):
@@ -100,38 +101,26 @@ def _library_factory(prefix: str, env_id: str) -> Callable[[], Environment]:
                          f"in a clone of Relax: make install, or {how}")
     make = importlib.import_module(module).make
     wrap = GemEnv if prefix == "gem" else TextArenaEnv
-    try:
-        make(env_id)
-    except Exception as e:  # an unknown id is bad input: say what the library said
-        detail = " ".join(str(e).split())[:200]
-        raise InputError(f"--env {prefix}:{env_id}: {prefix} cannot make it ({type(e).__name__}"
-                         f"{': ' + detail if detail else ''}); give an environment id that "
-                         f"{prefix} registers") from None
     return lambda: wrap(make(env_id))
 
 
-def environment_factory(spec: str) -> Callable[[], Environment]:
+def environment_factory(spec: str, timeout_s: float | None = None) -> Callable[[], Environment]:
     """The zero-argument constructor named by ``--env SPEC``; bad input raises InputError.
 
-    The first environment is built here, so an unknown id or a broken factory stops the run
-    before any model is loaded."""
+    The first environment is built here, within the factory's deadline (``timeout_s``, the
+    run's ``--env-step-timeout``, else relax/rollout/env_guard.py ``FACTORY_TIMEOUT_S``), so
+    an unknown id, a factory that raises, exits or hangs stops the run before any model is
+    loaded."""
     prefix, sep, rest = spec.partition(":")
-    if sep and prefix in LIBRARIES:
-        return _library_factory(prefix, rest)
-    factory = load_function(spec, "--env")
-    env = _construct(factory, spec)
-    for name in ("reset", "step"):
-        if not callable(getattr(env, name, None)):
-            raise InputError(f"--env {spec}: what the factory returned ({type(env).__name__}) "
-                             f"has no {name}() method (relax/rollout/envs.py documents the "
-                             "interface)")
-    return lambda: _construct(factory, spec)
-
-
-def _construct(factory, spec: str):
+    library = sep and prefix in LIBRARIES
+    make = _library_factory(prefix, rest) if library else load_function(spec, "--env")
     try:
-        return factory()
-    except Exception as e:
-        detail = " ".join(str(e).split())[:200]
-        raise InputError(f"--env {spec}: the factory raised {type(e).__name__}"
-                         f"{': ' + detail if detail else ''}") from e
+        start_environments(make, 1, name=f"--env {spec}", timeout_s=timeout_s)
+    except InputError as e:
+        raised = e.__cause__
+        if not library or raised is None or not isinstance(raised, Exception):
+            raise
+        # an unknown id is bad input: say what the library said
+        raise InputError(f"--env {spec}: {prefix} cannot make it ({error_summary(raised)}); "
+                         f"give an environment id that {prefix} registers") from None
+    return make

@@ -20,7 +20,7 @@ from relax.errors import RewardError
 from relax.rollout.agent_server import AgentRunner
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import StreamPosition, rollout_generator
-from relax.rollout.env_guard import guarded_factory
+from relax.rollout.env_guard import EnvFailure, start_environments
 from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import HELDOUT_SEED, run_episodes, turn_io
 from relax.rollout.scoring import warn_some
@@ -32,9 +32,10 @@ def build_environments(rollout, batches, ctx) -> list | None:
     ``rollout`` / ``batches``: the configuration's sections."""
     if not rollout.env:
         return None
-    make_env = guarded_factory(environment_factory(rollout.env), rollout.env_step_timeout)
-    return [make_env() for _ in range(batches.rollout_batch_size // ctx.world_size
-                                      * batches.samples_per_prompt)]
+    timeout = rollout.env_step_timeout
+    make = environment_factory(rollout.env, timeout)
+    count = batches.rollout_batch_size // ctx.world_size * batches.samples_per_prompt
+    return start_environments(make, count, name=f"--env {rollout.env}", timeout_s=timeout)
 
 
 class EpisodeCollector(StreamPosition):
@@ -97,16 +98,17 @@ class EpisodeCollector(StreamPosition):
                                         apply_chat_template=cfg.apply_chat_template,
                                         system_prompt=cfg.system_prompt,
                                         eos_token_id=self.eos_token_id)
-        played = run_episodes(
-            self.envs, seeds, tokenizer=self.tokenizer, format_prompt=format_prompt,
-            render=render, sample=sample, max_turns=cfg.max_turns,
-            max_turn_tokens=cfg.max_response_len, context=self.context,
-            device=self.ctx.device,
-        )
         error = None
-        if played.errors and cfg.reward_error_policy == "raise":
-            error = RewardError(f"--env {cfg.env}: {played.errors[0]} (--reward-error-policy "
-                                "zero scores such episodes 0)")
+        try:  # under raise the first failed episode ends the step: one deadline, not one each
+            played = run_episodes(
+                self.envs, seeds, tokenizer=self.tokenizer, format_prompt=format_prompt,
+                render=render, sample=sample, max_turns=cfg.max_turns,
+                max_turn_tokens=cfg.max_response_len, context=self.context,
+                device=self.ctx.device, stop_at_first_error=cfg.reward_error_policy == "raise",
+            )
+        except EnvFailure as e:
+            error = RewardError(f"--env {cfg.env}: {e} (--reward-error-policy zero scores such "
+                                "episodes 0)")
         raise_together(error, self.ctx)
         warn_some([f"--env {cfg.env}: {e}" for e in played.errors], self.ctx, "episodes",
                   "scored 0 (--reward-error-policy zero)")

@@ -148,6 +148,7 @@ def run_episodes(
     context: int | None,
     device,
     length_flag: str = "--rollout-max-response-len",
+    stop_at_first_error: bool = False,
 ) -> EpisodeRollout:
     """Play ``envs[i]`` from ``reset(seeds[i])`` for up to ``max_turns`` model turns.
 
@@ -159,45 +160,66 @@ def run_episodes(
     to ``generate``).
     ``context``: the model's window (None: unbounded); ``length_flag`` names the flag of
     ``max_turn_tokens`` in the error when the first observation leaves no room for a turn.
+    ``stop_at_first_error`` (``--reward-error-policy raise``): the first failed episode
+    raises its :class:`EnvFailure` at once, so a hung environment costs one deadline, not
+    one per episode.
     """
     envs = [env if isinstance(env, GuardedEnv) else GuardedEnv(env) for env in envs]
     prompts, episodes = _start(envs, seeds, tokenizer=tokenizer, format_prompt=format_prompt,
                                max_turn_tokens=max_turn_tokens, context=context,
-                               length_flag=length_flag)
+                               length_flag=length_flag, stop=stop_at_first_error)
     cache = TurnCache()  # one per call: the weights do not change while episodes play
-    for turn in range(max_turns):
-        live = [i for i, e in enumerate(episodes) if e.live]
-        if not live:
-            break
-        ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
-                              tokenizer.pad_token_id, device)
-        out = sample(ids, mask, max_turn_tokens, cache=cache.rows(live))
-        for row, i in enumerate(live):
-            action = out.response_ids[row][out.response_mask[row]].tolist()
-            episodes[i].add(action, trained=True,
-                            log_probs=out.log_probs[row][out.response_mask[row]].tolist())
-            error = _step(episodes[i], envs[i], action, ended=not bool(out.truncated[row]),
-                          tokenizer=tokenizer, render=render, last=turn == max_turns - 1,
-                          room=None if context is None else context - max_turn_tokens)
-            if error:
-                episodes[i].error = f"episode {i} (seed {seeds[i]}), turn {turn + 1}: {error}"
-            if not episodes[i].live:
-                cache.release(i)
-    cache.clear()
+    try:
+        for turn in range(max_turns):
+            live = [i for i, e in enumerate(episodes) if e.live]
+            if not live:
+                break
+            _turn(episodes, live, envs, seeds, turn, sample=sample, cache=cache,
+                  tokenizer=tokenizer, render=render, max_turns=max_turns,
+                  max_turn_tokens=max_turn_tokens, context=context, device=device,
+                  stop=stop_at_first_error)
+    finally:
+        cache.clear()
     return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
                           [e.reward for e in episodes], [e.turns for e in episodes],
                           [e.error for e in episodes if e.error], prompts)
 
 
-def _start(envs, seeds, *, tokenizer, format_prompt, max_turn_tokens, context, length_flag):
+def _turn(episodes, live, envs, seeds, turn, *, sample, cache, tokenizer, render, max_turns,
+          max_turn_tokens, context, device, stop):
+    """One model turn of the ``live`` episodes (one batched generation), then one step of
+    each one's environment; ``stop``: the first failure raises."""
+    ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
+                         tokenizer.pad_token_id, device)
+    out = sample(ids, mask, max_turn_tokens, cache=cache.rows(live))
+    for row, i in enumerate(live):
+        action = out.response_ids[row][out.response_mask[row]].tolist()
+        episodes[i].add(action, trained=True,
+                        log_probs=out.log_probs[row][out.response_mask[row]].tolist())
+        error = _step(episodes[i], envs[i], action, ended=not bool(out.truncated[row]),
+                      tokenizer=tokenizer, render=render, last=turn == max_turns - 1,
+                      room=None if context is None else context - max_turn_tokens)
+        if error:
+            episodes[i].error = f"episode {i} (seed {seeds[i]}), turn {turn + 1}: {error}"
+            if stop:
+                raise EnvFailure(episodes[i].error)
+        if not episodes[i].live:
+            cache.release(i)
+
+
+def _start(envs, seeds, *, tokenizer, format_prompt, max_turn_tokens, context, length_flag,
+           stop=False):
     """Reset every environment: the formatted first observations and fresh episodes. An
-    environment whose reset fails starts a failed episode (an empty prompt, no turns)."""
+    environment whose reset fails starts a failed episode (an empty prompt, no turns), or
+    (``stop``) raises its EnvFailure."""
     prompts, episodes = [], []
     for i, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
         try:
             text, error = env.reset(seed), None
         except EnvFailure as e:
             text, error = "", f"episode {i} (seed {seed}), reset: {e}"
+            if stop:
+                raise EnvFailure(error) from None
         if len(text) > MAX_OBSERVATION_CHARS:
             raise InputError(f"--env: the first observation of seed {seed} is {len(text)} "
                              f"characters, more than {MAX_OBSERVATION_CHARS} (no model "

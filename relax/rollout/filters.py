@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from relax.config.constants import BUILTIN_FILTER_NAMES
 from relax.errors import RewardError
-from relax.rollout.rewards import call_plugin, load_function
+from relax.plugins import call_plugin, load_function
 
 GroupFilter = Callable[[list[float], list[str], object], bool]
 FLAG = "--dynamic-sampling-filter-path"
@@ -39,15 +39,19 @@ def load_group_filter(spec: str) -> GroupFilter:
 
 
 def kept_groups(fn: GroupFilter, rewards: list[float], responses: list[str], labels: list,
-                n: int) -> list[int]:
+                n: int, *, timeout: float | None = None) -> list[int]:
     """Indices of the groups (consecutive runs of ``n`` samples) that ``fn`` keeps.
 
-    Anything but a ``bool`` from ``fn`` is refused in one line naming the flag (a truthy
-    list or a NumPy bool would hide a bug)."""
+    Anything but a ``bool`` from ``fn``, or a user filter's call past ``timeout`` seconds
+    (``--reward-timeout``, per group), is refused in one line naming the flag (a truthy list
+    or a NumPy bool would hide a bug)."""
     keep = []
+    if fn is check_reward_nonzero_std:
+        timeout = None  # Relax's own: no thread needed
     for g in range(len(rewards) // n):
         rows = slice(g * n, (g + 1) * n)
-        verdict = call_plugin(fn, FLAG, list(rewards[rows]), list(responses[rows]), labels[g * n])
+        verdict = call_plugin(fn, FLAG, list(rewards[rows]), list(responses[rows]), labels[g * n],
+                              timeout=timeout)
         if not isinstance(verdict, bool):
             kind = type(verdict)  # numpy.bool would read as "bool" unqualified
             name = kind.__name__ if kind.__module__ == "builtins" else \

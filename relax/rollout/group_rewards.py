@@ -16,7 +16,8 @@ member is a broken plug-in, not a bad sample: an :class:`InputError` (exit 2) na
 from __future__ import annotations
 
 from relax.errors import InputError, RewardError
-from relax.rollout.rewards import RewardFn, _as_floats, _call, _Raised, _Timeout, bad_reward
+from relax.plugins import CallRaised, CallTimeout, call_with_deadline
+from relax.rollout.rewards import RewardFn, _as_floats, bad_reward
 
 
 def group_spans(group_index: list[int]) -> list[list[int]]:
@@ -71,11 +72,11 @@ def _score_group(fn, prompts, responses, labels, members, *, name, index_base, t
     args = tuple([seq[i] for i in members] for seq in (prompts, responses, labels))
     limit = None if timeout is None else timeout * len(members)
     try:
-        got = _call(fn, args, limit)
-    except _Timeout:
-        return None, (f"--group-rm reward function {name} did not return within {limit:g} s "
-                      f"for {where} (--reward-timeout {timeout:g} s per sample)")
-    except _Raised as raised:
+        got = call_with_deadline(fn, args, limit)
+    except CallTimeout as e:
+        return None, (f"--group-rm reward function {name} {e.reason()} for {where} "
+                      f"(--reward-timeout {timeout:g} s per sample)")
+    except CallRaised as raised:
         e = raised.error
         detail = " ".join(str(e).split())[:200]
         return None, (f"--group-rm reward function {name} raised on {where}: "

@@ -11,15 +11,12 @@ NaN/Inf (or a value beyond float32, the rewards' dtype) is an error naming the s
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import numbers
-import os
-import threading
 from collections.abc import Callable
 
-from relax.errors import InputError, RewardError, stops_the_run
+from relax.errors import InputError, RewardError
+from relax.plugins import CallRaised, CallTimeout, call_with_deadline, load_function
 from relax.rollout.math_reward import math_reward
 from relax.rollout.reasoning_gym_source import make_reward
 from relax.rollout.tasks import get_task
@@ -38,34 +35,6 @@ def bad_reward(value: float) -> str | None:
     if math.isfinite(value):
         return f"{value:g}, beyond the float32 range of rewards (+-{FLOAT32_MAX:.3g})"
     return f"{value}"
-
-
-def load_function(spec: str, flag: str) -> Callable:
-    """Import ``module:function`` or ``path/to/file.py:function``; errors name ``flag``."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise InputError(f"{flag} {spec}: expected 'module:function' or 'file.py:function'")
-    try:
-        if target.endswith(".py") or os.sep in target:
-            if not os.path.isfile(target):
-                raise InputError(f"{flag} {spec}: file {target} does not exist")
-            mod_name = "relax_user_" + os.path.splitext(os.path.basename(target))[0]
-            module_spec = importlib.util.spec_from_file_location(mod_name, target)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except InputError:
-        raise
-    except BaseException as e:  # the user's module failing to import (even by sys.exit or
-        # KeyboardInterrupt at import time) is bad input, said in one line
-        detail = " ".join(str(e).split())[:200]
-        raise InputError(f"{flag} {spec}: cannot import {target}: {type(e).__name__}"
-                         f"{': ' + detail if detail else ''}") from e
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise InputError(f"{flag} {spec}: {target} has no function {name!r}")
-    return fn
 
 
 def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
@@ -88,68 +57,9 @@ def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
         raise InputError(f"--rm-type {rm_type}: {e}") from None
 
 
-def call_plugin(fn: Callable, flag: str, *args):
-    """``fn(*args)`` of a user plug-in (``--custom-reward-post-process-path``,
-    ``--custom-advantage-function-path``): anything it raises, ``sys.exit()`` and
-    ``KeyboardInterrupt`` included, becomes one :class:`RewardError` line naming ``flag``."""
-    try:
-        return fn(*args)
-    except BaseException as e:
-        if stops_the_run(e):
-            raise
-        detail = " ".join(str(e).split())[:200]
-        raise RewardError(f"{flag}: the function raised {type(e).__name__}"
-                          f"{': ' + detail if detail else ''}") from e
-
-
 def _describe(i: int, prompts: list[str], index_base: int) -> str:
     head = prompts[i][:60].replace("\n", "\\n")
     return f"sample {index_base + i} (prompt {head!r}{'...' if len(prompts[i]) > 60 else ''})"
-
-
-class _Timeout(Exception):
-    pass
-
-
-class _Raised(Exception):
-    """The reward function itself raised ``error`` (as opposed to what happens while waiting
-    for it: a signal handler's exception must pass through, not become a reward error)."""
-
-    def __init__(self, error: Exception):
-        super().__init__(str(error))
-        self.error = error
-
-
-def _call(fn: RewardFn, args: tuple, timeout: float | None):
-    """``fn(*args)``, waiting at most ``timeout`` seconds (None: no limit).
-
-    The call runs on a daemon thread; a call that runs over is abandoned, not stopped (Python
-    cannot stop a thread), so a reward that may block forever should bound its own I/O.
-    """
-    if timeout is None:
-        try:
-            return fn(*args)
-        except BaseException as e:  # sys.exit() or KeyboardInterrupt inside a plug-in is its bug
-            if stops_the_run(e):  # a second SIGTERM/SIGINT (or Ctrl-C): not the reward's
-                raise
-            raise _Raised(e) from e
-    box: dict = {}
-    done = threading.Event()
-
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # handed to the caller's thread; SystemExit would end the
-            box["error"] = e        # thread silently and leave no value
-        finally:
-            done.set()
-
-    threading.Thread(target=target, daemon=True, name="relax-reward").start()
-    if not done.wait(timeout):
-        raise _Timeout
-    if "error" in box:
-        raise _Raised(box["error"]) from box["error"]
-    return box["value"]
 
 
 def _as_floats(values, n: int, name: str, where: str) -> list[float]:
@@ -242,16 +152,17 @@ def _score_batch(fn, prompts, responses, labels, *, name, index_base, timeout, p
     batch_limit = None if timeout is None else timeout * max(n, 1)
     where = f"samples {index_base}..{index_base + n - 1}"
     try:
-        return _as_floats(_call(fn, (prompts, responses, labels), batch_limit), n, name, where), None
-    except _Timeout:
+        got = call_with_deadline(fn, (prompts, responses, labels), batch_limit)
+        return _as_floats(got, n, name, where), None
+    except CallTimeout as e:
         return None, RewardError(
-            f"reward function {name} did not return within {batch_limit:g} s for a batch of "
-            f"{n} samples ({where}; --reward-timeout {timeout:g} s per sample)")
+            f"reward function {name} {e.reason()} for a batch of {n} samples ({where}; "
+            f"--reward-timeout {timeout:g} s per sample)")
     except RewardError as e:
         if policy == "raise":
             raise
         return None, e
-    except _Raised as raised:
+    except CallRaised as raised:
         e = raised.error
         error = RewardError(
             f"reward function {name} raised on a batch of {n} samples starting at sample "
@@ -280,16 +191,18 @@ def _score_one(fn, prompts, responses, labels, i, *, name, index_base, timeout):
     one = (prompts[i : i + 1], responses[i : i + 1], labels[i : i + 1])
     where = _describe(i, prompts, index_base)
     try:
-        (v,) = _as_floats(_call(fn, one, timeout), 1, name, f"sample {index_base + i}")
+        got = call_with_deadline(fn, one, timeout)
+        (v,) = _as_floats(got, 1, name, f"sample {index_base + i}")
         problem = bad_reward(v)
         if problem is None:
             return v, None
         msg = f"reward function {name} returned {problem} for {where}"
-    except _Timeout:
-        msg = f"reward function {name} timed out after {timeout:g} s (--reward-timeout) on {where}"
+    except CallTimeout as e:
+        msg = (f"reward function {name} timed out after {timeout:g} s (--reward-timeout) on "
+               f"{where}" if not e.busy else f"reward function {name} {e.reason()} on {where}")
     except RewardError as e:
         msg = f"{e} on {where}"
-    except _Raised as raised:
+    except CallRaised as raised:
         e = raised.error
         msg = f"reward function {name} raised on {where}: {type(e).__name__}: {e}"
     return None, " ".join(msg.split())  # one line, whatever the exception text holds

@@ -15,10 +15,11 @@ import torch
 
 from relax.collectives import raise_together
 from relax.errors import InputError, RewardError, error_summary, stops_the_run, value_summary
+from relax.plugins import call_plugin, load_function
 from relax.rollout.group_rewards import score_groups
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.remote_reward import RemoteRewardModel
-from relax.rollout.rewards import build_reward_fn, call_plugin, load_function, score_with_errors
+from relax.rollout.rewards import build_reward_fn, score_with_errors
 
 POST_PROCESS_FLAG = "--custom-reward-post-process-path"
 
@@ -102,7 +103,7 @@ class Scorer:
         if self.post_process_fn is None:
             return rewards
         returned = call_plugin(self.post_process_fn, POST_PROCESS_FLAG, rewards.clone(),
-                               group_index.clone())
+                               group_index.clone(), timeout=self.timeout)
         return plugin_tensor(returned, POST_PROCESS_FLAG, "finite rewards", rewards.shape,
                              device=self.ctx.device, finite_on=torch.ones_like(rewards, dtype=bool))
 

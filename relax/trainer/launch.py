@@ -94,13 +94,16 @@ def train(cfg) -> int:
 
     A rank of a multi-process run does not return: it ends its process with that status
     through :func:`exit_rank` once the group is left, so the interpreter's finalization never
-    meets Gloo's worker threads (see there)."""
-    peer_failed = False
+    meets Gloo's worker threads (see there). Neither does a run stopped at once (a second
+    signal, or one during start-up, :class:`relax.errors.Interrupted` ``at_once``): it ends
+    without exit handlers, within the signal's bound whatever threads still run."""
+    peer_failed = at_once = False
     try:
         run(cfg)
         status = 0
     except RelaxError as e:
         peer_failed = isinstance(e, PeerFailure)
+        at_once = isinstance(e, Interrupted) and e.at_once
         rank = os.environ.get("RANK")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         prefix = f"[rank {rank}{role_of(cfg, rank, world)}] " if rank is not None and world != 1 \
@@ -109,6 +112,10 @@ def train(cfg) -> int:
         status = e.exit_code
     finally:
         shutdown_distributed(peer_failed=peer_failed)
+    if at_once:
+        # a stop at once does not wait for what still runs: the interpreter's exit would join
+        # the reward client's worker threads, and a request in flight can take its deadline
+        exit_rank(status, run_exit_handlers=False)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # after a peer failure the broken group is left as it is; metrics and checkpoints are
         # already on disk

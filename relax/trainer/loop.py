@@ -43,6 +43,7 @@ from relax.errors import InputError
 from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
 from relax.metrics.tracker import MetricTracker
+from relax.plugins import call_plugin, load_function
 from relax.precision import use_bf16
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import DynamicSampling, PromptCollector
@@ -50,7 +51,6 @@ from relax.rollout.data import PromptSource, check_formatted_lengths, load_sourc
 from relax.rollout.episode_collector import EpisodeCollector, build_environments
 from relax.rollout.filters import load_group_filter
 from relax.rollout.partial import PartialRollouts
-from relax.rollout.rewards import call_plugin, load_function
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
@@ -87,7 +87,10 @@ class Trainer:
         # everything that can fail on bad input comes before any model is loaded
         models.check_model_paths(cfg)
         resume = find_resume(cfg, report=ctx.is_main)
-        envs = build_environments(cfg.rollout, cfg.batches, ctx)
+        stop, envs = stop or StopRequest(), None
+        if cfg.env:  # a factory may take up to its deadline (600 s by default): a signal
+            with stop.at_once("building the --env environments"):  # stops it at once
+                envs = build_environments(cfg.rollout, cfg.batches, ctx)
         self._build_data_and_rewards()
         if resume:
             changed = check_resume(cfg, resume[0], resume[1], self.total_steps)
@@ -113,7 +116,7 @@ class Trainer:
         self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
                                                        fsdp=cfg.fsdp,
                                                        rank_state=self.collector.state_dict)
-        self.control = RunControl(ctx, stop or StopRequest(), total_steps=self.total_steps,
+        self.control = RunControl(ctx, stop, total_steps=self.total_steps,
                                   exit_duration_in_mins=cfg.exit_duration_in_mins,
                                   started=started)
         self.start_step = 0
@@ -227,7 +230,7 @@ class Trainer:
         if self.group_filter is None:
             return collector
         return DynamicSampling(batches, self.ctx, collector, self.group_filter,
-                               tracker=self.tracker)
+                               tracker=self.tracker, filter_timeout=self.cfg.reward_timeout)
 
     def _resume(self, path: str, step: int) -> None:
         """The policy's state and this rank's RNG from ``path``; the collector continues

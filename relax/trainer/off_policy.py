@@ -11,7 +11,7 @@ import torch
 
 from relax.algorithms import opsm_keep, tis_weights
 from relax.errors import RelaxError
-from relax.rollout.rewards import call_plugin, load_function
+from relax.plugins import call_plugin, load_function
 from relax.rollout.scoring import plugin_tensor
 
 MISMATCH_METRICS = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max",

@@ -3,7 +3,12 @@
 The first signal only sets a flag: the loop finishes the rollout step in progress, all ranks
 agree on stopping at the same step (one MAX all-reduce per step), the run checkpoints with
 ``--save`` and exits with status 128 + the signal number and one line saying where the
-checkpoint is. A second signal raises at once (the last complete checkpoint stays the newest).
+checkpoint is. A second signal raises at once (the last complete checkpoint stays the
+newest), and so does the first one while start-up waits on user code
+(:meth:`StopRequest.at_once`: building the ``--env`` environments, whose factory may take up
+to its deadline). After such a stop the process ends by ``os._exit`` once its line is written
+(relax/trainer/launch.py): threads still at work -- a reward server's requests in flight,
+user code abandoned past its deadline -- would otherwise hold up the interpreter's exit.
 
 The second signal must stop the run even when user code is what the main thread runs: an
 environment or plug-in may catch the :class:`Interrupted` the handler raises (``except
@@ -17,6 +22,7 @@ holds the GIL forever (no thread runs); only SIGKILL stops that.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -37,6 +43,20 @@ class StopRequest:
         self.grace_s = grace_s
         self._previous = {}
         self._watchdog: _Watchdog | None = None
+        self._starting: str | None = None  # what start-up is waiting on (at_once)
+
+    @contextlib.contextmanager
+    def at_once(self, what: str):
+        """While ``what`` runs (user code at start-up: nothing trained, nothing to save), the
+        first signal stops the run at once instead of after a rollout step (one that came
+        before it stops it on entry)."""
+        if self.signum is not None:
+            raise _starting_stop(self.signum, what)
+        self._starting = what
+        try:
+            yield
+        finally:
+            self._starting = None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -56,11 +76,19 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None:
-            raise Interrupted(signum, _second_signal_message(name))
+            raise Interrupted(signum, _second_signal_message(name), at_once=True)
         self.signum = signum
+        if self._starting is not None:
+            raise _starting_stop(signum, self._starting)
         # os.write: print() inside a handler can hit a reentrant buffered-stream error
         os.write(2, f"relax train: received {name}: finishing the current rollout step, then "
                  "stopping (send it again to stop at once)\n".encode())
+
+
+def _starting_stop(signum: int, what: str) -> Interrupted:
+    name = signal.Signals(signum).name
+    return Interrupted(signum, f"stopped by {name} while {what}, before the first rollout step "
+                       "(nothing to save)", at_once=True)
 
 
 def _second_signal_message(name: str) -> str:

@@ -343,3 +343,12 @@ def test_calls_answered_together_each_keep_their_own_max_tokens(play):
     assert whole["choices"][0]["finish_reason"] == "stop"
     assert whole["usage"]["completion_tokens"] == 3  # "ok" and EOS
     assert sorted(k for _, k in model.calls) == [2, 4]
+
+
+def test_a_reward_beyond_float32_fails_the_episode(play):
+    """-1e300 is a float, but -inf in the float32 rewards tensor: the episode fails, naming
+    the range, instead of a non-finite loss later blaming --lr."""
+    played, _, _ = play(lambda env: _reward(env, -1e300), n=1)
+    (failure,) = [f for f in played.failures if f]
+    assert "the reward is -1e+300, beyond the float32 range" in failure, failure
+    assert played.rewards == [0.0]

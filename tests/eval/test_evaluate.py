@@ -3,8 +3,11 @@ reward function actually returned; greedy decoding, thresholds, chunking, two Gl
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from relax.errors import RewardError
 from relax.eval.evaluate import EvalSampling, evaluate
 from tests.distributed_utils import run_distributed
 from tests.eval.conftest import copy_prompts
@@ -78,6 +81,20 @@ def test_threshold_and_bad_input(tiny):
         evaluate(model, tok, prompts, labels[:2], always, sampling)
     with pytest.raises(ValueError, match="no prompts"):
         evaluate(model, tok, [], [], always, sampling)
+
+
+def test_the_reward_has_the_runs_time_limit(tiny):
+    model, tok = tiny
+    prompts, labels = copy_prompts(2)
+    release = threading.Event()
+    try:
+        with pytest.raises(RewardError, match=r"reward function r timed out after 0.05 s "
+                           r"\(--reward-timeout\) on sample 0"):
+            evaluate(model, tok, prompts, labels, lambda p, r, y: release.wait(30),
+                     EvalSampling(n_samples=1, max_response_len=2), reward_name="r",
+                     reward_timeout=0.05)
+    finally:
+        release.set()  # the abandoned calls return and free their workers
 
 
 @pytest.mark.subprocess

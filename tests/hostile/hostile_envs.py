@@ -1,17 +1,20 @@
 """Environments that misbehave on purpose (``--env tests.hostile.hostile_envs:KIND``): each
 factory below builds a :class:`Misbehaving` environment of one kind; ``mixed`` plays the
-kinds in turn, one per episode. ``RELAX_TEST_MARK``: a file a hanging step creates first, so
-a test knows the run is inside it."""
+kinds in turn, one per episode. ``RELAX_TEST_MARK``: a file a hanging step (or factory)
+creates first, so a test knows the run is inside it; ``RELAX_TEST_CALLS``: a file each step
+appends a line to, so a test counts the calls that started. In a test process,
+:func:`release_hung` lets every hanging call return (the workers they hold are freed)."""
 
 import functools
 import itertools
 import math
 import os
 import sys
+import threading
 import time
 
 KINDS = ("reset_dict", "reset_none", "reset_raises", "exit0", "keyboard", "recursion", "nan",
-         "inf", "pair", "surrogate", "bool_reward")
+         "inf", "pair", "surrogate", "bool_reward", "huge")
 _NEXT = itertools.cycle(KINDS)
 
 
@@ -34,10 +37,13 @@ class Misbehaving:
 
     def step(self, action: str):
         kind = self.now
+        if os.environ.get("RELAX_TEST_CALLS"):
+            with open(os.environ["RELAX_TEST_CALLS"], "a") as f:
+                f.write("step\n")
         if kind in ("hang", "swallow"):
             _mark()
         if kind == "hang":
-            time.sleep(3600)
+            _RELEASE.wait(3600)
         if kind == "swallow":  # catches every exception, the trainer's Interrupted included
             while True:
                 try:
@@ -52,6 +58,8 @@ class Misbehaving:
             return self.step(action)
         if kind in ("nan", "inf"):
             return "x", math.nan if kind == "nan" else -math.inf, False
+        if kind == "huge":  # finite in float64, -inf in the float32 rewards tensor
+            return "x", -1e300, False
         if kind == "pair":
             return "x", 1.0
         if kind == "surrogate":
@@ -64,9 +72,31 @@ class Misbehaving:
         return "T", 0.5, self.left == 0
 
 
+_RELEASE = threading.Event()
+
+
+def release_hung() -> None:
+    """Let the hanging calls return; later ones hang again."""
+    global _RELEASE
+    event, _RELEASE = _RELEASE, threading.Event()
+    event.set()
+
+
 def _mark():
     if os.environ.get("RELAX_TEST_MARK"):
         open(os.environ["RELAX_TEST_MARK"], "w").close()
+
+
+def hang_factory():
+    """A factory that never returns (until released)."""
+    _mark()
+    _RELEASE.wait(3600)
+    return Misbehaving("ok")
+
+
+def exit_factory():
+    """A factory that ends the process the way a script would: sys.exit(3)."""
+    raise SystemExit(3)
 
 
 for _kind in (*KINDS, "hang", "swallow", "long", "ok"):

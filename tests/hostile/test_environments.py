@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 
 import pytest
 import torch
 
-from relax.errors import Interrupted
-from relax.rollout.env_guard import EnvFailure, GuardedEnv
+from relax import plugins
+from relax.errors import InputError, Interrupted
+from relax.plugins import MAX_RUNNING
+from relax.rollout import env_guard
+from relax.rollout.env_guard import EnvFailure, GuardedEnv, guarded_factory, start_environments
+from relax.rollout.envs import environment_factory
 from relax.rollout.episodes import TurnRenderer, run_episodes
 from relax.rollout.generate import generate
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
@@ -31,8 +36,9 @@ WHAT = {
     "exit0": "the environment raised SystemExit",
     "keyboard": "the environment raised KeyboardInterrupt",
     "recursion": "the environment raised RecursionError",
-    "nan": "the environment's step returned a non-finite reward nan",
-    "inf": "the environment's step returned a non-finite reward -inf",
+    "nan": "the environment's step returned the reward nan",
+    "inf": "the environment's step returned the reward -inf",
+    "huge": "the environment's step returned the reward -1e+300, beyond the float32 range",
     "pair": "returned tuple ('x', 1.0); expected (observation, reward, done)",
     "surrogate": "an observation that is not valid UTF-8 text",
     "bool_reward": "the reward bool True; expected a real number",
@@ -45,7 +51,7 @@ def tiny():
     return tok, build_tiny_model(tok, seed=0).eval()
 
 
-def play(tiny, envs, *, context=256, max_turns=3):
+def play(tiny, envs, *, context=256, max_turns=3, stop_at_first_error=False):
     tok, model = tiny
     generator = torch.Generator().manual_seed(0)
 
@@ -57,7 +63,13 @@ def play(tiny, envs, *, context=256, max_turns=3):
                         format_prompt=lambda t: t,
                         render=TurnRenderer(tok, chat=False, eos_token_id=tok.eos_token_id),
                         sample=sample, max_turns=max_turns, max_turn_tokens=4, context=context,
-                        device="cpu")
+                        device="cpu", stop_at_first_error=stop_at_first_error)
+
+
+@pytest.fixture(autouse=True)
+def release_hung():
+    yield
+    hostile_envs.release_hung()  # abandoned calls return and free their workers
 
 
 @pytest.fixture
@@ -123,6 +135,58 @@ def test_the_step_time_limit_abandons_the_call_and_builds_a_fresh_environment():
     assert env.reset(2) == "go" and len(made) == 2 and env.env is made[1]
 
 
+class Counted(hostile_envs.Misbehaving):
+    steps = 0
+
+    def step(self, action):
+        Counted.steps += 1
+        return super().step(action)
+
+
+def test_under_the_raise_policy_the_first_timed_out_step_ends_the_episodes(tiny):
+    # before: every episode waited out its own deadline (32 x T here, 128 x T in the probe)
+    Counted.steps = 0
+    envs = [GuardedEnv(Counted("hang"), timeout_s=0.05) for _ in range(32)]
+    with pytest.raises(EnvFailure, match=r"^episode 0 \(seed 0\), turn 1: the environment's "
+                       r"step did not return within --env-step-timeout 0.05 s \(abandoned\)$"):
+        play(tiny, envs, stop_at_first_error=True)
+    assert Counted.steps == 1  # no other step was started
+
+
+def test_timed_out_calls_do_not_pile_up_threads(tiny):
+    # the zero policy plays every episode; each abandoned call keeps its worker
+    hostile_envs.release_hung()
+    Counted.steps, before = 0, threading.active_count()
+    envs = [GuardedEnv(Counted("hang"), timeout_s=0.05) for _ in range(40)]
+    played = play(tiny, envs)
+    assert len(played.errors) == 40 and played.rewards == [0.0] * 40
+    timed_out = [e for e in played.errors if "did not return within" in e]
+    refused = [e for e in played.errors if "was not started: " in e]
+    assert len(timed_out) + len(refused) == 40 and 1 <= len(timed_out) <= MAX_RUNNING
+    assert Counted.steps == len(timed_out)  # a refused call never reached the environment
+    assert threading.active_count() - before <= MAX_RUNNING
+    assert plugins._POOL.threads <= MAX_RUNNING
+
+
+def test_a_factory_that_hangs_or_exits_is_one_line_naming_the_environment(monkeypatch):
+    name = f"--env {SPEC}:hang_factory"
+    with pytest.raises(InputError, match=rf"^{name}: the environment's factory did not return "
+                       r"within --env-step-timeout 0.1 s \(abandoned\)$"):
+        start_environments(hostile_envs.hang_factory, 2, name=name, timeout_s=0.1)
+    # without --env-step-timeout the factory still has a deadline
+    monkeypatch.setattr(env_guard, "FACTORY_TIMEOUT_S", 0.1)
+    with pytest.raises(InputError, match=r"factory did not return within 0.1 s, the factory's "
+                       r"limit without --env-step-timeout \(abandoned\)$"):
+        start_environments(hostile_envs.hang_factory, 2, name=name, timeout_s=None)
+    with pytest.raises(InputError, match=rf"^--env {SPEC}:exit_factory: the environment's "
+                       r"factory raised SystemExit: 3$"):
+        environment_factory(f"{SPEC}:exit_factory")
+    # built lazily (evaluation), a failing factory fails its episode like a failing reset
+    env = guarded_factory(hostile_envs.exit_factory, None)()
+    with pytest.raises(EnvFailure, match="the environment's factory raised SystemExit: 3"):
+        env.reset(0)
+
+
 # ------------------------------------------------------------------ real relax processes
 
 @pytest.mark.parametrize("kind", ["exit0", "nan"])
@@ -174,3 +238,48 @@ def test_a_second_sigterm_stops_a_hung_environment_within_seconds(tmp_path, kind
     assert "stopped at once by a second SIGTERM" in line
     assert ("user code did not return within" in line) == (kind == "swallow"), line
     assert not any("the environment raised" in x for x in child.lines)
+
+
+@pytest.mark.subprocess
+def test_one_sigterm_stops_a_run_whose_environment_factory_hangs(tmp_path):
+    mark = tmp_path / "in_factory"
+    child = Child([*SMALL, "--env", f"{SPEC}:hang_factory", "--output-dir",
+                   str(tmp_path / "run")], env(RELAX_TEST_MARK=str(mark)))
+    deadline = time.monotonic() + 90
+    while not mark.exists():
+        assert child.proc.poll() is None and time.monotonic() < deadline, child.lines[-20:]
+        time.sleep(0.05)
+    child.proc.send_signal(signal.SIGTERM)  # one: nothing is trained yet, nothing to save
+    assert child.finish(timeout=GRACE_S + 20) == 128 + signal.SIGTERM, child.lines[-20:]
+    (line,) = child.errors()
+    assert line == ("relax train: error: stopped by SIGTERM while building the --env "
+                    "environments, before the first rollout step (nothing to save)"), line
+    assert not any("Traceback" in x for x in child.lines)
+
+
+@pytest.mark.subprocess
+def test_a_factory_that_exits_or_hangs_past_its_deadline_is_exit_2(tmp_path):
+    out = relax("train", *SMALL, "--env", f"{SPEC}:exit_factory", "--output-dir",
+                tmp_path / "a")
+    assert out.returncode == 2, out.stderr[-2000:]  # before: exit 3 and no message
+    assert one_error_line(out) == (f"relax train: error: --env {SPEC}:exit_factory: the "
+                                   "environment's factory raised SystemExit: 3")
+    out = relax("train", *SMALL, "--env", f"{SPEC}:hang_factory", "--env-step-timeout", "1",
+                "--output-dir", tmp_path / "b")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert one_error_line(out).endswith(f"--env {SPEC}:hang_factory: the environment's factory "
+                                        "did not return within --env-step-timeout 1 s "
+                                        "(abandoned)")
+
+
+@pytest.mark.subprocess
+def test_a_run_of_32_hung_episodes_ends_at_the_first_deadline(tmp_path):
+    calls = tmp_path / "calls"
+    out = relax("train", *SMALL, "--rollout-batch-size", "16", "--env", f"{SPEC}:hang",
+                "--env-step-timeout", "1", "--output-dir", tmp_path / "run",
+                extra_env={"RELAX_TEST_CALLS": str(calls)})
+    assert out.returncode == 1, out.stderr[-2000:]
+    line = one_error_line(out)
+    assert (f"--env {SPEC}:hang: episode 0 (seed " in line and "turn 1: the environment's step "
+            "did not return within --env-step-timeout 1 s (abandoned)" in line), line
+    assert calls.read_text().splitlines() == ["step"]  # one deadline, not 32
