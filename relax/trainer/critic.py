@@ -143,6 +143,7 @@ class Critic:
         """Whether this rollout step trains only the critic (``--num-critic-only-steps``)."""
         return self.updates < self.section.num_critic_only_steps
 
+
     # ------------------------------------------------------------------ training
     def _set_lr(self) -> float:
         warmup = self.section.lr_warmup_iters
@@ -225,3 +226,26 @@ class Critic:
         if path and self.ctx.is_main:
             os.makedirs(path, exist_ok=True)
             self.write(path, weights_only=True)
+
+
+def hold_still(optimizer: torch.optim.Optimizer) -> None:
+    """Give an optimizer that has not stepped yet its state now, as a checkpoint would.
+
+    A checkpoint's optimizer state dict (torch.distributed.checkpoint) initializes an empty
+    optimizer with one step at learning rate 0 on zero gradients: step count 1, zero
+    moments, no parameter moved. After ``--num-critic-only-steps`` the policy's AdamW is still
+    empty, so a run saved during them and one that was not would differ in the bias
+    correction of every later step. Doing the same here, in every run, keeps a resumed run
+    equal to the uninterrupted one (the policy's first real step counts as AdamW's second)."""
+    if optimizer.state:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+        g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)

@@ -57,7 +57,7 @@ from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.async_layout import AsyncLayout, Schedule
-from relax.trainer.critic import Critic
+from relax.trainer.critic import Critic, hold_still
 from relax.trainer.distill import Distillation
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.judge import build_judge, check_judging_lengths
@@ -309,6 +309,7 @@ class Trainer:
                                micro_batch_size=cfg.micro_batch_size,
                                max_tokens=self.loss_settings.max_tokens)
             if waits:  # --num-critic-only-steps: the policy is not trained yet
+                hold_still(self.policy.optimizer)
                 return
         history = train_on_rollout(
             self.policy.model, self.policy.optimizer, exp, self.loss_settings, self.ctx,

@@ -1,0 +1,92 @@
+"""PPO with a learned critic end to end on the tiny model (reinforce_plus_plus.md §5c): the
+critic's metrics are finite and its value loss falls on a fixed reward, a seeded run resumed
+from a checkpoint equals the uninterrupted run (critic included), --num-critic-only-steps
+leaves the policy alone, --critic-save / --critic-load round-trip, and a critic file that does
+not fit the model is one line, exit 2, before training."""
+
+import math
+
+import pytest
+import torch
+
+from relax.trainer import train
+from relax.trainer.distributed import unwrap
+from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
+
+CRITIC_METRICS = ("critic/value_loss", "critic/explained_variance", "critic/value_clip_fraction",
+                  "critic/values_mean", "critic/lr")
+ONE = "def one(prompts, responses, labels):\n    return [1.0] * len(responses)\n"
+
+
+def _ppo(tmp_path, *flags):
+    reward = write_reward(tmp_path, ONE, name="one.py")
+    return ["--advantage-estimator", "ppo", "--custom-rm-path", f"{reward}:one",
+            "--critic-lr", "1e-3", *flags]
+
+
+def test_ppo_trains_and_the_value_loss_falls_on_a_fixed_reward(tmp_path):
+    # reward 1 for every response, gamma = lambda = 1: every token's target is 1, the zero head
+    # starts at V = 0 (value loss 0.5) and the critic learns to predict 1
+    cfg = make_config(*_ppo(tmp_path), "--num-rollout", "5", output_dir=tmp_path / "run")
+    _, history, moved = fit(cfg)
+    for row in history:
+        for name in CRITIC_METRICS:
+            assert name in row and math.isfinite(row[name]), (name, row.get(name))
+    losses = [row["critic/value_loss"] for row in history]
+    assert losses[0] == pytest.approx(0.5, rel=1e-6)  # 0.5 * (0 - 1)^2 before the first step
+    # --value-clip 0.2 bounds how far a step moves V, so the fall is steady, not sudden
+    assert all(b < a for a, b in zip(losses[:-1], losses[1:], strict=True)) and losses[-1] < 0.75 * losses[0], \
+        losses
+    assert history[-1]["critic/values_mean"] > history[0]["critic/values_mean"]
+    assert moved > 0  # the policy trains too (A = 1 - V != 0)
+    assert history[0]["critic/lr"] == pytest.approx(1e-3)
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    common = _ppo(tmp_path, "--gamma", "0.9", "--lambd", "0.8", "--critic-lr-warmup-iters", "3",
+                  "--num-critic-only-steps", "1")
+    _, uninterrupted, _ = fit(make_config(*common, "--num-rollout", "4",
+                                          output_dir=tmp_path / "full"))
+    fit(make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                    "--save-interval", "1", output_dir=tmp_path / "part"))
+    assert (tmp_path / "ckpt" / "rollout_000002" / "critic.pt").is_file()
+    trainer, tail, _ = fit(make_config(*common, "--num-rollout", "4", "--load",
+                                       str(tmp_path / "ckpt"), output_dir=tmp_path / "part"))
+    assert trainer.start_step == 2 and len(tail) == 2
+    for got, want in zip(tail, uninterrupted[2:], strict=True):
+        for key in ("rollout/raw_reward", "train/loss", "train/grad_norm", *CRITIC_METRICS):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+    assert [r["rollout/step"] for r in read_metrics(tmp_path / "part")] == [1, 2, 3, 4]
+
+
+def test_critic_only_steps_leave_the_policy_alone(tmp_path):
+    cfg = make_config(*_ppo(tmp_path, "--num-critic-only-steps", "2"), "--num-rollout", "2",
+                      output_dir=tmp_path / "run")
+    trainer, history, moved = fit(cfg)
+    assert moved == 0.0
+    assert all("train/loss" not in row for row in history)
+    assert history[-1]["critic/value_loss"] < history[0]["critic/value_loss"]
+    assert trainer.critic.updates == 2
+
+
+def test_critic_save_then_load_starts_from_the_saved_values(tmp_path):
+    fit(make_config(*_ppo(tmp_path, "--critic-save", str(tmp_path / "critic")), "--num-rollout",
+                    "3", output_dir=tmp_path / "a"))
+    trainer, history, _ = fit(make_config(*_ppo(tmp_path, "--critic-load",
+                                                str(tmp_path / "critic")),
+                                          "--num-rollout", "1", output_dir=tmp_path / "b"))
+    assert history[0]["critic/values_mean"] > 0.05  # a fresh zero head would give exactly 0
+    saved = torch.load(tmp_path / "critic" / "critic.pt", weights_only=True)["model"]
+    assert set(saved) == set(unwrap(trainer.critic.model).state_dict())
+
+
+def test_a_critic_that_does_not_fit_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "bad").mkdir()
+    torch.save({"model": {"head.weight": torch.zeros(1, 3)}}, tmp_path / "bad" / "critic.pt")
+    cfg = make_config(*_ppo(tmp_path, "--critic-load", str(tmp_path / "bad")),
+                      output_dir=tmp_path / "run")
+    assert train(cfg) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("relax train: error: --critic-load"), err
+    assert "does not fit the model" in err[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
