@@ -90,3 +90,21 @@ def test_a_critic_that_does_not_fit_is_one_line_exit_2(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("relax train: error: --critic-load"), err
     assert "does not fit the model" in err[0]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(180)
+def test_two_ddp_ranks_equal_one_process():
+    from tests.distributed_utils import run_distributed
+    from tests.trainer.critic_workers import critic_step
+
+    ref_params, ref_values, ref_metrics = critic_step(2)
+    assert 0 < ref_metrics["critic/value_clip_fraction"] < 1  # the clip binds on some tokens
+    ranks = run_distributed(critic_step, 2, 2, timeout=150)
+    values = torch.cat([r[1] for r in ranks])
+    torch.testing.assert_close(values, ref_values, atol=1e-6, rtol=1e-5)
+    for params, _, metrics in ranks:
+        for name, p in ref_params.items():
+            torch.testing.assert_close(params[name], p, atol=1e-6, rtol=1e-5, msg=name)
+        for key in ("critic/value_loss", "critic/value_clip_fraction"):
+            assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5, abs=1e-7), key
