@@ -59,6 +59,20 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
     assert [r["rollout/step"] for r in read_metrics(tmp_path / "part")] == [1, 2, 3, 4]
 
 
+def test_token_budgets_and_several_optimizer_steps(tmp_path):
+    cfg = make_config(*_ppo(tmp_path, "--global-batch-size", "8", "--micro-batch-size", "2",
+                            "--use-dynamic-batch-size", "--max-tokens-per-gpu", "24",
+                            "--normalize-advantages"),
+                      "--num-rollout", "2", output_dir=tmp_path / "run")
+    assert cfg.num_steps_per_rollout == 2
+    _, history, moved = fit(cfg)
+    assert moved > 0
+    for row in history:
+        for name in CRITIC_METRICS:
+            assert math.isfinite(row[name]), name
+    assert history[1]["critic/value_loss"] < history[0]["critic/value_loss"]
+
+
 def test_critic_only_steps_leave_the_policy_alone(tmp_path):
     cfg = make_config(*_ppo(tmp_path, "--num-critic-only-steps", "2"), "--num-rollout", "2",
                       output_dir=tmp_path / "run")
