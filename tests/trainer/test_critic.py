@@ -122,3 +122,17 @@ def test_two_ddp_ranks_equal_one_process():
             torch.testing.assert_close(params[name], p, atol=1e-6, rtol=1e-5, msg=name)
         for key in ("critic/value_loss", "critic/value_clip_fraction"):
             assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5, abs=1e-7), key
+
+
+def test_resuming_ppo_from_a_grpo_checkpoint_is_one_line_exit_2(tmp_path, capsys):
+    reward = write_reward(tmp_path, ONE, name="one.py")
+    fit(make_config("--custom-rm-path", f"{reward}:one", "--num-rollout", "1", "--save",
+                    str(tmp_path / "ckpt"), output_dir=tmp_path / "a"))
+    cfg = make_config(*_ppo(tmp_path), "--num-rollout", "2", "--load", str(tmp_path / "ckpt"),
+                      output_dir=tmp_path / "b")
+    capsys.readouterr()
+    assert train(cfg) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if "error" in line]
+    # the checkpoint has no critic: the resume check refuses the other estimator first
+    assert len(err) == 1 and "--advantage-estimator ppo" in err[0], err
