@@ -136,3 +136,31 @@ def test_resuming_ppo_from_a_grpo_checkpoint_is_one_line_exit_2(tmp_path, capsys
            if "error" in line]
     # the checkpoint has no critic: the resume check refuses the other estimator first
     assert len(err) == 1 and "--advantage-estimator ppo" in err[0], err
+
+
+def test_multi_turn_skips_the_environment_tokens(tmp_path, monkeypatch):
+    # the environment's tokens are holes of the loss mask: no value, no advantage, no target
+    # there, and GAE runs over the model's tokens (reinforce_plus_plus.md §5c)
+    from relax.trainer.critic import Critic
+
+    seen = []
+    original = Critic.targets
+
+    def spy(self, exp, raw, tracker):
+        original(self, exp, raw, tracker)
+        seen.append((exp.response_mask.clone(), exp.attention_mask.clone(), exp.values.clone(),
+                     exp.returns.clone(), raw.clone()))
+
+    monkeypatch.setattr(Critic, "targets", spy)
+    cfg = make_config("--advantage-estimator", "ppo", "--gamma", "0.9", "--lambd", "0.9",
+                      "--env", "tests.agents.scripted:countdown", "--max-turns", "3",
+                      "--num-rollout", "1", output_dir=tmp_path / "run")
+    fit(cfg)
+    for name in CRITIC_METRICS:
+        assert math.isfinite(read_metrics(tmp_path / "run")[0][name]), name
+    (mask, attention, values, returns, raw), = seen
+    env_tokens = attention[:, -mask.shape[1]:].bool() & ~mask
+    assert env_tokens.any(), "the episodes had no environment turn"
+    for t in (values, returns, raw):
+        assert torch.equal(t[env_tokens], torch.zeros_like(t[env_tokens]))
+    torch.testing.assert_close(returns[mask], (raw + values)[mask].float())
