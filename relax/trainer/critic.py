@@ -5,8 +5,8 @@ policy.
     critic = Critic.build(cfg, ctx, tokenizer=policy.tokenizer, bf16=bf16)   # None unless ppo
     exp.values = critic.values(exp, **passes)          # V_old [B, T], no autograd, once a step
     critic.targets(exp, raw_advantages, tracker)       # exp.returns = A_raw + V_old
-    critic.update(exp, tracker, ...)                   # its optimizer steps on the value loss
-    critic.policy_waits()                              # --num-critic-only-steps not yet done
+    if critic.step(exp, tracker, policy.optimizer, ...):   # its optimizer steps on the value
+        skip the policy's update                           # loss; True: a critic-only step
 
 The value model is the policy's architecture with its output layer replaced by a scalar head
 (initialized to zero, so the first values are 0): the backbone starts from the policy's
@@ -145,6 +145,16 @@ class Critic:
 
 
     # ------------------------------------------------------------------ training
+    def step(self, exp: Experience, tracker, policy_optimizer, **update) -> bool:
+        """:meth:`update` on ``exp`` (``update``: its keywords); True when this rollout step
+        trains only the critic (``--num-critic-only-steps``), after giving the policy's
+        optimizer its state (:func:`hold_still`)."""
+        waits = self.policy_waits()
+        self.update(exp, tracker, **update)
+        if waits:
+            hold_still(policy_optimizer)
+        return waits
+
     def _set_lr(self) -> float:
         warmup = self.section.lr_warmup_iters
         lr = self.base_lr * (min(1.0, (self.optimizer_steps + 1) / warmup) if warmup else 1.0)

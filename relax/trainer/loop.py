@@ -10,7 +10,9 @@ sampled on the same ranks (colocated) or on rollout ranks of their own (--fully-
                                                  no autograd (policy.py, distill.py)
         exp       = advantages(exp, rewards)     compute_advantages_and_returns over the DP group,
                                                  then the distillation term (reinforce_plus_plus.md §7b)
+                                                 (ppo: the critic's values first, GAE, §5c; critic.py)
         history   = update(exp)                  --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
+                                                 (ppo: the critic's steps first)
         publish(step + 1)                        --fully-async: the new weights to the rollout ranks
         end       = control.after_step(step)     the ranks agree: a signal, the wall-clock budget
         evaluate; log; checkpointer.maybe_save; stop here on a signal
@@ -57,7 +59,7 @@ from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.async_layout import AsyncLayout, Schedule
-from relax.trainer.critic import Critic, hold_still
+from relax.trainer.critic import Critic
 from relax.trainer.distill import Distillation
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.judge import build_judge, check_judging_lengths
@@ -303,14 +305,10 @@ class Trainer:
         cfg, global_batch = self.cfg, self.cfg.global_batch_size
         if len(exp) * self.ctx.world_size < cfg.rollout_batch_size * cfg.n_samples_per_prompt:
             global_batch = len(exp) * self.ctx.world_size  # dynamic sampling came up short: one step
-        if self.critic is not None:  # ppo: the critic's own optimizer steps (§5c)
-            waits = self.critic.policy_waits()
-            self.critic.update(exp, self.tracker, global_batch_size=global_batch,
-                               micro_batch_size=cfg.micro_batch_size,
-                               max_tokens=self.loss_settings.max_tokens)
-            if waits:  # --num-critic-only-steps: the policy is not trained yet
-                hold_still(self.policy.optimizer)
-                return
+        if self.critic is not None and self.critic.step(  # ppo: its own optimizer steps (§5c)
+                exp, self.tracker, self.policy.optimizer, global_batch_size=global_batch,
+                micro_batch_size=cfg.micro_batch_size, max_tokens=self.loss_settings.max_tokens):
+            return  # --num-critic-only-steps: only the critic trains on this step
         history = train_on_rollout(
             self.policy.model, self.policy.optimizer, exp, self.loss_settings, self.ctx,
             global_batch_size=global_batch,
