@@ -45,7 +45,8 @@ class ValueModel(torch.nn.Module):
         super().__init__()
         lm.set_output_embeddings(torch.nn.Identity())
         self.lm = lm
-        self.head = torch.nn.Linear(lm.config.hidden_size, 1)
+        # the width of the last hidden state (GPT-2 style configs have no hidden_size)
+        self.head = torch.nn.Linear(lm.get_input_embeddings().embedding_dim, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
