@@ -43,6 +43,7 @@ class EstimatorFacts:
     custom_advantage: bool = True  # may replace the advantage (--custom-advantage-function-path)
     custom_reward_post_process: bool = True  # --custom-reward-post-process-path
     min_samples_per_prompt: int = 1
+    needs_critic: bool = False  # token values of a learned critic; GAE with --lambd (§5c)
 
     @property
     def frozen(self) -> bool:
@@ -66,6 +67,8 @@ FACTS: dict[str, EstimatorFacts] = {
                        on_policy_only=True, min_samples_per_prompt=2),
         EstimatorFacts("cispo", "§5b", "cispo", "whiten", reads_std_normalization=True,
                        requires_per_token_loss=True),
+        EstimatorFacts("ppo", "§5c", "ppo_clip", "whiten", reads_gamma=True,
+                       needs_group_index=False, custom_advantage=False, needs_critic=True),
     )
 }
 ESTIMATOR_NAMES: tuple[str, ...] = tuple(FACTS)

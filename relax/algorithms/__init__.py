@@ -24,6 +24,9 @@ mismatch_sums, tis_weights,    :mod:`relax.algorithms.off_policy`     7a
 opsm_keep
 distilled_advantages,          :mod:`relax.algorithms.distillation`   7b
 opd_reverse_kl, opd_metrics
+gae_advantages, gae_returns,   :mod:`relax.algorithms.value`          5c
+clipped_value_loss,
+value_statistics
 =============================  =====================================  ==========
 """
 
@@ -65,6 +68,13 @@ from relax.algorithms.registry import (
     compute_policy_loss,
     get_estimator,
 )
+from relax.algorithms.value import (
+    clipped_value_loss,
+    gae_advantages,
+    gae_returns,
+    terminal_rewards,
+    value_statistics,
+)
 
 __all__ = [
     "KL_KINDS",
@@ -76,6 +86,11 @@ __all__ = [
     "NormalizationStats",
     "OPD_TERMS",
     "approx_kl",
+    "clipped_value_loss",
+    "gae_advantages",
+    "gae_returns",
+    "terminal_rewards",
+    "value_statistics",
     "cispo_loss",
     "compute_advantages_and_returns",
     "compute_policy_loss",

@@ -35,6 +35,7 @@ from relax.algorithms.normalization import (
     stats_of,
     whiten_scale,
 )
+from relax.algorithms.value import gae_advantages, terminal_rewards
 from relax.collectives import all_reduce
 from relax.estimators import FACTS, EstimatorFacts, facts
 
@@ -48,6 +49,7 @@ class AdvantageSettings:
     gamma: float = 1.0  # read where ``facts.reads_gamma``
     kl_coef: float = 0.0  # reward-shaping beta, read where ``facts.kl_in_reward``
     std_normalization: bool = True  # read where ``facts.reads_std_normalization``
+    lambd: float = 1.0  # the GAE lambda, read where ``facts.needs_critic`` (§5c)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class RolloutBatch:
     group_index: Tensor | None  # [B] int, the prompt of each response
     old_log_probs: Tensor | None  # [B, T]
     ref_log_probs: Tensor | None  # [B, T]
+    values: Tensor | None = None  # [B, T] the critic's, where ``facts.needs_critic`` (§5c)
 
 
 @dataclass
@@ -100,6 +103,11 @@ def _group_relative(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
 
 def _leave_one_out(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
     return rloo_advantages(b.rewards, b.group_index, b.mask)
+
+
+def _gae(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
+    return gae_advantages(terminal_rewards(b.rewards, b.mask), b.values, b.mask,
+                          gamma=s.gamma, lambd=s.lambd)
 
 
 def _ppo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
@@ -146,6 +154,7 @@ _RAW_ADVANTAGES = {
     "sapo": _group_relative,
     "cispo": _group_relative,
     "rloo": _leave_one_out,
+    "ppo": _gae,
 }
 ESTIMATORS: dict[str, Estimator] = {
     name: Estimator(f, _RAW_ADVANTAGES[name], _POLICY_LOSSES[f.policy_loss])
@@ -159,7 +168,7 @@ def get_estimator(name: str) -> Estimator:
 
 
 def _checked_batch(f: EstimatorFacts, s: AdvantageSettings, rewards, mask, group_index,
-                   old_log_probs, ref_log_probs) -> RolloutBatch:
+                   old_log_probs, ref_log_probs, values=None) -> RolloutBatch:
     if f.frozen and not s.normalize_advantages:
         raise ValueError(
             f"estimator {f.name!r} requires normalize_advantages=True "
@@ -182,7 +191,11 @@ def _checked_batch(f: EstimatorFacts, s: AdvantageSettings, rewards, mask, group
             if lp is None:
                 raise ValueError(f"{name} [B, T] is required by {f.name} with kl_coef != 0")
             check_like_mask(lp, m, name)
-    return RolloutBatch(rewards, m, group_index, old_log_probs, ref_log_probs)
+    if f.needs_critic:
+        if values is None:
+            raise ValueError(f"estimator {f.name!r} needs the critic's values [B, T]")
+        check_like_mask(values, m, "values")
+    return RolloutBatch(rewards, m, group_index, old_log_probs, ref_log_probs, values)
 
 
 def compute_advantages_and_returns(
@@ -193,18 +206,21 @@ def compute_advantages_and_returns(
     group_index: Tensor | None = None,
     old_log_probs: Tensor | None = None,
     ref_log_probs: Tensor | None = None,
+    values: Tensor | None = None,
     group=None,
 ) -> AdvantageOutput:
     """The production dispatcher: rollout batch -> advantages, returns, stats, metrics.
 
     ``rewards`` [B], ``mask`` [B, T], ``group_index`` [B] (prompt id of each response; needed
     where ``facts.needs_group_index``), ``old_log_probs``/``ref_log_probs`` [B, T] (needed with
-    ``kl_coef != 0``), ``group`` the data-parallel process group (all moments and metrics are
+    ``kl_coef != 0``), ``values`` [B, T] (the critic's, needed where ``facts.needs_critic``;
+    the raw advantages are then GAE's and ``returns`` stay the raw advantages: the value
+    targets are ``A_raw + V``, §5c), ``group`` the data-parallel process group (all moments and metrics are
     global over it). No value is read back to the host.
     """
     est = get_estimator(settings.estimator)
     batch = _checked_batch(est.facts, settings, rewards, mask, group_index, old_log_probs,
-                           ref_log_probs)
+                           ref_log_probs, values)
     shaping = settings.kl_coef != 0
     dtype = compute_dtype(rewards, *((old_log_probs, ref_log_probs) if shaping else ()))
     raw = est.raw_advantages(batch, settings).to(dtype)

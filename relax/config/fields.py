@@ -24,6 +24,8 @@ GROUPS: dict[str, str] = {
                   "(reinforce_plus_plus.md §7a).",
     "distillation": "On-policy distillation: a frozen teacher's log-probs of the student's "
                     "own tokens in the advantage (reinforce_plus_plus.md §7b).",
+    "critic": "PPO's learned critic: GAE, the clipped value loss and the critic's own "
+              "optimizer (reinforce_plus_plus.md §5c).",
     "lora": "Low-rank adapters instead of full fine-tuning (peft).",
     "optimizer": "AdamW, constant learning rate.",
     "recompute": "Activation recompute of the policy's training forward: less memory for one "

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from relax.config.async_fields import FullyAsyncFields
+from relax.config.critic_fields import CriticFields
 from relax.config.fields import (
     apply_chat_template_option,
     bf16_option,
@@ -70,7 +71,7 @@ from relax.estimators import ESTIMATOR_NAMES, KL_KINDS
 
 
 @dataclass(frozen=True)
-class TrainConfig(FullyAsyncFields, DistillationFields):
+class TrainConfig(FullyAsyncFields, DistillationFields, CriticFields):
     """``relax train`` settings (rules: reinforce_plus_plus.md §8 and relax/config/validate.py)."""
 
     # algorithm
@@ -83,7 +84,7 @@ class TrainConfig(FullyAsyncFields, DistillationFields):
         "(reinforce_plus_plus.md §5); rejected for rloo (§5a).", group="algorithm")
     gamma: float = option(
         1.0, "Discount of the reward-to-go return, in (0, 1]; only "
-        "reinforce_plus_plus reads it (reinforce_plus_plus.md §3).", group="algorithm")
+        "reinforce_plus_plus (reinforce_plus_plus.md §3) and ppo's GAE (§5c) read it.", group="algorithm")
     kl_coef: float = option(
         0.0, "Reward-shaping KL coefficient beta >= 0; only reinforce_plus_plus "
         "(recipe 0.01, reinforce_plus_plus.md §3). Must be 0 for the others "

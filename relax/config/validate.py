@@ -41,6 +41,7 @@ from relax.config.checks import (
     reject,
 )
 from relax.config.constants import BUILTIN_FILTER_NAMES
+from relax.config.critic_rules import check_critic
 from relax.config.estimator_rules import check_estimator_rules
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
@@ -175,7 +176,8 @@ def _check_estimator_specific(cfg: TrainConfig) -> None:
                f"std (reinforce_plus_plus.md {f.section}); remove it")
     if not f.reads_gamma and cfg.gamma != _DEFAULTS["gamma"]:
         reject(cfg, "gamma", f"{f.name} has no per-token discounted return, only "
-               "reinforce_plus_plus reads --gamma (reinforce_plus_plus.md §3); set --gamma 1.0")
+               "reinforce_plus_plus and ppo read --gamma (reinforce_plus_plus.md §3, §5c); set "
+               "--gamma 1.0")
     read = LOSS_FLAGS[f.policy_loss]
     for dest in sorted({d for flags in LOSS_FLAGS.values() for d in flags} - set(read)):
         if getattr(cfg, dest) != _DEFAULTS[dest]:
@@ -477,6 +479,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     check_recompute(cfg)
     check_reward_services(cfg, explicit)
     check_distillation(cfg, explicit)
+    check_critic(cfg, explicit)
     check_fully_async(cfg, explicit)
     world_size = training_world_size(cfg, world_size)  # --fully-async: the training ranks
     output_dir = cfg.output_dir or os.path.join(

@@ -38,6 +38,8 @@ class Experience:
     advantages: torch.Tensor | None = None  # [B, T]
     rollout_log_probs: torch.Tensor | None = None  # [B, T] the sampler's (reinforce_plus_plus.md §7a)
     teacher_log_probs: torch.Tensor | None = None  # [B, T] --use-opd (reinforce_plus_plus.md §7b)
+    values: torch.Tensor | None = None  # [B, T] ppo: the critic before the update (§5c)
+    returns: torch.Tensor | None = None  # [B, T] ppo: the critic's targets A_raw + V (§5c)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -10,7 +10,9 @@ sampled on the same ranks (colocated) or on rollout ranks of their own (--fully-
                                                  no autograd (policy.py, distill.py)
         exp       = advantages(exp, rewards)     compute_advantages_and_returns over the DP group,
                                                  then the distillation term (reinforce_plus_plus.md §7b)
+                                                 (ppo: the critic's values first, GAE, §5c; critic.py)
         history   = update(exp)                  --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
+                                                 (ppo: the critic's steps first)
         publish(step + 1)                        --fully-async: the new weights to the rollout ranks
         end       = control.after_step(step)     the ranks agree: a signal, the wall-clock budget
         evaluate; log; checkpointer.maybe_save; stop here on a signal
@@ -57,6 +59,7 @@ from relax.rollout.tasks import get_task
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.async_layout import AsyncLayout, Schedule
+from relax.trainer.critic import Critic
 from relax.trainer.distill import Distillation
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.judge import build_judge, check_judging_lengths
@@ -105,6 +108,8 @@ class Trainer:
         # --use-opd: the teacher, its vocabulary checked against the student's before any step
         self.distill = Distillation.build(cfg.distillation, ctx, tokenizer=self.policy.tokenizer,
                                           student=self.policy.module, bf16=self.bf16)
+        # ppo: the value model, --critic-load checked against it before any step (§5c)
+        self.critic = Critic.build(cfg, ctx, tokenizer=self.policy.tokenizer, bf16=self.bf16)
         self.step_metrics.remote_generation = layout is not None
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
@@ -115,7 +120,8 @@ class Trainer:
             checkpoint.remove_stale_temps(cfg.save)
         self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
                                                        fsdp=cfg.fsdp,
-                                                       rank_state=self.collector.state_dict)
+                                                       rank_state=self.collector.state_dict,
+                                                       extra_files=self.critic and self.critic.write)
         self.control = RunControl(ctx, stop, total_steps=self.total_steps,
                                   exit_duration_in_mins=cfg.exit_duration_in_mins,
                                   started=started)
@@ -157,7 +163,7 @@ class Trainer:
         self.total_steps = cfg.num_rollout or cfg.num_epoch * self.source.steps_per_epoch
         self.settings = AdvantageSettings(
             estimator=cfg.advantage_estimator, normalize_advantages=cfg.normalize_advantages,
-            gamma=cfg.gamma, kl_coef=cfg.kl_coef,
+            gamma=cfg.gamma, kl_coef=cfg.kl_coef, lambd=cfg.lambd,
             std_normalization=not cfg.disable_grpo_std_normalization,
         )
         self.loss_settings = LossSettings.from_config(cfg, bf16=self.bf16)
@@ -238,6 +244,8 @@ class Trainer:
         progress = load_trainer_state(path, self.policy, fsdp=self.cfg.fsdp,
                                                  ctx=self.ctx)
         self.start_step = step
+        if self.critic is not None:
+            self.critic.load(path)
         saved = progress.get("data")
         self.collector.load_state_dict(progress.get("collector") or {
             "cursor": (saved or {}).get("cursor", step * self.cfg.rollout_batch_size)})
@@ -272,15 +280,19 @@ class Trainer:
         exp.ref_log_probs = self.policy.ref_log_probs(exp, **passes)
         if self.distill is not None:
             exp.teacher_log_probs = self.distill.teacher_log_probs(exp, **passes)
+        if self.critic is not None:  # V_old, before the update (§5c)
+            exp.values = self.critic.values(exp, **passes)
         return exp
 
     def advantages(self, exp, rewards, group_index):
         out = compute_advantages_and_returns(
             self.settings, rewards, exp.response_mask, group_index=group_index,
             old_log_probs=exp.old_log_probs, ref_log_probs=exp.ref_log_probs,
-            group=self.ctx.group,
+            values=exp.values, group=self.ctx.group,
         )
         exp.advantages = out.advantages
+        if self.critic is not None:  # the value targets: the raw GAE plus V_old (§5c)
+            self.critic.targets(exp, out.returns, self.tracker)
         if self.custom_advantage is not None:
             exp.advantages = self._custom_advantages(exp.response_mask, rewards, group_index)
         if self.distill is not None:  # after the estimator and its normalization (§7b)
@@ -300,6 +312,10 @@ class Trainer:
         cfg, global_batch = self.cfg, self.cfg.global_batch_size
         if len(exp) * self.ctx.world_size < cfg.rollout_batch_size * cfg.n_samples_per_prompt:
             global_batch = len(exp) * self.ctx.world_size  # dynamic sampling came up short: one step
+        if self.critic is not None and self.critic.step(  # ppo: its own optimizer steps (§5c)
+                exp, self.tracker, self.policy.optimizer, global_batch_size=global_batch,
+                micro_batch_size=cfg.micro_batch_size, max_tokens=self.loss_settings.max_tokens):
+            return  # --num-critic-only-steps: only the critic trains on this step
         history = train_on_rollout(
             self.policy.model, self.policy.optimizer, exp, self.loss_settings, self.ctx,
             global_batch_size=global_batch,
@@ -379,6 +395,8 @@ class Trainer:
         # a resumed run that had no step left still writes its final model
         self.checkpointer.finish(self.start_step + len(history),
                                  lambda: self.manifest(self.start_step + len(history)))
+        if self.critic is not None:
+            self.critic.save_final(self.cfg.critic.save)  # --critic-save DIR
         return history
 
     def close(self) -> None:

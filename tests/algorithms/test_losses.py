@@ -310,7 +310,7 @@ def test_micro_batch_additivity(kind, dtype):
 
 EXPECTED_LOSS = {"reinforce_plus_plus": "ppo_clip", "reinforce_plus_plus_baseline": "ppo_clip",
                  "grpo": "ppo_clip", "gspo": "gspo", "sapo": "sapo", "cispo": "cispo",
-                 "rloo": "rloo"}
+                 "rloo": "rloo", "ppo": "ppo_clip"}
 
 
 def test_estimator_table():

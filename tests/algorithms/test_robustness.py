@@ -102,7 +102,8 @@ def test_inputs_are_not_modified(dtype):
         settings = alg.AdvantageSettings(estimator=est, normalize_advantages=normalize,
                                          kl_coef=0.01 if est == "reinforce_plus_plus" else 0.0)
         alg.compute_advantages_and_returns(settings, R, mask, group_index=gi,
-                                           old_log_probs=old, ref_log_probs=refl)
+                                           old_log_probs=old, ref_log_probs=refl,
+                                           values=lp)  # read by ppo only (§5c)
         alg.compute_policy_loss(est, lp, old, A, mask)
     for k, v in tensors.items():
         assert torch.equal(v.isnan(), before[k].isnan()) if v.is_floating_point() else True

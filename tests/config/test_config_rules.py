@@ -230,7 +230,7 @@ BAD_VALUES = [
     ("--lr", "0"), ("--weight-decay", "-0.1"), ("--adam-beta1", "1"), ("--adam-beta2", "-0.1"),
     ("--clip-grad", "0"), ("--seed", "-1"), ("--save-interval", "0"),
     ("--lr", "nan"), ("--gamma", "inf"), ("--seed", "1.5"), ("--rollout-batch-size", "x"),
-    ("--advantage-estimator", "ppo"), ("--kl-loss-type", "k4"), ("--device", "tpu"),
+    ("--advantage-estimator", "ppo_plus"), ("--kl-loss-type", "k4"), ("--device", "tpu"),
     ("--rm-type", "gsm8k"), ("--builtin-task", "sort"), ("--output-dir", ""),
 ]
 

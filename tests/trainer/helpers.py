@@ -27,6 +27,7 @@ RECIPES = {
     "sapo": ["--advantage-estimator", "sapo"],
     "cispo": ["--advantage-estimator", "cispo", "--calculate-per-token-loss"],
     "rloo": ["--advantage-estimator", "rloo", "--calculate-per-token-loss"],
+    "ppo": ["--advantage-estimator", "ppo", "--gamma", "0.99", "--lambd", "0.95"],
 }
 
 # A reward that varies between samples of any model: the share of odd character codes.

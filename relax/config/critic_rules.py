@@ -1,0 +1,49 @@
+"""Rules of the critic flags (reinforce_plus_plus.md §5c, docs/configuration.md "Critic").
+Torch-free, like the rest of validation: the file of --critic-load is checked here; whether
+its weights fit the model when the trainer builds the critic (relax/trainer/critic.py), before
+any step."""
+
+from __future__ import annotations
+
+import os
+
+from relax.config.checks import reject
+from relax.estimators import facts
+
+_CRITIC_FLAGS = ("lambd", "value_clip", "critic_load", "critic_save", "critic_lr",
+                 "critic_lr_warmup_iters", "num_critic_only_steps")
+CRITIC_FILE = "critic.pt"
+
+
+def check_critic(cfg, explicit: set[str]) -> None:
+    if not facts(cfg.advantage_estimator).needs_critic:
+        for dest in _CRITIC_FLAGS:
+            if dest in explicit:
+                reject(cfg, dest, "has no effect without a critic; it needs "
+                       "--advantage-estimator ppo")
+        return
+    if not 0.0 <= cfg.lambd <= 1.0:
+        reject(cfg, "lambd", "must lie in [0, 1]; 1.0 (the default) is the Monte-Carlo return")
+    if not cfg.value_clip >= 0.0:
+        reject(cfg, "value_clip", "must be >= 0, e.g. 0.2")
+    if cfg.critic_lr is not None and not cfg.critic_lr > 0.0:
+        reject(cfg, "critic_lr", "must be > 0, e.g. 1e-5")
+    for dest in ("critic_lr_warmup_iters", "num_critic_only_steps"):
+        if getattr(cfg, dest) < 0:
+            reject(cfg, dest, "must be >= 0 (0: none)")
+    if cfg.critic_load is not None and not os.path.isfile(
+            os.path.join(cfg.critic_load, CRITIC_FILE)):
+        reject(cfg, "critic_load", f"no {CRITIC_FILE} in it; point it at a --critic-save "
+               "directory or a checkpoint directory of a ppo run")
+    _check_not_built(cfg)
+
+
+def _check_not_built(cfg) -> None:
+    """Modes the critic is not built for: one line each (docs/configuration.md "Critic")."""
+    why = "the critic is not built for it (replicated DDP only); remove it"
+    for dest in ("fsdp", "fully_async"):
+        if getattr(cfg, dest):
+            reject(cfg, ("advantage_estimator", dest), why)
+    if cfg.lora_rank:
+        reject(cfg, ("advantage_estimator", "lora_rank"), "the critic is not built for LoRA "
+               "(it trains all its weights); remove --lora-rank")

@@ -1,0 +1,262 @@
+"""PPO's learned critic on the trainer's ranks (reinforce_plus_plus.md §5c): a value model,
+its own AdamW, the values before the update and the clipped value loss trained beside the
+policy.
+
+    critic = Critic.build(cfg, ctx, tokenizer=policy.tokenizer, bf16=bf16)   # None unless ppo
+    exp.values = critic.values(exp, **passes)          # V_old [B, T], no autograd, once a step
+    critic.targets(exp, raw_advantages, tracker)       # exp.returns = A_raw + V_old
+    if critic.step(exp, tracker, policy.optimizer, ...):   # its optimizer steps on the value
+        skip the policy's update                           # loss; True: a critic-only step
+
+The value model is the policy's architecture with its output layer replaced by a scalar head
+(initialized to zero, so the first values are 0): the backbone starts from the policy's
+initial weights (``--hf-checkpoint`` or the built-in tiny model of ``--seed``) or from
+``--critic-load DIR/critic.pt``. It is replicated with DDP like the policy (gradients summed
+over ranks, each micro-batch loss divided by the global token count); FSDP2, LoRA and
+``--fully-async`` are refused at validation (relax/config/critic_rules.py). Its whole state
+(weights, AdamW moments, optimizer step count) is ``critic.pt`` in every checkpoint, written
+by rank 0, so ``--load`` resumes it exactly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from relax import estimators, models
+from relax.algorithms import clipped_value_loss, gae_returns, token_mean, value_statistics
+from relax.collectives import all_reduce
+from relax.config.critic_rules import CRITIC_FILE
+from relax.errors import InputError, NonFiniteError
+from relax.precision import autocast
+from relax.trainer.distributed import no_grad_sync, unwrap, wrap_model
+from relax.trainer.experience import Experience, micro_batches
+
+LOAD_FLAG = "--critic-load"
+
+
+class ValueModel(torch.nn.Module):
+    """A causal LM whose output layer is the identity, and a scalar head on its last hidden
+    state: ``forward`` gives the value of the state before each response token, [B, T] float32
+    (the position that predicts the token, as for the log-probs)."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        lm.set_output_embeddings(torch.nn.Identity())
+        self.lm = lm
+        # the width of the last hidden state (GPT-2 style configs have no hidden_size)
+        self.head = torch.nn.Linear(lm.get_input_embeddings().embedding_dim, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids, *, response_len: int,
+                bf16: bool = False):
+        T = response_len
+        with autocast(input_ids.device, bf16):
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids, use_cache=False, logits_to_keep=T + 1)
+            hidden = out.logits[:, :-1]  # [B, T, H]: the identity "logits" are hidden states
+        return self.head(hidden.float()).squeeze(-1)
+
+
+def _forward(model, mb: Experience, bf16: bool) -> torch.Tensor:
+    return model(mb.input_ids, mb.attention_mask, mb.position_ids,
+                 response_len=mb.response_mask.shape[1], bf16=bf16)
+
+
+def load_weights(value_model: ValueModel, path: str) -> None:
+    """``--critic-load DIR``: DIR/critic.pt's weights into ``value_model``, or one line naming
+    the flag and the first key that does not fit."""
+    file = os.path.join(path, CRITIC_FILE)
+    try:
+        saved = torch.load(file, map_location="cpu", weights_only=True)["model"]
+    except Exception as e:  # a truncated or foreign file
+        raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} is not a Relax critic "
+                         f"({type(e).__name__})") from e
+    own = value_model.state_dict()
+    for key, tensor in own.items():
+        if key not in saved:
+            raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} does not fit the model: "
+                             f"it has no {key}")
+        if tuple(saved[key].shape) != tuple(tensor.shape):
+            raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} does not fit the model: "
+                             f"{key} is {tuple(saved[key].shape)} there, "
+                             f"{tuple(tensor.shape)} here")
+    extra = sorted(set(saved) - set(own))
+    if extra:
+        raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} does not fit the model: "
+                         f"unexpected {extra[0]}")
+    value_model.load_state_dict(saved)
+
+
+class Critic:
+    """The wrapped value model, its optimizer and its settings; see the module docstring."""
+
+    def __init__(self, model, optimizer, section, *, base_lr: float, clip_grad: float,
+                 ctx, bf16: bool):
+        self.model, self.optimizer, self.section = model, optimizer, section
+        self.base_lr, self.clip_grad, self.ctx, self.bf16 = base_lr, clip_grad, ctx, bf16
+        self.optimizer_steps = 0  # the learning-rate warm-up's clock
+        self.updates = 0  # rollout steps the critic trained on (--num-critic-only-steps)
+
+    @classmethod
+    def build(cls, cfg, ctx, *, tokenizer, bf16: bool) -> Critic | None:
+        """The critic of ``--advantage-estimator ppo`` (None for every other estimator)."""
+        if not estimators.facts(cfg.advantage_estimator).needs_critic:
+            return None
+        section = cfg.critic
+        lm = models.load_policy(cfg.hf_checkpoint, tokenizer, ctx.device, seed=cfg.seed)
+        value_model = ValueModel(lm).to(ctx.device)
+        if section.load:
+            load_weights(value_model, section.load)
+        model = wrap_model(value_model, ctx, fsdp=False)
+        base_lr = section.lr if section.lr is not None else cfg.lr
+        optimizer = torch.optim.AdamW(model.parameters(), lr=base_lr,
+                                      betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                      weight_decay=cfg.weight_decay)
+        return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.clip_grad,
+                   ctx=ctx, bf16=bf16)
+
+    # ------------------------------------------------------------------ values and targets
+    def values(self, exp: Experience, *, micro_batch_size: int, max_tokens=None, group=None,
+               **_) -> torch.Tensor:
+        """V_old [B, T] float32 of ``exp``'s responses, no autograd, 0 outside the mask."""
+        out = torch.zeros(exp.response_mask.shape, dtype=torch.float32,
+                          device=exp.response_mask.device)
+        with torch.no_grad():
+            for index, mb in micro_batches(exp, size=micro_batch_size, max_tokens=max_tokens,
+                                           flag="--log-probs-max-tokens-per-gpu"):
+                v = _forward(unwrap(self.model), mb, self.bf16)
+                out[index, : v.shape[1]] = v
+        return torch.where(exp.response_mask, out, 0.0)
+
+    def targets(self, exp: Experience, raw_advantages: torch.Tensor, tracker) -> None:
+        """``exp.returns = A_raw + V_old`` (the GAE before any normalization) and the step's
+        ``critic/explained_variance`` and ``critic/values_mean`` (global over the ranks)."""
+        exp.returns = gae_returns(raw_advantages, exp.values, exp.response_mask).float()
+        stats = value_statistics(exp.values, exp.returns, exp.response_mask,
+                                 group=self.ctx.group)
+        for name, value in stats.items():
+            tracker.add_global(name, value)
+
+    def policy_waits(self) -> bool:
+        """Whether this rollout step trains only the critic (``--num-critic-only-steps``)."""
+        return self.updates < self.section.num_critic_only_steps
+
+
+    # ------------------------------------------------------------------ training
+    def step(self, exp: Experience, tracker, policy_optimizer, **update) -> bool:
+        """:meth:`update` on ``exp`` (``update``: its keywords); True when this rollout step
+        trains only the critic (``--num-critic-only-steps``), after giving the policy's
+        optimizer its state (:func:`hold_still`)."""
+        waits = self.policy_waits()
+        self.update(exp, tracker, **update)
+        if waits:
+            hold_still(policy_optimizer)
+        return waits
+
+    def _set_lr(self) -> float:
+        warmup = self.section.lr_warmup_iters
+        lr = self.base_lr * (min(1.0, (self.optimizer_steps + 1) / warmup) if warmup else 1.0)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def update(self, exp: Experience, tracker, *, global_batch_size: int,
+               micro_batch_size: int, max_tokens=None) -> None:
+        """One pass over ``exp`` in optimizer steps of ``global_batch_size`` samples (the
+        policy's, so as many as ``--num-steps-per-rollout``, §7), each on the token mean of the clipped value loss over the step's
+        global valid tokens; metrics ``critic/value_loss``, ``critic/value_clip_fraction``
+        (means over its optimizer steps) and ``critic/lr``."""
+        local_step = global_batch_size // self.ctx.world_size
+        for start in range(0, len(exp), local_step):
+            chunk = exp.rows(start, start + local_step)
+            lr = self._set_lr()
+            loss, clipfrac = self._optimizer_step(chunk, micro_batch_size, max_tokens)
+            tracker.add_global("critic/value_loss", loss)
+            tracker.add_global("critic/value_clip_fraction", clipfrac)
+            tracker.add_global("critic/lr", lr)
+        self.updates += 1
+
+    def _optimizer_step(self, chunk: Experience, micro_batch_size: int, max_tokens):
+        group = self.ctx.group
+        num_tokens = all_reduce(chunk.response_mask.sum().to(torch.float64), group)
+        self.optimizer.zero_grad(set_to_none=False)
+        stats = torch.zeros(2, dtype=torch.float64, device=chunk.response_mask.device)
+        batches = micro_batches(chunk, size=micro_batch_size, max_tokens=max_tokens,
+                                flag="--max-tokens-per-gpu")
+        for i, (_, mb) in enumerate(batches):
+            with no_grad_sync(self.model, skip=i < len(batches) - 1):
+                values = _forward(self.model, mb, self.bf16)
+                per_token, clipped = clipped_value_loss(
+                    values, mb.values, mb.returns, mb.response_mask,
+                    value_clip=self.section.value_clip)
+                loss = token_mean(per_token, mb.response_mask, num_tokens=num_tokens)
+                loss.backward()
+            stats += torch.stack([loss.detach().double(),
+                                  token_mean(clipped.double(), mb.response_mask,
+                                             num_tokens=num_tokens)])
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad)
+        loss, clipfrac = all_reduce(stats, group).tolist()
+        if not (torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss))):
+            raise NonFiniteError(f"non-finite critic value loss ({loss}) or gradient norm "
+                                 f"({float(grad_norm)}); stopped before the optimizer step, "
+                                 "nothing was saved. Try a lower --critic-lr or --clip-grad")
+        self.optimizer.step()
+        self.optimizer_steps += 1
+        return loss, clipfrac
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {"model": unwrap(self.model).state_dict(), "optim": self.optimizer.state_dict(),
+                "optimizer_steps": self.optimizer_steps, "updates": self.updates}
+
+    def write(self, folder: str, *, weights_only: bool = False) -> None:
+        """Rank 0: ``folder/critic.pt`` (the replicas are equal); ``weights_only`` for
+        ``--critic-save``."""
+        state = self.state_dict()
+        if weights_only:
+            state = {"model": state["model"]}
+        torch.save(state, os.path.join(folder, CRITIC_FILE))
+
+    def load(self, folder: str) -> None:
+        """The whole state a checkpoint's ``critic.pt`` holds (every rank reads it)."""
+        file = os.path.join(folder, CRITIC_FILE)
+        if not os.path.isfile(file):
+            raise InputError(f"--load {folder}: no {CRITIC_FILE} in the checkpoint; it was "
+                             "not written by a ppo run")
+        state = torch.load(file, map_location=self.ctx.device, weights_only=True)
+        unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        self.optimizer_steps, self.updates = state["optimizer_steps"], state["updates"]
+
+    def save_final(self, path: str | None) -> None:
+        """``--critic-save DIR``: the critic's weights, rank 0."""
+        if path and self.ctx.is_main:
+            os.makedirs(path, exist_ok=True)
+            self.write(path, weights_only=True)
+
+
+def hold_still(optimizer: torch.optim.Optimizer) -> None:
+    """Give an optimizer that has not stepped yet its state now, as a checkpoint would.
+
+    A checkpoint's optimizer state dict (torch.distributed.checkpoint) initializes an empty
+    optimizer with one step at learning rate 0 on zero gradients: step count 1, zero
+    moments, no parameter moved. After ``--num-critic-only-steps`` the policy's AdamW is still
+    empty, so a run saved during them and one that was not would differ in the bias
+    correction of every later step. Doing the same here, in every run, keeps a resumed run
+    equal to the uninterrupted one (the policy's first real step counts as AdamW's second)."""
+    if optimizer.state:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+        g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,166 @@
+"""PPO with a learned critic end to end on the tiny model (reinforce_plus_plus.md §5c): the
+critic's metrics are finite and its value loss falls on a fixed reward, a seeded run resumed
+from a checkpoint equals the uninterrupted run (critic included), --num-critic-only-steps
+leaves the policy alone, --critic-save / --critic-load round-trip, and a critic file that does
+not fit the model is one line, exit 2, before training."""
+
+import math
+
+import pytest
+import torch
+
+from relax.trainer import train
+from relax.trainer.distributed import unwrap
+from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
+
+CRITIC_METRICS = ("critic/value_loss", "critic/explained_variance", "critic/value_clip_fraction",
+                  "critic/values_mean", "critic/lr")
+ONE = "def one(prompts, responses, labels):\n    return [1.0] * len(responses)\n"
+
+
+def _ppo(tmp_path, *flags):
+    reward = write_reward(tmp_path, ONE, name="one.py")
+    return ["--advantage-estimator", "ppo", "--custom-rm-path", f"{reward}:one",
+            "--critic-lr", "1e-3", *flags]
+
+
+def test_ppo_trains_and_the_value_loss_falls_on_a_fixed_reward(tmp_path):
+    # reward 1 for every response, gamma = lambda = 1: every token's target is 1, the zero head
+    # starts at V = 0 (value loss 0.5) and the critic learns to predict 1
+    cfg = make_config(*_ppo(tmp_path), "--num-rollout", "5", output_dir=tmp_path / "run")
+    _, history, moved = fit(cfg)
+    for row in history:
+        for name in CRITIC_METRICS:
+            assert name in row and math.isfinite(row[name]), (name, row.get(name))
+    losses = [row["critic/value_loss"] for row in history]
+    assert losses[0] == pytest.approx(0.5, rel=1e-6)  # 0.5 * (0 - 1)^2 before the first step
+    # --value-clip 0.2 bounds how far a step moves V, so the fall is steady, not sudden
+    assert all(b < a for a, b in zip(losses[:-1], losses[1:], strict=True)) and losses[-1] < 0.75 * losses[0], \
+        losses
+    assert history[-1]["critic/values_mean"] > history[0]["critic/values_mean"]
+    assert moved > 0  # the policy trains too (A = 1 - V != 0)
+    assert history[0]["critic/lr"] == pytest.approx(1e-3)
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    common = _ppo(tmp_path, "--gamma", "0.9", "--lambd", "0.8", "--critic-lr-warmup-iters", "3",
+                  "--num-critic-only-steps", "1")
+    _, uninterrupted, _ = fit(make_config(*common, "--num-rollout", "4",
+                                          output_dir=tmp_path / "full"))
+    fit(make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                    "--save-interval", "1", output_dir=tmp_path / "part"))
+    assert (tmp_path / "ckpt" / "rollout_000002" / "critic.pt").is_file()
+    trainer, tail, _ = fit(make_config(*common, "--num-rollout", "4", "--load",
+                                       str(tmp_path / "ckpt"), output_dir=tmp_path / "part"))
+    assert trainer.start_step == 2 and len(tail) == 2
+    for got, want in zip(tail, uninterrupted[2:], strict=True):
+        for key in ("rollout/raw_reward", "train/loss", "train/grad_norm", *CRITIC_METRICS):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+    assert [r["rollout/step"] for r in read_metrics(tmp_path / "part")] == [1, 2, 3, 4]
+
+
+def test_token_budgets_and_several_optimizer_steps(tmp_path):
+    cfg = make_config(*_ppo(tmp_path, "--global-batch-size", "8", "--micro-batch-size", "2",
+                            "--use-dynamic-batch-size", "--max-tokens-per-gpu", "24",
+                            "--normalize-advantages"),
+                      "--num-rollout", "2", output_dir=tmp_path / "run")
+    assert cfg.num_steps_per_rollout == 2
+    _, history, moved = fit(cfg)
+    assert moved > 0
+    for row in history:
+        for name in CRITIC_METRICS:
+            assert math.isfinite(row[name]), name
+    assert history[1]["critic/value_loss"] < history[0]["critic/value_loss"]
+
+
+def test_critic_only_steps_leave_the_policy_alone(tmp_path):
+    cfg = make_config(*_ppo(tmp_path, "--num-critic-only-steps", "2"), "--num-rollout", "2",
+                      output_dir=tmp_path / "run")
+    trainer, history, moved = fit(cfg)
+    assert moved == 0.0
+    assert all("train/loss" not in row for row in history)
+    assert history[-1]["critic/value_loss"] < history[0]["critic/value_loss"]
+    assert trainer.critic.updates == 2
+
+
+def test_critic_save_then_load_starts_from_the_saved_values(tmp_path):
+    fit(make_config(*_ppo(tmp_path, "--critic-save", str(tmp_path / "critic")), "--num-rollout",
+                    "3", output_dir=tmp_path / "a"))
+    trainer, history, _ = fit(make_config(*_ppo(tmp_path, "--critic-load",
+                                                str(tmp_path / "critic")),
+                                          "--num-rollout", "1", output_dir=tmp_path / "b"))
+    assert history[0]["critic/values_mean"] > 0.05  # a fresh zero head would give exactly 0
+    saved = torch.load(tmp_path / "critic" / "critic.pt", weights_only=True)["model"]
+    assert set(saved) == set(unwrap(trainer.critic.model).state_dict())
+
+
+def test_a_critic_that_does_not_fit_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "bad").mkdir()
+    torch.save({"model": {"head.weight": torch.zeros(1, 3)}}, tmp_path / "bad" / "critic.pt")
+    cfg = make_config(*_ppo(tmp_path, "--critic-load", str(tmp_path / "bad")),
+                      output_dir=tmp_path / "run")
+    assert train(cfg) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("relax train: error: --critic-load"), err
+    assert "does not fit the model" in err[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(180)
+def test_two_ddp_ranks_equal_one_process():
+    from tests.distributed_utils import run_distributed
+    from tests.trainer.critic_workers import critic_step
+
+    ref_params, ref_values, ref_metrics = critic_step(2)
+    assert 0 < ref_metrics["critic/value_clip_fraction"] < 1  # the clip binds on some tokens
+    ranks = run_distributed(critic_step, 2, 2, timeout=150)
+    values = torch.cat([r[1] for r in ranks])
+    torch.testing.assert_close(values, ref_values, atol=1e-6, rtol=1e-5)
+    for params, _, metrics in ranks:
+        for name, p in ref_params.items():
+            torch.testing.assert_close(params[name], p, atol=1e-6, rtol=1e-5, msg=name)
+        for key in ("critic/value_loss", "critic/value_clip_fraction"):
+            assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5, abs=1e-7), key
+
+
+def test_resuming_ppo_from_a_grpo_checkpoint_is_one_line_exit_2(tmp_path, capsys):
+    reward = write_reward(tmp_path, ONE, name="one.py")
+    fit(make_config("--custom-rm-path", f"{reward}:one", "--num-rollout", "1", "--save",
+                    str(tmp_path / "ckpt"), output_dir=tmp_path / "a"))
+    cfg = make_config(*_ppo(tmp_path), "--num-rollout", "2", "--load", str(tmp_path / "ckpt"),
+                      output_dir=tmp_path / "b")
+    capsys.readouterr()
+    assert train(cfg) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if "error" in line]
+    # the checkpoint has no critic: the resume check refuses the other estimator first
+    assert len(err) == 1 and "--advantage-estimator ppo" in err[0], err
+
+
+def test_multi_turn_skips_the_environment_tokens(tmp_path, monkeypatch):
+    # the environment's tokens are holes of the loss mask: no value, no advantage, no target
+    # there, and GAE runs over the model's tokens (reinforce_plus_plus.md §5c)
+    from relax.trainer.critic import Critic
+
+    seen = []
+    original = Critic.targets
+
+    def spy(self, exp, raw, tracker):
+        original(self, exp, raw, tracker)
+        seen.append((exp.response_mask.clone(), exp.attention_mask.clone(), exp.values.clone(),
+                     exp.returns.clone(), raw.clone()))
+
+    monkeypatch.setattr(Critic, "targets", spy)
+    cfg = make_config("--advantage-estimator", "ppo", "--gamma", "0.9", "--lambd", "0.9",
+                      "--env", "tests.agents.scripted:countdown", "--max-turns", "3",
+                      "--num-rollout", "1", output_dir=tmp_path / "run")
+    fit(cfg)
+    for name in CRITIC_METRICS:
+        assert math.isfinite(read_metrics(tmp_path / "run")[0][name]), name
+    (mask, attention, values, returns, raw), = seen
+    env_tokens = attention[:, -mask.shape[1]:].bool() & ~mask
+    assert env_tokens.any(), "the episodes had no environment turn"
+    for t in (values, returns, raw):
+        assert torch.equal(t[env_tokens], torch.zeros_like(t[env_tokens]))
+    torch.testing.assert_close(returns[mask], (raw + values)[mask].float())
