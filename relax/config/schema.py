@@ -206,6 +206,14 @@ class TrainConfig(FullyAsyncFields):
         None, "The same budget for the no-grad old and "
         "reference log-prob passes (no activations kept, so it can be larger).",
         default_text='--max-tokens-per-gpu', group="batches")
+    pass_layout: str = option(
+        "shared-prefix", "How the old-policy, reference and update passes lay out a "
+        "micro-batch. shared-prefix: its rows as one sequence without padding, attention "
+        "within each row, the samples of a prompt sharing one copy of it (log-probs and "
+        "gradients equal the padded passes'); packed: the same, every row with its own "
+        "prompt; padded: every row padded to the longest of its micro-batch. Llama and Qwen3 "
+        "models pack; other models, and rows whose attention has holes, run padded.",
+        group="batches", choices=("shared-prefix", "packed", "padded"))
     num_steps_per_rollout: int | None = option(
         None, "Optimizer steps per rollout step; "
         "alone it sets the global batch.",
