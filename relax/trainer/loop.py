@@ -165,7 +165,8 @@ class Trainer:
         passes = int(build.needs_old_log_probs(cfg)) + int(build.needs_reference(cfg))
         self.step_metrics = StepMetrics.measure(module, self.tracker, ctx,
                                                 peak_tflops=cfg.peak_tflops, bf16=self.bf16,
-                                                log_prob_passes=passes)
+                                                log_prob_passes=passes,
+                                                layout=cfg.pass_layout)
         self.step_metrics.padding_note = not cfg.use_dynamic_batch_size
         policy = Policy.build(module, cfg, ctx, tokenizer,
                               eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=self.bf16)

@@ -304,7 +304,10 @@ def test_a_seeded_run_equals_the_padded_run(tmp_path):
                           "k3", "--kl-loss-coef", "0.05", "--custom-rm-path",
                           f"{reward}:parity", "--pass-layout", layout, "--seed", "5",
                           output_dir=tmp_path / layout)
-        fit(cfg)
+        trainer, _, _ = fit(cfg)
+        # perf/*_mfu count a group's prompt once where the passes run it once
+        assert trainer.step_metrics.shared_passes == (layout == "shared-prefix")
+        assert trainer.step_metrics.shared_generation  # the decode engine prefills it once
         rows[layout] = read_metrics(tmp_path / layout)
     assert len(rows["padded"]) == len(rows["shared-prefix"]) == 2
     for ref, got in zip(rows["padded"], rows["shared-prefix"], strict=True):
