@@ -106,7 +106,12 @@ def main() -> None:
     a = p.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     data = R.write_prompts(os.path.abspath(a.workdir), a.prompts * a.steps)
-    env = C.child_env(a.threads)
+    import torch
+    import transformers
+
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{os.cpu_count()} CPUs", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     env["RELAX_MEMORY_BANDWIDTH_GBPS"] = "10"  # not compared here; skips the measurement
     peaks, results = {}, []
     for precision in a.precisions:
