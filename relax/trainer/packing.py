@@ -24,11 +24,15 @@ t - 1 after that (:class:`PackLayout` ``predict`` / ``target``).
 Attention: transformers 5 decoder layers call the function their config's
 ``_attn_implementation`` names, with the keyword arguments of the model's forward.
 :func:`use_packed_attention` switches the model to :data:`ATTENTION`, whose
-:func:`block_attention` runs torch's SDPA once per block when the call carries a pack and
-transformers' SDPA otherwise. Per block, not one SDPA over the whole pack with a
-block-diagonal mask: measured on this CPU at SmolLM2's shapes, forward + backward, 3-8x
-faster, and a shared group runs its prompt and then each response against [prompt, itself]
-rather than one masked group block (docs/performance.md, "Packed, prefix-shared passes").
+:func:`block_attention` runs the pack's attention when the call carries one and transformers'
+SDPA otherwise. A pack's attention is one SDPA per layer over its query segments (each causal
+row, each shared prompt, each shared response with the prompt's keys before its own), padded
+to the longest segment (:class:`Segments`): the padding sits in the attention only, never in
+the linear layers. Measured on this CPU at SmolLM2's shapes (docs/performance.md, "Packed,
+prefix-shared passes"): one SDPA over the whole pack with a block-diagonal mask is 3-8x slower
+than SDPA per block (it computes every pair of the pack), and per block, with one call per
+response, the update's forward + backward took 1.5x the segments' (many small calls).
+``BATCHED_SEGMENTS = False`` keeps the per-block form (benchmarks/pack_passes.py compares).
 Only model families whose decoder layers are known to route the keywords to the attention
 function take this path (:func:`packing_supported`); others keep the padded one.
 """
@@ -46,6 +50,8 @@ BLOCKS_KWARG = "relax_pack_blocks"
 # tests/trainer/test_packing.py for Llama and Qwen3)
 PACKED_MODEL_TYPES = ("llama", "qwen3")
 LAYOUTS = ("shared-prefix", "packed", "padded")
+# the attention of a pack: one SDPA over padded segments (True) or one per block / response
+BATCHED_SEGMENTS = True
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,56 @@ class PackLayout:
     blocks: tuple
     predict: torch.Tensor
     target: torch.Tensor
+    segments: Segments | None = None
 
     @property
     def tokens(self) -> int:
         return int(self.token_index.shape[0])
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The attention of a pack as one batch of ``G`` query segments, each padded: a causal
+    sequence, a shared prompt, or a shared response (its keys: the prompt's, then its own).
+
+    ``query`` [G, Q] / ``key`` [G, K]: pack positions (padding points at position 0);
+    ``mask`` [G, 1, Q, K] bool: which keys each query reads (a padding query reads key 0, so no
+    softmax row is empty); ``order`` [N]: for each pack position its row in the [G * Q]
+    outputs. Built once per micro-batch, used by every layer: one SDPA per layer instead of
+    one per block or response (fewer, larger calls; the padding is in the attention only,
+    never in the linear layers).
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    mask: torch.Tensor
+    order: torch.Tensor
+
+
+def segments_of(blocks, device) -> Segments:
+    """:class:`Segments` of a pack's :class:`Block` s."""
+    spans = []  # (prefix start, prefix stop, own start, own stop)
+    for b in blocks:
+        if not b.responses:
+            spans.append((0, 0, b.start, b.stop))
+            continue
+        spans.append((0, 0, b.start, b.prompt_end))
+        spans += [(b.start, b.prompt_end, begin, end) for begin, end, _ in b.responses]
+    Q = max(e - s for _, _, s, e in spans)
+    K = max(pe - ps + e - s for ps, pe, s, e in spans)
+    query = torch.zeros(len(spans), Q, dtype=torch.long)
+    key = torch.zeros(len(spans), K, dtype=torch.long)
+    mask = torch.zeros(len(spans), 1, Q, K, dtype=torch.bool)
+    order = torch.zeros(blocks[-1].stop, dtype=torch.long)
+    for g, (ps, pe, s, e) in enumerate(spans):
+        p, n = pe - ps, e - s
+        query[g, :n] = torch.arange(s, e)
+        key[g, :p + n] = torch.cat([torch.arange(ps, pe), torch.arange(s, e)])
+        mask[g, 0, :n, :p] = True
+        mask[g, 0, :n, p:p + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        mask[g, 0, n:, 0] = True
+        order[s:e] = torch.arange(n) + g * Q
+    return Segments(query.to(device), key.to(device), mask.to(device), order.to(device))
 
 
 @dataclass(frozen=True)
@@ -140,7 +192,8 @@ def build_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, 
             n += lr
         blocks.append(Block(start, start + lp, n, tuple(responses) if len(rows) > 1 else ()))
     return PackLayout(token_index=torch.cat(tokens).to(device), blocks=tuple(blocks),
-                      predict=torch.cat(predict).to(device), target=torch.cat(target).to(device))
+                      predict=torch.cat(predict).to(device), target=torch.cat(target).to(device),
+                      segments=segments_of(blocks, device))
 
 
 def block_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -149,8 +202,8 @@ def block_attention(module, query, key, value, attention_mask, dropout: float = 
     transformers' own SDPA, unchanged. Packed: query [1, Hq, N, D], key / value [1, Hkv, N, D]
     -> output [1, N, Hq, D] (transformers' attention-function contract), SDPA once per causal
     block, and per shared group once for its prompt and once per response."""
-    blocks = kwargs.pop(BLOCKS_KWARG, None)
-    if blocks is None:
+    pack = kwargs.pop(BLOCKS_KWARG, None)
+    if pack is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,
@@ -160,8 +213,10 @@ def block_attention(module, query, key, value, attention_mask, dropout: float = 
     sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention,
                              dropout_p=dropout, scale=scaling,
                              enable_gqa=query.shape[1] != key.shape[1])
+    if isinstance(pack, Segments):
+        return _segment_attention(sdpa, query, key, value, pack), None
     out = []
-    for b in blocks:
+    for b in pack:
         if not b.responses:
             out.append(sdpa(query[:, :, b.start:b.stop], key[:, :, b.start:b.stop],
                             value[:, :, b.start:b.stop], is_causal=True))
@@ -176,6 +231,16 @@ def block_attention(module, query, key, value, attention_mask, dropout: float = 
             v = torch.cat([value[:, :, prompt], value[:, :, begin:end]], dim=2)
             out.append(sdpa(query[:, :, begin:end], k, v, attn_mask=mask))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _segment_attention(sdpa, query, key, value, seg: Segments) -> torch.Tensor:
+    """[1, N, Hq, D]: every segment's queries in one SDPA over [G, H, Q | K, D] gathers."""
+    q = query[0][:, seg.query].transpose(0, 1)  # [G, Hq, Q, D]
+    k = key[0][:, seg.key].transpose(0, 1)  # [G, Hkv, K, D]
+    v = value[0][:, seg.key].transpose(0, 1)
+    out = sdpa(q, k, v, attn_mask=seg.mask)  # [G, Hq, Q, D]
+    out = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # [G * Q, Hq, D]
+    return out[seg.order][None]
 
 
 def packing_supported(inner) -> bool:
@@ -216,8 +281,9 @@ def packed_forward(model, inner, input_ids: torch.Tensor, position_ids: torch.Te
     use_packed_attention(inner)
     ids = input_ids.reshape(-1)[layout.token_index][None]
     pos = position_ids.reshape(-1)[layout.token_index][None]
+    attention = layout.segments if BATCHED_SEGMENTS else layout.blocks
     out = model(input_ids=ids, position_ids=pos, attention_mask=_NO_MASK.to(ids.device),
-                use_cache=False, **{BLOCKS_KWARG: layout.blocks})
+                use_cache=False, **{BLOCKS_KWARG: attention})
     return out.logits[0]
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer import packing
 from relax.trainer.experience import Experience, budget_groups, micro_batches
 from relax.trainer.logprobs import pack_layout, response_log_probs, token_slots
 from relax.trainer.packing import build_layout, packed_forward, packing_supported, response_mask
@@ -150,6 +151,13 @@ def test_layout_of_a_small_batch():
     assert [(b, e) for b, e, _ in first.responses] == [(2, 4), (4, 5)]
     assert first.responses[0][2].tolist() == [[True, True, True, False], [True, True, True, True]]
     assert (second.start, second.stop, second.responses) == (5, 10, ())
+    seg = lay.segments  # prompt, two responses over it, the row of its own
+    assert seg.query.tolist() == [[0, 1, 0, 0, 0], [2, 3, 0, 0, 0], [4, 0, 0, 0, 0],
+                                  [5, 6, 7, 8, 9]]
+    assert seg.key[1].tolist()[:4] == [0, 1, 2, 3] and seg.key[2].tolist()[:3] == [0, 1, 4]
+    assert seg.mask[2, 0, 0].tolist() == [True, True, True, False, False]
+    assert seg.mask[2, 0, 1].tolist() == [True, False, False, False, False]  # padding: key 0
+    assert seg.order.tolist() == [0, 1, 5, 6, 10, 15, 16, 17, 18, 19]
     unshared = build_layout(ids, attention, 2, share=False)
     assert unshared.tokens == 12 and all(not b.responses for b in unshared.blocks)
     assert response_mask(1, 2).tolist() == [[True, True, False], [True, True, True]]
@@ -166,7 +174,11 @@ def test_holes_in_the_attention_run_padded():
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("layout", ["shared-prefix", "packed"])
-def test_log_probs_entropies_and_gradients_equal_the_padded_forward(family, layout):
+@pytest.mark.parametrize("segments", [True, False], ids=["segments", "blocks"])
+def test_log_probs_entropies_and_gradients_equal_the_padded_forward(family, layout, segments,
+                                                                     monkeypatch):
+    """Both ways of running a pack's attention (relax/trainer/packing.py)."""
+    monkeypatch.setattr(packing, "BATCHED_SEGMENTS", segments)
     model = _tiny(family)
     assert packing_supported(model)
     exp = ragged_batch(model.config.vocab_size)

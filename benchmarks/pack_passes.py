@@ -1,0 +1,92 @@
+"""The update's forward + backward and the no-grad log-prob pass of one micro-batch under each
+``--pass-layout`` (and, for the packed ones, the pack attention as one SDPA over padded
+segments or one SDPA per block / response), in one process, alternating, medians. A
+micro-batch shaped like the TRL-comparison step's (docs/performance.md): ``--groups`` prompts
+of ``--prompt-len`` tokens x ``--samples`` responses of 20..``--max-response`` tokens (seeded),
+random token ids, on SmolLM2-135M-Instruct. Not part of the test suite::
+
+    .venv/bin/python benchmarks/pack_passes.py --model models/SmolLM2-135M-Instruct --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from relax.models import load_policy, load_tokenizer
+from relax.precision import autocast
+from relax.trainer import packing
+from relax.trainer.experience import Experience
+from relax.trainer.logprobs import response_log_probs
+
+ARMS = (("padded", "padded", True), ("packed", "packed", True),
+        ("shared-prefix/blocks", "shared-prefix", False),
+        ("shared-prefix/segments", "shared-prefix", True))
+
+
+def batch(a, vocab: int) -> Experience:
+    g = torch.Generator().manual_seed(a.seed)
+    rows = a.groups * a.samples
+    P, T = a.prompt_len, a.max_response
+    ids = torch.zeros(rows, P + T, dtype=torch.long)
+    attention = torch.zeros(rows, P + T, dtype=torch.long)
+    for i in range(rows):
+        if i % a.samples == 0:
+            prompt = torch.randint(3, vocab, (P,), generator=g)
+        r = int(torch.randint(20, T + 1, (1,), generator=g))
+        ids[i, :P] = prompt
+        ids[i, P:P + r] = torch.randint(3, vocab, (r,), generator=g)
+        attention[i, :P + r] = 1
+    return Experience(ids, attention, (attention.cumsum(-1) - 1).clamp(min=0),
+                      attention[:, P:].bool())
+
+
+def timed(model, exp, layout: str, grad: bool, bf16: bool) -> float:
+    start = time.perf_counter()
+    with torch.set_grad_enabled(grad):
+        logp, _ = response_log_probs(model, exp, layout=layout, bf16=bf16, with_entropy=grad)
+        if grad:
+            (logp * exp.response_mask).sum().backward()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--groups", type=int, default=4)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=44)
+    p.add_argument("--max-response", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    model = load_policy(a.model, load_tokenizer(a.model), torch.device("cpu"), seed=0)
+    exp = batch(a, model.config.vocab_size)
+    attended = int(exp.attention_mask.sum())
+    print(f"threads {a.threads}, bf16 {a.bf16}, {len(exp)} rows, {attended} attended tokens "
+          f"of {exp.attention_mask.numel()} slots, load {os.getloadavg()[0]:.2f}", flush=True)
+    times = {(name, grad): [] for name, _, _ in ARMS for grad in (False, True)}
+    with autocast(torch.device("cpu"), False):
+        for _ in range(a.repeats + 1):  # the first round warms up and is dropped
+            for name, layout, batched in ARMS:
+                packing.BATCHED_SEGMENTS = batched
+                for grad in (False, True):
+                    model.zero_grad(set_to_none=True)
+                    times[(name, grad)].append(timed(model, exp, layout, grad, a.bf16))
+    print("| layout | no-grad pass s | forward + backward s |")
+    print("|---|---:|---:|")
+    for name, _, _ in ARMS:
+        print(f"| {name} | {statistics.median(times[(name, False)][1:]):.2f} | "
+              f"{statistics.median(times[(name, True)][1:]):.2f} |")
+    print(f"load {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
