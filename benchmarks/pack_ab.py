@@ -7,10 +7,12 @@ rollout), in fp32 and bf16. Not part of the test suite::
     .venv/bin/python benchmarks/pack_ab.py --before /tmp/relax-before --summary ab.json
     # --prompts 8 --samples 4 --new-tokens 64 --steps 2 --repeats 2 --threads 1
 
-Each run is its own process (``relax train`` with ``PYTHONPATH`` at its tree) for ``--steps``
-rollout steps; runs alternate A, B, A, B within each precision, and the figures are medians
+Each run is its own process (``python -m relax train`` started IN its tree: ``-m`` puts the
+working directory before ``PYTHONPATH`` on the path) for ``--steps`` rollout steps; runs alternate A, B, A, B within each precision, and the figures are medians
 over ``--repeats`` of the LAST step's own timers (``perf/*_time``: no start-up inside), its
-peak memory (``perf/peak_memory_gb``) and the process's peak RSS. Both arms sample the same
+peak memory (``perf/peak_memory_gb``) and the process's peak RSS and CPU seconds (user +
+system, the whole run: start-up and every step; with one thread a busy machine stretches the
+wall time, much less the CPU time). Both arms sample the same
 responses at step 1 (same seed, generation unchanged); a later step follows float rounding of
 the update. The load average (1 min) is recorded before and after each run.
 
@@ -30,7 +32,6 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_trl as C  # noqa: E402
 import compare_trl_real as R  # noqa: E402
 
 PHASES = ("step_time", "generate_time", "log_prob_time", "update_time", "mfu", "update_mfu",
@@ -48,8 +49,24 @@ def peak_tflops(threads: int, bf16: bool) -> float:
     return max(measure_peak_flops(torch.device("cpu"), bf16) for _ in range(3)) / 1e12
 
 
+def run_child(cmd: list[str], log: str, env, cwd: str) -> tuple[float, float, float]:
+    """(wall s, peak RSS MiB, CPU s) of the child run in ``cwd``."""
+    import subprocess
+    import time
+
+    with open(log, "w", encoding="utf-8") as f:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        with open(log, encoding="utf-8") as f:
+            raise SystemExit(f"failed: {' '.join(cmd)}\n{f.read()[-3000:]}")
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+
+
 def one_run(a, tree: str, arm: str, precision: str, rep: int, data: str, env: dict) -> dict:
-    out = os.path.join(a.workdir, "runs", f"{arm}-{precision}-r{rep}")
+    out = os.path.abspath(os.path.join(a.workdir, "runs", f"{arm}-{precision}-r{rep}"))
     if os.path.isdir(out):
         import shutil
 
@@ -58,11 +75,13 @@ def one_run(a, tree: str, arm: str, precision: str, rep: int, data: str, env: di
     cmd = R.relax_command(a, data, a.steps, out, precision)
     child = dict(env, PYTHONPATH=tree)
     load_before = os.getloadavg()[0]
-    wall, rss = C.run_child(cmd, out + ".log", child)
+    wall, rss, cpu = run_child(cmd, out + ".log", child, cwd=tree)
     with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     last = rows[-1]
-    result = {"arm": arm, "precision": precision, "rep": rep, "wall_s": wall,
+    result = {"arm": arm, "precision": precision, "rep": rep, "wall_s": wall, "cpu_s": cpu,
+              "tree": tree, "pass_layout": "pass_layout" in open(
+                  os.path.join(out, "config.json"), encoding="utf-8").read(),
               "peak_rss_mib": rss, "load_before": load_before, "load_after": os.getloadavg()[0],
               "rewards": [r["rollout/raw_reward"] for r in rows],
               "response_length": [r["rollout/response_length"] for r in rows],
@@ -76,7 +95,8 @@ def summarize(results: list[dict]) -> dict:
     for precision in sorted({r["precision"] for r in results}):
         rows = {arm: [r for r in results if r["precision"] == precision and r["arm"] == arm]
                 for arm in ("A", "B")}
-        med = {arm: {k: statistics.median(r[k] for r in rs) for k in (*PHASES, "peak_rss_mib")
+        med = {arm: {k: statistics.median(r[k] for r in rs)
+                     for k in (*PHASES, "peak_rss_mib", "cpu_s", "wall_s")
                      if rs and all(k in r for r in rs)} for arm, rs in rows.items()}
         limit = med["B"]["mfu"] * med["B"]["step_time"]
         for arm in med:
@@ -92,7 +112,7 @@ def main() -> None:
     p.add_argument("--before", required=True, help="a checkout of the earlier commit (A)")
     p.add_argument("--after", default=os.path.dirname(os.path.dirname(os.path.abspath(
         __file__))), help="this tree (B)")
-    p.add_argument("--model", default=R.DEFAULT_MODEL)
+    p.add_argument("--model", default=R.DEFAULT_MODEL)  # give it absolute: runs start in trees
     p.add_argument("--workdir", default="runs/pack-ab")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--prompts", type=int, default=8)

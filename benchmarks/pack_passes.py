@@ -6,6 +6,13 @@ of ``--prompt-len`` tokens x ``--samples`` responses of 20..``--max-response`` t
 random token ids, on SmolLM2-135M-Instruct. Not part of the test suite::
 
     .venv/bin/python benchmarks/pack_passes.py --model models/SmolLM2-135M-Instruct --threads 1
+    PYTHONPATH=/tmp/relax-before .venv/bin/python benchmarks/pack_passes.py ...  # an older tree
+
+Times are the process's CPU seconds (``time.process_time``) with one thread, which a busy
+machine does not stretch the way it stretches wall time (it still shares caches and memory
+bandwidth); the wall seconds are printed beside them. A tree from before ``--pass-layout``
+runs its own passes only (arm "before": padded responses, the prompt once per distinct prompt
+through the KV cache).
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ import torch
 
 from relax.models import load_policy, load_tokenizer
 from relax.precision import autocast
-from relax.trainer import packing
 from relax.trainer.experience import Experience
 from relax.trainer.logprobs import response_log_probs
+
+try:
+    from relax.trainer import packing
+except ImportError:  # a tree from before the packed passes
+    packing = None
 
 ARMS = (("padded", "padded", True), ("packed", "packed", True),
         ("shared-prefix/blocks", "shared-prefix", False),
@@ -45,13 +56,15 @@ def batch(a, vocab: int) -> Experience:
                       attention[:, P:].bool())
 
 
-def timed(model, exp, layout: str, grad: bool, bf16: bool) -> float:
-    start = time.perf_counter()
+def timed(model, exp, layout: str | None, grad: bool, bf16: bool) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one pass."""
+    kw = {} if layout is None else {"layout": layout}
+    cpu, wall = time.process_time(), time.perf_counter()
     with torch.set_grad_enabled(grad):
-        logp, _ = response_log_probs(model, exp, layout=layout, bf16=bf16, with_entropy=grad)
+        logp, _ = response_log_probs(model, exp, bf16=bf16, with_entropy=grad, **kw)
         if grad:
             (logp * exp.response_mask).sum().backward()
-    return time.perf_counter() - start
+    return time.process_time() - cpu, time.perf_counter() - wall
 
 
 def main() -> None:
@@ -72,19 +85,25 @@ def main() -> None:
     attended = int(exp.attention_mask.sum())
     print(f"threads {a.threads}, bf16 {a.bf16}, {len(exp)} rows, {attended} attended tokens "
           f"of {exp.attention_mask.numel()} slots, load {os.getloadavg()[0]:.2f}", flush=True)
-    times = {(name, grad): [] for name, _, _ in ARMS for grad in (False, True)}
+    arms = ARMS if packing is not None else (("before", None, True),)
+    times = {(name, grad): [] for name, _, _ in arms for grad in (False, True)}
     with autocast(torch.device("cpu"), False):
         for _ in range(a.repeats + 1):  # the first round warms up and is dropped
-            for name, layout, batched in ARMS:
-                packing.BATCHED_SEGMENTS = batched
+            for name, layout, batched in arms:
+                if packing is not None:
+                    packing.BATCHED_SEGMENTS = batched
                 for grad in (False, True):
                     model.zero_grad(set_to_none=True)
                     times[(name, grad)].append(timed(model, exp, layout, grad, a.bf16))
-    print("| layout | no-grad pass s | forward + backward s |")
+    print("| layout | no-grad pass CPU s (wall) | forward + backward CPU s (wall) |")
     print("|---|---:|---:|")
-    for name, _, _ in ARMS:
-        print(f"| {name} | {statistics.median(times[(name, False)][1:]):.2f} | "
-              f"{statistics.median(times[(name, True)][1:]):.2f} |")
+    for name, _, _ in arms:
+        cells = []
+        for grad in (False, True):
+            runs = times[(name, grad)][1:]
+            cells.append(f"{statistics.median(c for c, _ in runs):.2f} "
+                         f"({statistics.median(w for _, w in runs):.2f})")
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
     print(f"load {os.getloadavg()[0]:.2f}")
 
 
