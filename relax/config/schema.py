@@ -194,13 +194,14 @@ class TrainConfig(FullyAsyncFields):
         None, "Samples per forward/backward per rank.",
         default_text='global batch / WORLD_SIZE', group="batches")
     use_dynamic_batch_size: bool = option(
-        False, "Token-budget micro-batches: rows grouped by length into "
-        "micro-batches of at most --max-tokens-per-gpu padded tokens (instead of "
-        "--micro-batch-size rows); the loss is the same (reinforce_plus_plus.md §7).",
+        False, "Token-budget micro-batches of at most --max-tokens-per-gpu tokens "
+        "(instead of --micro-batch-size rows): packed passes take rows in order while their "
+        "lengths fit; --pass-layout padded groups rows by length and counts padded slots. "
+        "The loss is the same (reinforce_plus_plus.md §7).",
         group="batches")
     max_tokens_per_gpu: int | None = option(
-        None, "Padded tokens (prompt + "
-        "response) per micro-batch of the update.",
+        None, "Tokens (prompt + response; "
+        "padded slots with --pass-layout padded) per micro-batch of the update.",
         default_text='none; required by --use-dynamic-batch-size', group="batches")
     log_probs_max_tokens_per_gpu: int | None = option(
         None, "The same budget for the no-grad old and "
