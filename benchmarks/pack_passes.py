@@ -67,6 +67,29 @@ def timed(model, exp, layout: str | None, grad: bool, bf16: bool) -> tuple[float
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
+def whole_update(model, exp: Experience, repeats: int) -> list[float]:
+    """CPU seconds of ``train_on_rollout`` over ``exp`` (GRPO, k3 KL loss 0.04, one AdamW
+    step, micro-batches of 16): the update phase of the TRL-comparison step, loss and
+    optimizer included, with this tree's default layout."""
+    from relax.trainer.distributed import DistContext
+    from relax.trainer.update import LossSettings, train_on_rollout
+
+    g = torch.Generator().manual_seed(1)
+    exp.ref_log_probs = -1.0 - torch.rand(exp.response_mask.shape, generator=g)
+    exp.advantages = torch.where(exp.response_mask, torch.randn(exp.response_mask.shape,
+                                                                generator=g), 0.0)
+    ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
+    s = LossSettings(estimator="grpo", use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.04)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    out = []
+    for _ in range(repeats + 1):
+        cpu = time.process_time()
+        train_on_rollout(model, opt, exp, s, ctx, global_batch_size=len(exp),
+                         micro_batch_size=16, clip_grad=1.0)
+        out.append(time.process_time() - cpu)
+    return out[1:]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
@@ -78,10 +101,17 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--whole-update", action="store_true",
+                   help="time train_on_rollout over the batch instead (CPU seconds)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     model = load_policy(a.model, load_tokenizer(a.model), torch.device("cpu"), seed=0)
     exp = batch(a, model.config.vocab_size)
+    if a.whole_update:
+        runs = whole_update(model, exp, a.repeats)
+        print(f"train_on_rollout, {len(exp)} rows: CPU s {[round(x, 2) for x in runs]}, "
+              f"median {statistics.median(runs):.2f}, load {os.getloadavg()[0]:.2f}")
+        return
     attended = int(exp.attention_mask.sum())
     print(f"threads {a.threads}, bf16 {a.bf16}, {len(exp)} rows, {attended} attended tokens "
           f"of {exp.attention_mask.numel()} slots, load {os.getloadavg()[0]:.2f}", flush=True)
