@@ -28,6 +28,8 @@ What it does, in a fresh ``--workdir``:
    warm-up of each; printed as seconds, tokens/s and the ratio. transformers would compile
    its static-cache decode step on CUDA by itself; that is switched off (eager against eager)
    unless ``--hf-compile``, whose compilation costs minutes of the budget.
+4. **Packing.** The packed, prefix-shared log-prob and gradient passes (the training
+   default) against the padded ones on the device, on a small Qwen3 (``compare_packing``).
 
 Each phase is bounded (``--train-timeout``; the shell script bounds the whole). Exit status
 0 when every phase ran, 1 when one failed; the summary goes to ``WORKDIR/summary.json``.
@@ -238,6 +240,53 @@ def compare_decode(args, size: dict, model_dir: str) -> dict:
     return {**rows, "ratio_transformers_over_relax": ratio, "hf_compile": args.hf_compile}
 
 
+def compare_packing(args, size: dict, model_dir: str) -> dict:
+    """The packed, prefix-shared passes on the device against the padded ones
+    (relax/trainer/packing.py): a small Qwen3 in fp32, four prompts of up to 24 tokens x four
+    responses of 1..32 tokens; the largest log-prob difference and the largest gradient
+    difference relative to the gradient's scale. A ValueError when they are not float rounding
+    (the CPU's float64 tests hold them to 1e-10)."""
+    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.trainer.experience import Experience
+    from relax.trainer.logprobs import response_log_probs
+
+    device = torch.device(args.device)
+    model = build_tiny_model(build_tokenizer(), seed=2, hidden_size=256, intermediate_size=512,
+                             num_hidden_layers=4, head_dim=64).to(device)
+    g = torch.Generator().manual_seed(0)
+    P, T, rows = 24, 32, 16
+    ids = torch.zeros(rows, P + T, dtype=torch.long)
+    attention = torch.zeros(rows, P + T, dtype=torch.long)
+    for i in range(rows):
+        if i % 4 == 0:
+            lp = int(torch.randint(4, P + 1, (1,), generator=g))
+            prompt = torch.randint(3, model.config.vocab_size, (lp,), generator=g)
+        lr = int(torch.randint(1, T + 1, (1,), generator=g))
+        ids[i, P - lp:P] = prompt
+        ids[i, P:P + lr] = torch.randint(3, model.config.vocab_size, (lr,), generator=g)
+        attention[i, P - lp:P + lr] = 1
+    exp = Experience(ids.to(device), attention.to(device),
+                     (attention.cumsum(-1) - 1).clamp(min=0).to(device),
+                     attention[:, P:].bool().to(device))
+    out = {}
+    for layout in ("padded", "shared-prefix"):
+        model.zero_grad(set_to_none=True)
+        logp, _ = response_log_probs(model, exp, layout=layout)
+        (logp * exp.response_mask).sum().backward()
+        out[layout] = (logp.detach(), [p.grad.clone() for p in model.parameters()])
+    (ref, ref_grads), (got, got_grads) = out["padded"], out["shared-prefix"]
+    m = exp.response_mask
+    logp_diff = float((got - ref)[m].abs().max())
+    grad_diff = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+                    for a, b in zip(got_grads, ref_grads, strict=True))
+    say(f"packing: log-prob max |diff| {logp_diff:.2e}, gradient max relative diff "
+        f"{grad_diff:.2e}")
+    if not (logp_diff < 1e-3 and grad_diff < 1e-2):  # TF32 / reduced-precision kernels
+        raise ValueError(f"packed passes differ from padded: log-prob {logp_diff:.2e}, "
+                         f"gradient {grad_diff:.2e}")
+    return {"logprob_max_abs_diff": logp_diff, "grad_max_rel_diff": grad_diff}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=list(SIZES), default="qwen3-0.6b")
@@ -252,6 +301,7 @@ def main(argv=None) -> int:
                         "the same step keeping the activations)")
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--skip-packing", action="store_true")
     p.add_argument("--hf-compile", action="store_true",
                    help="let transformers compile its static-cache decode step (minutes)")
     args = p.parse_args(argv)
@@ -275,7 +325,7 @@ def main(argv=None) -> int:
     say(f"{args.size} on {where}, torch {torch.__version__}, workdir {args.workdir}")
     summary, failed = {"size": args.size, "device": where}, []
     model_dir = build_model(args.workdir, size)
-    phases = [("train", train), ("decode", compare_decode)]
+    phases = [("train", train), ("decode", compare_decode), ("packing", compare_packing)]
     for name, fn in phases:
         if getattr(args, f"skip_{name}"):
             continue

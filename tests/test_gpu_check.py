@@ -48,6 +48,8 @@ def test_tiny_cpu_mode_runs_every_phase(tmp_path):
         assert decode[side]["tokens"] > 0 and decode[side]["seconds"] > 0
         assert decode[side]["peak_memory_gb"] is None  # a GPU figure; none on the CPU
     assert decode["ratio_transformers_over_relax"] > 0
+    packing = summary["packing"]  # the packed passes equal the padded ones on the device
+    assert 0 <= packing["logprob_max_abs_diff"] < 1e-3 and packing["grad_max_rel_diff"] < 1e-2
 
 
 def test_a_training_run_out_of_time_fails_the_check_with_a_short_message(tmp_path):

@@ -197,18 +197,27 @@ class TrainConfig(FullyAsyncFields, DistillationFields, CriticFields):
         None, "Samples per forward/backward per rank.",
         default_text='global batch / WORLD_SIZE', group="batches")
     use_dynamic_batch_size: bool = option(
-        False, "Token-budget micro-batches: rows grouped by length into "
-        "micro-batches of at most --max-tokens-per-gpu padded tokens (instead of "
-        "--micro-batch-size rows); the loss is the same (reinforce_plus_plus.md §7).",
+        False, "Token-budget micro-batches of at most --max-tokens-per-gpu tokens "
+        "(instead of --micro-batch-size rows): packed passes take rows in order while their "
+        "lengths fit; --pass-layout padded groups rows by length and counts padded slots. "
+        "The loss is the same (reinforce_plus_plus.md §7).",
         group="batches")
     max_tokens_per_gpu: int | None = option(
-        None, "Padded tokens (prompt + "
-        "response) per micro-batch of the update.",
+        None, "Tokens (prompt + response; "
+        "padded slots with --pass-layout padded) per micro-batch of the update.",
         default_text='none; required by --use-dynamic-batch-size', group="batches")
     log_probs_max_tokens_per_gpu: int | None = option(
         None, "The same budget for the no-grad old and "
         "reference log-prob passes (no activations kept, so it can be larger).",
         default_text='--max-tokens-per-gpu', group="batches")
+    pass_layout: str = option(
+        "shared-prefix", "How the old-policy, reference and update passes lay out a "
+        "micro-batch. shared-prefix: its rows as one sequence without padding, attention "
+        "within each row, the samples of a prompt sharing one copy of it (log-probs and "
+        "gradients equal the padded passes'); packed: the same, every row with its own "
+        "prompt; padded: every row padded to the longest of its micro-batch. Llama and Qwen3 "
+        "models pack; other models, and rows whose attention has holes, run padded.",
+        group="batches", choices=("shared-prefix", "packed", "padded"))
     num_steps_per_rollout: int | None = option(
         None, "Optimizer steps per rollout step; "
         "alone it sets the global batch.",

@@ -88,6 +88,7 @@ class BatchSection(Section):
     token_budget: bool = flag("use_dynamic_batch_size")
     max_tokens_per_gpu: int | None = flag("max_tokens_per_gpu")
     log_probs_max_tokens_per_gpu: int | None = flag("log_probs_max_tokens_per_gpu")
+    pass_layout: str = flag("pass_layout")
     steps_per_rollout: int = flag("num_steps_per_rollout")
     num_rollout: int | None = flag("num_rollout")
     num_epoch: int | None = flag("num_epoch")

@@ -91,20 +91,39 @@ def trimmed(exp: Experience) -> Experience:
         for f in fields(exp)})
 
 
-def budget_groups(lengths: list[int], max_tokens: int, flag: str) -> list[list[int]]:
+def budget_groups(lengths: list[int], max_tokens: int, flag: str,
+                  packed: bool = False) -> list[list[int]]:
     """Row indices per micro-batch: longest rows first, each micro-batch as many rows as fit in
-    ``max_tokens`` padded tokens. A row longer than the budget is bad input naming ``flag``."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    if order and lengths[order[0]] > max_tokens:
-        raise InputError(f"{flag} {max_tokens}: a row of this step has {lengths[order[0]]} "
+    ``max_tokens`` padded tokens; ``packed``: rows in their order (a group's samples stay
+    together, so a pack can share their prompt), as many as fit in ``max_tokens`` tokens
+    (the sum of their lengths, a bound on the pack). A row longer than the budget is bad input
+    naming ``flag``."""
+    longest = max(range(len(lengths)), key=lambda i: lengths[i]) if lengths else None
+    if longest is not None and lengths[longest] > max_tokens:
+        raise InputError(f"{flag} {max_tokens}: a row of this step has {lengths[longest]} "
                          f"tokens (prompt + response), more than the budget; use at least "
-                         f"{lengths[order[0]]}")
+                         f"{lengths[longest]}")
+    if packed:
+        return _packed_groups(lengths, max_tokens)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     for i in order:  # rows come longest first, so a group's first row sets its width
         if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
             groups[-1].append(i)
         else:
             groups.append([i])
+    return groups
+
+
+def _packed_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    groups: list[list[int]] = []
+    used = max_tokens + 1
+    for i, n in enumerate(lengths):
+        if used + n > max_tokens:
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += n
     return groups
 
 
@@ -122,15 +141,17 @@ def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
 
 
 def micro_batches(exp: Experience, *, size: int, max_tokens: int | None, flag: str,
-                  group=None, lockstep: bool = False) -> list[tuple[torch.Tensor, Experience]]:
+                  group=None, lockstep: bool = False,
+                  packed: bool = False) -> list[tuple[torch.Tensor, Experience]]:
     """``(row indices, micro-batch)`` pairs covering ``exp``: fixed slices of ``size`` rows,
-    or token-budget groups (trimmed) when ``max_tokens`` is set. ``lockstep``: every rank of
-    ``group`` gets the same number of micro-batches."""
+    or token-budget groups (trimmed) when ``max_tokens`` is set (``packed``: the passes pack,
+    :func:`budget_groups`). ``lockstep``: every rank of ``group`` gets the same number of
+    micro-batches."""
     device = exp.input_ids.device
     if max_tokens is None:
         return [(torch.arange(i, min(i + size, len(exp)), device=device), exp.rows(i, i + size))
                 for i in range(0, len(exp), size)]
-    groups = budget_groups(exp.attention_mask.sum(dim=1).tolist(), max_tokens, flag)
+    groups = budget_groups(exp.attention_mask.sum(dim=1).tolist(), max_tokens, flag, packed)
     if lockstep and group is not None:
         count = torch.tensor([float(len(groups))], device=device)
         groups = split_to(groups, int(all_reduce(count, group, dist.ReduceOp.MAX)))

@@ -13,9 +13,19 @@ of attention ``d_attn = heads x head_dim`` wide, scores and values over the full
 (the common convention; a causal kernel does about half). A backward costs twice a forward.
 Per rollout step, ``F`` summed over the rows: generation ``F`` (prefill and decode together),
 each no-grad log-prob pass ``F``, the update ``F x (3 - 2 s)`` with ``s`` the share of rows
-whose backward is skipped. Recomputation (the chunked output layer) is not model FLOPs, and a
-prompt shared by a group's rows counts for every row (the work without prefix sharing; the
-shared-prompt forward does less, so the ratio can overstate the hardware's utilization).
+whose backward is skipped. Recomputation (the chunked output layer) is not model FLOPs.
+
+A prompt the passes share (``--pass-layout shared-prefix``, relax/trainer/packing.py; the
+decode engine's prefill) counts once per group: a group of ``n >= 2`` rows with a prompt of
+``p`` tokens and responses of ``r_j`` tokens executes::
+
+    G = 2 * W_body * (p + sum r_j)  +  2 * W_head * sum r_j  +  4 * L * d_attn * (p^2 + sum r_j (p + r_j))
+
+(the prompt's scores over itself, each response's over the prompt and itself: what the packed
+attention computes), and a group of one row ``F(p + r, r)``. Rows are grouped by equal prompt
+over the rank's batch, as the passes group them when a group's rows share a micro-batch (the
+default micro-batch holds whole groups; a group that token budgets split runs its prompt once
+per part, slightly more than counted).
 
 The peak is measured on the run's device and dtype (the best of a few square matmuls), unless
 a flag, the environment or a known GPU's data sheet gives it (relax/trainer/limits.py, which
@@ -73,6 +83,28 @@ class ModelShape:
         n = lengths.double()
         return float((2 * self.body_weights * n + 2 * self.head_weights * kept.double()
                       + 4 * self.layers * self.attn_width * n * n).sum())
+
+    def shared_forward_flops(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                             responses: torch.Tensor) -> float:
+        """Forward FLOPs of rows [B] (left-padded ``prompt_ids`` / ``prompt_mask`` [B, P],
+        ``responses`` [B] attended response tokens, all producing logits) whose groups of equal
+        prompts run the prompt once (``G`` of the module docstring)."""
+        key = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
+        inverse = torch.unique(key, dim=0, return_inverse=True)[1]
+        p_rows = prompt_mask.sum(-1).double()
+        r = responses.double()
+        groups = int(inverse.max()) + 1 if len(inverse) else 0
+        zeros = torch.zeros(groups, dtype=torch.float64, device=r.device)
+        count = zeros.index_add(0, inverse, torch.ones_like(r))
+        p = zeros.scatter(0, inverse, p_rows)  # equal prompts: equal lengths
+        r_sum = zeros.index_add(0, inverse, r)
+        pairs = zeros.index_add(0, inverse, r * (p_rows + r))
+        shared = (2 * self.body_weights * (p + r_sum) + 2 * self.head_weights * r_sum
+                  + 4 * self.layers * self.attn_width * (p * p + pairs))
+        n = p + r_sum  # a group of one: F(p + r, r)
+        alone = (2 * self.body_weights * n + 2 * self.head_weights * r_sum
+                 + 4 * self.layers * self.attn_width * n * n)
+        return float(torch.where(count > 1, shared, alone).sum())
 
 
 def phase_metrics(forward: float, *, log_prob_passes: int, skipped_fraction: float,

@@ -12,54 +12,45 @@ from __future__ import annotations
 import torch
 
 from relax.precision import autocast
-from relax.rollout.engine import cache_argument, distinct_prompts, unsupported_reason
 from relax.trainer.distributed import unwrap
 from relax.trainer.experience import Experience, experience_from_rollout, micro_batches  # noqa: F401
-from relax.trainer.recompute import recomputing
+from relax.trainer.packing import PackLayout, build_layout, packed_forward, packing_supported
 
 
 def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
-    """Logits [B, T, V] at the positions that predict the T response tokens.
+    """Logits [B, T, V] at the positions that predict the T response tokens: the padded
+    forward, one pass over prompt + response per row."""
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1,
+    )
+    return out.logits[:, :-1]  # the last kept logit predicts a token after the response
 
-    The n samples of a group share their prompt, so when rows repeat a prompt and the model is
-    a Llama-family model that is not FSDP2-sharded (``engine.unsupported_reason``), the prompt
-    runs once per distinct prompt -- with autograd, its keys and values are indexed out to
-    the rows and the responses attend to them through the model's own KV cache -- and the
-    responses run after it. The same function as one pass over prompt + response (the
-    gradient of a shared prompt is the sum over its rows); ~12% less arithmetic per update
-    here, more with long prompts. Not while layers are recomputed (relax/trainer/recompute.py):
-    a layer's recompute would write its keys into the cache a second time.
-    """
-    P = batch.input_ids.shape[1] - T
-    inner = unwrap(model)
-    distinct = None
-    if unsupported_reason(inner) is None and not recomputing(inner):
-        distinct = distinct_prompts(batch.input_ids[:, :P], batch.attention_mask[:, :P])
-    if distinct is None or distinct[0].shape[0] == len(batch):
-        out = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1,
-        )
-        return out.logits[:, :-1]  # the last kept logit predicts a token after the response
-    prompt_ids, prompt_mask, inverse = distinct
-    cache_arg = cache_argument(inner)
-    # the bare module for the prompt: a DDP forward prepares its reducer for one backward
-    # per forward call, and the gradient of both calls reaches the parameters in that one
-    prompt = inner(
-        input_ids=prompt_ids, attention_mask=prompt_mask,
-        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
-        logits_to_keep=1,
-    )
-    first = prompt.logits[inverse]  # [B, 1, V]: predicts response token 0
-    if T == 1:
-        return first
-    cache = prompt[cache_arg]
-    cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values
-    rest = model(
-        input_ids=batch.input_ids[:, P:-1], attention_mask=batch.attention_mask[:, :-1],
-        position_ids=batch.position_ids[:, P:-1], use_cache=False, **{cache_arg: cache},
-    )
-    return torch.cat([first, rest.logits], dim=1)
+
+def packs(model, layout: str) -> bool:
+    """Whether ``model``'s passes under ``layout`` run packed (token budgets then count the
+    tokens of a pack, not the padded slots)."""
+    return layout != "padded" and packing_supported(unwrap(model))
+
+
+def token_slots(model, batch: Experience, layout: str) -> tuple[int, int]:
+    """(token slots the pass multiplies, of them tokens that are not padding): a pack's
+    tokens twice (a shared prompt counted once), else the padded micro-batch's slots and its
+    attended tokens."""
+    pack = pack_layout(model, batch, layout)
+    if pack is not None:
+        return pack.tokens, pack.tokens
+    return batch.attention_mask.numel(), int(batch.attention_mask.sum())
+
+
+def pack_layout(model, batch: Experience, layout: str) -> PackLayout | None:
+    """The pack the passes run ``batch`` as (relax/trainer/packing.py), or None for the
+    padded forward: ``layout`` "padded", a model family without the packed attention, or
+    padding that is not plain left / right."""
+    if not packs(model, layout):
+        return None
+    return build_layout(batch.input_ids, batch.attention_mask, batch.response_mask.shape[1],
+                        share=layout == "shared-prefix")
 
 
 # Tokens per chunk of the output layer: the [chunk, V] logits of one chunk (and, in a backward,
@@ -83,13 +74,17 @@ def _output_layer(inner):
     return head, head.weight, head.bias
 
 
-def _hidden_states(model, inner, batch: Experience, T: int) -> torch.Tensor:
-    """The final hidden states [B, T, H] at the positions that predict the response tokens:
-    :func:`_response_logits` with the output layer replaced by the identity for the call."""
+def _hidden_states(model, inner, batch: Experience, T: int,
+                   pack: PackLayout | None) -> torch.Tensor:
+    """The final hidden states at the positions that predict the response tokens, [B, T, H]
+    padded or [M, H] packed: the forward with the output layer replaced by the identity."""
     head = inner.get_output_embeddings()
     inner.set_output_embeddings(torch.nn.Identity())
     try:
-        return _response_logits(model, batch, T)
+        if pack is None:
+            return _response_logits(model, batch, T)
+        return packed_forward(model, inner, batch.input_ids, batch.position_ids,
+                              pack)[pack.predict]
     finally:
         inner.set_output_embeddings(head)
 
@@ -145,7 +140,7 @@ def chunked_token_log_probs(hidden, weight, bias, targets, *, temperature: float
 
 def response_log_probs(
     model, batch: Experience, *, temperature: float = 1.0, with_entropy: bool = False,
-    entropy_grad: bool = True, bf16: bool = False,
+    entropy_grad: bool = True, bf16: bool = False, layout: str = "shared-prefix",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(a_t | context) [B, T] float32 and, on request, the entropy [B, T].
 
@@ -155,30 +150,53 @@ def response_log_probs(
     the log-softmax is fp32 either way. The output layer runs in chunks over the tokens
     (:func:`chunked_token_log_probs`) whenever the model allows (:func:`_output_layer`), so no
     [B, T, V] tensor exists; otherwise the model's own head makes the full logits.
+
+    ``layout`` (``--pass-layout``): "shared-prefix" / "packed" run the rows as one pack
+    (:func:`pack_layout`); positions past a row's attended response are 0 then, where the
+    padded forward leaves a value no loss or metric reads (every reduction is masked).
     """
     T = batch.response_mask.shape[1]
     B = batch.response_mask.shape[0]
-    targets = batch.input_ids[:, -T:]
     inner = unwrap(model)
     layer = _output_layer(inner)
+    pack = pack_layout(model, batch, layout)
+    targets = batch.input_ids[:, -T:]
+    if pack is not None:
+        targets = targets.reshape(-1)[pack.target]
     with autocast(batch.input_ids.device, bf16):
         if layer is not None:
-            hidden = _hidden_states(model, inner, batch, T)
+            hidden = _hidden_states(model, inner, batch, T, pack)
             log_probs, entropy = chunked_token_log_probs(
-                hidden.reshape(B * T, -1), layer[1], layer[2], targets.reshape(-1),
+                hidden.reshape(targets.numel(), -1), layer[1], layer[2], targets.reshape(-1),
                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
-            return log_probs.view(B, T), None if entropy is None else entropy.view(B, T)
-        logits = _response_logits(model, batch, T)
-    return _log_probs_from_logits(logits, targets, temperature, with_entropy, entropy_grad)
+        elif pack is None:
+            logits = _response_logits(model, batch, T)
+        else:
+            logits = packed_forward(model, inner, batch.input_ids, batch.position_ids,
+                                    pack)[pack.predict]
+    if layer is None:
+        log_probs, entropy = _log_probs_from_logits(logits, targets, temperature, with_entropy,
+                                                    entropy_grad)
+    if pack is not None:
+        log_probs = _unpacked(log_probs, pack, B, T)
+        entropy = None if entropy is None else _unpacked(entropy, pack, B, T)
+    return log_probs.view(B, T), None if entropy is None else entropy.view(B, T)
+
+
+def _unpacked(values: torch.Tensor, pack: PackLayout, B: int, T: int) -> torch.Tensor:
+    """[M] values of the packed response tokens -> [B, T], 0 elsewhere (differentiable)."""
+    return values.new_zeros(B * T).index_put((pack.target,), values).view(B, T)
 
 
 def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temperature: float,
                       bf16: bool = False, inference_mode: bool = True,
                       max_tokens: int | None = None, group=None,
-                      flag: str = "--log-probs-max-tokens-per-gpu"):
+                      flag: str = "--log-probs-max-tokens-per-gpu",
+                      layout: str = "shared-prefix"):
     """``response_log_probs`` [B, T] over the whole batch in micro-batches, without autograd:
     ``micro_batch_size`` rows at a time, or token-budget micro-batches of at most
-    ``max_tokens`` padded tokens (:func:`relax.trainer.experience.micro_batches`).
+    ``max_tokens`` tokens (:func:`relax.trainer.experience.micro_batches`; packed tokens
+    when ``layout`` packs, :func:`packs`).
 
     ``inference_mode=False`` (plain ``no_grad``) for an FSDP2 model, whose all-gather buffers
     must stay usable by the training passes; its ranks then run equally many passes (``group``).
@@ -187,7 +205,9 @@ def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temper
                       device=batch.response_mask.device)
     with torch.no_grad(), torch.inference_mode(inference_mode):
         for index, mb in micro_batches(batch, size=micro_batch_size, max_tokens=max_tokens,
-                                       flag=flag, group=group, lockstep=not inference_mode):
-            lp = response_log_probs(model, mb, temperature=temperature, bf16=bf16)[0]
+                                       flag=flag, group=group, lockstep=not inference_mode,
+                                       packed=packs(model, layout)):
+            lp = response_log_probs(model, mb, temperature=temperature, bf16=bf16,
+                                    layout=layout)[0]
             out[index, : lp.shape[1]] = lp
     return out.clone()  # outside inference mode: a normal tensor the loss may save for backward

@@ -182,7 +182,8 @@ class Trainer:
         passes = int(build.needs_old_log_probs(cfg)) + int(build.needs_reference(cfg))
         self.step_metrics = StepMetrics.measure(module, self.tracker, ctx,
                                                 peak_tflops=cfg.peak_tflops, bf16=self.bf16,
-                                                log_prob_passes=passes)
+                                                log_prob_passes=passes,
+                                                layout=cfg.pass_layout)
         self.step_metrics.padding_note = not cfg.use_dynamic_batch_size
         policy = Policy.build(module, cfg, ctx, tokenizer,
                               eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=self.bf16)
@@ -274,7 +275,7 @@ class Trainer:
         budget = ((cfg.log_probs_max_tokens_per_gpu or cfg.max_tokens_per_gpu)
                   if cfg.use_dynamic_batch_size else None)
         passes = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
-                      max_tokens=budget, group=self.ctx.group)
+                      max_tokens=budget, group=self.ctx.group, layout=cfg.pass_layout)
         if build.needs_old_log_probs(cfg):  # else the update uses its own (build.py)
             exp.old_log_probs = self.policy.log_probs(exp, **passes)
         exp.ref_log_probs = self.policy.ref_log_probs(exp, **passes)

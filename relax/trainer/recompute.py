@@ -26,8 +26,9 @@ the block's parameters before its backward (where the recompute runs). Without g
 as it is; the rollout engine reads the layers' weights and never calls ``forward``.
 
 The recompute must see the inputs the forward saw, so a layer that writes a KV cache cannot be
-recomputed (the rebuild would append its keys again): relax/trainer/logprobs.py runs the
-update's forward in one pass, without the shared-prompt KV path, while :func:`recomputing`.
+recomputed (the rebuild would append its keys again); the training passes use none (a shared
+prompt is one block of a pack, relax/trainer/packing.py), and a recomputed packed layer finds
+the same pack in its keyword arguments and the same attention function in its config.
 """
 
 from __future__ import annotations

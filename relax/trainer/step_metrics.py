@@ -21,8 +21,10 @@ import functools
 import sys
 
 from relax.rollout.batch import StepBatch
+from relax.rollout.engine import unsupported_reason
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.limits import Limits, device_name, over_limit, over_limit_warning, tf32_matmuls
+from relax.trainer.packing import packing_supported
 from relax.trainer.runtime import peak_memory_gb
 
 # Above this share of padded slots in the update, fixed micro-batches cost more than the tokens
@@ -45,19 +47,27 @@ class StepMetrics:
         self.remote_generation = False
         # fixed micro-batches (no --use-dynamic-batch-size): a padding-heavy step gets one note
         self.padding_note = False
+        # a group's prompt runs once in the log-prob and update passes (--pass-layout
+        # shared-prefix on a model that packs) and in the decode engine's prefill: counted once
+        self.shared_passes = False
+        self.shared_generation = False
 
     @classmethod
     def measure(cls, module, tracker, ctx, *, peak_tflops: float | None, bf16: bool,
-                log_prob_passes: int) -> StepMetrics:
-        """The model's FLOP counts and this device's limits (relax/trainer/limits.py)."""
+                log_prob_passes: int, layout: str = "padded") -> StepMetrics:
+        """The model's FLOP counts and this device's limits (relax/trainer/limits.py);
+        ``layout`` the passes' ``--pass-layout``."""
         limits = Limits.resolve(
             peak_tflops=peak_tflops, device_name=device_name(ctx.device), bf16=bf16,
             tf32=tf32_matmuls(),
             # the per-step measurements repeat less: the best over the run is what counts
             measure_peak=functools.partial(measure_peak_flops, ctx.device, bf16, repeats=2),
             measure_bandwidth=functools.partial(measure_bandwidth, ctx.device, repeats=2))
-        return cls(tracker, ctx, shape=ModelShape.of(module), limits=limits,
-                   log_prob_passes=log_prob_passes)
+        metrics = cls(tracker, ctx, shape=ModelShape.of(module), limits=limits,
+                      log_prob_passes=log_prob_passes)
+        metrics.shared_passes = layout == "shared-prefix" and packing_supported(module)
+        metrics.shared_generation = unsupported_reason(module) is None
+        return metrics
 
     def row(self, b: StepBatch, times: dict[str, float]) -> dict[str, float]:
         t, limits = self.tracker, self.limits
@@ -77,9 +87,9 @@ class StepMetrics:
         for name, seconds in times.items():  # the slowest rank sets the pace of a step
             t.add_max(f"perf/{name}_time", seconds)
         t.add_max("perf/peak_memory_gb", peak_memory_gb(self.ctx.device))
-        t.add_sum("perf/forward_flops", self._forward_flops(b.rollout))
-        t.add_sum("perf/generate_flops",
-                  0.0 if self.remote_generation else self._forward_flops(b.generated))
+        t.add_sum("perf/forward_flops", self._forward_flops(b.rollout, self.shared_passes))
+        t.add_sum("perf/generate_flops", 0.0 if self.remote_generation
+                  else self._forward_flops(b.generated, self.shared_generation))
         metrics = t.reduce()
         limits.peak = metrics["perf/peak_tflops"] * 1e12
         limits.bandwidth = metrics["perf/bandwidth_gb_per_s"] * 1e9
@@ -120,8 +130,10 @@ class StepMetrics:
                   "the same loss (docs/performance.md, 'Where a long step goes'); said once per "
                   "run", file=sys.stderr, flush=True)
 
-    def _forward_flops(self, r) -> float:
+    def _forward_flops(self, r, shared: bool) -> float:
         # an episode's training forward also runs over the environment's tokens
         responses = (r.response_mask if r.context_mask is None else r.context_mask).sum(-1)
+        if shared:
+            return self.shape.shared_forward_flops(r.prompt_ids, r.prompt_mask, responses)
         return self.shape.forward_flops(r.prompt_mask.sum(-1) + responses, responses)
 

@@ -33,7 +33,7 @@ from relax.collectives import all_reduce
 from relax.errors import NonFiniteError
 from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
 from relax.trainer.experience import Experience, micro_batches
-from relax.trainer.logprobs import response_log_probs
+from relax.trainer.logprobs import packs, response_log_probs, token_slots
 from relax.trainer.off_policy import OffPolicySettings, behaviour_log_probs, corrected
 
 
@@ -54,6 +54,7 @@ class LossSettings:
     bf16: bool = False  # forward passes under bf16 autocast (relax/precision.py)
     max_tokens: int | None = None  # token-budget micro-batches (relax/trainer/experience.py)
     off_policy: OffPolicySettings = OffPolicySettings()  # the sampler's log-probs (§7a)
+    layout: str = "shared-prefix"  # --pass-layout (relax/trainer/packing.py)
 
     @classmethod
     def from_config(cls, cfg, *, bf16: bool = False) -> LossSettings:
@@ -65,7 +66,7 @@ class LossSettings:
             entropy_coef=cfg.entropy_coef, per_token=cfg.calculate_per_token_loss,
             temperature=cfg.rollout_temperature, bf16=bf16,
             max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
-            off_policy=OffPolicySettings.from_config(cfg),
+            off_policy=OffPolicySettings.from_config(cfg), layout=cfg.pass_layout,
         )
 
     @property
@@ -98,7 +99,7 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     mask = mb.response_mask
     log_probs, entropy = response_log_probs(
         model, mb, temperature=s.temperature, with_entropy=True,
-        entropy_grad=bool(s.entropy_coef), bf16=s.bf16,
+        entropy_grad=bool(s.entropy_coef), bf16=s.bf16, layout=s.layout,
     )
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
     # step per rollout, see ``build.needs_old_log_probs``), so pi_old = pi_theta before the step
@@ -230,28 +231,33 @@ def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bo
     k = len(s.metric_names)
     stats = torch.zeros(k + len(LossSettings.EXTRA), dtype=torch.float64,
                         device=chunk.response_mask.device)
+    packed = packs(model, s.layout)
     batches = micro_batches(active, size=micro_batch_size, max_tokens=s.max_tokens,
-                            flag="--max-tokens-per-gpu", group=group, lockstep=sharded)
+                            flag="--max-tokens-per-gpu", group=group, lockstep=sharded,
+                            packed=packed)
     for i, (_, mb) in enumerate(batches):
         with no_grad_sync(model, skip=i < len(batches) - 1):
             loss, part = micro_batch_loss(model, mb, s, num_responses=num_responses,
                                           num_tokens=num_tokens, on_mismatch=on_mismatch)
             loss.backward()
         stats[:k] += part
-        stats[k + 1] += mb.attention_mask.numel()
-        stats[k + 2] += mb.attention_mask.sum()
+        stats[k + 1:] += _slots(model, mb, s.layout, stats.device)
     if inert is not None:
         # the metrics' share of the inert rows: the same function, without autograd, and on
         # the bare module (a DDP forward may broadcast buffers, a collective)
         with torch.no_grad():
             for _, mb in micro_batches(inert, size=micro_batch_size, max_tokens=s.max_tokens,
-                                       flag="--max-tokens-per-gpu"):
+                                       flag="--max-tokens-per-gpu", packed=packed):
                 stats[:k] += micro_batch_loss(unwrap(model), mb, s, num_responses=num_responses,
                                               num_tokens=num_tokens, on_mismatch=on_mismatch)[1]
-                stats[k + 1] += mb.attention_mask.numel()
-                stats[k + 2] += mb.attention_mask.sum()
+                stats[k + 1:] += _slots(model, mb, s.layout, stats.device)
         stats[k] = len(inert) / num_responses
     return stats
+
+
+def _slots(model, mb: Experience, layout: str, device) -> torch.Tensor:
+    """[2] float64: the micro-batch's token slots and its tokens that are not padding."""
+    return torch.tensor(token_slots(model, mb, layout), dtype=torch.float64, device=device)
 
 
 def _check_finite(values: dict[str, float], step: int) -> None:

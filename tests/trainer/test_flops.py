@@ -38,6 +38,37 @@ def test_forward_flops_equal_the_counted_matmuls(tied):
     assert shape.weight_bytes == 4 * sum(p.numel() for p in unique)
 
 
+def test_shared_prompt_flops_count_the_prompt_once():
+    """Two samples of one prompt and a row alone: the linear layers' FLOPs equal what
+    FlopCounterMode counts in the packed forward (SDPA is not counted there; its score pairs
+    are written out by hand), the prompt counted once."""
+    from relax.trainer.packing import build_layout, packed_forward
+
+    model = build_tiny_model(build_tokenizer(), seed=0)
+    P, T = 4, 5
+    ids = torch.randint(3, model.config.vocab_size, (3, P + T),
+                        generator=torch.Generator().manual_seed(0))
+    ids[1, :P] = ids[0, :P]
+    attention = torch.ones_like(ids)
+    attention[0, P + 3:] = 0  # responses of 3 and 5 tokens on the shared prompt of 4
+    attention[2, :1] = 0  # a row of its own: prompt 3, response 5
+    layout = build_layout(ids, attention, T, share=True)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        packed_forward(model, model, ids, (attention.cumsum(-1) - 1).clamp(min=0), layout)
+    shape = ModelShape.of(model)
+    # the pack's head ran on all N tokens; the formula keeps the logits of the M predicting ones
+    linear = (counter.get_total_flops()
+              - 2 * shape.head_weights * (layout.tokens - layout.predict.numel()))
+    pairs = (4 * 4 + 3 * (4 + 3) + 5 * (4 + 5)) + 8 * 8  # the group; the row alone
+    attention_flops = 4 * shape.layers * shape.attn_width * pairs
+    got = shape.shared_forward_flops(ids[:, :P], attention[:, :P], attention[:, P:].sum(-1))
+    assert got == linear + attention_flops
+    assert layout.tokens == 4 + 3 + 5 + 8
+    alone = shape.forward_flops(torch.tensor([8]), torch.tensor([5]))
+    assert shape.shared_forward_flops(ids[2:, :P], attention[2:, :P],
+                                      attention[2:, P:].sum(-1)) == alone
+
+
 def test_phase_metrics_arithmetic():
     times = {"step": 10.0, "update": 4.0, "log_prob": 1.0, "generate": 5.0}
     out = phase_metrics(100.0, log_prob_passes=2, skipped_fraction=0.5, times=times,

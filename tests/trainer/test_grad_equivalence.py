@@ -91,9 +91,8 @@ def test_importance_correction_under_micro_batches_and_two_ranks(two_ranks):
 @pytest.mark.parametrize("fsdp", [False, True])
 @pytest.mark.subprocess
 def test_shared_prompt_forward_under_two_ranks(two_ranks, fsdp):
-    """Rows that repeat a prompt run it once (DDP: the prompt through the bare module, the
-    responses through the wrapper, one backward); FSDP2 keeps the single pass. Both equal one
-    process."""
+    """Rows that repeat a prompt run it once, in one pack per micro-batch (DDP and FSDP2 alike:
+    one forward through the wrapper, one backward); both equal one process."""
     ref = one_step("grpo", False, False, B, False, True)
     results = _ranks(two_ranks, ("shared", fsdp))
     for got in results:

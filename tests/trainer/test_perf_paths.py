@@ -12,7 +12,7 @@ from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs, response_log_probs
 from relax.trainer.update import LossSettings, micro_batch_loss, train_on_rollout
 from tests.trainer.helpers import make_config
-from tests.trainer.workers import B, P, T, fixed_experience
+from tests.trainer.workers import SHARED_PROMPTS, B, P, T, fixed_experience
 
 CTX = DistContext(0, 1, 0, torch.device("cpu"), None)
 
@@ -33,8 +33,9 @@ def test_log_probs_and_entropy_against_a_float64_log_softmax(model):
     ref = torch.log_softmax(logits / temperature, -1)
     ref_logp = ref.gather(-1, exp.input_ids[:, -T:, None]).squeeze(-1)
     ref_entropy = -(ref.exp() * ref).sum(-1)
-    torch.testing.assert_close(logp.double(), ref_logp, atol=2e-6, rtol=0)
-    torch.testing.assert_close(entropy.double(), ref_entropy, atol=2e-6, rtol=0)
+    read = exp.attention_mask[:, -T:].bool()  # the packed passes leave 0 past a response
+    torch.testing.assert_close(logp.double()[read], ref_logp[read], atol=2e-6, rtol=0)
+    torch.testing.assert_close(entropy.double()[read], ref_entropy[read], atol=2e-6, rtol=0)
     # the log-probs carry the gradient; the metric-only entropy does not
     assert logp.requires_grad and not entropy.requires_grad
     _, with_grad = response_log_probs(model, exp, with_entropy=True, entropy_grad=True)
@@ -115,9 +116,14 @@ def test_zero_advantage_rows_skip_the_backward_with_the_same_step(model, estimat
     exp.advantages[[0, 2, 3, 5]] = 0.0  # rows 3 (no tokens) and the rest: nothing to learn
     s = LossSettings(estimator=estimator, per_token=per_token)
     grad_rows = []
-    hook = model.register_forward_pre_hook(
-        lambda m, args, kwargs: grad_rows.append(kwargs["input_ids"].shape[0])
-        if torch.is_grad_enabled() else None, with_kwargs=True)
+    loss_of = update.micro_batch_loss
+
+    def counting(model, mb, *args, **kwargs):
+        if torch.is_grad_enabled():
+            grad_rows.append(len(mb))
+        return loss_of(model, mb, *args, **kwargs)
+
+    monkeypatch.setattr(update, "micro_batch_loss", counting)
 
     def run():
         m = copy.deepcopy(model)
@@ -126,13 +132,10 @@ def test_zero_advantage_rows_skip_the_backward_with_the_same_step(model, estimat
                                    micro_batch_size=2, clip_grad=1e6)
         return dict(m.named_parameters()), history
 
-    try:
-        params, history = run()
-        rows_with_grad = sum(grad_rows)
-        monkeypatch.setattr(update, "inert_rows", lambda mb, s: None)
-        full_params, full_history = run()
-    finally:
-        hook.remove()
+    params, history = run()
+    rows_with_grad = sum(grad_rows)
+    monkeypatch.setattr(update, "inert_rows", lambda mb, s: None)
+    full_params, full_history = run()
     assert rows_with_grad == B - 4
     for name, p in full_params.items():
         torch.testing.assert_close(params[name], p, atol=1e-6, rtol=1e-5, msg=name)
@@ -161,29 +164,29 @@ def test_kl_or_entropy_terms_keep_every_row(model):
     assert not inert_rows(exp, LossSettings(estimator="grpo"))[1]
 
 
-def test_shared_prompt_forward_equals_one_pass(model, monkeypatch):
-    """Rows that repeat a prompt: the prompt once per distinct prompt (with autograd) and the
-    responses through its KV cache give the log-probs, entropy and gradient of one pass over
-    prompt + response."""
-    import relax.trainer.logprobs as logprobs
-
+def test_shared_prompt_forward_equals_one_pass(model):
+    """Rows that repeat a prompt: one pack with each prompt once (relax/trainer/packing.py)
+    gives the log-probs, entropy and gradient of one padded pass over prompt + response."""
     exp = fixed_experience(model, shared_prompts=True)
     calls = []
     hook = model.register_forward_pre_hook(
-        lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+        lambda m, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
 
-    def run():
+    def run(layout):
         model.zero_grad(set_to_none=True)
-        logp, entropy = response_log_probs(model, exp, temperature=0.8, with_entropy=True)
+        logp, entropy = response_log_probs(model, exp, temperature=0.8, with_entropy=True,
+                                           layout=layout)
         (logp * exp.response_mask).sum().backward()
         return logp.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
 
     try:
-        shared = run()
-        assert calls == [(4, P), (B, T - 1)]  # 4 distinct prompts, then the 8 responses
-        monkeypatch.setattr(logprobs, "unsupported_reason", lambda m: "forced")
+        shared = run("shared-prefix")
+        # 4 distinct prompts once, then every response's tokens
+        tokens = int(exp.attention_mask[:, P:].sum()) + sum(
+            int(exp.attention_mask[src, :P].sum()) for src, _ in SHARED_PROMPTS)
+        assert calls == [(1, tokens)]
         calls.clear()
-        single = run()
+        single = run("padded")
         assert calls == [(B, P + T)]
     finally:
         hook.remove()

@@ -84,8 +84,8 @@ def test_under_bf16_autocast():
 
 
 def test_shared_prompt_rows_take_one_pass_while_recomputing():
-    """Rows that repeat a prompt take the shared-prompt KV path without recompute; with it the
-    update runs one pass (a recompute would write the keys twice) -- the same function."""
+    """Rows that repeat a prompt share it in one pack, with and without recompute (the
+    recomputed layers find the same pack) -- the same function."""
     ref = _loss_and_grads(_model(), shared_prompts=True)
     got = _loss_and_grads(_model(FULL), shared_prompts=True)
     _assert_same(ref, got, atol=1e-6, rtol=1e-5)  # two paths: the fp32 log-softmax rounds

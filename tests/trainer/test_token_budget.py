@@ -59,7 +59,8 @@ def test_trimmed_micro_batch_gives_the_same_log_probs(model):
 @pytest.mark.parametrize("per_token", [False, True])
 def test_one_step_gradient_equals_fixed_micro_batches(model, per_token):
     """Tolerance 1e-5: the same sums in another order, and attention over trimmed all-padding
-    columns (exactly zero weight) removed."""
+    columns (exactly zero weight) removed. The padded layout, whose padding budgets cut (the
+    packed layouts have none: tests/trainer/test_packing.py)."""
     exp = fixed_experience(model)
     estimator = "grpo"
     results = []
@@ -67,7 +68,8 @@ def test_one_step_gradient_equals_fixed_micro_batches(model, per_token):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=0.0)
         s = LossSettings(estimator=estimator, use_kl_loss=True, kl_loss_type="k3",
-                         kl_loss_coef=0.1, per_token=per_token, max_tokens=max_tokens)
+                         kl_loss_coef=0.1, per_token=per_token, max_tokens=max_tokens,
+                         layout="padded")
         (values,) = train_on_rollout(m, opt, exp, s, CTX, global_batch_size=B,
                                      micro_batch_size=2, clip_grad=1e9)
         results.append((values, [p.grad.clone() for p in m.parameters()]))
@@ -146,7 +148,7 @@ def test_relax_train_notes_padding_only_with_fixed_micro_batches(tmp_path, capsy
     # mostly the long prompt's padding (the tiny tokenizer has a token per character)
     data = write_jsonl(tmp_path, [{"input": "x" * n, "label": 1} for n in (120, 1, 1, 1)])
     flags = ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "256"] if budget else []
-    cfg = make_config(*flags, "--prompt-data", data, "--custom-rm-path",
+    cfg = make_config(*flags, "--pass-layout", "padded", "--prompt-data", data, "--custom-rm-path",
                       write_reward(tmp_path) + ":parity", output_dir=tmp_path / "run")
     from relax.trainer.launch import run
 

@@ -23,8 +23,8 @@ SHARED_PROMPTS = ((1, 0), (2, 3), (5, 4), (6, 7))  # (source row, row that repea
 
 
 def fixed_experience(model, seed: int = 0, shared_prompts: bool = False) -> Experience:
-    """A deterministic batch: left-padded prompts, variable-length responses (one fully masked,
-    one with an internal hole), old/ref log-probs off the current policy so ratios and the
+    """A deterministic batch: left-padded prompts, variable-length responses (one empty, one
+    with an internal hole in its loss mask, as a partial rollout's off-policy tokens), old/ref log-probs off the current policy so ratios and the
     clip are active, random advantages. ``shared_prompts``: rows pair up on one prompt, as the
     samples of a group do (``SHARED_PROMPTS``)."""
     g = torch.Generator().manual_seed(seed)
@@ -39,10 +39,11 @@ def fixed_experience(model, seed: int = 0, shared_prompts: bool = False) -> Expe
             prompt[dst], prompt_mask[dst] = prompt[src], prompt_mask[src]
     response = torch.randint(3, vocab, (B, T), generator=g)
     lengths = torch.tensor([6, 3, 1, 0, 5, 2, 6, 4])
-    response_mask = torch.arange(T)[None, :] < lengths[:, None]
-    response_mask[6, 2] = False  # an internal hole
-    response[~response_mask] = 0
-    attention = torch.cat([prompt_mask, response_mask], 1).long()
+    attended = torch.arange(T)[None, :] < lengths[:, None]
+    response[~attended] = 0
+    response_mask = attended.clone()
+    response_mask[6, 2] = False  # an internal hole of the loss mask: read, not trained
+    attention = torch.cat([prompt_mask, attended], 1).long()
     exp = Experience(
         input_ids=torch.cat([prompt, response], 1),
         attention_mask=attention,
@@ -72,13 +73,14 @@ OFF_POLICY = OffPolicySettings(tis_clip=1.5, tis_clip_low=0.5, opsm_delta=0.05)
 
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
-             off_policy: bool = False, recompute=None):
+             off_policy: bool = False, recompute=None, layout: str = "shared-prefix"):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
     backward the update skips. ``off_policy``: sampler log-probs off the old ones, with TIS
     (both clips active) and OPSM (reinforce_plus_plus.md §7a). ``recompute``: a
-    :class:`~relax.config.sections.RecomputeSection` applied before wrapping. Returns (full parameters by name,
+    :class:`~relax.config.sections.RecomputeSection` applied before wrapping; ``layout``:
+    ``--pass-layout``. Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
@@ -96,6 +98,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
         # a sampler that puts a little more mass on its tokens than pi_old: OPSM finds rows
         exp.rollout_log_probs = exp.old_log_probs + 0.4 * torch.randn(B, T, generator=g) + 0.2
         loss_settings = dataclasses.replace(loss_settings, off_policy=OFF_POLICY)
+    loss_settings = dataclasses.replace(loss_settings, layout=layout)
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
     if recompute is not None:
@@ -104,7 +107,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     # a no-grad pass through the wrapped model first, as the loop does for old log-probs
     # (under FSDP2 this once left gathered parameters that broke the next gradient)
     old = batched_log_probs(model, local, micro_batch_size=rows, temperature=1.0,
-                            inference_mode=not fsdp)
+                            inference_mode=not fsdp, layout=layout)
     if fsdp:
         reshard(model)
     assert old.shape == local.response_mask.shape
