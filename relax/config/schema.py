@@ -56,6 +56,12 @@ from relax.config.reward_services import (
     rm_retry_backoff_option,
     rm_url_option,
 )
+from relax.config.rollout_backend import (
+    rollout_backend_option,
+    vllm_request_timeout_option,
+    vllm_startup_timeout_option,
+    vllm_url_option,
+)
 from relax.config.sections import (
     AlgorithmSection,
     BatchSection,
@@ -337,6 +343,12 @@ class TrainConfig(FullyAsyncFields):
     bf16: bool | None = bf16_option()
     device: str = device_option()
     host_mmap_threshold_kb: int = host_mmap_threshold_kb_option()
+
+    # rollout backend (relax/config/rollout_backend.py)
+    rollout_backend: str = rollout_backend_option()
+    vllm_url: list | None = vllm_url_option()
+    vllm_startup_timeout: float = vllm_startup_timeout_option()
+    vllm_request_timeout: float = vllm_request_timeout_option()
 
     # evaluation
     eval_interval: int | None = option(

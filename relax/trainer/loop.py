@@ -66,6 +66,7 @@ from relax.trainer.runtime import Timer
 from relax.trainer.signals import StopRequest
 from relax.trainer.step_metrics import StepMetrics
 from relax.trainer.update import LossSettings, train_on_rollout
+from relax.trainer.vllm_backend import VllmBackend
 
 ADVANTAGE_FLAG = "--custom-advantage-function-path"
 
@@ -95,8 +96,23 @@ class Trainer:
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
                            report=lambda line: print(line, file=sys.stderr))
+        # --rollout-backend vllm: the server starts while the policy loads (an unreachable
+        # --vllm-url stops the run here, before any model loads); closed on any failure below
+        self.vllm = (VllmBackend.open(cfg, ctx, bf16=self.bf16)
+                     if cfg.rollout_backend == "vllm" else None)
+        try:
+            self._build_rest(envs, resume, started, stop, console)
+        except BaseException:
+            self.close_backend()
+            raise
+
+    def _build_rest(self, envs, resume, started, stop, console) -> None:
+        cfg, ctx, layout = self.cfg, self.ctx, self.layout
         self.policy = self._build_policy()
-        self.step_metrics.remote_generation = layout is not None
+        if self.vllm is not None:
+            self.vllm.ready()
+        # generation FLOPs are not this process's with rollout ranks or a vLLM server
+        self.step_metrics.remote_generation = layout is not None or self.vllm is not None
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
             # the host's cores shared between the local ranks (build.cpu_threads)
@@ -113,6 +129,8 @@ class Trainer:
         self.start_step = 0
         if resume:
             self._resume(*resume)
+            if self.vllm is not None:  # the server holds --hf-checkpoint, not the resumed step
+                self.vllm.push(self.policy.module, self.start_step, self.tracker)
         self.logger = build_logger(
             is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
             start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
@@ -197,10 +215,12 @@ class Trainer:
             return RemoteRollout(cfg, self.ctx, self.layout, schedule, policy=p,
                                  source=self.source, tracker=self.tracker,
                                  timeout_minutes=cfg.distributed_timeout_minutes)
+        params = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k)
+        sampler = (p.sampler(params) if self.vllm is None else self.vllm.sampler(
+            params, eos_token_ids=p.eos_token_ids, pad_token_id=p.tokenizer.pad_token_id))
         parts = dict(seed=self.cfg.seed, source=self.source, tokenizer=p.tokenizer,
                      scorer=self.scorer, timer=self.timer, tracker=self.tracker,
-                     sampler=p.sampler(SamplingParams(rollout.temperature, rollout.top_p,
-                                                      rollout.top_k)))
+                     sampler=sampler)
         if rollout.env or rollout.agentic:
             eos = p.tokenizer.eos_token_id
             return EpisodeCollector(rollout, batches, self.ctx, envs=envs, context=p.context,
@@ -294,10 +314,15 @@ class Trainer:
 
     def publish(self, version: int) -> None:
         """--fully-async: the weights after ``version`` steps to the rollout ranks, when a
-        batch to come is sampled with them (relax/trainer/remote_rollout.py)."""
+        batch to come is sampled with them (relax/trainer/remote_rollout.py);
+        --rollout-backend vllm: to the vLLM server every --update-weights-interval steps
+        (relax/trainer/vllm_backend.py)."""
         if self.layout is not None:
             with self.timer("weight_sync"):
                 self.collector.publish(version)
+        elif self.vllm is not None and self.vllm.due(version):
+            with self.timer("weight_sync"):
+                self.vllm.push(self.policy.module, version, self.tracker)
 
     def evaluate(self, step: int, *, last: bool = False) -> dict[str, float]:
         """``eval/<set>/...`` metrics when ``--eval-interval`` divides ``step`` or ``step``
@@ -309,6 +334,9 @@ class Trainer:
 
     def log(self, step: int, b: StepBatch, evaluation: dict[str, float]) -> dict[str, float]:
         """The step's metrics row (every rank; rank 0 writes it) and its samples."""
+        versions = b.rollout.policy_version
+        if versions is not None and len(versions):  # a vLLM server sampled the batch
+            self.tracker.add_max("rollout/policy_lag", step - 1 - int(versions.min()))
         metrics = {**self.step_metrics.row(b, self.timer.pop()), **evaluation}
         self.logger.log(step, metrics)
         if self.ctx.is_main and self.cfg.log_samples:
@@ -363,8 +391,16 @@ class Trainer:
         return history
 
     def close(self) -> None:
-        self.logger.close()
-        self.collector.close()
+        try:
+            self.logger.close()
+            self.collector.close()
+        finally:
+            self.close_backend()
+
+    def close_backend(self) -> None:
+        """An owned vLLM server ends with the run, however it ends."""
+        if self.vllm is not None:
+            self.vllm.close()
 
 
 def sample_rows(b: StepBatch, count: int) -> list[dict]:
@@ -372,5 +408,12 @@ def sample_rows(b: StepBatch, count: int) -> list[dict]:
     lengths = b.rollout.response_mask.sum(dim=1).tolist()
     return [{"prompt": b.prompts[i], "response": b.responses[i],
              "reward": float(b.rewards[i]), "label": b.labels[i],
-             "response_length": int(lengths[i]), "truncated": bool(b.rollout.truncated[i])}
+             "response_length": int(lengths[i]), "truncated": bool(b.rollout.truncated[i]),
+             **_version(b.rollout, i)}
             for i in spread_indices(count, len(b.prompts))]
+
+
+def _version(rollout, i: int) -> dict:
+    """A vLLM-sampled row's ``policy_version``: the trainer steps behind its weights."""
+    versions = rollout.policy_version
+    return {} if versions is None else {"policy_version": int(versions[i])}
