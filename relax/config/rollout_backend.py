@@ -3,7 +3,7 @@ vllm``): the flags and their rules (docs/configuration.md, "Rollout backend").
 
 With vLLM the trainer samples through OpenAI-compatible vLLM servers, token ids in and out,
 and pushes its weights to them after every ``--update-weights-interval`` steps
-(relax/rollout/vllm_server.py, vllm_sampler.py; relax/trainer/vllm_sync.py). What the
+(relax/rollout/vllm_server.py, vllm_sampler.py; relax/rollout/vllm_sync.py). What the
 backend does not serve yet is refused here with one line naming the combination, before any
 process starts. Torch-free, like the rest of validation; whether a URL answers is checked
 when the trainer starts (before any model loads).
@@ -21,34 +21,38 @@ BACKENDS = ("relax", "vllm")
 MAKE_TARGET = "make vllm"
 
 
-def rollout_backend_option():
+def rollout_backend_option(command: str = "train"):
+    what = ("the rollouts: relax (the built-in decode engine, in the training process) or "
+            "vllm (vLLM OpenAI servers, one per rank, " if command == "train" else
+            "the evaluation: relax (the built-in decode engine) or vllm (a vLLM OpenAI server "
+            "on the checkpoint's weights, ")
+    sync = ("; the weights reach them after every --update-weights-interval steps)"
+            if command == "train" else ")")
     return option(
-        "relax", "Who samples the rollouts: relax (the built-in decode engine, in the "
-        "training process) or vllm (vLLM OpenAI servers, one per rank, started from the "
-        f"environment `{MAKE_TARGET}` builds unless --vllm-url names running ones; the "
-        "weights reach them after every --update-weights-interval steps).", group=GROUP,
-        choices=BACKENDS)
+        "relax", f"Who samples {what}started from the environment `{MAKE_TARGET}` builds "
+        f"unless --vllm-url names running ones{sync}.",
+        group=GROUP if command == "train" else "evaluation", choices=BACKENDS)
 
 
-def vllm_url_option():
+def vllm_url_option(group: str = GROUP):
     return option(
         None, "With --rollout-backend vllm: base URLs of vLLM servers already running "
-        "(started with VLLM_SERVER_DEV_MODE=1, serving --hf-checkpoint, sharing this "
+        "(started with VLLM_SERVER_DEV_MODE=1, serving the model, sharing this "
         "machine's file system for the weight sync); rank r uses URL r mod their number. "
-        "Must answer when relax train starts.", default_text="Relax starts and owns one "
-        "server per rank", group=GROUP, nargs="+", metavar="URL")
+        "Must answer when the command starts.", default_text="Relax starts and owns one "
+        "server per rank", group=group, nargs="+", metavar="URL")
 
 
-def vllm_startup_timeout_option():
+def vllm_startup_timeout_option(group: str = GROUP):
     return option(
         600.0, "Seconds a server Relax starts may take to answer (its model loaded); then "
-        "the run stops with the server's log named.", group=GROUP, metavar="SECONDS")
+        "the run stops with the server's log named.", group=group, metavar="SECONDS")
 
 
-def vllm_request_timeout_option():
+def vllm_request_timeout_option(group: str = GROUP):
     return option(
         600.0, "Seconds one generation or weight-sync request to a vLLM server may take; "
-        "then the run stops naming the server and its log.", group=GROUP, metavar="SECONDS")
+        "then the run stops naming the server and its log.", group=group, metavar="SECONDS")
 
 
 _FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout")
@@ -81,6 +85,31 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
                "(the built-in tiny model's 16-wide attention heads are too narrow for vLLM's "
                "CPU kernels)")
     _check_log_prob_mode(cfg)
+    _check_server_flags(cfg)
+    if cfg.update_weights_interval < 1:
+        reject(cfg, "update_weights_interval", "must be >= 1")
+    if cfg.update_weights_interval > 1 and not (cfg.use_tis or cfg.use_rollout_logprobs):
+        reject(cfg, "update_weights_interval", "vLLM then samples with weights up to I - 1 "
+               "steps old, which needs an importance correction: add --use-tis (or "
+               "--use-rollout-logprobs), or set --update-weights-interval 1")
+
+
+def check_eval_backend(cfg, explicit: set[str]) -> None:
+    """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
+    settings go; episodes are not served."""
+    if cfg.rollout_backend != "vllm":
+        for dest in _FLAGS:
+            if dest in explicit:
+                reject(cfg, dest, "has no effect without --rollout-backend vllm; add it or "
+                       "remove this flag")
+        return
+    if cfg.env is not None:
+        reject(cfg, ("rollout_backend", "env"), f"not supported together ({_REFUSED['env']}); "
+               "remove one of the two")
+    _check_server_flags(cfg)
+
+
+def _check_server_flags(cfg) -> None:
     for dest in ("vllm_startup_timeout", "vllm_request_timeout"):
         if not 0 < getattr(cfg, dest) <= 86400:
             reject(cfg, dest, "must lie in (0, 86400] seconds")
@@ -89,12 +118,6 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             reject(cfg, "vllm_url", f"{url!r} is not an http(s) URL such as "
                    "http://127.0.0.1:8000")
-    if cfg.update_weights_interval < 1:
-        reject(cfg, "update_weights_interval", "must be >= 1")
-    if cfg.update_weights_interval > 1 and not (cfg.use_tis or cfg.use_rollout_logprobs):
-        reject(cfg, "update_weights_interval", "vLLM then samples with weights up to I - 1 "
-               "steps old, which needs an importance correction: add --use-tis (or "
-               "--use-rollout-logprobs), or set --update-weights-interval 1")
 
 
 def _check_log_prob_mode(cfg) -> None:

@@ -509,9 +509,13 @@ class EvalConfig:
     max_turns: int = max_turns_option()
     env_step_timeout: float | None = env_step_timeout_option()
     eval_episodes: int = eval_episodes_option()
+    rollout_backend: str = rollout_backend_option("eval")
+    vllm_url: list | None = vllm_url_option("evaluation")
+    vllm_startup_timeout: float = vllm_startup_timeout_option("evaluation")
+    vllm_request_timeout: float = vllm_request_timeout_option("evaluation")
     output_dir: str | None = option(
-        None, "Also write the metrics to OUTPUT_DIR/eval_metrics.json.",
-        group="evaluation")
+        None, "Also write the metrics to OUTPUT_DIR/eval_metrics.json (and, with "
+        "--rollout-backend vllm, the server's log).", group="evaluation")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

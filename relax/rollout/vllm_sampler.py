@@ -32,7 +32,7 @@ MAX_IN_FLIGHT = 64  # requests per rank at once; the server's scheduler batches 
 class VllmSampler:
     """``sampler(ids, mask, max_new_tokens, generator) -> Rollout`` for left-padded prompts
     ``ids`` / ``mask`` [B, P], like :class:`~relax.rollout.sampler.Sampler`; ``version`` is
-    the trainer step whose weights the server holds (relax/trainer/vllm_sync.py sets it) and
+    the trainer step whose weights the server holds (relax/rollout/vllm_sync.py sets it) and
     goes into ``Rollout.policy_version``."""
 
     def __init__(self, client, *, eos_token_ids: list[int], pad_token_id: int,

@@ -52,6 +52,7 @@ from relax.rollout.rewards import call_plugin, load_function
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
+from relax.rollout.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.async_layout import AsyncLayout, Schedule
@@ -66,7 +67,6 @@ from relax.trainer.runtime import Timer
 from relax.trainer.signals import StopRequest
 from relax.trainer.step_metrics import StepMetrics
 from relax.trainer.update import LossSettings, train_on_rollout
-from relax.trainer.vllm_backend import VllmBackend
 
 ADVANTAGE_FLAG = "--custom-advantage-function-path"
 
@@ -98,7 +98,8 @@ class Trainer:
                            report=lambda line: print(line, file=sys.stderr))
         # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
         # here, before any model loads; an owned server is closed on any failure below
-        self.vllm = VllmBackend.open(cfg, ctx) if cfg.rollout_backend == "vllm" else None
+        self.vllm = (VllmBackend.open(VllmSettings.of_train(cfg), ctx.rank, ctx.device)
+                     if cfg.rollout_backend == "vllm" else None)
         try:
             self._build_rest(envs, resume, started, stop, console)
         except BaseException:
@@ -315,7 +316,7 @@ class Trainer:
         """--fully-async: the weights after ``version`` steps to the rollout ranks, when a
         batch to come is sampled with them (relax/trainer/remote_rollout.py);
         --rollout-backend vllm: to the vLLM server every --update-weights-interval steps
-        (relax/trainer/vllm_backend.py)."""
+        (relax/rollout/vllm_backend.py)."""
         if self.layout is not None:
             with self.timer("weight_sync"):
                 self.collector.publish(version)

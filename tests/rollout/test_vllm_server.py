@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,10 +22,10 @@ import torch
 from relax.errors import InputError
 from relax.rollout.generate import left_pad
 from relax.rollout.sampler import SamplingParams
+from relax.rollout.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.vllm_sampler import VllmSampler
 from relax.rollout.vllm_server import VllmServer, group_alive
-from relax.trainer.vllm_backend import VllmBackend
-from relax.trainer.vllm_sync import DiskSync, write_weights
+from relax.rollout.vllm_sync import DiskSync, write_weights
 
 pytestmark = pytest.mark.subprocess
 
@@ -80,6 +79,12 @@ def fp32_server(model_dir, tmp_path_factory):
                    mode="raw_logprobs")
     yield server
     server.close()
+
+
+def settings(model_dir: Path, tmp_path: Path, urls=None) -> VllmSettings:
+    return VllmSettings(urls=urls, model_dir=str(model_dir), run_dir=str(tmp_path / "run"),
+                        seed=0, temperature=1.0, interval=1, startup_timeout=STARTUP,
+                        request_timeout=120.0)
 
 
 def load(model_dir: Path):
@@ -195,11 +200,8 @@ def test_pause_holds_new_requests_until_resume(fp32_server):
 
 def test_a_server_serving_another_model_is_one_line(fp32_server, tmp_path):
     other = build_model_dir(tmp_path / "other", seed=1)
-    cfg = SimpleNamespace(vllm_url=[fp32_server.url], hf_checkpoint=str(other),
-                          vllm_request_timeout=60.0, output_dir=str(tmp_path / "run"),
-                          update_weights_interval=1)
-    backend = VllmBackend.open(cfg, SimpleNamespace(rank=0, device=torch.device("cpu")))
-    with pytest.raises(InputError, match=f"serves .*, not --hf-checkpoint {other}") as e:
+    backend = VllmBackend.open(settings(other, tmp_path, urls=(fp32_server.url,)), 0, "cpu")
+    with pytest.raises(InputError, match=f"serves .*, not the model {other}") as e:
         backend.start(load(other), bf16=False)
     assert "\n" not in str(e.value)
 
@@ -211,11 +213,7 @@ def test_a_model_vllm_cannot_run_is_one_line_and_leaves_no_process(tmp_path):
     tokenizer = build_tokenizer()
     build_tiny_model(tokenizer, seed=0).save_pretrained(narrow)
     tokenizer.save_pretrained(narrow)
-    cfg = SimpleNamespace(vllm_url=None, hf_checkpoint=str(narrow), seed=0,
-                          rollout_temperature=1.0, vllm_request_timeout=120.0,
-                          vllm_startup_timeout=STARTUP, output_dir=str(tmp_path / "run"),
-                          update_weights_interval=1)
-    backend = VllmBackend.open(cfg, SimpleNamespace(rank=0, device=torch.device("cpu")))
+    backend = VllmBackend.open(settings(narrow, tmp_path), 0, "cpu")
     try:
         with pytest.raises(InputError, match="does not run on vLLM") as e:
             backend.start(load(narrow), bf16=False)

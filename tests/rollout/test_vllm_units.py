@@ -16,7 +16,7 @@ from relax.rollout.generate import concat_rollouts, left_pad
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.vllm_sampler import VllmSampler
 from relax.rollout.vllm_server import VllmClient, check_version, last_error, vllm_python
-from relax.trainer.vllm_sync import DiskSync
+from relax.rollout.vllm_sync import DiskSync
 
 EOS, PAD = 1, 0
 

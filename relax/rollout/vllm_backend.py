@@ -1,7 +1,7 @@
 """``--rollout-backend vllm`` assembled for one rank: its server (started and owned, or named
 by ``--vllm-url``), the sampler the collectors call and the weight sync after updates.
 
-    backend = VllmBackend.open(cfg, ctx)               # before any model loads
+    backend = VllmBackend.open(VllmSettings.of_train(cfg), rank, device)  # before a model loads
     backend.start(module, bf16=False)                  # serving, answering, sampling
     sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
     backend.after_update(module, version, tracker)     # every --update-weights-interval steps
@@ -17,6 +17,7 @@ the run with one line before training instead of at the first rollout.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from relax.config.rollout_backend import log_probs_mode
 from relax.errors import InputError
@@ -31,49 +32,84 @@ from relax.rollout.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.trainer.vllm_sync import DiskSync, write_weights
+from relax.rollout.vllm_sync import DiskSync, write_weights
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """What the backend reads of a command's configuration: ``urls`` (``--vllm-url``, None:
+    owned servers), ``model_dir`` (the model and its tokenizer), ``run_dir`` (logs and weight
+    directories), the sampling ``temperature`` (picks the log-prob mode) and the sync
+    ``interval``."""
+
+    urls: tuple[str, ...] | None
+    model_dir: str
+    run_dir: str
+    seed: int
+    temperature: float
+    interval: int
+    startup_timeout: float
+    request_timeout: float
+
+    @classmethod
+    def of_train(cls, cfg) -> VllmSettings:
+        return cls(urls=tuple(cfg.vllm_url) if cfg.vllm_url else None,
+                   model_dir=cfg.hf_checkpoint, run_dir=cfg.output_dir, seed=cfg.seed,
+                   temperature=cfg.rollout_temperature, interval=cfg.update_weights_interval,
+                   startup_timeout=cfg.vllm_startup_timeout,
+                   request_timeout=cfg.vllm_request_timeout)
+
+    @classmethod
+    def of_eval(cls, cfg, run_dir: str) -> VllmSettings:
+        """``relax eval``: the checkpoint's weights, no sync; no log-prob is read, so the
+        mode is the raw one."""
+        return cls(urls=tuple(cfg.vllm_url) if cfg.vllm_url else None,
+                   model_dir=cfg.checkpoint, run_dir=run_dir, seed=cfg.seed, temperature=1.0,
+                   interval=1, startup_timeout=cfg.vllm_startup_timeout,
+                   request_timeout=cfg.vllm_request_timeout)
 
 
 class VllmBackend:
-    def __init__(self, cfg, ctx, client: VllmClient | None, server: VllmServer | None, *,
-                 python: str | None = None):
-        self.cfg, self.ctx, self.client, self.server = cfg, ctx, client, server
+    def __init__(self, settings: VllmSettings, rank: int, device, client: VllmClient | None,
+                 *, python: str | None = None):
+        self.settings, self.rank, self.device = settings, rank, device
+        self.client, self.server = client, None
         self.python = python  # the vLLM environment an owned server starts from
-        self.sync = DiskSync(client, os.path.join(cfg.output_dir,
-                                                  f"vllm-weights-rank{ctx.rank}"))
+        self.sync = DiskSync(client, os.path.join(settings.run_dir,
+                                                  f"vllm-weights-rank{rank}"))
         self.samplers: list[VllmSampler] = []
         self.version = 0  # the trainer steps behind the server's weights
 
     @classmethod
-    def open(cls, cfg, ctx) -> VllmBackend:
+    def open(cls, settings: VllmSettings, rank: int, device) -> VllmBackend:
         """Before any model loads: a ``--vllm-url`` server must answer (else exit 2); for an
         owned server the vLLM environment must exist at a supported version."""
-        if cfg.vllm_url:
-            url = cfg.vllm_url[ctx.rank % len(cfg.vllm_url)]
+        if settings.urls:
+            url = settings.urls[rank % len(settings.urls)]
             if not healthy(url):
                 raise InputError(f"--vllm-url {url}: no vLLM server answers there (GET "
                                  "/health); start it or correct the URL")
-            client = VllmClient(url, timeout=cfg.vllm_request_timeout)
+            client = VllmClient(url, timeout=settings.request_timeout)
             check_version(client.version(), f"--vllm-url {url}")
-            return cls(cfg, ctx, client, None)
+            return cls(settings, rank, device, client)
         python = vllm_python()
         installed_version(python)
-        return cls(cfg, ctx, None, None, python=python)
+        return cls(settings, rank, device, None, python=python)
 
     def start(self, module, *, bf16: bool) -> None:
         """Owned: write ``module``'s weights (version 0) and serve them; either way the
         server must answer, serve this model and sample a token (else exit 2)."""
-        cfg = self.cfg
+        conf = self.settings
         if self.client is None:
             self.sync.current = path = os.path.join(self.sync.folder, "v0")
             write_weights(module, path)
             self.server = VllmServer.start(
-                path, tokenizer=os.path.abspath(cfg.hf_checkpoint),
-                log_path=os.path.join(cfg.output_dir, f"vllm-rank{self.ctx.rank}.log"),
-                dtype="bfloat16" if bf16 else "float32", seed=cfg.seed,
-                logprobs_mode=log_probs_mode(cfg.rollout_temperature), python=self.python)
-            self.client = self.sync.client = self.server.client(cfg.vllm_request_timeout)
-            self.server.wait_ready(cfg.vllm_startup_timeout)
+                path, tokenizer=os.path.abspath(conf.model_dir),
+                log_path=os.path.join(conf.run_dir, f"vllm-rank{self.rank}.log"),
+                dtype="bfloat16" if bf16 else "float32", seed=conf.seed,
+                logprobs_mode=log_probs_mode(conf.temperature), python=self.python)
+            self.client = self.sync.client = self.server.client(conf.request_timeout)
+            self.server.wait_ready(conf.startup_timeout)
             self.client.served_model()
         else:
             self._check_served(module)
@@ -81,16 +117,15 @@ class VllmBackend:
             self.client.complete([0], max_tokens=1, temperature=1.0, top_p=1.0, top_k=-1,
                                  seed=0, stop_token_ids=[])
         except ServerError as e:
-            raise InputError(f"the model --hf-checkpoint {cfg.hf_checkpoint} does not run "
-                             f"on vLLM: {e}") from e
+            raise InputError(f"the model {conf.model_dir} does not run on vLLM: {e}") from e
 
     def _check_served(self, module) -> None:
-        """A ``--vllm-url`` server serves --hf-checkpoint, untied (see vllm_sync.py)."""
+        """A ``--vllm-url`` server serves the model, untied (see vllm_sync.py)."""
         served = self.client.served_model()
         root = str(served.get("root") or served["id"])
-        if os.path.realpath(root) != os.path.realpath(self.cfg.hf_checkpoint):
-            raise InputError(f"{self.client.describe()} serves {root!r}, not --hf-checkpoint "
-                             f"{self.cfg.hf_checkpoint}; start it on that model or correct "
+        if os.path.realpath(root) != os.path.realpath(self.settings.model_dir):
+            raise InputError(f"{self.client.describe()} serves {root!r}, not the model "
+                             f"{self.settings.model_dir}; start it on that model or correct "
                              "the URL")
         if getattr(module.config, "tie_word_embeddings", False):
             raise InputError(f"--vllm-url {self.client.url}: the model ties its word "
@@ -101,14 +136,14 @@ class VllmBackend:
     def sampler(self, params: SamplingParams, *, eos_token_ids: list[int],
                 pad_token_id: int) -> VllmSampler:
         s = VllmSampler(self.client, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                        params=params, device=self.ctx.device, version=self.version)
+                        params=params, device=self.device, version=self.version)
         self.samplers.append(s)
         return s
 
     def due(self, version: int) -> bool:
         """Whether the weights after ``version`` steps go to the server (every
         ``--update-weights-interval`` steps)."""
-        return version % self.cfg.update_weights_interval == 0
+        return version % self.settings.interval == 0
 
     def push(self, module, version: int, tracker) -> None:
         """The server samples with ``module``'s weights (``version``) from now on."""
