@@ -77,6 +77,25 @@ def test_two_steps_end_to_end(tmp_path, model_dir):
     assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
 
 
+def test_a_resumed_run_pushes_its_weights_first(tmp_path, model_dir):
+    """The server starts on the loaded model's weights; a resumed run's checkpoint moved
+    them, so it pushes them before its first step: that step's mismatch stays at rounding
+    (without the push it would carry two steps of lr 1e-2)."""
+    reward = write_reward(tmp_path)
+    common = ["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+              "--custom-rm-path", f"{reward}:parity", *SMALL]
+    _, _, moved = fit(make_config(*common, "--save", str(tmp_path / "ckpt"), "--save-interval",
+                                  "1", output_dir=tmp_path / "first"))
+    assert moved > 1e-4
+    fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",
+                    output_dir=tmp_path / "resumed"))
+    row = read_metrics(tmp_path / "resumed")[-1]
+    assert row["rollout/step"] == 3 and row["rollout/policy_lag"] == 0
+    assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+    samples = [json.loads(line) for line in open(tmp_path / "resumed" / "samples.jsonl")]
+    assert {s["policy_version"] for s in samples} == {2}
+
+
 @pytest.mark.parametrize("stop", ["kill the server", "SIGTERM"])
 def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
     """Inside step 2's reward: the server is killed (the run then fails at the weight sync,
