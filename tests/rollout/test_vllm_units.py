@@ -6,6 +6,7 @@ tests/rollout/test_vllm_server.py."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 
 import pytest
@@ -15,7 +16,13 @@ from relax.errors import InputError
 from relax.rollout.generate import concat_rollouts, left_pad
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.vllm_sampler import VllmSampler
-from relax.rollout.vllm_server import VllmClient, check_version, last_error, vllm_python
+from relax.rollout.vllm_server import (
+    ServerError,
+    VllmClient,
+    check_version,
+    last_error,
+    vllm_python,
+)
 from relax.rollout.vllm_sync import DiskSync
 
 EOS, PAD = 1, 0
@@ -149,3 +156,15 @@ def test_last_error_picks_the_error_line(tmp_path):
     log.write_text("INFO starting\nRuntimeError: Unsupported head_dim=16\nINFO bye\n")
     assert last_error(str(log)) == "RuntimeError: Unsupported head_dim=16"
     assert last_error(str(tmp_path / "none.log")) == "(no log)"
+
+
+def test_a_silent_server_times_out_in_one_line():
+    """A server that accepts and never answers (a hung one): one line after the timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # the kernel accepts the connection; nobody ever answers
+        client = VllmClient(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=0.5)
+        with pytest.raises(ServerError, match="did not answer within --vllm-request-timeout "
+                           r"0.5 s") as e:
+            client.served_model()
+    assert "\n" not in str(e.value)
