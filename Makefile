@@ -47,9 +47,9 @@ $(STAMP): pyproject.toml Makefile
 # (`torchvision::nms does not exist`) and that the text-only server never needs, so they
 # are removed. `make test` depends on it, so CI builds it once per fresh checkout: measured
 # here 299 s from an empty pip cache (--no-cache-dir) and 88 s with pip's wheel cache warm,
-# a 3.4 GB environment; the stamp makes re-runs free. Its tests add about 10 minutes of
+# a 3.4 GB environment; the stamp makes re-runs free. Its tests add about 12 minutes of
 # server start-ups and runs on one busy 2-core worker (tests/rollout/test_vllm_server.py 4 min,
-# tests/trainer/test_vllm_train.py 5.5 min, tests/eval/test_eval_vllm.py 1 min), less on xdist.
+# tests/trainer/test_vllm_train.py 7.5 min, tests/eval/test_eval_vllm.py 1 min), less on xdist.
 vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): Makefile

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from relax.rollout.vllm_server import group_alive
+from tests.distributed_utils import torchrun_relax
 from tests.reliability.helpers import (
     finish,
     gate_env,
@@ -75,6 +76,25 @@ def test_two_steps_end_to_end(tmp_path, model_dir):
     assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
     assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
     assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
+
+
+def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
+    """torchrun with two Gloo ranks: a server per rank (its own log and weights), both
+    following the update (the mismatch, reduced over the ranks, stays at rounding), both gone
+    at the end."""
+    run = tmp_path / "run"
+    done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                          "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                          "--num-rollout", "2", "--output-dir", str(run), "--device", "cpu",
+                          timeout=900, hang="a two-rank vLLM run did not finish")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
+    assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
+    for rank in (0, 1):
+        assert os.listdir(run / f"vllm-weights-rank{rank}") == ["v2"]
+        assert gone(server_group(run / f"vllm-rank{rank}.log"))
 
 
 def test_a_resumed_run_pushes_its_weights_first(tmp_path, model_dir):
