@@ -1,17 +1,21 @@
 """``--rollout-backend vllm`` assembled for one rank: its server (started and owned, or named
-by ``--vllm-url``), the sampler the collectors call and the weight sync after updates.
+by ``--vllm-url``), the sampler the collectors call and the weight sync after updates; also
+``relax eval --rollout-backend vllm``'s server.
 
     backend = VllmBackend.open(VllmSettings.of_train(cfg), rank, device)  # before a model loads
     backend.start(module, bf16=False)                  # serving, answering, sampling
     sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
-    backend.after_update(module, version, tracker)     # every --update-weights-interval steps
+    if backend.due(version):                           # every --update-weights-interval steps
+        backend.push(module, version, tracker)
     backend.close()                                    # an owned server is gone
 
-Rank r owns one server (its log ``OUTPUT_DIR/vllm-rank<r>.log``, its weights
-``OUTPUT_DIR/vllm-weights-rank<r>/``) or uses ``--vllm-url`` entry r mod their number. The
-server starts while the trainer loads its model; :meth:`ready` then waits for it (at most
-``--vllm-startup-timeout``) and samples one token, so a model the server cannot run stops
-the run with one line before training instead of at the first rollout.
+Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
+``RUN_DIR/vllm-weights-rank<r>/``) or uses ``--vllm-url`` entry r mod their number. An
+owned server starts once the model is loaded, from that model's weights written as ``v0``
+(untied: relax/rollout/vllm_sync.py ``write_weights``), so it samples exactly the trainer's
+weights; :meth:`VllmBackend.start` waits for it (at most ``--vllm-startup-timeout``) and
+samples one token, so a model the server cannot run stops the run with one line before
+training instead of at the first rollout.
 """
 
 from __future__ import annotations

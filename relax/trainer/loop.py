@@ -9,7 +9,8 @@ sampled on the same ranks (colocated) or on rollout ranks of their own (--fully-
         exp       = log_probs(batch)             pi_old and the reference, no autograd (policy.py)
         exp       = advantages(exp, rewards)     compute_advantages_and_returns over the DP group
         history   = update(exp)                  --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
-        publish(step + 1)                        --fully-async: the new weights to the rollout ranks
+        publish(step + 1)                        --fully-async: the new weights to the rollout ranks;
+                                                 --rollout-backend vllm: to the vLLM servers
         end       = control.after_step(step)     the ranks agree: a signal, the wall-clock budget
         evaluate; log; checkpointer.maybe_save; stop here on a signal
 
