@@ -26,8 +26,9 @@ class FullyAsyncFields:
         "(the colocated loop's numbers), K >= 1 overlaps sampling with training and needs "
         "--use-tis or --use-rollout-logprobs. Needs --fully-async.", group="async")
     update_weights_interval: int = option(
-        1, "Optimizer rollout steps between weight syncs to the rollout ranks; needs "
-        "--fully-async.", group="async")
+        1, "Optimizer rollout steps between weight syncs to the rollout ranks "
+        "(--fully-async) or to the vLLM servers (--rollout-backend vllm); needs one of the "
+        "two.", group="async")
     weight_sync_bucket_mb: float = option(
         64.0, "Size of one weight-sync broadcast: no rank holds more than one bucket of "
         "gathered weights beyond its shard; needs --fully-async.", group="async")

@@ -23,7 +23,9 @@ _REFUSED = {
 
 def check_fully_async(cfg, explicit: set[str]) -> None:
     for dest in _FLAGS:
-        if dest in explicit and not cfg.fully_async:
+        # the vLLM backend syncs its servers every --update-weights-interval steps too
+        vllm_sync = dest == "update_weights_interval" and cfg.rollout_backend == "vllm"
+        if dest in explicit and not cfg.fully_async and not vllm_sync:
             reject(cfg, dest, "has no effect without --fully-async; add it or remove this flag")
     if not cfg.fully_async:
         return

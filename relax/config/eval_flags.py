@@ -34,6 +34,7 @@ from relax.config.checks import (
 )
 from relax.config.gym_spec import is_reasoning_gym
 from relax.config.presets import BUILTIN_PRESET
+from relax.config.rollout_backend import check_eval_backend
 from relax.config.schema import EvalConfig, TrainConfig
 from relax.errors import ConfigError
 
@@ -123,6 +124,7 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     if cfg.output_dir is not None and os.path.exists(cfg.output_dir) and not os.path.isdir(
             cfg.output_dir):
         reject(cfg, "output_dir", "exists and is not a directory; choose another path")
+    check_eval_backend(cfg, explicit)
     if cfg.env is not None:
         _check_eval_env(cfg, explicit)
         return None

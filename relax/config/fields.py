@@ -33,6 +33,8 @@ GROUPS: dict[str, str] = {
     "modes": "Synchronous colocate training, or --fully-async (reinforce_plus_plus.md §9).",
     "async": "Fully asynchronous training (--fully-async): rollout ranks and training ranks "
              "under one torchrun, weights synced over torch.distributed, a fixed staleness.",
+    "rollout backend": "Who samples: Relax's decode engine or vLLM servers fed the trainer's "
+                       "weights (docs/configuration.md, \"Rollout backend\").",
     "evaluation": "Periodic evaluation during training: pass@k (unbiased) and mean reward on "
                   "held-out prompts (docs/configuration.md).",
     "environments": "Multi-turn episodes: the model acts, an environment or an agent program's "

@@ -58,6 +58,12 @@ from relax.config.reward_services import (
     rm_retry_backoff_option,
     rm_url_option,
 )
+from relax.config.rollout_backend import (
+    rollout_backend_option,
+    vllm_request_timeout_option,
+    vllm_startup_timeout_option,
+    vllm_url_option,
+)
 from relax.config.sections import (
     AlgorithmSection,
     BatchSection,
@@ -350,6 +356,12 @@ class TrainConfig(FullyAsyncFields, DistillationFields, CriticFields):
     device: str = device_option()
     host_mmap_threshold_kb: int = host_mmap_threshold_kb_option()
 
+    # rollout backend (relax/config/rollout_backend.py)
+    rollout_backend: str = rollout_backend_option()
+    vllm_url: list | None = vllm_url_option()
+    vllm_startup_timeout: float = vllm_startup_timeout_option()
+    vllm_request_timeout: float = vllm_request_timeout_option()
+
     # evaluation
     eval_interval: int | None = option(
         None, "Evaluate every N rollout steps and log "
@@ -509,9 +521,13 @@ class EvalConfig:
     max_turns: int = max_turns_option()
     env_step_timeout: float | None = env_step_timeout_option()
     eval_episodes: int = eval_episodes_option()
+    rollout_backend: str = rollout_backend_option("eval")
+    vllm_url: list | None = vllm_url_option("evaluation")
+    vllm_startup_timeout: float = vllm_startup_timeout_option("evaluation")
+    vllm_request_timeout: float = vllm_request_timeout_option("evaluation")
     output_dir: str | None = option(
-        None, "Also write the metrics to OUTPUT_DIR/eval_metrics.json.",
-        group="evaluation")
+        None, "Also write the metrics to OUTPUT_DIR/eval_metrics.json (and, with "
+        "--rollout-backend vllm, the server's log).", group="evaluation")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -13,7 +13,8 @@ The rules, in the order they are checked:
 2. KL: ``--kl-coef`` and ``--kl-loss-coef`` never both nonzero, then the estimator's KL facts;
 3. the reinforce_plus_plus.md §8 rows for both REINFORCE++ variants and the modes that no
    estimator implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1),
-   then the rules of rloo and cispo (``estimator_rules.py``);
+   what ``--rollout-backend vllm`` does not serve (``rollout_backend.py``), then the rules
+   of rloo and cispo (``estimator_rules.py``);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
 5. environments (``--env``), data, reward, model paths, run directories, evaluation
    (``eval_flags.py``);
@@ -49,6 +50,7 @@ from relax.config.off_policy import check_off_policy
 from relax.config.opd_rules import check_distillation
 from relax.config.recompute import check_recompute
 from relax.config.reward_services import check_reward_services
+from relax.config.rollout_backend import check_rollout_backend
 from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
@@ -463,6 +465,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     check_bounds(cfg)
     _check_kl(cfg)
     _check_modes(cfg)
+    check_rollout_backend(cfg, explicit)  # before the rules of the modes it refuses
     check_estimator_rules(cfg)
     _check_estimator_specific(cfg)
     _check_env(cfg, explicit)

@@ -3,13 +3,18 @@
 print the metrics as JSON.
 
     relax eval CHECKPOINT_DIR --eval-prompt-data gsm8k data/gsm8k/test.jsonl --rm-type math
+
+With ``--rollout-backend vllm`` a vLLM server samples (started on the checkpoint's weights
+and stopped at the end, or named by ``--vllm-url``; relax/rollout/vllm_backend.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import torch
 
@@ -17,14 +22,21 @@ from relax import models
 from relax.errors import InputError, RelaxError
 from relax.eval.hook import EvalSet, evaluate_env, evaluate_sets, load_eval_sets
 from relax.host_memory import set_mmap_threshold
+from relax.precision import use_bf16
 from relax.rollout.data import check_formatted_lengths
+from relax.rollout.vllm_backend import VllmBackend, VllmSettings
 
 
 def run_eval_command(cfg) -> int:
     """``relax eval CHECKPOINT``: print the metrics as JSON; exit 0, or 2/1 on error."""
     set_mmap_threshold(cfg.host_mmap_threshold_kb)  # 0: glibc's own behaviour
+    vllm = scratch = None
     try:
         device = models.pick_device(cfg.device, 0)
+        if cfg.rollout_backend == "vllm":  # before the model loads: the URL, the install
+            scratch = None if cfg.output_dir else tempfile.mkdtemp(prefix="relax-eval-vllm-")
+            vllm = VllmBackend.open(VllmSettings.of_eval(cfg, cfg.output_dir or scratch), 0,
+                                    device)
         models.quiet_transformers()
         tokenizer = models.load_tokenizer(cfg.checkpoint, "CHECKPOINT")
         if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
@@ -37,10 +49,17 @@ def run_eval_command(cfg) -> int:
             metrics = evaluate_env(cfg, model, tokenizer, device)
         else:
             metrics = evaluate_sets(cfg, _checked_sets(cfg, model, tokenizer), model,
-                                    tokenizer, device)
+                                    tokenizer, device,
+                                    make_sampler=_vllm_sampler(vllm, model, cfg, tokenizer))
     except RelaxError as e:
         print(f"relax eval: error: {e}", file=sys.stderr)
         return e.exit_code
+    finally:
+        if vllm is not None:
+            vllm.close()
+            shutil.rmtree(vllm.sync.folder, ignore_errors=True)  # a copy of the checkpoint
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     text = json.dumps(metrics, indent=2, sort_keys=True)
     print(text)
     if cfg.output_dir:
@@ -48,6 +67,16 @@ def run_eval_command(cfg) -> int:
         with open(os.path.join(cfg.output_dir, "eval_metrics.json"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
     return 0
+
+
+def _vllm_sampler(vllm, model, cfg, tokenizer):
+    """``--rollout-backend vllm``: the server on the checkpoint's weights, as a sampler
+    factory for relax/eval/evaluate.py (None: the model's own sampler)."""
+    if vllm is None:
+        return None
+    vllm.start(model, bf16=use_bf16(cfg.bf16, next(model.parameters()).device))
+    return lambda params, eos: vllm.sampler(params, eos_token_ids=eos,
+                                            pad_token_id=tokenizer.pad_token_id)
 
 
 def _checked_sets(cfg, model, tokenizer) -> list[EvalSet]:

@@ -119,6 +119,7 @@ def evaluate(
     sync_group=None,
     reward_name: str = "reward",
     reward_timeout: float | None = None,
+    make_sampler=None,
 ) -> dict[str, float]:
     """Evaluate ``model`` (a plain Hugging Face causal LM, not a DDP wrapper) on ``prompts``.
 
@@ -129,6 +130,8 @@ def evaluate(
     ``eval/<name>/pass@k`` for k in 1, 2, 4, ..., n_samples, ``eval/<name>/mean_reward``
     (over all responses), ``eval/<name>/response_length`` (mean tokens) and
     ``eval/<name>/truncated`` (share without EOS); identical on every rank of ``group``.
+    ``make_sampler(params, eos_token_ids)``: another sampler than the model's own (a vLLM
+    server, relax/rollout/vllm_backend.py).
     """
     if len(prompts) != len(labels):
         raise ValueError(f"evaluate: {len(prompts)} prompts but {len(labels)} labels")
@@ -136,8 +139,11 @@ def evaluate(
         raise ValueError(f"evaluate: the evaluation set {name!r} has no prompts")
     device = torch.device(device) if device is not None else _model_device(model)
     rank, world = _rank_world(group)
-    sampler = eval_sampler(model, tokenizer, sampling, device, eos_token_ids=eos_token_ids,
-                           sync_group=sync_group)
+    if make_sampler is not None:
+        sampler = make_sampler(sampling.params, eos_token_ids or find_eos_ids(tokenizer, model))
+    else:
+        sampler = eval_sampler(model, tokenizer, sampling, device,
+                               eos_token_ids=eos_token_ids, sync_group=sync_group)
     generator = eval_generator(sampling, device, name, step, rank)
     sums = PassAtKSums(sampling.n_samples, sampling.pass_threshold,
                        means=("response_length", "truncated"))

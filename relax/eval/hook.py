@@ -96,8 +96,9 @@ def load_eval_sets(cfg) -> list[EvalSet]:
 
 
 def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=None,
-                  group=None, sync_group=None) -> dict[str, float]:
-    """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds)."""
+                  group=None, sync_group=None, make_sampler=None) -> dict[str, float]:
+    """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds).
+    ``make_sampler``: relax/eval/evaluate.py ``evaluate``'s."""
     start = time.perf_counter()
     sampling = EvalSampling.from_config(cfg)
     metrics: dict[str, float] = {}
@@ -113,6 +114,7 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
             model, tokenizer, texts, s.labels, reward_fn, sampling, name=s.name, step=step,
             device=device, group=group, sync_group=sync_group, reward_name=reward_name,
             reward_timeout=timeout,
+            make_sampler=make_sampler,
         ))
     metrics["perf/eval_time"] = time.perf_counter() - start
     return metrics

@@ -27,7 +27,8 @@ class Rollout:
     episode's environment turns, relax/rollout/episodes.py); None means ``response_mask``.
     ``log_probs`` [B, T] float32: the sampler's log-prob of each generated token
     (:func:`sampled_log_probs`), 0 outside ``response_mask``; None when the rows were not
-    sampled here.
+    sampled here. ``policy_version`` [B] int64: the trainer step whose weights sampled each
+    row, where the sampler is not the trainer's own model (a vLLM server); None otherwise.
     """
 
     prompt_ids: torch.Tensor
@@ -37,6 +38,7 @@ class Rollout:
     truncated: torch.Tensor
     context_mask: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
+    policy_version: torch.Tensor | None = None
 
     def select(self, index) -> Rollout:
         """The rows picked by ``index`` (a list or an index tensor)."""
@@ -66,6 +68,8 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
             for r in parts]),
         None if any(r.log_probs is None for r in parts) else torch.cat([
             pad(r.log_probs, T, 0.0, False) for r in parts]),
+        None if any(r.policy_version is None for r in parts) else torch.cat([
+            r.policy_version for r in parts]),
     )
 
 

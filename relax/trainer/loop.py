@@ -13,7 +13,8 @@ sampled on the same ranks (colocated) or on rollout ranks of their own (--fully-
                                                  (ppo: the critic's values first, GAE, §5c; critic.py)
         history   = update(exp)                  --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
                                                  (ppo: the critic's steps first)
-        publish(step + 1)                        --fully-async: the new weights to the rollout ranks
+        publish(step + 1)                        --fully-async: the new weights to the rollout ranks;
+                                                 --rollout-backend vllm: to the vLLM servers
         end       = control.after_step(step)     the ranks agree: a signal, the wall-clock budget
         evaluate; log; checkpointer.maybe_save; stop here on a signal
 
@@ -56,6 +57,7 @@ from relax.rollout.partial import PartialRollouts
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
+from relax.rollout.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
 from relax.trainer import build, checkpoint
 from relax.trainer.async_layout import AsyncLayout, Schedule
@@ -104,13 +106,28 @@ class Trainer:
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
                            report=lambda line: print(line, file=sys.stderr))
+        # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
+        # here, before any model loads; an owned server is closed on any failure below
+        self.vllm = (VllmBackend.open(VllmSettings.of_train(cfg), ctx.rank, ctx.device)
+                     if cfg.rollout_backend == "vllm" else None)
+        try:
+            self._build_rest(envs, resume, started, stop, console)
+        except BaseException:
+            self.close_backend()
+            raise
+
+    def _build_rest(self, envs, resume, started, stop, console) -> None:
+        cfg, ctx, layout = self.cfg, self.ctx, self.layout
         self.policy = self._build_policy()
         # --use-opd: the teacher, its vocabulary checked against the student's before any step
         self.distill = Distillation.build(cfg.distillation, ctx, tokenizer=self.policy.tokenizer,
                                           student=self.policy.module, bf16=self.bf16)
         # ppo: the value model, --critic-load checked against it before any step (§5c)
         self.critic = Critic.build(cfg, ctx, tokenizer=self.policy.tokenizer, bf16=self.bf16)
-        self.step_metrics.remote_generation = layout is not None
+        if self.vllm is not None:
+            self.vllm.start(self.policy.module, bf16=self.bf16)
+        # generation FLOPs are not this process's with rollout ranks or a vLLM server
+        self.step_metrics.remote_generation = layout is not None or self.vllm is not None
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
             # the host's cores shared between the local ranks (build.cpu_threads)
@@ -128,6 +145,8 @@ class Trainer:
         self.start_step = 0
         if resume:
             self._resume(*resume)
+            if self.vllm is not None:  # the server holds --hf-checkpoint, not the resumed step
+                self.vllm.push(self.policy.module, self.start_step, self.tracker)
         self.logger = build_logger(
             is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
             start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
@@ -219,10 +238,12 @@ class Trainer:
             return RemoteRollout(cfg, self.ctx, self.layout, schedule, policy=p,
                                  source=self.source, tracker=self.tracker,
                                  timeout_minutes=cfg.distributed_timeout_minutes)
+        params = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k)
+        sampler = (p.sampler(params) if self.vllm is None else self.vllm.sampler(
+            params, eos_token_ids=p.eos_token_ids, pad_token_id=p.tokenizer.pad_token_id))
         parts = dict(seed=self.cfg.seed, source=self.source, tokenizer=p.tokenizer,
                      scorer=self.scorer, timer=self.timer, tracker=self.tracker,
-                     sampler=p.sampler(SamplingParams(rollout.temperature, rollout.top_p,
-                                                      rollout.top_k)))
+                     sampler=sampler)
         if rollout.env or rollout.agentic:
             eos = p.tokenizer.eos_token_id
             return EpisodeCollector(rollout, batches, self.ctx, envs=envs, context=p.context,
@@ -330,10 +351,15 @@ class Trainer:
 
     def publish(self, version: int) -> None:
         """--fully-async: the weights after ``version`` steps to the rollout ranks, when a
-        batch to come is sampled with them (relax/trainer/remote_rollout.py)."""
+        batch to come is sampled with them (relax/trainer/remote_rollout.py);
+        --rollout-backend vllm: to the vLLM server every --update-weights-interval steps
+        (relax/rollout/vllm_backend.py)."""
         if self.layout is not None:
             with self.timer("weight_sync"):
                 self.collector.publish(version)
+        elif self.vllm is not None and self.vllm.due(version):
+            with self.timer("weight_sync"):
+                self.vllm.push(self.policy.module, version, self.tracker)
 
     def evaluate(self, step: int, *, last: bool = False) -> dict[str, float]:
         """``eval/<set>/...`` metrics when ``--eval-interval`` divides ``step`` or ``step``
@@ -345,6 +371,9 @@ class Trainer:
 
     def log(self, step: int, b: StepBatch, evaluation: dict[str, float]) -> dict[str, float]:
         """The step's metrics row (every rank; rank 0 writes it) and its samples."""
+        versions = b.rollout.policy_version
+        if versions is not None and len(versions):  # a vLLM server sampled the batch
+            self.tracker.add_max("rollout/policy_lag", step - 1 - int(versions.min()))
         metrics = {**self.step_metrics.row(b, self.timer.pop()), **evaluation}
         self.logger.log(step, metrics)
         if self.ctx.is_main and self.cfg.log_samples:
@@ -401,8 +430,16 @@ class Trainer:
         return history
 
     def close(self) -> None:
-        self.logger.close()
-        self.collector.close()
+        try:
+            self.logger.close()
+            self.collector.close()
+        finally:
+            self.close_backend()
+
+    def close_backend(self) -> None:
+        """An owned vLLM server ends with the run, however it ends."""
+        if self.vllm is not None:
+            self.vllm.close()
 
 
 def sample_rows(b: StepBatch, count: int) -> list[dict]:
@@ -410,5 +447,12 @@ def sample_rows(b: StepBatch, count: int) -> list[dict]:
     lengths = b.rollout.response_mask.sum(dim=1).tolist()
     return [{"prompt": b.prompts[i], "response": b.responses[i],
              "reward": float(b.rewards[i]), "label": b.labels[i],
-             "response_length": int(lengths[i]), "truncated": bool(b.rollout.truncated[i])}
+             "response_length": int(lengths[i]), "truncated": bool(b.rollout.truncated[i]),
+             **_version(b.rollout, i)}
             for i in spread_indices(count, len(b.prompts))]
+
+
+def _version(rollout, i: int) -> dict:
+    """A vLLM-sampled row's ``policy_version``: the trainer steps behind its weights."""
+    versions = rollout.policy_version
+    return {} if versions is None else {"policy_version": int(versions[i])}

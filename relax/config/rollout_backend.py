@@ -1,0 +1,140 @@
+"""The rollout backend: Relax's own decode engine, or vLLM servers (``--rollout-backend
+vllm``): the flags and their rules (docs/configuration.md, "Rollout backend").
+
+With vLLM the trainer samples through OpenAI-compatible vLLM servers, token ids in and out,
+and pushes its weights to them after every ``--update-weights-interval`` steps
+(relax/rollout/vllm_server.py, vllm_sampler.py; relax/rollout/vllm_sync.py). What the
+backend does not serve yet is refused here with one line naming the combination, before any
+process starts. Torch-free, like the rest of validation; whether a URL answers is checked
+when the trainer starts (before any model loads).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from relax.config.checks import reject
+from relax.config.fields import option
+
+GROUP = "rollout backend"
+BACKENDS = ("relax", "vllm")
+MAKE_TARGET = "make vllm"
+
+
+def rollout_backend_option(command: str = "train"):
+    what = ("the rollouts: relax (the built-in decode engine, in the training process) or "
+            "vllm (vLLM OpenAI servers, one per rank, " if command == "train" else
+            "the evaluation: relax (the built-in decode engine) or vllm (a vLLM OpenAI server "
+            "on the checkpoint's weights, ")
+    sync = ("; the weights reach them after every --update-weights-interval steps)"
+            if command == "train" else ")")
+    return option(
+        "relax", f"Who samples {what}started from the environment `{MAKE_TARGET}` builds "
+        f"unless --vllm-url names running ones{sync}.",
+        group=GROUP if command == "train" else "evaluation", choices=BACKENDS)
+
+
+def vllm_url_option(group: str = GROUP):
+    return option(
+        None, "With --rollout-backend vllm: base URLs of vLLM servers already running "
+        "(started with VLLM_SERVER_DEV_MODE=1, serving the model, sharing this "
+        "machine's file system for the weight sync); rank r uses URL r mod their number. "
+        "Must answer when the command starts.", default_text="Relax starts and owns one "
+        "server per rank", group=group, nargs="+", metavar="URL")
+
+
+def vllm_startup_timeout_option(group: str = GROUP):
+    return option(
+        600.0, "Seconds a server Relax starts may take to answer (its model loaded); then "
+        "the run stops with the server's log named.", group=group, metavar="SECONDS")
+
+
+def vllm_request_timeout_option(group: str = GROUP):
+    return option(
+        600.0, "Seconds one generation or weight-sync request to a vLLM server may take; "
+        "then the run stops naming the server and its log.", group=group, metavar="SECONDS")
+
+
+_FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout")
+
+# what the vLLM backend does not serve yet, with the reason the refusal gives
+_REFUSED = {
+    "fully_async": "the rollout ranks sample with Relax's engine",
+    "partial_rollout": "aborting and continuing vLLM requests is not built",
+    "env": "multi-turn episodes sample with Relax's engine",
+    "use_agentic_rollout": "the agent endpoint samples with Relax's engine",
+    "lora_rank": "adapters are not loaded into vLLM by name yet",
+    "fsdp": "the weight sync writes whole parameters from one rank, not from FSDP2 shards",
+}
+
+
+def check_rollout_backend(cfg, explicit: set[str]) -> None:
+    """One line for the first broken rule of the backend flags."""
+    if cfg.rollout_backend != "vllm":
+        for dest in _FLAGS:
+            if dest in explicit:
+                reject(cfg, dest, "has no effect without --rollout-backend vllm; add it or "
+                       "remove this flag")
+        return
+    for dest, why in _REFUSED.items():
+        if getattr(cfg, dest):
+            reject(cfg, ("rollout_backend", dest), f"not supported together ({why}); "
+                   "remove one of the two")
+    if cfg.hf_checkpoint is None:
+        reject(cfg, "rollout_backend", "vLLM serves a model directory: pass --hf-checkpoint "
+               "(the built-in tiny model's 16-wide attention heads are too narrow for vLLM's "
+               "CPU kernels)")
+    _check_log_prob_mode(cfg)
+    _check_server_flags(cfg)
+    if cfg.update_weights_interval < 1:
+        reject(cfg, "update_weights_interval", "must be >= 1")
+    if cfg.update_weights_interval > 1 and not (cfg.use_tis or cfg.use_rollout_logprobs):
+        reject(cfg, "update_weights_interval", "vLLM then samples with weights up to I - 1 "
+               "steps old, which needs an importance correction: add --use-tis (or "
+               "--use-rollout-logprobs), or set --update-weights-interval 1")
+
+
+def check_eval_backend(cfg, explicit: set[str]) -> None:
+    """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
+    settings go; episodes are not served."""
+    if cfg.rollout_backend != "vllm":
+        for dest in _FLAGS:
+            if dest in explicit:
+                reject(cfg, dest, "has no effect without --rollout-backend vllm; add it or "
+                       "remove this flag")
+        return
+    if cfg.env is not None:
+        reject(cfg, ("rollout_backend", "env"), f"not supported together ({_REFUSED['env']}); "
+               "remove one of the two")
+    _check_server_flags(cfg)
+
+
+def _check_server_flags(cfg) -> None:
+    for dest in ("vllm_startup_timeout", "vllm_request_timeout"):
+        if not 0 < getattr(cfg, dest) <= 86400:
+            reject(cfg, dest, "must lie in (0, 86400] seconds")
+    for url in cfg.vllm_url or ():
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            reject(cfg, "vllm_url", f"{url!r} is not an http(s) URL such as "
+                   "http://127.0.0.1:8000")
+
+
+def _check_log_prob_mode(cfg) -> None:
+    """The sampler's log-prob must be softmax(z / T) before top-p / top-k truncation
+    (relax/rollout/generate.py ``sampled_log_probs``). vLLM returns either the raw model's
+    (right when T == 1, truncation or not) or the processed distribution after temperature
+    *and* truncation (right without truncation): with both T != 1 and truncation neither is."""
+    truncated = cfg.rollout_top_p < 1.0 or cfg.rollout_top_k > 0
+    if cfg.rollout_temperature != 1.0 and truncated:
+        reject(cfg, ("rollout_backend", "rollout_temperature", "rollout_top_p",
+                     "rollout_top_k"),
+               "vLLM cannot return softmax(z / T) before top-p/top-k truncation (the "
+               "distribution the trainer's log-probs describe) when both are set: use "
+               "--rollout-temperature 1 or switch the truncation off")
+
+
+def log_probs_mode(temperature: float) -> str:
+    """vLLM's ``--logprobs-mode`` that gives softmax(z / T) before truncation under the
+    rules above: the raw logits' at T == 1, the processed (temperature-scaled) otherwise."""
+    return "raw_logprobs" if temperature == 1.0 else "processed_logprobs"

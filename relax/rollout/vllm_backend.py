@@ -1,0 +1,162 @@
+"""``--rollout-backend vllm`` assembled for one rank: its server (started and owned, or named
+by ``--vllm-url``), the sampler the collectors call and the weight sync after updates; also
+``relax eval --rollout-backend vllm``'s server.
+
+    backend = VllmBackend.open(VllmSettings.of_train(cfg), rank, device)  # before a model loads
+    backend.start(module, bf16=False)                  # serving, answering, sampling
+    sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
+    if backend.due(version):                           # every --update-weights-interval steps
+        backend.push(module, version, tracker)
+    backend.close()                                    # an owned server is gone
+
+Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
+``RUN_DIR/vllm-weights-rank<r>/``) or uses ``--vllm-url`` entry r mod their number. An
+owned server starts once the model is loaded, from that model's weights written as ``v0``
+(untied: relax/rollout/vllm_sync.py ``write_weights``), so it samples exactly the trainer's
+weights; :meth:`VllmBackend.start` waits for it (at most ``--vllm-startup-timeout``) and
+samples one token, so a model the server cannot run stops the run with one line before
+training instead of at the first rollout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from relax.config.rollout_backend import log_probs_mode
+from relax.errors import InputError
+from relax.rollout.sampler import SamplingParams
+from relax.rollout.vllm_sampler import VllmSampler
+from relax.rollout.vllm_server import (
+    ServerError,
+    VllmClient,
+    VllmServer,
+    check_version,
+    healthy,
+    installed_version,
+    vllm_python,
+)
+from relax.rollout.vllm_sync import DiskSync, write_weights
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """What the backend reads of a command's configuration: ``urls`` (``--vllm-url``, None:
+    owned servers), ``model_dir`` (the model and its tokenizer), ``run_dir`` (logs and weight
+    directories), the sampling ``temperature`` (picks the log-prob mode) and the sync
+    ``interval``."""
+
+    urls: tuple[str, ...] | None
+    model_dir: str
+    run_dir: str
+    seed: int
+    temperature: float
+    interval: int
+    startup_timeout: float
+    request_timeout: float
+
+    @classmethod
+    def of_train(cls, cfg) -> VllmSettings:
+        return cls(urls=tuple(cfg.vllm_url) if cfg.vllm_url else None,
+                   model_dir=cfg.hf_checkpoint, run_dir=cfg.output_dir, seed=cfg.seed,
+                   temperature=cfg.rollout_temperature, interval=cfg.update_weights_interval,
+                   startup_timeout=cfg.vllm_startup_timeout,
+                   request_timeout=cfg.vllm_request_timeout)
+
+    @classmethod
+    def of_eval(cls, cfg, run_dir: str) -> VllmSettings:
+        """``relax eval``: the checkpoint's weights, no sync; no log-prob is read, so the
+        mode is the raw one."""
+        return cls(urls=tuple(cfg.vllm_url) if cfg.vllm_url else None,
+                   model_dir=cfg.checkpoint, run_dir=run_dir, seed=cfg.seed, temperature=1.0,
+                   interval=1, startup_timeout=cfg.vllm_startup_timeout,
+                   request_timeout=cfg.vllm_request_timeout)
+
+
+class VllmBackend:
+    def __init__(self, settings: VllmSettings, rank: int, device, client: VllmClient | None,
+                 *, python: str | None = None):
+        self.settings, self.rank, self.device = settings, rank, device
+        self.client, self.server = client, None
+        self.python = python  # the vLLM environment an owned server starts from
+        self.sync = DiskSync(client, os.path.join(settings.run_dir,
+                                                  f"vllm-weights-rank{rank}"))
+        self.samplers: list[VllmSampler] = []
+        self.version = 0  # the trainer steps behind the server's weights
+
+    @classmethod
+    def open(cls, settings: VllmSettings, rank: int, device) -> VllmBackend:
+        """Before any model loads: a ``--vllm-url`` server must answer (else exit 2); for an
+        owned server the vLLM environment must exist at a supported version."""
+        if settings.urls:
+            url = settings.urls[rank % len(settings.urls)]
+            if not healthy(url):
+                raise InputError(f"--vllm-url {url}: no vLLM server answers there (GET "
+                                 "/health); start it or correct the URL")
+            client = VllmClient(url, timeout=settings.request_timeout)
+            check_version(client.version(), f"--vllm-url {url}")
+            return cls(settings, rank, device, client)
+        python = vllm_python()
+        installed_version(python)
+        return cls(settings, rank, device, None, python=python)
+
+    def start(self, module, *, bf16: bool) -> None:
+        """Owned: write ``module``'s weights (version 0) and serve them; either way the
+        server must answer, serve this model and sample a token (else exit 2)."""
+        conf = self.settings
+        if self.client is None:
+            self.sync.current = path = os.path.join(self.sync.folder, "v0")
+            write_weights(module, path)
+            self.server = VllmServer.start(
+                path, tokenizer=os.path.abspath(conf.model_dir),
+                log_path=os.path.join(conf.run_dir, f"vllm-rank{self.rank}.log"),
+                dtype="bfloat16" if bf16 else "float32", seed=conf.seed,
+                logprobs_mode=log_probs_mode(conf.temperature), python=self.python)
+            self.client = self.sync.client = self.server.client(conf.request_timeout)
+            self.server.wait_ready(conf.startup_timeout)
+            self.client.served_model()
+        else:
+            self._check_served(module)
+        try:
+            self.client.complete([0], max_tokens=1, temperature=1.0, top_p=1.0, top_k=-1,
+                                 seed=0, stop_token_ids=[])
+        except ServerError as e:
+            raise InputError(f"the model {conf.model_dir} does not run on vLLM: {e}") from e
+
+    def _check_served(self, module) -> None:
+        """A ``--vllm-url`` server serves the model, untied (see vllm_sync.py)."""
+        served = self.client.served_model()
+        root = str(served.get("root") or served["id"])
+        if os.path.realpath(root) != os.path.realpath(self.settings.model_dir):
+            raise InputError(f"{self.client.describe()} serves {root!r}, not the model "
+                             f"{self.settings.model_dir}; start it on that model or correct "
+                             "the URL")
+        if getattr(module.config, "tie_word_embeddings", False):
+            raise InputError(f"--vllm-url {self.client.url}: the model ties its word "
+                             "embeddings, and vLLM 0.32's weight reload would leave the "
+                             "server's output layer at the start-up weights; leave out "
+                             "--vllm-url (Relax then starts a server on an untied copy)")
+
+    def sampler(self, params: SamplingParams, *, eos_token_ids: list[int],
+                pad_token_id: int) -> VllmSampler:
+        s = VllmSampler(self.client, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                        params=params, device=self.device, version=self.version)
+        self.samplers.append(s)
+        return s
+
+    def due(self, version: int) -> bool:
+        """Whether the weights after ``version`` steps go to the server (every
+        ``--update-weights-interval`` steps)."""
+        return version % self.settings.interval == 0
+
+    def push(self, module, version: int, tracker) -> None:
+        """The server samples with ``module``'s weights (``version``) from now on."""
+        nbytes = self.sync.push(module, version)
+        self.version = version
+        for s in self.samplers:
+            s.version = version
+        tracker.add_max("vllm/weight_sync_bytes", nbytes)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()

@@ -1,0 +1,97 @@
+"""The sampler interface of relax/rollout/sampler.py served by a vLLM server
+(``--rollout-backend vllm``): token ids in, token ids and log-probs out, nothing
+re-tokenized.
+
+    sampler = VllmSampler(client, eos_token_ids=eos, pad_token_id=pad,
+                          params=SamplingParams(temperature=1.0), device=device)
+    rollout = sampler(prompt_ids, prompt_mask, max_new_tokens=64, generator=g)
+
+Each row is its own request with its own seed, drawn from ``generator``: vLLM's seeded
+sampling draws from the seed and the position alone, so rows of one request sharing a seed
+(a group's copies of one prompt) would sample the same response. The requests go out
+together and the server batches them. The log-prob of each sampled token comes back under
+the server's ``--logprobs-mode``, which the backend picks so that it is softmax(z / T)
+before top-p / top-k truncation, the distribution the trainer's log-probs describe
+(relax/config/rollout_backend.py ``log_probs_mode``); the mismatch metrics, TIS and OPSM
+then compare like with like (reinforce_plus_plus.md §7a).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from relax.errors import RelaxError
+from relax.rollout.generate import Rollout
+from relax.rollout.sampler import SamplingParams
+
+MAX_IN_FLIGHT = 64  # requests per rank at once; the server's scheduler batches them
+
+
+class VllmSampler:
+    """``sampler(ids, mask, max_new_tokens, generator) -> Rollout`` for left-padded prompts
+    ``ids`` / ``mask`` [B, P], like :class:`~relax.rollout.sampler.Sampler`; ``version`` is
+    the trainer step whose weights the server holds (relax/rollout/vllm_sync.py sets it) and
+    goes into ``Rollout.policy_version``."""
+
+    def __init__(self, client, *, eos_token_ids: list[int], pad_token_id: int,
+                 params: SamplingParams, device: torch.device, version: int = 0):
+        self.client, self.params, self.device = client, params, device
+        self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
+        self.version = version
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
+                 generator: torch.Generator | None = None, *, budgets=None, stop=None,
+                 cache=None) -> Rollout:
+        """``budgets`` [B]: fewer tokens for some rows. ``cache`` is not needed (vLLM keeps
+        its own prefix cache); ``stop`` (partial rollouts) is refused by the configuration."""
+        if stop is not None:
+            raise RelaxError("--rollout-backend vllm: stopping a decode early (partial "
+                             "rollouts) is not supported")
+        B = ids.shape[0]
+        prompts = [row[keep].tolist() for row, keep in zip(ids.cpu(), mask.cpu(), strict=True)]
+        seeds = torch.randint(0, 2**31 - 1, (B,), generator=_cpu(generator)).tolist()
+        limits = [max_new_tokens] * B if budgets is None else [
+            min(max_new_tokens, int(b)) for b in budgets.tolist()]
+        p = self.params
+        with ThreadPoolExecutor(max_workers=max(1, min(B, MAX_IN_FLIGHT))) as pool:
+            futures = [pool.submit(
+                self.client.complete, prompt, max_tokens=limit, temperature=p.temperature,
+                top_p=p.top_p, top_k=p.top_k, seed=seed, stop_token_ids=self.eos_token_ids)
+                for prompt, limit, seed in zip(prompts, limits, seeds, strict=True)]
+            try:
+                answers = [f.result() for f in futures]
+            except BaseException:
+                for f in futures:  # a dead server fails the rest fast; queued ones never start
+                    f.cancel()
+                raise
+        return self._rollout(ids, mask, answers)
+
+    def _rollout(self, ids, mask, answers: list[dict]) -> Rollout:
+        B, T = len(answers), max(1, max(len(a["token_ids"]) for a in answers))
+        response = torch.full((B, T), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((B, T), dtype=torch.bool)
+        log_probs = torch.zeros((B, T), dtype=torch.float32)
+        ended = torch.zeros(B, dtype=torch.bool)
+        eos = set(self.eos_token_ids)
+        for i, a in enumerate(answers):
+            n = len(a["token_ids"])
+            response[i, :n] = torch.tensor(a["token_ids"], dtype=torch.long)
+            response_mask[i, :n] = True
+            log_probs[i, :n] = torch.tensor(a["log_probs"], dtype=torch.float32)
+            ended[i] = n > 0 and a["token_ids"][-1] in eos
+        d = self.device
+        return Rollout(ids, mask, response.to(d), response_mask.to(d), (~ended).to(d),
+                       log_probs=log_probs.to(d),
+                       policy_version=torch.full((B,), self.version, dtype=torch.long,
+                                                 device=d))
+
+
+def _cpu(generator: torch.Generator | None) -> torch.Generator | None:
+    """The seeds are drawn on the CPU; a CUDA run's generator seeds a CPU one the same way."""
+    if generator is None or generator.device.type == "cpu":
+        return generator
+    cpu = torch.Generator()
+    cpu.manual_seed(generator.initial_seed())
+    return cpu

@@ -1,0 +1,63 @@
+"""--rollout-backend's rules (relax/config/rollout_backend.py): what the vLLM backend does not
+serve is refused with one line naming both flags, the log-prob mode exists for the sampling
+settings, and its flags need the backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax.config.rollout_backend import log_probs_mode
+
+BASE = ["train", "--dry-run", "--num-rollout", "2"]
+
+
+@pytest.fixture
+def vllm(tiny_model_dir):
+    return [*BASE, "--rollout-backend", "vllm", "--hf-checkpoint", str(tiny_model_dir)]
+
+
+def test_defaults_and_accepted_settings(cli, vllm):
+    assert cli(BASE).config()["rollout_backend"] == "relax"
+    cfg = cli([*vllm, "--vllm-url", "http://127.0.0.1:8000", "http://10.0.0.2:8000",
+               "--update-weights-interval", "2", "--use-tis"]).config()
+    assert cfg["rollout_backend"] == "vllm" and cfg["update_weights_interval"] == 2
+    assert cfg["vllm_url"] == ["http://127.0.0.1:8000", "http://10.0.0.2:8000"]
+    # T != 1 without truncation, and truncation at T == 1, both have a log-prob mode
+    cli([*vllm, "--rollout-temperature", "0.7"]).config()
+    cli([*vllm, "--rollout-top-p", "0.9", "--rollout-top-k", "5"]).config()
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--fully-async"], ("--rollout-backend vllm --fully-async",)),
+    (["--partial-rollout"], ("--rollout-backend vllm --partial-rollout",)),
+    (["--env", "countdown"], ("--rollout-backend vllm --env countdown",)),
+    (["--lora-rank", "4"], ("--rollout-backend vllm --lora-rank 4",)),
+    (["--fsdp"], ("--rollout-backend vllm --fsdp", "FSDP2 shards")),
+    (["--rollout-temperature", "0.7", "--rollout-top-p", "0.9"],
+     ("--rollout-temperature 0.7", "--rollout-top-p 0.9", "before top-p/top-k truncation")),
+    (["--vllm-url", "localhost:8000"], ("--vllm-url localhost:8000", "http(s) URL")),
+    (["--vllm-startup-timeout", "0"], ("--vllm-startup-timeout 0",)),
+    (["--update-weights-interval", "2"], ("--update-weights-interval 2", "--use-tis")),
+    (["--update-weights-interval", "0"], ("--update-weights-interval 0", ">= 1")),
+])
+def test_refused_with_one_line(cli, rejected, vllm, flags, needles):
+    rejected(cli([*vllm, *flags]), *needles)
+
+
+def test_vllm_needs_a_model_directory(cli, rejected):
+    rejected(cli([*BASE, "--rollout-backend", "vllm"]), "--rollout-backend vllm",
+             "--hf-checkpoint")
+
+
+@pytest.mark.parametrize("flags", [["--vllm-url", "http://127.0.0.1:8000"],
+                                   ["--vllm-request-timeout", "5"],
+                                   ["--update-weights-interval", "2"]])
+def test_backend_flags_need_the_backend(cli, rejected, flags):
+    rejected(cli([*BASE, *flags]), flags[0], "has no effect")
+
+
+def test_log_probs_mode_follows_the_temperature():
+    # raw log-probs are softmax(z) (T == 1); processed ones are softmax(z / T) after
+    # truncation, which validation leaves only when there is no truncation
+    assert log_probs_mode(1.0) == "raw_logprobs"
+    assert log_probs_mode(0.7) == "processed_logprobs"

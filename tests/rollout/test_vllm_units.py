@@ -1,0 +1,170 @@
+"""The vLLM backend's pieces without a server: the sampler's assembly of answers into a
+Rollout, its per-row seeds and budgets, the weight sync's order of requests, and the
+one-line errors of a missing environment and a failing server. The real servers are
+tests/rollout/test_vllm_server.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+import torch
+
+from relax.errors import InputError
+from relax.rollout.generate import concat_rollouts, left_pad
+from relax.rollout.sampler import SamplingParams
+from relax.rollout.vllm_sampler import VllmSampler
+from relax.rollout.vllm_server import (
+    ServerError,
+    VllmClient,
+    check_version,
+    last_error,
+    vllm_python,
+)
+from relax.rollout.vllm_sync import DiskSync
+
+EOS, PAD = 1, 0
+
+
+class FakeClient:
+    """Answers each prompt with ``script[first prompt token]`` and records the requests."""
+
+    def __init__(self, script):
+        self.script, self.calls, self.lock = script, [], threading.Lock()
+
+    def complete(self, prompt, **kw):
+        with self.lock:
+            self.calls.append((list(prompt), kw))
+        tokens = self.script[prompt[0]][:kw["max_tokens"]]
+        return {"token_ids": tokens, "log_probs": [-0.5 - i for i in range(len(tokens))],
+                "finish_reason": "stop" if tokens[-1] == EOS else "length"}
+
+
+def test_answers_become_a_rollout():
+    client = FakeClient({5: [7, 8, EOS], 6: [9, 9, 9, 9], 4: [EOS]})
+    ids, mask = left_pad([[5, 2], [6], [4, 3, 3]], PAD, "cpu")
+    sampler = VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD,
+                          params=SamplingParams(temperature=0.7, top_p=0.9, top_k=5),
+                          device=torch.device("cpu"), version=3)
+    r = sampler(ids, mask, max_new_tokens=4, generator=torch.Generator().manual_seed(0))
+    # prompts went as their unpadded token ids, nothing re-tokenized
+    assert sorted(c[0] for c in client.calls) == [[4, 3, 3], [5, 2], [6]]
+    assert r.response_ids.tolist() == [[7, 8, EOS, PAD], [9, 9, 9, 9], [EOS, PAD, PAD, PAD]]
+    assert r.response_mask.tolist() == [[True, True, True, False], [True] * 4,
+                                        [True, False, False, False]]
+    assert r.truncated.tolist() == [False, True, False]
+    assert r.log_probs[0].tolist() == [-0.5, -1.5, -2.5, 0.0]
+    assert r.policy_version.tolist() == [3, 3, 3]
+    kw = client.calls[0][1]
+    assert (kw["temperature"], kw["top_p"], kw["top_k"], kw["stop_token_ids"]) == (
+        0.7, 0.9, 5, [EOS])
+    # a group's copies of one prompt get different seeds (one seed would sample one answer)
+    assert len({c[1]["seed"] for c in client.calls}) == 3
+
+
+def test_seeds_follow_the_generator_and_budgets_cut_rows():
+    script = {5: [7] * 9}
+    ids, mask = left_pad([[5], [5]], PAD, "cpu")
+
+    def seeds(seed):
+        client = FakeClient(script)
+        VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD, params=SamplingParams(),
+                    device=torch.device("cpu"))(
+            ids, mask, 6, torch.Generator().manual_seed(seed), budgets=torch.tensor([2, 9]))
+        return sorted((c[1]["seed"], c[1]["max_tokens"]) for c in client.calls)
+
+    assert seeds(1) == seeds(1) != seeds(2)
+    assert sorted(m for _, m in seeds(1)) == [2, 6]
+
+
+def test_policy_version_survives_concatenation():
+    client = FakeClient({5: [EOS]})
+    ids, mask = left_pad([[5]], PAD, "cpu")
+    make = [VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD,
+                        params=SamplingParams(), device=torch.device("cpu"), version=v)
+            for v in (1, 2)]
+    both = concat_rollouts([s(ids, mask, 2) for s in make], PAD)
+    assert both.policy_version.tolist() == [1, 2]
+    assert both.select([1]).policy_version.tolist() == [2]
+
+
+class RecordingClient:
+    def __init__(self, fail: bool = False):
+        self.events, self.fail = [], fail
+
+    def pause(self):
+        self.events.append("pause")
+
+    def resume(self):
+        self.events.append("resume")
+
+    def reload_weights(self, path):
+        self.events.append(("reload", os.path.basename(path), sorted(os.listdir(path))))
+        if self.fail:
+            raise RuntimeError("reload failed")
+
+
+def _model():
+    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    return build_tiny_model(build_tokenizer(), seed=0)
+
+
+def test_disk_sync_pauses_reloads_resumes_and_keeps_one_version(tmp_path):
+    client, model = RecordingClient(), _model()
+    sync = DiskSync(client, str(tmp_path / "w"))
+    nbytes = sync.push(model, 1)
+    assert client.events[0] == "pause" and client.events[-1] == "resume"
+    _, name, files = client.events[1]
+    assert name == "v1" and "config.json" in files and "model.safetensors" in files
+    assert nbytes == os.path.getsize(tmp_path / "w" / "v1" / "model.safetensors")
+    sync.push(model, 2)
+    assert sorted(os.listdir(tmp_path / "w")) == ["v2"]  # the old version is gone
+
+
+def test_disk_sync_resumes_the_server_when_the_reload_fails(tmp_path):
+    client = RecordingClient(fail=True)
+    with pytest.raises(RuntimeError, match="reload failed"):
+        DiskSync(client, str(tmp_path / "w")).push(_model(), 1)
+    assert client.events[-1] == "resume"
+
+
+def test_missing_environment_names_the_make_target(monkeypatch, tmp_path):
+    monkeypatch.setenv("RELAX_VLLM_PYTHON", str(tmp_path / "none" / "python"))
+    with pytest.raises(InputError, match="run `make vllm`") as e:
+        vllm_python()
+    assert "\n" not in str(e.value)
+
+
+def test_unsupported_version_is_one_line():
+    check_version("0.32.0", "here")
+    with pytest.raises(InputError, match="has vLLM 0.11.0; Relax is tested with 0.32.x"):
+        check_version("0.11.0", "--vllm-url http://x:1")
+
+
+def test_unreachable_server_is_one_line_naming_it():
+    client = VllmClient("http://127.0.0.1:9", timeout=5)  # the discard port: nothing listens
+    with pytest.raises(Exception) as e:
+        client.served_model()
+    line = str(e.value)
+    assert line.startswith("vLLM server http://127.0.0.1:9 failed on /v1/models") and "\n" not in line
+
+
+def test_last_error_picks_the_error_line(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\nRuntimeError: Unsupported head_dim=16\nINFO bye\n")
+    assert last_error(str(log)) == "RuntimeError: Unsupported head_dim=16"
+    assert last_error(str(tmp_path / "none.log")) == "(no log)"
+
+
+def test_a_silent_server_times_out_in_one_line():
+    """A server that accepts and never answers (a hung one): one line after the timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # the kernel accepts the connection; nobody ever answers
+        client = VllmClient(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=0.5)
+        with pytest.raises(ServerError, match="did not answer within --vllm-request-timeout "
+                           r"0.5 s") as e:
+            client.served_model()
+    assert "\n" not in str(e.value)
