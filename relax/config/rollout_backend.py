@@ -68,13 +68,18 @@ _REFUSED = {
 }
 
 
+def _check_unused_server_flags(cfg, explicit: set[str]) -> None:
+    """A vLLM flag given without ``--rollout-backend vllm`` is a mistake worth one line."""
+    for dest in _FLAGS:
+        if dest in explicit:
+            reject(cfg, dest, "has no effect without --rollout-backend vllm; add it or "
+                   "remove this flag")
+
+
 def check_rollout_backend(cfg, explicit: set[str]) -> None:
     """One line for the first broken rule of the backend flags."""
     if cfg.rollout_backend != "vllm":
-        for dest in _FLAGS:
-            if dest in explicit:
-                reject(cfg, dest, "has no effect without --rollout-backend vllm; add it or "
-                       "remove this flag")
+        _check_unused_server_flags(cfg, explicit)
         return
     for dest, why in _REFUSED.items():
         if getattr(cfg, dest):
@@ -98,10 +103,7 @@ def check_eval_backend(cfg, explicit: set[str]) -> None:
     """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
     settings go; episodes are not served."""
     if cfg.rollout_backend != "vllm":
-        for dest in _FLAGS:
-            if dest in explicit:
-                reject(cfg, dest, "has no effect without --rollout-backend vllm; add it or "
-                       "remove this flag")
+        _check_unused_server_flags(cfg, explicit)
         return
     if cfg.env is not None:
         reject(cfg, ("rollout_backend", "env"), f"not supported together ({_REFUSED['env']}); "
