@@ -26,15 +26,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-import shlex
-import shutil
 import time
 
 from relax.config.async_rules import check_fully_async, training_world_size
 from relax.config.bounds import check_bounds
 from relax.config.checks import (
     check_custom_path,
-    check_env_name,
     check_gym_answer,
     check_gym_spec,
     check_ranges,
@@ -43,6 +40,7 @@ from relax.config.checks import (
 )
 from relax.config.constants import BUILTIN_FILTER_NAMES
 from relax.config.critic_rules import check_critic
+from relax.config.episode_rules import check_agents, check_env
 from relax.config.estimator_rules import check_estimator_rules
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
@@ -246,65 +244,6 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
                "in a clone, or pip install tensorboard, or remove --use-tensorboard")
 
 
-def _check_env(cfg: TrainConfig, explicit: set[str]) -> None:
-    """``--env``: the library is installed or the factory exists (nothing is imported); the
-    environment scores the episodes, so prompt data and reward flags have nothing to do."""
-    if cfg.env is None:
-        if "max_turns" in explicit and not cfg.use_agentic_rollout:
-            reject(cfg, "max_turns", "only applies to --env or --use-agentic-rollout episodes; "
-                   "add one or remove it")
-        if cfg.env_step_timeout is not None:
-            reject(cfg, "env_step_timeout", "only applies to --env environments; add --env or "
-                   "remove it (agent programs have --agent-timeout)")
-        return
-    if cfg.use_agentic_rollout:
-        reject(cfg, ("env", "use_agentic_rollout"), "two episode sources; keep one")
-    check_env_name(cfg)
-    if cfg.fsdp:
-        reject(cfg, ("env", "fsdp"), "sharded generation needs every rank to run the same "
-               "number of forward passes, and episodes end at different turns; remove --fsdp")
-    for dest in ("prompt_data", "rm_type", "custom_rm_path", "builtin_task",
-                 "eval_prompt_data"):
-        if dest in explicit and getattr(cfg, dest) is not None:
-            why = ("evaluation plays --eval-episodes episodes of held-out environment seeds"
-                   if dest == "eval_prompt_data" else
-                   "the environment makes the prompts and scores the episodes")
-            reject(cfg, ("env", dest), f"{why}; remove {flag_of(dest)}")
-
-
-def _check_agents(cfg: TrainConfig, explicit: set[str]) -> None:
-    """``--use-agentic-rollout``: the command can start, and flags that only the trainer's own
-    prompt formatting or reward would read are rejected (the agent writes the messages and
-    reports the reward)."""
-    if not cfg.use_agentic_rollout:
-        for dest in ("agent_command", "agent_timeout"):
-            if dest in explicit:
-                reject(cfg, dest, "only applies to --use-agentic-rollout; add it or remove "
-                       f"{flag_of(dest)}")
-        return
-    if cfg.agent_command is None:
-        reject(cfg, "use_agentic_rollout", "needs --agent-command CMD, the agent program to "
-               "run per episode")
-    try:
-        argv = shlex.split(cfg.agent_command)
-    except ValueError as e:
-        reject(cfg, "agent_command", f"cannot be split into arguments ({e}); check the quotes")
-    program = argv[0] if argv else ""
-    found = (os.path.isfile(program) and os.access(program, os.X_OK)) if os.sep in program \
-        else shutil.which(program) is not None
-    if not found:
-        reject(cfg, "agent_command", f"{program!r} is not an executable file or a program on "
-               "PATH; give a command that starts, e.g. 'python my_agent.py'")
-    for dest in ("rm_type", "custom_rm_path", "apply_chat_template", "system_prompt",
-                 "eval_interval", "fsdp"):
-        if getattr(cfg, dest) not in (None, False):
-            why = {"eval_interval": "evaluation runs on prompts, not agent episodes",
-                   "fsdp": "sharded generation needs every rank to run the same number of "
-                           "forward passes, and agents call at their own pace"}.get(
-                dest, "the agent writes the messages and reports the reward")
-            reject(cfg, ("use_agentic_rollout", dest), f"{why}; remove {flag_of(dest)}")
-
-
 def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
     if cfg.num_rollout is None and cfg.prompt_data is None:
         what = "--env episodes have" if cfg.env else "the built-in task has"
@@ -468,8 +407,8 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     check_rollout_backend(cfg, explicit)  # before the rules of the modes it refuses
     check_estimator_rules(cfg)
     _check_estimator_specific(cfg)
-    _check_env(cfg, explicit)
-    _check_agents(cfg, explicit)
+    check_env(cfg, explicit)
+    check_agents(cfg, explicit)
     _check_data_and_model(cfg, explicit)
     check_train_eval(cfg, explicit)
     check_gym_answer(cfg, explicit, [cfg.prompt_data, *(

@@ -139,11 +139,8 @@ def evaluate(
         raise ValueError(f"evaluate: the evaluation set {name!r} has no prompts")
     device = torch.device(device) if device is not None else _model_device(model)
     rank, world = _rank_world(group)
-    if make_sampler is not None:
-        sampler = make_sampler(sampling.params, eos_token_ids or find_eos_ids(tokenizer, model))
-    else:
-        sampler = eval_sampler(model, tokenizer, sampling, device,
-                               eos_token_ids=eos_token_ids, sync_group=sync_group)
+    sampler = _sampler(model, tokenizer, sampling, device, eos_token_ids, sync_group,
+                       make_sampler)
     generator = eval_generator(sampling, device, name, step, rank)
     sums = PassAtKSums(sampling.n_samples, sampling.pass_threshold,
                        means=("response_length", "truncated"))
@@ -155,6 +152,14 @@ def evaluate(
                    reward_name=reward_name, index_base=start * sampling.n_samples,
                    timeout=reward_timeout)
     return sums.metrics(name, totals=all_reduced(sums.values, device, group))
+
+
+def _sampler(model, tokenizer, sampling, device, eos_token_ids, sync_group, make_sampler):
+    """The model's own sampler, or ``make_sampler``'s (a vLLM server)."""
+    if make_sampler is not None:
+        return make_sampler(sampling.params, eos_token_ids or find_eos_ids(tokenizer, model))
+    return eval_sampler(model, tokenizer, sampling, device, eos_token_ids=eos_token_ids,
+                        sync_group=sync_group)
 
 
 def all_reduced(values: list[float], device: torch.device, group) -> list[float]:

@@ -71,14 +71,18 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     finally:
         stop.restore()
     if ctx.is_main and console:
-        where = f"; model saved to {cfg.save}" if cfg.save else ""
-        if ended_early:
-            where += f" ({ended_early}; continue with --load {cfg.save})" if cfg.save else \
-                f" ({ended_early})"
-        print(f"relax train: {len(history)} rollout steps in {time.perf_counter() - start:.1f} s; "
-              f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}{where}",
-              file=sys.stderr)
+        _report_end(cfg, len(history), time.perf_counter() - start, ended_early)
     return history
+
+
+def _report_end(cfg, steps: int, seconds: float, ended_early: str | None) -> None:
+    """The run's last line: steps, time, where the metrics and the model are."""
+    where = f"; model saved to {cfg.save}" if cfg.save else ""
+    if ended_early:
+        where += f" ({ended_early}; continue with --load {cfg.save})" if cfg.save else \
+            f" ({ended_early})"
+    print(f"relax train: {steps} rollout steps in {seconds:.1f} s; "
+          f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}{where}", file=sys.stderr)
 
 
 def role_of(cfg, rank: str, world: int) -> str:

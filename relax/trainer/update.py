@@ -179,15 +179,7 @@ def train_on_rollout(
     """Run the optimizer steps over this rank's ``exp``; return each step's global metrics
     (``on_mismatch``: see :func:`micro_batch_loss`)."""
     local_step = global_batch_size // ctx.world_size
-    if len(exp) % local_step:  # a last shorter micro-batch is fine: denominators are global
-        raise ValueError(
-            f"local batch {len(exp)} is not whole optimizer steps of {local_step} samples"
-        )
-    if exp.old_log_probs is None and len(exp) != local_step:
-        raise ValueError(
-            f"old log-probs are required: {len(exp) // local_step} optimizer steps per rollout "
-            "step, and every step after the first sees a moved policy"
-        )
+    _check_whole_steps(exp, local_step)
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = hasattr(model, "set_requires_gradient_sync")
     names = s.metric_names + LossSettings.EXTRA
@@ -220,6 +212,19 @@ def train_on_rollout(
         optimizer.step()
         history.append(values)
     return history
+
+
+def _check_whole_steps(exp: Experience, local_step: int) -> None:
+    """This rank's rows must be whole optimizer steps, each after the first with pi_old."""
+    if len(exp) % local_step:  # a last shorter micro-batch is fine: denominators are global
+        raise ValueError(
+            f"local batch {len(exp)} is not whole optimizer steps of {local_step} samples"
+        )
+    if exp.old_log_probs is None and len(exp) != local_step:
+        raise ValueError(
+            f"old log-probs are required: {len(exp) // local_step} optimizer steps per rollout "
+            "step, and every step after the first sees a moved policy"
+        )
 
 
 def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bool, *,
