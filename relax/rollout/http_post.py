@@ -67,6 +67,7 @@ def request(method: str, url: str, body: bytes | None, *, limit: float, max_byte
     kind = _TLS if parts.scheme == "https" else _Plain
     conn = kind(parts.hostname, parts.port, deadline=deadline)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    answer = None
     try:
         conn.request(method, target, body=body,
                      headers={"Content-Type": content_type, "Connection": "close"})
@@ -82,6 +83,8 @@ def request(method: str, url: str, body: bytes | None, *, limit: float, max_byte
                            "the answer announced (Content-Length)")
         return Answer(answer.status, answer.getheader("Location"), raw)
     finally:
+        if answer is not None:
+            answer.close()  # its reader: the socket closes once both are closed
         conn.close()
 
 
@@ -98,6 +101,10 @@ class _DeadlineSocket:
 
     def __init__(self, sock, deadline: float):
         self.sock, self.deadline = sock, deadline
+        # http.client closes the connection as soon as it has the headers of a
+        # "Connection: close" answer and reads the body through makefile()'s reader after
+        # that: the socket closes when both are done (as socket.socket counts its files)
+        self._readers, self._closed = 0, False
 
     def sendall(self, data) -> None:
         self.sock.settimeout(_left(self.deadline))  # sendall's timeout bounds the whole send
@@ -108,10 +115,21 @@ class _DeadlineSocket:
         return self.sock.recv_into(buffer)
 
     def makefile(self, mode="rb", *args, **kwargs):  # http.client reads the answer through it
+        self._readers += 1
         return io.BufferedReader(_Reader(self))
 
+    def release(self) -> None:
+        """A reader from makefile() is closed."""
+        self._readers -= 1
+        self._close_when_done()
+
     def close(self) -> None:
-        self.sock.close()
+        self._closed = True
+        self._close_when_done()
+
+    def _close_when_done(self) -> None:
+        if self._closed and self._readers <= 0:
+            self.sock.close()
 
 
 class _Reader(io.RawIOBase):
@@ -123,6 +141,11 @@ class _Reader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._sock.release()
+        super().close()
 
 
 class _Bounded:
