@@ -125,7 +125,14 @@ class VllmServer:
     def describe(self) -> str:
         return f"vLLM server {self.url} (pid {self.process.pid}, log {self.log_path})"
 
-    def exit_status(self) -> int | None:
+    def exit_status(self, wait: float = 0.0) -> int | None:
+        """The server's exit status, or None while it runs (waiting up to ``wait`` seconds
+        for it to end)."""
+        if wait > 0:
+            try:
+                return self.process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                return None
         return self.process.poll()
 
     def wait_ready(self, timeout: float) -> None:
@@ -207,6 +214,9 @@ def healthy(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
+_EXIT_WAIT_S = 10.0  # how long a failed connection waits for an owned server's exit status
+
+
 class ServerError(RelaxError):
     """A vLLM server failed, died or hung during the run."""
 
@@ -233,14 +243,19 @@ class VllmClient:
         except TimeoutError as e:
             raise self._failure(f"failed on {path}: timed out ({e})") from e
         except (OSError, ValueError, http.client.HTTPException, http_post.TooLarge) as e:
-            raise self._failure(f"failed on {path}: {type(e).__name__}: {e}") from e
+            raise self._failure(f"failed on {path}: {type(e).__name__}: {e}",
+                                dying=isinstance(e, ConnectionError)) from e
         if answer.status >= 300:
             detail = answer.body.decode(errors="replace")[:300]
             raise self._failure(f"answered {path} with HTTP {answer.status}: {detail}")
         return json.loads(answer.body) if answer.body.strip() else None
 
-    def _failure(self, what: str) -> ServerError:
-        status = self.server.exit_status() if self.server else None
+    def _failure(self, what: str, dying: bool = False) -> ServerError:
+        # a refused or reset connection is how a killed server first shows: its process may
+        # take seconds to end (a large address space to tear down, an engine child still
+        # holding the listening socket), so its exit status is waited for a little then
+        wait = _EXIT_WAIT_S if dying else 0.0
+        status = self.server.exit_status(wait) if self.server else None
         if status is not None:
             what = f"exited with status {status} ({last_error(self.server.log_path)})"
         elif "timed out" in what:

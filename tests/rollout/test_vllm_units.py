@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from relax.rollout.vllm_sampler import VllmSampler
 from relax.rollout.vllm_server import (
     ServerError,
     VllmClient,
+    VllmServer,
     check_version,
     last_error,
     vllm_python,
@@ -168,3 +172,41 @@ def test_a_silent_server_times_out_in_one_line():
                            r"0.5 s") as e:
             client.served_model()
     assert "\n" not in str(e.value)
+
+
+DYING_SERVER = """
+import socket, struct, sys, time
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(listener.getsockname()[1]))
+__import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
+conn, _ = listener.accept()
+conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+conn.close()  # a reset, as a killed server's inherited listening socket gives
+time.sleep(1.5)  # still running when the client sees the reset
+sys.exit(7)
+"""
+
+
+@pytest.mark.subprocess
+def test_a_reset_from_a_dying_owned_server_names_its_exit_status(tmp_path):
+    """The connection resets before the owned server's process has ended: the line waits for
+    its exit and gives the status (not only the reset)."""
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-c", DYING_SERVER, str(port_file)])
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        log = tmp_path / "server.log"
+        log.write_text("RuntimeError: engine core died\n")
+        server = VllmServer(proc, f"http://127.0.0.1:{port_file.read_text()}", str(log), "m")
+        with pytest.raises(ServerError) as e:
+            server.client(timeout=30).request("/pause?mode=wait")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "exited with status 7 (RuntimeError: engine core died)" in str(e.value)
