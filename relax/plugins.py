@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable
 
 from relax.errors import InputError, RewardError, error_summary, stops_the_run
+from relax.waits import wait_event
 
 # Workers of the pool: one runs the call the trainer waits for, the others may hold calls
 # abandoned after their deadline. Calls run one at a time, so more would only hold more
@@ -117,7 +118,7 @@ class DeadlinePool:
                 threading.Thread(target=self._work, daemon=True,
                                  name=f"relax-user-code-{self._threads}").start()
         self._jobs.put(job)
-        if not job.done.wait(timeout):  # a signal's Interrupted propagates from here
+        if not wait_event(job.done, timeout):  # a signal's Interrupted propagates from here
             raise CallTimeout(timeout)
         if job.error is not None:
             raise CallRaised(job.error) from job.error

@@ -33,6 +33,7 @@ from relax.config.reward_services import MAX_BACKOFF_WAIT
 from relax.errors import InputError, RewardError
 from relax.rollout import http_post
 from relax.rollout.rewards import bad_reward
+from relax.waits import wait_event
 
 MAX_ANSWER_BYTES = 16 << 20  # an answer is a few bytes per sample; more is a wrong endpoint
 FLAG = "--rm-url"
@@ -163,7 +164,7 @@ class RemoteRewardModel:
         for _ in range(min(self.concurrency, len(chunks))):
             threading.Thread(target=work, daemon=True, name="relax-remote-rm").start()
         try:
-            done.wait()
+            wait_event(done)  # each chunk ends by itself (above)
         finally:
             stop.set()
         for r in results:

@@ -25,6 +25,7 @@ import torch
 from relax.errors import RelaxError
 from relax.rollout.generate import Rollout
 from relax.rollout.sampler import SamplingParams
+from relax.waits import future_result
 
 MAX_IN_FLIGHT = 64  # requests per rank at once; the server's scheduler batches them
 
@@ -61,7 +62,7 @@ class VllmSampler:
                 top_p=p.top_p, top_k=p.top_k, seed=seed, stop_token_ids=self.eos_token_ids)
                 for prompt, limit, seed in zip(prompts, limits, seeds, strict=True)]
             try:
-                answers = [f.result() for f in futures]
+                answers = [future_result(f) for f in futures]
             except BaseException:
                 for f in futures:  # a dead server fails the rest fast; queued ones never start
                     f.cancel()

@@ -5,6 +5,7 @@ Event the test sets afterwards, so no worker outlives its test."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from relax.errors import Interrupted, RewardError
 from relax.plugins import CallRaised, CallTimeout, DeadlinePool, call_plugin
 from relax.trainer.signals import GRACE_S, StopRequest
+from relax.waits import future_result, wait_event
 from tests.hostile.helpers import SMALL, env
 from tests.reliability.helpers import Child
 
@@ -92,6 +94,66 @@ def test_a_signal_before_start_up_waits_on_user_code_stops_it_on_entry():
         with stop.at_once("building it"):
             raise AssertionError("not entered")
     assert e.value.at_once and e.value.exit_code == 143
+
+
+class _Stopped(Exception):
+    pass
+
+
+@pytest.fixture
+def sigusr1_stops():
+    """A handler like the trainer's: it records that it ran (in the main thread) and raises."""
+    handled = threading.Event()
+
+    def handler(signum, frame):
+        handled.set()
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    yield handled
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def _signal_own_thread_then_wait(handled: threading.Event, seen: list) -> None:
+    """On a worker: the signal goes to this thread (the kernel may pick any thread); records
+    whether the main thread ran its handler while this call still ran."""
+    time.sleep(0.2)  # the main thread is in its wait by then, the case in question (if it is
+    # not, the handler runs at once and the test passes without telling the waits apart)
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+    seen.append(handled.wait(20))
+
+
+def _via_pool(handled, seen):
+    DeadlinePool(size=1).call(_signal_own_thread_then_wait, (handled, seen), 60.0)
+
+
+def _via_future(handled, seen):
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        future_result(pool.submit(_signal_own_thread_then_wait, handled, seen))
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _via_event(handled, seen):
+    done = threading.Event()
+    threading.Thread(target=lambda: (_signal_own_thread_then_wait(handled, seen), done.set()),
+                     daemon=True).start()
+    wait_event(done)
+
+
+@pytest.mark.parametrize("wait", [_via_pool, _via_future, _via_event])
+def test_a_signal_delivered_to_a_worker_thread_interrupts_the_main_threads_wait(
+        sigusr1_stops, wait):
+    # a main thread blocked in one long lock wait runs the handler only once the worker's
+    # call has returned: the call would then record that it never saw the handler run
+    seen: list[bool] = []
+    with pytest.raises(_Stopped):
+        wait(sigusr1_stops, seen)
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [True]
 
 
 # ------------------------------------------------------------------ real relax processes
