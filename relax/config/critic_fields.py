@@ -35,9 +35,9 @@ class CriticFields:
         "from its value before the update where that lowers the loss "
         "(reinforce_plus_plus.md §5c); needs --advantage-estimator ppo.", group="critic")
     critic_load: str | None = option(
-        None, "Start the critic from a critic file (critic.pt, written by --critic-save or in "
-        "a checkpoint directory) instead of the policy's initial weights and a zero value "
-        "head; needs --advantage-estimator ppo.", default_text="none (the policy's weights)",
+        None, "Start the critic from DIR, a --critic-save directory (its critic.pt) or a "
+        "checkpoint directory of a ppo run, instead of the policy's initial weights and a "
+        "zero value head; needs --advantage-estimator ppo.", default_text="none (the policy's weights)",
         group="critic")
     critic_save: str | None = option(
         None, "At the end of the run, write the critic's weights to DIR/critic.pt (what "

@@ -13,6 +13,7 @@ from relax.estimators import facts
 _CRITIC_FLAGS = ("lambd", "value_clip", "critic_load", "critic_save", "critic_lr",
                  "critic_lr_warmup_iters", "num_critic_only_steps")
 CRITIC_FILE = "critic.pt"
+CHECKPOINT_METADATA = ".metadata"  # what DCP writes last into a complete checkpoint
 
 
 def check_critic(cfg, explicit: set[str]) -> None:
@@ -31,17 +32,19 @@ def check_critic(cfg, explicit: set[str]) -> None:
     for dest in ("critic_lr_warmup_iters", "num_critic_only_steps"):
         if getattr(cfg, dest) < 0:
             reject(cfg, dest, "must be >= 0 (0: none)")
-    if cfg.critic_load is not None and not os.path.isfile(
-            os.path.join(cfg.critic_load, CRITIC_FILE)):
-        reject(cfg, "critic_load", f"no {CRITIC_FILE} in it; point it at a --critic-save "
-               "directory or a checkpoint directory of a ppo run")
+    if cfg.critic_load is not None and not any(
+            os.path.isfile(os.path.join(cfg.critic_load, name))
+            for name in (CRITIC_FILE, CHECKPOINT_METADATA)):
+        reject(cfg, "critic_load", f"no {CRITIC_FILE} and no checkpoint in it; point it at a "
+               "--critic-save directory or a checkpoint directory (DIR/rollout_NNNNNN) of a "
+               "ppo run")
     _check_not_built(cfg)
 
 
 def _check_not_built(cfg) -> None:
     """Modes the critic is not built for: one line each (docs/configuration.md "Critic")."""
     why = "the critic is not built for it (replicated DDP only); remove it"
-    for dest in ("fsdp", "fully_async"):
+    for dest in ("fully_async",):
         if getattr(cfg, dest):
             reject(cfg, ("advantage_estimator", dest), why)
     if cfg.lora_rank:

@@ -309,14 +309,16 @@ class Checkpointer:
     def __init__(self, save_dir: str | None, ctx: DistContext, policy, *, fsdp: bool,
                  async_save: bool = False, checksums: bool = False,
                  keep_last: int | None = None, save_interval: int | None = None,
-                 rank_state=None, extra_files=None):
+                 rank_state=None, extra_state=None):
         self.save_dir, self.ctx, self.fsdp = save_dir, ctx, fsdp
         # what a checkpoint holds is the policy's to say (relax/trainer/policy.py)
         self.policy = policy
         self.async_save, self.checksums, self.keep_last = async_save, checksums, keep_last
         self.save_interval = save_interval
         self.rank_state = rank_state  # () -> this rank's collector state (rank file)
-        self.extra_files = extra_files  # (folder) -> rank 0's files of a component (critic.pt)
+        # () -> this rank's share of another model's state saved beside the policy's (the
+        # critic's, under its own key of the same DCP checkpoint)
+        self.extra_state = extra_state
         # every rank creates it in the same order (new_group is collective)
         self.async_group = (dist.new_group(backend="gloo")
                             if save_dir and async_save and ctx.group is not None else None)
@@ -326,12 +328,12 @@ class Checkpointer:
 
     @classmethod
     def of(cls, section, ctx: DistContext, policy, *, fsdp: bool, rank_state=None,
-           extra_files=None) -> Checkpointer:
+           extra_state=None) -> Checkpointer:
         """From the configuration's checkpoint section (relax/config/sections.py)."""
         return cls(section.save, ctx, policy, fsdp=fsdp, async_save=section.async_save,
                    checksums=section.checksums, keep_last=section.keep_last,
                    save_interval=section.save_interval, rank_state=rank_state,
-                   extra_files=extra_files)
+                   extra_state=extra_state)
 
     def maybe_save(self, step: int, meta, *, last: bool) -> str | None:
         """After rollout step ``step``: the final save when ``last``, an interval checkpoint
@@ -384,9 +386,9 @@ class Checkpointer:
                                           self.rank_state() if self.rank_state else None)
             if self.ctx.is_main:
                 self.policy.write_checkpoint_files(pending.tmp)
-                if self.extra_files is not None:
-                    self.extra_files(pending.tmp)
             state = self.policy.checkpoint_state()
+            if self.extra_state is not None:
+                state.update(self.extra_state())
             asynchronous = self.async_save and not blocking
             pending.future = sharded_state.save_sharded(
                 state, pending.tmp, asynchronous=asynchronous,

@@ -11,11 +11,17 @@ policy.
 The value model is the policy's architecture with its output layer replaced by a scalar head
 (initialized to zero, so the first values are 0): the backbone starts from the policy's
 initial weights (``--hf-checkpoint`` or the built-in tiny model of ``--seed``) or from
-``--critic-load DIR/critic.pt``. It is replicated with DDP like the policy (gradients summed
-over ranks, each micro-batch loss divided by the global token count); FSDP2, LoRA and
-``--fully-async`` are refused at validation (relax/config/critic_rules.py). Its whole state
-(weights, AdamW moments, optimizer step count) is ``critic.pt`` in every checkpoint, written
-by rank 0, so ``--load`` resumes it exactly.
+``--critic-load`` (relax/trainer/critic_weights.py). It is distributed as the policy is:
+replicated with DDP, or sharded with FSDP2 (``--fsdp``: one unit per decoder block, then the
+root), gradients summed over ranks and each micro-batch loss divided by the global token
+count; sharded ranks run equally many passes. With ``--lora-rank`` it is trained as the
+policy is: LoRA adapters (the policy's rank, alpha, dropout and targets) on its frozen
+backbone, and the value head, which is new, trained whole (docs/configuration.md "Critic").
+
+Its state (the trainable weights, their AdamW moments, the warm-up clock and the count of
+critic-only steps) goes into every checkpoint under the key ``critic`` of the policy's DCP
+checkpoint: each rank writes what it holds, and ``--load`` restores it at any world size and
+with or without ``--fsdp``, like the policy's (relax/trainer/sharded_state.py).
 """
 
 from __future__ import annotations
@@ -30,10 +36,18 @@ from relax.collectives import all_reduce
 from relax.config.critic_rules import CRITIC_FILE
 from relax.errors import InputError, NonFiniteError
 from relax.precision import autocast
-from relax.trainer.distributed import no_grad_sync, unwrap, wrap_model
+from relax.seeding import seed_for
+from relax.trainer import sharded_state
+from relax.trainer.critic_weights import STATE_KEY, load_weights, whole_weights, write_weights
+from relax.trainer.distributed import (
+    decoder_blocks,
+    no_grad_sync,
+    reshard,
+    unwrap,
+    wrap_model,
+)
 from relax.trainer.experience import Experience, micro_batches
-
-LOAD_FLAG = "--critic-load"
+from relax.trainer.lora import ALL_LINEAR, add_lora
 
 
 class ValueModel(torch.nn.Module):
@@ -65,38 +79,15 @@ def _forward(model, mb: Experience, bf16: bool) -> torch.Tensor:
                  response_len=mb.response_mask.shape[1], bf16=bf16)
 
 
-def load_weights(value_model: ValueModel, path: str) -> None:
-    """``--critic-load DIR``: DIR/critic.pt's weights into ``value_model``, or one line naming
-    the flag and the first key that does not fit."""
-    file = os.path.join(path, CRITIC_FILE)
-    try:
-        saved = torch.load(file, map_location="cpu", weights_only=True)["model"]
-    except Exception as e:  # a truncated or foreign file
-        raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} is not a Relax critic "
-                         f"({type(e).__name__})") from e
-    own = value_model.state_dict()
-    for key, tensor in own.items():
-        if key not in saved:
-            raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} does not fit the model: "
-                             f"it has no {key}")
-        if tuple(saved[key].shape) != tuple(tensor.shape):
-            raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} does not fit the model: "
-                             f"{key} is {tuple(saved[key].shape)} there, "
-                             f"{tuple(tensor.shape)} here")
-    extra = sorted(set(saved) - set(own))
-    if extra:
-        raise InputError(f"{LOAD_FLAG} {path}: {CRITIC_FILE} does not fit the model: "
-                         f"unexpected {extra[0]}")
-    value_model.load_state_dict(saved)
-
-
 class Critic:
-    """The wrapped value model, its optimizer and its settings; see the module docstring."""
+    """The wrapped value model, its optimizer and its settings; see the module docstring.
+    ``lora``: peft's tuner on the value model's backbone, or None."""
 
     def __init__(self, model, optimizer, section, *, base_lr: float, clip_grad: float,
-                 ctx, bf16: bool):
+                 ctx, bf16: bool, fsdp: bool = False, lora=None):
         self.model, self.optimizer, self.section = model, optimizer, section
         self.base_lr, self.clip_grad, self.ctx, self.bf16 = base_lr, clip_grad, ctx, bf16
+        self.fsdp, self.lora = fsdp, lora
         self.optimizer_steps = 0  # the learning-rate warm-up's clock
         self.updates = 0  # rollout steps the critic trained on (--num-critic-only-steps)
 
@@ -108,27 +99,32 @@ class Critic:
         section = cfg.critic
         lm = models.load_policy(cfg.hf_checkpoint, tokenizer, ctx.device, seed=cfg.seed)
         value_model = ValueModel(lm).to(ctx.device)
-        if section.load:
+        if section.load:  # the whole weights; with LoRA they are the frozen backbone
             load_weights(value_model, section.load)
-        model = wrap_model(value_model, ctx, fsdp=False)
+        lora = _add_adapters(lm, cfg.lora, cfg.seed) if cfg.lora.enabled else None
+        model = wrap_model(value_model, ctx, fsdp=cfg.fsdp, blocks=decoder_blocks(lm))
         base_lr = section.lr if section.lr is not None else cfg.lr
-        optimizer = torch.optim.AdamW(model.parameters(), lr=base_lr,
-                                      betas=(cfg.adam_beta1, cfg.adam_beta2),
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                      lr=base_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                       weight_decay=cfg.weight_decay)
         return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.clip_grad,
-                   ctx=ctx, bf16=bf16)
+                   ctx=ctx, bf16=bf16, fsdp=cfg.fsdp, lora=lora)
 
     # ------------------------------------------------------------------ values and targets
     def values(self, exp: Experience, *, micro_batch_size: int, max_tokens=None, group=None,
                **_) -> torch.Tensor:
-        """V_old [B, T] float32 of ``exp``'s responses, no autograd, 0 outside the mask."""
+        """V_old [B, T] float32 of ``exp``'s responses, no autograd, 0 outside the mask
+        (``group``: sharded ranks run equally many passes)."""
         out = torch.zeros(exp.response_mask.shape, dtype=torch.float32,
                           device=exp.response_mask.device)
         with torch.no_grad():
             for index, mb in micro_batches(exp, size=micro_batch_size, max_tokens=max_tokens,
-                                           flag="--log-probs-max-tokens-per-gpu"):
+                                           flag="--log-probs-max-tokens-per-gpu", group=group,
+                                           lockstep=self.fsdp):
                 v = _forward(unwrap(self.model), mb, self.bf16)
                 out[index, : v.shape[1]] = v
+        if self.fsdp:  # parameters gathered without autograd must not serve the training pass
+            reshard(self.model)
         return torch.where(exp.response_mask, out, 0.0)
 
     def targets(self, exp: Experience, raw_advantages: torch.Tensor, tracker) -> None:
@@ -185,7 +181,7 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=False)
         stats = torch.zeros(2, dtype=torch.float64, device=chunk.response_mask.device)
         batches = micro_batches(chunk, size=micro_batch_size, max_tokens=max_tokens,
-                                flag="--max-tokens-per-gpu")
+                                flag="--max-tokens-per-gpu", group=group, lockstep=self.fsdp)
         for i, (_, mb) in enumerate(batches):
             with no_grad_sync(self.model, skip=i < len(batches) - 1):
                 values = _forward(self.model, mb, self.bf16)
@@ -199,6 +195,8 @@ class Critic:
                                              num_tokens=num_tokens)])
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
         loss, clipfrac = all_reduce(stats, group).tolist()
         if not (torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss))):
             raise NonFiniteError(f"non-finite critic value loss ({loss}) or gradient norm "
@@ -209,34 +207,54 @@ class Critic:
         return loss, clipfrac
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
-        return {"model": unwrap(self.model).state_dict(), "optim": self.optimizer.state_dict(),
-                "optimizer_steps": self.optimizer_steps, "updates": self.updates}
-
-    def write(self, folder: str, *, weights_only: bool = False) -> None:
-        """Rank 0: ``folder/critic.pt`` (the replicas are equal); ``weights_only`` for
-        ``--critic-save``."""
-        state = self.state_dict()
-        if weights_only:
-            state = {"model": state["model"]}
-        torch.save(state, os.path.join(folder, CRITIC_FILE))
+    def checkpoint_state(self) -> dict:
+        """This rank's ``{"critic": {"model", "optim", "progress"}}`` for the DCP checkpoint,
+        beside the policy's state: the trainable weights (a LoRA critic: its adapters and
+        head) and their AdamW state as this rank holds them, and the two step counts."""
+        state = sharded_state.sharded_state(self.model, self.optimizer, fsdp=self.fsdp,
+                                            trainable_only=self.lora is not None)
+        state["progress"] = {"optimizer_steps": torch.tensor(self.optimizer_steps),
+                             "updates": torch.tensor(self.updates)}
+        return {STATE_KEY: state}
 
     def load(self, folder: str) -> None:
-        """The whole state a checkpoint's ``critic.pt`` holds (every rank reads it)."""
-        file = os.path.join(folder, CRITIC_FILE)
-        if not os.path.isfile(file):
-            raise InputError(f"--load {folder}: no {CRITIC_FILE} in the checkpoint; it was "
-                             "not written by a ppo run")
+        """Restore what :meth:`checkpoint_state` saved (a collective when distributed)."""
+        if not sharded_state.saved_shapes(folder, f"{STATE_KEY}.model."):
+            if os.path.isfile(os.path.join(folder, CRITIC_FILE)):
+                return self._load_file(os.path.join(folder, CRITIC_FILE))
+            raise InputError(f"--load {folder}: the checkpoint holds no critic; it was not "
+                             "written by a ppo run")
+        progress = {"optimizer_steps": torch.tensor(0), "updates": torch.tensor(0)}
+        sharded_state.load_sharded(folder, self.model, self.optimizer, fsdp=self.fsdp,
+                                   trainable_only=self.lora is not None, group=self.ctx.group,
+                                   key=STATE_KEY, extra={"progress": progress})
+        self.optimizer_steps = int(progress["optimizer_steps"])
+        self.updates = int(progress["updates"])
+
+    def _load_file(self, file: str) -> None:
+        """A checkpoint of an earlier Relax, with the replicated critic in ``critic.pt``."""
         state = torch.load(file, map_location=self.ctx.device, weights_only=True)
         unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optim"])
         self.optimizer_steps, self.updates = state["optimizer_steps"], state["updates"]
 
     def save_final(self, path: str | None) -> None:
-        """``--critic-save DIR``: the critic's weights, rank 0."""
-        if path and self.ctx.is_main:
-            os.makedirs(path, exist_ok=True)
-            self.write(path, weights_only=True)
+        """``--critic-save DIR``: the critic's whole weights in ``DIR/critic.pt`` (gathered on
+        rank 0, a collective under FSDP2; a LoRA critic's adapters merged)."""
+        if not path:
+            return
+        weights = whole_weights(self.model, fsdp=self.fsdp, is_main=self.ctx.is_main,
+                                lora=self.lora)
+        if self.ctx.is_main:
+            write_weights(path, weights)
+
+
+def _add_adapters(lm: torch.nn.Module, section, seed: int):
+    """The policy's kind of adapters (``cfg.lora``) on the value model's backbone, their A
+    drawn from a stream of the run's seed of their own (not the policy's adapters' draw)."""
+    return add_lora(lm, rank=section.rank, alpha=section.alpha, dropout=section.dropout,
+                    targets=list(section.target_modules or ALL_LINEAR),
+                    seed=seed_for(seed, "critic_lora"))
 
 
 def hold_still(optimizer: torch.optim.Optimizer) -> None:

@@ -133,14 +133,17 @@ def _allreduce_sum_hook(process_group, bucket):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def wrap_model(model: torch.nn.Module, ctx: DistContext, *, fsdp: bool) -> torch.nn.Module:
-    """Replicate (DDP) or shard (FSDP2) ``model`` so gradients are summed over ranks."""
+def wrap_model(model: torch.nn.Module, ctx: DistContext, *, fsdp: bool,
+               blocks: list[torch.nn.Module] | None = None) -> torch.nn.Module:
+    """Replicate (DDP) or shard (FSDP2) ``model`` so gradients are summed over ranks;
+    ``blocks``: FSDP2's units when ``model`` is not itself a Hugging Face causal LM (the
+    critic's value model wraps one), else its decoder blocks."""
     if fsdp:
         if ctx.world_size == 1 and not dist.is_initialized():
             return model  # nothing to shard over; a single process behaves the same
         mesh = _mesh(ctx)
         # one FSDP unit per transformer block, then the root (embeddings, norm, head)
-        for block in _decoder_blocks(model):
+        for block in decoder_blocks(model) if blocks is None else blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         for module in model.modules():
@@ -166,7 +169,7 @@ def _mesh(ctx: DistContext):
     return DeviceMesh.from_group(ctx.group, ctx.device.type)
 
 
-def _decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks of a Hugging Face causal LM (``model.model.layers``)."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)

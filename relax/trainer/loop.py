@@ -138,7 +138,7 @@ class Trainer:
         self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
                                                        fsdp=cfg.fsdp,
                                                        rank_state=self.collector.state_dict,
-                                                       extra_files=self.critic and self.critic.write)
+                                                       extra_state=self.critic and self.critic.checkpoint_state)
         self.control = RunControl(ctx, stop, total_steps=self.total_steps,
                                   exit_duration_in_mins=cfg.exit_duration_in_mins,
                                   started=started)

@@ -39,7 +39,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from relax.errors import InputError
-from relax.trainer.distributed import _decoder_blocks, unwrap
+from relax.trainer.distributed import decoder_blocks, unwrap
 
 
 def recomputed_layers(settings, num_layers: int) -> list[int]:
@@ -59,7 +59,7 @@ def apply_recompute(module: torch.nn.Module, settings) -> list[int]:
     than ``--recompute-num-layers``."""
     if settings.granularity is None:
         return []
-    blocks = _decoder_blocks(module)
+    blocks = decoder_blocks(module)
     if not blocks:
         raise InputError(f"--recompute-granularity {settings.granularity}: the model has no "
                          "decoder layers to recompute (model.layers or transformer.h); remove "
@@ -93,4 +93,4 @@ def _is_recomputed(block: torch.nn.Module) -> bool:
 def recomputing(model: torch.nn.Module) -> bool:
     """Whether a forward of ``model`` (wrapped or not) now recomputes any layer in its
     backward: grad is enabled and :func:`apply_recompute` wrapped a layer."""
-    return torch.is_grad_enabled() and any(map(_is_recomputed, _decoder_blocks(unwrap(model))))
+    return torch.is_grad_enabled() and any(map(_is_recomputed, decoder_blocks(unwrap(model))))

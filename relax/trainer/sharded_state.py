@@ -263,16 +263,21 @@ def reason(e: BaseException) -> BaseException:
 
 
 def load_sharded(folder: str, model, optimizer, *, fsdp: bool,
-                 trainable_only: bool = False, group=None) -> None:
+                 trainable_only: bool = False, group=None, key: str | None = None,
+                 extra: dict | None = None) -> None:
     """Fill this rank's model and optimizer state from the DCP checkpoint in ``folder``
     (any world size it was saved at; a collective over ``group``, the training ranks, when
-    distributed); ``trainable_only`` as in :func:`sharded_state`."""
+    distributed); ``trainable_only`` as in :func:`sharded_state`. ``key``: the state was
+    saved under that key beside the policy's (the critic's, relax/trainer/critic.py);
+    ``extra``: more tensors saved with it, filled in place."""
     target = _target(model, fsdp)
     options = _options(trainable_only)
     state = _state(target, optimizer, trainable_only)
+    wanted = {**state, **(extra or {})}
     try:
-        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
-                 process_group=group, no_dist=not dist.is_initialized())
+        dcp.load({key: wanted} if key else wanted, storage_reader=SafeReader(folder),
+                 planner=SafeLoadPlanner(), process_group=group,
+                 no_dist=not dist.is_initialized())
         set_state_dict(target, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=options)
     except (Exception, CheckpointException) as e:  # another model's checkpoint, a bad shard
@@ -282,6 +287,28 @@ def load_sharded(folder: str, model, optimizer, *, fsdp: bool,
         raise InputError(f"--load {folder}: the checkpoint does not fit this model and "
                          f"optimizer ({type(e).__name__}: {' '.join(str(e).split())[:200]})") \
             from e
+
+
+def saved_shapes(folder: str, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The tensors the DCP checkpoint in ``folder`` holds under ``prefix`` (a flattened key
+    such as ``"critic.model."``), by their name after it, with their global shapes."""
+    metadata = read_metadata(folder)
+    return {name[len(prefix):]: tuple(getattr(item, "size", ()))
+            for name, item in metadata.state_dict_metadata.items() if name.startswith(prefix)}
+
+
+def load_tensors(folder: str, tensors: dict, *, key: str, what: str) -> None:
+    """Fill ``tensors`` (whole tensors, in place) from the DCP checkpoint in ``folder``, where
+    they were saved under ``key``, in this process alone (every rank reads them)."""
+    try:
+        dcp.load({key: tensors}, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
+                 no_dist=True)
+    except (Exception, CheckpointException) as e:
+        e = reason(e)
+        if isinstance(e, InputError):
+            raise e from None
+        raise InputError(f"{what} {folder}: cannot read the weights "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
 
 
 # ---------------------------------------------------------------------------- Hugging Face

@@ -21,11 +21,10 @@ def _rows(tmp_path):
         "negative-critic-only": ([*PPO, "--num-critic-only-steps", "-1"],
                                  ("--num-critic-only-steps -1", ">= 0")),
         "no-critic-file": ([*PPO, "--critic-load", str(tmp_path)],
-                           ("--critic-load", "no critic.pt")),
+                           ("--critic-load", "no critic.pt and no checkpoint")),
         "lambd-without-ppo": (["--lambd", "0.9"], ("--lambd 0.9", "--advantage-estimator ppo")),
         "clip-without-ppo": (["--advantage-estimator", "grpo", "--value-clip", "0.5"],
                              ("--value-clip 0.5", "without a critic")),
-        "fsdp": ([*PPO, "--fsdp"], ("--advantage-estimator ppo --fsdp", "not built")),
         "lora": ([*PPO, "--lora-rank", "4"], ("--lora-rank 4", "LoRA")),
         "fully-async": ([*PPO, "--fully-async"], ("--fully-async", "not built")),
     }
@@ -33,7 +32,7 @@ def _rows(tmp_path):
 
 ROW_NAMES = ["lambd-above", "lambd-below", "gamma-above", "gamma-zero", "negative-clip",
              "zero-lr", "negative-warmup", "negative-critic-only", "no-critic-file",
-             "lambd-without-ppo", "clip-without-ppo", "fsdp", "lora", "fully-async"]
+             "lambd-without-ppo", "clip-without-ppo", "lora", "fully-async"]
 
 
 @pytest.mark.parametrize("row", ROW_NAMES)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from relax.trainer import train
+from relax.trainer import sharded_state, train
 from relax.trainer.distributed import unwrap
 from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
 
@@ -49,7 +49,10 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
                                           output_dir=tmp_path / "full"))
     fit(make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
                     "--save-interval", "1", output_dir=tmp_path / "part"))
-    assert (tmp_path / "ckpt" / "rollout_000002" / "critic.pt").is_file()
+    # the critic's state is in the checkpoint's DCP shards, under its own key
+    saved = sharded_state.saved_shapes(str(tmp_path / "ckpt" / "rollout_000002"), "critic.")
+    assert {"model.head.weight", "progress.optimizer_steps", "progress.updates"} <= set(saved)
+    assert any(k.startswith("optim.state.") for k in saved)
     trainer, tail, _ = fit(make_config(*common, "--num-rollout", "4", "--load",
                                        str(tmp_path / "ckpt"), output_dir=tmp_path / "part"))
     assert trainer.start_step == 2 and len(tail) == 2
@@ -85,13 +88,18 @@ def test_critic_only_steps_leave_the_policy_alone(tmp_path):
 
 def test_critic_save_then_load_starts_from_the_saved_values(tmp_path):
     fit(make_config(*_ppo(tmp_path, "--critic-save", str(tmp_path / "critic")), "--num-rollout",
-                    "3", output_dir=tmp_path / "a"))
+                    "3", "--save", str(tmp_path / "ckpt"), output_dir=tmp_path / "a"))
     trainer, history, _ = fit(make_config(*_ppo(tmp_path, "--critic-load",
                                                 str(tmp_path / "critic")),
                                           "--num-rollout", "1", output_dir=tmp_path / "b"))
     assert history[0]["critic/values_mean"] > 0.05  # a fresh zero head would give exactly 0
     saved = torch.load(tmp_path / "critic" / "critic.pt", weights_only=True)["model"]
     assert set(saved) == set(unwrap(trainer.critic.model).state_dict())
+    # a checkpoint directory holds the same critic (in its DCP shards)
+    _, from_checkpoint, _ = fit(make_config(*_ppo(tmp_path, "--critic-load",
+                                                  str(tmp_path / "ckpt" / "rollout_000003")),
+                                            "--num-rollout", "1", output_dir=tmp_path / "c"))
+    assert from_checkpoint[0]["critic/values_mean"] == history[0]["critic/values_mean"]
 
 
 def test_a_critic_that_does_not_fit_is_one_line_exit_2(tmp_path, capsys):
@@ -106,22 +114,36 @@ def test_a_critic_that_does_not_fit_is_one_line_exit_2(tmp_path, capsys):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+STEP_METRICS = ("critic/value_loss", "critic/value_clip_fraction", "critic/explained_variance",
+                "critic/values_mean")
+
+
 @pytest.mark.subprocess
-@pytest.mark.timeout(180)
-def test_two_ddp_ranks_equal_one_process():
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_two_ranks_equal_one_process_and_resume_exactly(tmp_path, fsdp):
+    # one critic step on a fixed batch: the values, the step's metrics and the parameters
+    # after it are those of one process holding the whole batch; a checkpoint written by the
+    # two ranks (DCP, each its own part) loads into a fresh critic that then takes the same
+    # next step as the critic that wrote it
     from tests.distributed_utils import run_distributed
     from tests.trainer.critic_workers import critic_step
 
-    ref_params, ref_values, ref_metrics = critic_step(2)
+    ref_params, ref_values, ref_metrics = critic_step(2, fsdp)
     assert 0 < ref_metrics["critic/value_clip_fraction"] < 1  # the clip binds on some tokens
-    ranks = run_distributed(critic_step, 2, 2, timeout=150)
+    assert 0.05 < abs(ref_metrics["critic/explained_variance"]) < 10
+    ranks = run_distributed(critic_step, 2, 2, fsdp, str(tmp_path / "ckpt"), timeout=200)
     values = torch.cat([r[1] for r in ranks])
     torch.testing.assert_close(values, ref_values, atol=1e-6, rtol=1e-5)
-    for params, _, metrics in ranks:
+    for params, _, metrics, loaded, (kept, kept_metrics), (again, again_metrics) in ranks:
         for name, p in ref_params.items():
             torch.testing.assert_close(params[name], p, atol=1e-6, rtol=1e-5, msg=name)
-        for key in ("critic/value_loss", "critic/value_clip_fraction"):
+            assert torch.equal(loaded[name], params[name]), name
+            assert not torch.equal(kept[name], params[name]) or "embed" in name
+            assert torch.equal(again[name], kept[name]), name
+        for key in STEP_METRICS:
             assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5, abs=1e-7), key
+        assert again_metrics == kept_metrics
 
 
 def test_resuming_ppo_from_a_grpo_checkpoint_is_one_line_exit_2(tmp_path, capsys):
@@ -164,3 +186,51 @@ def test_multi_turn_skips_the_environment_tokens(tmp_path, monkeypatch):
     for t in (values, returns, raw):
         assert torch.equal(t[env_tokens], torch.zeros_like(t[env_tokens]))
     torch.testing.assert_close(returns[mask], (raw + values)[mask].float())
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+def test_fsdp_run_resumes_exactly_and_its_checkpoint_loads_in_one_process(tmp_path):
+    # two FSDP2 ranks: a run continued from its step-2 checkpoint repeats the uninterrupted
+    # step 3 exactly; the critic of the final checkpoint, sharded over two ranks, loads whole
+    # into one process without --fsdp and equals what --critic-save gathered on rank 0
+    from tests.distributed_utils import torchrun_relax
+
+    reward = write_reward(tmp_path)
+    flags = ["--advantage-estimator", "ppo", "--custom-rm-path", f"{reward}:parity",
+             "--critic-lr", "1e-3", "--lambd", "0.9", "--critic-lr-warmup-iters", "2",
+             "--num-critic-only-steps", "1", "--rollout-batch-size", "2",
+             "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
+             "--micro-batch-size", "1", "--num-rollout", "3"]
+    save, out = tmp_path / "save", tmp_path / "full"
+    proc = torchrun_relax(*flags, "--fsdp", "--device", "cpu", "--save", str(save),
+                          "--save-interval", "1", "--critic-save", str(tmp_path / "critic"),
+                          "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # each rank wrote its own half of the critic's decoder blocks
+    layers = {k: v for k, v in sharded_state.read_metadata(
+        str(save / "rollout_000002")).state_dict_metadata.items()
+        if k.startswith("critic.model.lm.model.layers.") and k.endswith("proj.weight")}
+    assert layers and all(len(v.chunks) == 2 for v in layers.values())
+    proc = torchrun_relax(*flags, "--fsdp", "--device", "cpu", "--load",
+                          str(save / "rollout_000002"), "--output-dir", str(tmp_path / "tail"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want, got = read_metrics(out)[2], read_metrics(tmp_path / "tail")[-1]
+    assert got["rollout/step"] == want["rollout/step"] == 3
+    for key in ("rollout/raw_reward", "train/loss", "train/grad_norm", *CRITIC_METRICS):
+        assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+    from relax.trainer.distributed import init_distributed
+    from relax.trainer.loop import Trainer
+
+    whole = torch.load(tmp_path / "critic" / "critic.pt", weights_only=True)["model"]
+    trainer = Trainer(make_config(*flags, "--load", str(save), output_dir=tmp_path / "one",
+                                  tiny=False), init_distributed("cpu"), console=False)
+    try:
+        assert trainer.start_step == 3 and trainer.critic.updates == 3
+        state = unwrap(trainer.critic.model).state_dict()
+        assert sorted(state) == sorted(whole)
+        for name, value in whole.items():
+            assert torch.equal(state[name], value), name
+    finally:
+        trainer.close()
