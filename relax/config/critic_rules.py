@@ -47,6 +47,3 @@ def _check_not_built(cfg) -> None:
     for dest in ("fully_async",):
         if getattr(cfg, dest):
             reject(cfg, ("advantage_estimator", dest), why)
-    if cfg.lora_rank:
-        reject(cfg, ("advantage_estimator", "lora_rank"), "the critic is not built for LoRA "
-               "(it trains all its weights); remove --lora-rank")

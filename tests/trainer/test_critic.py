@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from relax.errors import InputError
 from relax.trainer import sharded_state, train
 from relax.trainer.distributed import unwrap
 from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
@@ -234,3 +235,48 @@ def test_fsdp_run_resumes_exactly_and_its_checkpoint_loads_in_one_process(tmp_pa
             assert torch.equal(state[name], value), name
     finally:
         trainer.close()
+
+
+def test_a_lora_critic_trains_adapters_and_head_and_resumes_exactly(tmp_path):
+    # --lora-rank: the critic, as the policy, trains LoRA adapters on its frozen backbone, and
+    # its new value head whole; its checkpoint holds those only and resumes exactly;
+    # --critic-save writes the adapters merged, which a plain critic loads to the same values
+    from relax.trainer.critic import ValueModel
+    from relax.trainer.critic_weights import load_weights
+    from tests.trainer.workers import fixed_experience
+
+    common = _ppo(tmp_path, "--lora-rank", "4", "--lora-alpha", "8", "--gamma", "0.9",
+                  "--lambd", "0.8", "--critic-lr-warmup-iters", "2")
+    full, uninterrupted, _ = fit(make_config(*common, "--num-rollout", "3", "--critic-save",
+                                             str(tmp_path / "critic"),
+                                             output_dir=tmp_path / "full"))
+    named = dict(unwrap(full.critic.model).named_parameters())
+    trained = {n for n, p in named.items() if p.requires_grad}
+    assert trained and all("lora_" in n or n.startswith("head.") for n in trained)
+    assert {"head.weight", "head.bias"} <= trained
+    optimized = {id(p) for g in full.critic.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(named[n]) for n in trained}
+    assert any(p.abs().max() > 0 for n, p in named.items() if "lora_B" in n)  # they trained
+
+    fit(make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                    output_dir=tmp_path / "part"))
+    saved = sharded_state.saved_shapes(str(tmp_path / "ckpt" / "rollout_000002"),
+                                       "critic.model.")
+    assert set(saved) == trained  # the adapters and the head, not the frozen backbone
+    _, tail, _ = fit(make_config(*common, "--num-rollout", "3", "--load",
+                                 str(tmp_path / "ckpt"), output_dir=tmp_path / "part"))
+    for key in ("rollout/raw_reward", "train/loss", "train/grad_norm", *CRITIC_METRICS):
+        assert tail[0][key] == pytest.approx(uninterrupted[2][key], rel=1e-6, abs=1e-9), key
+
+    plain = ValueModel(full.policy.module.__class__(full.policy.module.config))
+    with pytest.raises(InputError, match="adapters only"):  # a LoRA checkpoint's critic
+        load_weights(plain, str(tmp_path / "ckpt" / "rollout_000002"))
+    load_weights(plain, str(tmp_path / "critic"))
+    exp = fixed_experience(full.policy.module)
+    with torch.no_grad():
+        want = full.critic.values(exp, micro_batch_size=8)
+        got = plain(exp.input_ids, exp.attention_mask, exp.position_ids,
+                    response_len=exp.response_mask.shape[1])
+    assert want.abs().max() > 0.01
+    torch.testing.assert_close(torch.where(exp.response_mask, got, 0.0), want, atol=1e-5,
+                               rtol=1e-4)
