@@ -38,12 +38,4 @@ def check_critic(cfg, explicit: set[str]) -> None:
         reject(cfg, "critic_load", f"no {CRITIC_FILE} and no checkpoint in it; point it at a "
                "--critic-save directory or a checkpoint directory (DIR/rollout_NNNNNN) of a "
                "ppo run")
-    _check_not_built(cfg)
 
-
-def _check_not_built(cfg) -> None:
-    """Modes the critic is not built for: one line each (docs/configuration.md "Critic")."""
-    why = "the critic is not built for it (replicated DDP only); remove it"
-    for dest in ("fully_async",):
-        if getattr(cfg, dest):
-            reject(cfg, ("advantage_estimator", dest), why)

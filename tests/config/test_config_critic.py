@@ -25,13 +25,12 @@ def _rows(tmp_path):
         "lambd-without-ppo": (["--lambd", "0.9"], ("--lambd 0.9", "--advantage-estimator ppo")),
         "clip-without-ppo": (["--advantage-estimator", "grpo", "--value-clip", "0.5"],
                              ("--value-clip 0.5", "without a critic")),
-        "fully-async": ([*PPO, "--fully-async"], ("--fully-async", "not built")),
     }
 
 
 ROW_NAMES = ["lambd-above", "lambd-below", "gamma-above", "gamma-zero", "negative-clip",
              "zero-lr", "negative-warmup", "negative-critic-only", "no-critic-file",
-             "lambd-without-ppo", "clip-without-ppo", "fully-async"]
+             "lambd-without-ppo", "clip-without-ppo"]
 
 
 @pytest.mark.parametrize("row", ROW_NAMES)

@@ -342,3 +342,24 @@ def test_a_killed_rollout_rank_is_named(tmp_path):
         kill_left(ranks)
     (line,) = ranks[0].errors()
     assert "[rank 0 training]" in line and "rollout rank 1" in line, line
+
+
+def test_ppo_with_staleness_zero_is_the_colocated_run_and_lag_one_resumes_exactly(tmp_path):
+    # the critic lives on the training rank: its values, targets and steps are those of the
+    # colocated loop on the batch the rollout rank sent; with K = 1 its state is in the
+    # checkpoint beside the batch in flight, and --load continues exactly
+    ppo = ["--advantage-estimator", "ppo", "--lambd", "0.9", "--critic-lr", "1e-3"]
+    colocated = _run(tmp_path, "colocated", *ppo, nproc=1)
+    lagless = _run(tmp_path, "async", *ppo, "--fully-async", "--max-staleness", "0", nproc=2)
+    _same(lagless, colocated)
+    assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in lagless)
+    assert lagless[-1]["critic/values_mean"] != lagless[0]["critic/values_mean"]
+
+    lag = [*ppo, "--fully-async", "--max-staleness", "1", "--use-tis"]
+    first = _run(tmp_path, "first", *lag, nproc=2)
+    save = tmp_path / "ckpt"
+    cut = _run(tmp_path, "resumed", *lag, "--save", str(save), "--exit-duration-in-mins",
+               "1e-6", nproc=2)
+    assert len(cut) == 1
+    tail = _run(tmp_path, "resumed", *lag, "--load", str(save), nproc=2)
+    _same(tail[1:], first[1:])
