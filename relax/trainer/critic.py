@@ -16,7 +16,8 @@ replicated with DDP, or sharded with FSDP2 (``--fsdp``: one unit per decoder blo
 root), gradients summed over ranks and each micro-batch loss divided by the global token
 count; sharded ranks run equally many passes. With ``--lora-rank`` it is trained as the
 policy is: LoRA adapters (the policy's rank, alpha, dropout and targets) on its frozen
-backbone, and the value head, which is new, trained whole (docs/configuration.md "Critic").
+backbone, and the value head, which is new, trained whole (docs/configuration.md "Critic");
+``--recompute-granularity`` recomputes its decoder layers as the policy's.
 
 Its state (the trainable weights, their AdamW moments, the warm-up clock and the count of
 critic-only steps) goes into every checkpoint under the key ``critic`` of the policy's DCP
@@ -48,6 +49,7 @@ from relax.trainer.distributed import (
 )
 from relax.trainer.experience import Experience, micro_batches
 from relax.trainer.lora import ALL_LINEAR, add_lora
+from relax.trainer.recompute import apply_recompute
 
 
 class ValueModel(torch.nn.Module):
@@ -102,6 +104,9 @@ class Critic:
         if section.load:  # the whole weights; with LoRA they are the frozen backbone
             load_weights(value_model, section.load)
         lora = _add_adapters(lm, cfg.lora, cfg.seed) if cfg.lora.enabled else None
+        # the policy's activation recompute, before wrap_model as for the policy: a critic
+        # of the policy's size needs the same memory
+        apply_recompute(lm, cfg.recompute)
         model = wrap_model(value_model, ctx, fsdp=cfg.fsdp, blocks=decoder_blocks(lm))
         base_lr = section.lr if section.lr is not None else cfg.lr
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],

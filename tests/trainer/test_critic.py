@@ -202,7 +202,9 @@ def test_fsdp_run_resumes_exactly_and_its_checkpoint_loads_in_one_process(tmp_pa
              "--critic-lr", "1e-3", "--lambd", "0.9", "--critic-lr-warmup-iters", "2",
              "--num-critic-only-steps", "1", "--rollout-batch-size", "2",
              "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-             "--micro-batch-size", "1", "--num-rollout", "3"]
+             "--micro-batch-size", "1", "--num-rollout", "3",
+             # token budgets: the ranks' rows differ in length, the sharded passes stay paired
+             "--use-dynamic-batch-size", "--max-tokens-per-gpu", "20"]
     save, out = tmp_path / "save", tmp_path / "full"
     proc = torchrun_relax(*flags, "--fsdp", "--device", "cpu", "--save", str(save),
                           "--save-interval", "1", "--critic-save", str(tmp_path / "critic"),
@@ -280,3 +282,21 @@ def test_a_lora_critic_trains_adapters_and_head_and_resumes_exactly(tmp_path):
     assert want.abs().max() > 0.01
     torch.testing.assert_close(torch.where(exp.response_mask, got, 0.0), want, atol=1e-5,
                                rtol=1e-4)
+
+
+def test_recompute_covers_the_critic_and_changes_no_number(tmp_path):
+    from relax.trainer.recompute import recomputing
+
+    runs = {}
+    for name, flags in (("plain", []), ("recompute", ["--recompute-granularity", "full"])):
+        trainer, history, _ = fit(make_config(*_ppo(tmp_path, *flags), "--num-rollout", "1",
+                                              output_dir=tmp_path / name))
+        lm = unwrap(trainer.critic.model).lm
+        with torch.enable_grad():
+            assert recomputing(lm) == bool(flags)
+        runs[name] = (history[0], dict(unwrap(trainer.critic.model).named_parameters()))
+    (want, want_params), (got, got_params) = runs["plain"], runs["recompute"]
+    for key in CRITIC_METRICS:
+        assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+    for name, p in want_params.items():
+        torch.testing.assert_close(got_params[name], p, atol=1e-6, rtol=1e-5, msg=name)
