@@ -47,23 +47,27 @@ def _whole(critic: Critic) -> dict[str, torch.Tensor]:
             for n, p in unwrap(critic.model).named_parameters()}
 
 
-def _train(critic: Critic, local, micro_batch_size: int) -> dict:
+def _train(critic: Critic, local, micro_batch_size: int, max_tokens: int | None) -> dict:
     tracker = MetricTracker(critic.ctx.group)
-    critic.update(local, tracker, global_batch_size=B, micro_batch_size=micro_batch_size)
+    critic.update(local, tracker, global_batch_size=B, micro_batch_size=micro_batch_size,
+                  max_tokens=max_tokens)
     return tracker.reduce()
 
 
-def critic_step(micro_batch_size: int, fsdp: bool = False, folder: str | None = None):
+def critic_step(micro_batch_size: int, fsdp: bool = False, folder: str | None = None,
+                max_tokens: int | None = None):
     """Values of this rank's rows, the targets' statistics, then one SGD step (lr 0.1, no
     gradient clipping) on the clipped value loss. Returns (parameters, values, metrics) and,
     with ``folder``, the round trip: a second step after saving the critic there, and the
-    same step by a fresh critic that loaded it (parameters and metrics of both)."""
+    same step by a fresh critic that loaded it (parameters and metrics of both).
+    ``max_tokens``: token-budget micro-batches (with two ranks and 12 tokens, rank 0's rows
+    make 3 and rank 1's 4, so sharded ranks must split theirs to stay paired)."""
     ctx = _context()
     critic = _critic(ctx, fsdp)
     exp = fixed_experience(build_tiny_model(build_tokenizer(), seed=7))
     rows = B // ctx.world_size
     local = exp.rows(ctx.rank * rows, (ctx.rank + 1) * rows)
-    values = critic.values(local, micro_batch_size=rows, group=ctx.group)
+    values = critic.values(local, micro_batch_size=rows, max_tokens=max_tokens, group=ctx.group)
     g = torch.Generator().manual_seed(9)
     mine = slice(ctx.rank * rows, (ctx.rank + 1) * rows)
     # V_old off the current values so the clip binds on some tokens, targets around them
@@ -71,7 +75,7 @@ def critic_step(micro_batch_size: int, fsdp: bool = False, folder: str | None = 
     raw = torch.randn(B, values.shape[1], generator=g)[mine] - 0.1 * local.values
     tracker = MetricTracker(ctx.group)
     critic.targets(local, torch.where(local.response_mask, raw, 0.0), tracker)
-    metrics = {**tracker.reduce(), **_train(critic, local, micro_batch_size)}
+    metrics = {**tracker.reduce(), **_train(critic, local, micro_batch_size, max_tokens)}
     out = (_whole(critic), values, metrics)
     if folder is None:
         return out
@@ -79,6 +83,6 @@ def critic_step(micro_batch_size: int, fsdp: bool = False, folder: str | None = 
     resumed = _critic(ctx, fsdp)
     resumed.load(folder)
     loaded = _whole(resumed)
-    kept_metrics = _train(critic, local, micro_batch_size)
-    again_metrics = _train(resumed, local, micro_batch_size)
+    kept_metrics = _train(critic, local, micro_batch_size, max_tokens)
+    again_metrics = _train(resumed, local, micro_batch_size, max_tokens)
     return (*out, loaded, (_whole(critic), kept_metrics), (_whole(resumed), again_metrics))

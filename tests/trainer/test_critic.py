@@ -130,10 +130,11 @@ def test_two_ranks_equal_one_process_and_resume_exactly(tmp_path, fsdp):
     from tests.distributed_utils import run_distributed
     from tests.trainer.critic_workers import critic_step
 
-    ref_params, ref_values, ref_metrics = critic_step(2, fsdp)
+    # token budgets: the two ranks' rows make 3 and 4 micro-batches (sharded ranks split)
+    ref_params, ref_values, ref_metrics = critic_step(2, fsdp, None, 12)
     assert 0 < ref_metrics["critic/value_clip_fraction"] < 1  # the clip binds on some tokens
     assert 0.05 < abs(ref_metrics["critic/explained_variance"]) < 10
-    ranks = run_distributed(critic_step, 2, 2, fsdp, str(tmp_path / "ckpt"), timeout=200)
+    ranks = run_distributed(critic_step, 2, 2, fsdp, str(tmp_path / "ckpt"), 12, timeout=200)
     values = torch.cat([r[1] for r in ranks])
     torch.testing.assert_close(values, ref_values, atol=1e-6, rtol=1e-5)
     for params, _, metrics, loaded, (kept, kept_metrics), (again, again_metrics) in ranks:
@@ -202,9 +203,7 @@ def test_fsdp_run_resumes_exactly_and_its_checkpoint_loads_in_one_process(tmp_pa
              "--critic-lr", "1e-3", "--lambd", "0.9", "--critic-lr-warmup-iters", "2",
              "--num-critic-only-steps", "1", "--rollout-batch-size", "2",
              "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-             "--micro-batch-size", "1", "--num-rollout", "3",
-             # token budgets: the ranks' rows differ in length, the sharded passes stay paired
-             "--use-dynamic-batch-size", "--max-tokens-per-gpu", "20"]
+             "--micro-batch-size", "1", "--num-rollout", "3"]
     save, out = tmp_path / "save", tmp_path / "full"
     proc = torchrun_relax(*flags, "--fsdp", "--device", "cpu", "--save", str(save),
                           "--save-interval", "1", "--critic-save", str(tmp_path / "critic"),
