@@ -57,9 +57,10 @@ class Distillation:
     def build(cls, section, ctx, *, tokenizer, student: torch.nn.Module,
               bf16: bool) -> Distillation | None:
         """The teacher of ``--opd-teacher-load`` after its vocabulary is checked against the
-        student's (tokenizer first, before any weight is read); None without ``--use-opd``.
+        student's (tokenizer first, before any weight is read); None without ``--use-opd`` and
+        with ``--opd-type self`` (relax/trainer/self_distill.py).
         ``section``: ``cfg.distillation`` (relax/config/opd_fields.py)."""
-        if not section.enabled:
+        if not section.enabled or section.self_mode:
             return None
         path = section.teacher_load
         check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
