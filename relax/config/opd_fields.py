@@ -12,8 +12,9 @@ from relax.config.sections import Section, flag
 
 # model: a Hugging Face teacher loaded beside the policy (slime's "megatron" mode);
 # self: on-policy self-distillation, the frozen initial model seeing privileged information
-# (relax/trainer/self_distill.py)
-OPD_TYPES: tuple[str, ...] = ("model", "self")
+# (relax/trainer/self_distill.py); server: a vLLM server's prompt log-probs
+# (relax/trainer/teacher_server.py)
+OPD_TYPES: tuple[str, ...] = ("model", "self", "server")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class DistillationSection(Section):
     opsd_beta: float = flag("opsd_beta")
     opsd_jsd_clip: float = flag("opsd_jsd_clip")
     privileged_info_key: str | None = flag("opsd_privileged_info_key")
+    teacher_url: str | None = flag("opd_teacher_url")
+    teacher_timeout: float = flag("opd_teacher_timeout")
 
     @property
     def self_mode(self) -> bool:
@@ -46,7 +49,9 @@ class DistillationFields:
         "directory with the student's vocabulary, run beside the policy; its reverse KL enters "
         "the advantage) or self (on-policy self-distillation: the frozen initial model, or "
         "--opd-teacher-load, reads the prompt with the sample's privileged information and a "
-        "clipped full-vocabulary JSD to it is added to the loss).", group="distillation",
+        "clipped full-vocabulary JSD to it is added to the loss) or server (a vLLM server "
+        "scores the sampled tokens: --opd-teacher-url, or one Relax starts per rank from "
+        "--opd-teacher-load; needs --rollout-temperature 1).", group="distillation",
         choices=OPD_TYPES)
     opd_kl_coef: float = option(
         1.0, "C >= 0, the weight of the per-token reverse KL to the teacher in the advantage; "
@@ -61,6 +66,14 @@ class DistillationFields:
         "teacher's reverse KL is the only training signal (the task reward is still computed "
         "and logged as rollout/raw_reward); needs --use-opd.", group="distillation")
 
+    opd_teacher_url: str | None = option(
+        None, "--opd-type server: the base URL of a running vLLM server (OpenAI API) serving "
+        "the teacher; without it Relax starts one per rank from --opd-teacher-load.",
+        metavar="URL", group="distillation")
+    opd_teacher_timeout: float = option(
+        600.0, "--opd-type server: seconds an owned teacher server may take to start, and one "
+        "scoring request may take; then the run stops naming the server and its log.",
+        metavar="SECONDS", group="distillation")
     opsd_beta: float = option(
         0.5, "--opd-type self: the JSD's mixture weight beta in [0, 1] (0: forward KL "
         "KL(teacher || student), 1: reverse KL KL(student || teacher), 0.5: symmetric).",

@@ -33,7 +33,7 @@ def needs_old_log_probs(cfg) -> bool:
             or cfg.num_steps_per_rollout > 1
             # the distillation term reads pi_old before any update (§7b); the JSD of
             # --opd-type self reads the update's own forward instead
-            or (cfg.use_opd and cfg.opd_type == "model"))
+            or (cfg.use_opd and cfg.opd_type != "self"))
 
 
 def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,

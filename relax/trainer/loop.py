@@ -123,7 +123,8 @@ class Trainer:
         self.policy = self._build_policy()
         # --use-opd: the teacher, its vocabulary checked against the student's before any step
         self.distill = Distillation.build(cfg.distillation, ctx, tokenizer=self.policy.tokenizer,
-                                          student=self.policy.module, bf16=self.bf16)
+                                          student=self.policy.module, bf16=self.bf16,
+                                          run_dir=cfg.output_dir, seed=cfg.seed)
         # --opd-type self: the frozen initial model reading the privileged prompts (§7b)
         self.opsd = SelfDistillation.build(cfg, ctx, tokenizer=self.policy.tokenizer,
                                            student=self.policy.module, bf16=self.bf16)
@@ -451,9 +452,14 @@ class Trainer:
             self.close_backend()
 
     def close_backend(self) -> None:
-        """An owned vLLM server ends with the run, however it ends."""
-        if self.vllm is not None:
-            self.vllm.close()
+        """An owned vLLM server (the sampler's, a teacher's) ends with the run, however it
+        ends."""
+        try:
+            if getattr(self, "distill", None) is not None:
+                self.distill.close()
+        finally:
+            if self.vllm is not None:
+                self.vllm.close()
 
 
 def sample_rows(b: StepBatch, count: int) -> list[dict]:
