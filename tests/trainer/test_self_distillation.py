@@ -140,3 +140,19 @@ def test_token_budget_micro_batches_trim_the_teacher_prompt_on_its_own():
         want, _ = opsd.token_terms(response_rows(model, rows, layout="padded"), rows)
         got, _ = opsd.token_terms(response_rows(model, cut, layout="padded"), cut)
     torch.testing.assert_close(got, want[:, :got.shape[1]], rtol=1e-5, atol=1e-7)
+
+
+def test_dynamic_sampling_keeps_each_kept_row_with_its_teacher_prompt():
+    from relax.rollout.batch import StepBatch, kept_batch
+    from relax.rollout.generate import Rollout
+
+    def part(tag):
+        r = Rollout(torch.tensor([[4, 5], [6, 7]]), torch.ones(2, 2, dtype=torch.bool),
+                    torch.tensor([[8], [9]]), torch.ones(2, 1, dtype=torch.bool),
+                    torch.tensor([False, False]))
+        return StepBatch.of(prompts=[f"{tag}0", f"{tag}1"], labels=[0, 1],
+                            group_index=torch.tensor([0, 1]), rollout=r, responses=["", ""],
+                            rewards=torch.zeros(2), teacher_prompts=[f"T{tag}0", f"T{tag}1"])
+
+    out = kept_batch([part("a"), part("b")], [(1, 0), (0, 1)], 1, pad_token_id=0)
+    assert out.prompts == ["b0", "a1"] and out.teacher_prompts == ["Tb0", "Ta1"]
