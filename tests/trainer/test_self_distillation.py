@@ -156,3 +156,26 @@ def test_dynamic_sampling_keeps_each_kept_row_with_its_teacher_prompt():
 
     out = kept_batch([part("a"), part("b")], [(1, 0), (0, 1)], 1, pad_token_id=0)
     assert out.prompts == ["b0", "a1"] and out.teacher_prompts == ["Tb0", "Ta1"]
+
+
+def test_the_output_layers_run_in_chunks_no_larger_than_the_bound(monkeypatch):
+    """No [B, T, V] logits: each call of the JSD sees at most chunk_elements // V rows."""
+    from relax.trainer import self_distill
+
+    seen = []
+    original = self_distill.opsd_token_terms
+
+    def spy(student_logits, teacher_logits, targets, **kw):
+        seen.append((tuple(student_logits.shape), tuple(teacher_logits.shape)))
+        return original(student_logits, teacher_logits, targets, **kw)
+
+    monkeypatch.setattr(self_distill, "opsd_token_terms", spy)
+    model = build_tiny_model(build_tokenizer(), seed=7)
+    exp = fixed_experience(model)
+    opsd = attach_self_distillation(exp)  # chunks of 5 rows
+    got, _ = opsd.token_terms(response_rows(model, exp, layout="padded"), exp)
+    got.sum().backward()  # the backward recomputes each chunk: same bound
+    V = model.config.vocab_size
+    assert len(seen) > 2 * 5 and {v for (_, v), _ in seen} == {V}
+    assert max(n for (n, _), _ in seen) <= 5
+    assert sum(n for (n, _), _ in seen) == 2 * int(exp.response_mask.sum())  # forward + recompute
