@@ -24,6 +24,8 @@ mismatch_sums, tis_weights,    :mod:`relax.algorithms.off_policy`     7a
 opsm_keep
 distilled_advantages,          :mod:`relax.algorithms.distillation`   7b
 opd_reverse_kl, opd_metrics
+generalized_jsd,               :mod:`relax.algorithms.self_distillation`  7b
+opsd_token_terms
 gae_advantages, gae_returns,   :mod:`relax.algorithms.value`          5c
 clipped_value_loss,
 value_statistics
@@ -68,6 +70,7 @@ from relax.algorithms.registry import (
     compute_policy_loss,
     get_estimator,
 )
+from relax.algorithms.self_distillation import generalized_jsd, opsd_token_terms
 from relax.algorithms.value import (
     clipped_value_loss,
     gae_advantages,
@@ -95,6 +98,8 @@ __all__ = [
     "compute_advantages_and_returns",
     "compute_policy_loss",
     "distilled_advantages",
+    "generalized_jsd",
+    "opsd_token_terms",
     "get_estimator",
     "group_relative_advantages",
     "gspo_loss",

@@ -25,7 +25,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 FLOAT32_FLAGS = ("tis_clip", "tis_clip_low", "eps_clip", "eps_clip_high", "eps_clip_c",
                  "sapo_tau_pos", "sapo_tau_neg", "entropy_coef", "kl_coef", "kl_loss_coef",
-                 "opd_kl_coef", "value_clip", "critic_lr", "opsm_delta", "gamma", "lora_alpha", "rollout_temperature",
+                 "opd_kl_coef", "opsd_jsd_clip", "value_clip", "critic_lr", "opsm_delta", "gamma", "lora_alpha", "rollout_temperature",
                  "eval_temperature", "lr", "weight_decay")
 
 

@@ -24,14 +24,17 @@ class StepBatch:
     rewards: torch.Tensor  # [B]
     generated: Rollout
     decode_steps: int
+    # --opd-type self: each row's teacher prompt, formatted (relax/rollout/privileged.py)
+    teacher_prompts: list[str] | None = None
 
     @classmethod
     def of(cls, *, prompts: list[str], labels: list, group_index: torch.Tensor,
-           rollout: Rollout, responses: list[str], rewards: torch.Tensor) -> StepBatch:
+           rollout: Rollout, responses: list[str], rewards: torch.Tensor,
+           teacher_prompts: list[str] | None = None) -> StepBatch:
         """A batch that trains on everything it generated (no rows filtered out)."""
         return cls(prompts=prompts, labels=labels, group_index=group_index, rollout=rollout,
                    responses=responses, rewards=rewards, generated=rollout,
-                   decode_steps=rollout.response_ids.shape[1])
+                   decode_steps=rollout.response_ids.shape[1], teacher_prompts=teacher_prompts)
 
 
     def plain(self) -> dict:
@@ -76,6 +79,10 @@ def kept_batch(parts: list[StepBatch], kept: list[tuple[int, int]], n: int,
         [every[i] for i in rows]
         for every in ([x for p in parts for x in getattr(p, name)]
                       for name in ("prompts", "labels", "responses")))
+    teacher = None
+    if parts[0].teacher_prompts is not None:
+        every = [x for p in parts for x in p.teacher_prompts]
+        teacher = [every[i] for i in rows]
     device = generated.prompt_ids.device
     rewards = torch.cat([p.rewards for p in parts])[torch.tensor(rows, dtype=torch.long,
                                                                  device=device)]
@@ -83,4 +90,5 @@ def kept_batch(parts: list[StepBatch], kept: list[tuple[int, int]], n: int,
     return StepBatch(prompts=prompts, labels=labels, group_index=group_index,
                      rollout=generated.select(rows), responses=responses, rewards=rewards,
                      generated=generated,
-                     decode_steps=sum(p.rollout.response_ids.shape[1] for p in parts))
+                     decode_steps=sum(p.rollout.response_ids.shape[1] for p in parts),
+                     teacher_prompts=teacher)

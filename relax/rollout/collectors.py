@@ -29,6 +29,7 @@ from relax.rollout.batch import StepBatch, kept_batch
 from relax.rollout.data import PromptSource, format_prompt
 from relax.rollout.filters import kept_groups
 from relax.rollout.generate import tokenize_prompts
+from relax.rollout.privileged import with_privileged
 from relax.seeding import seed_for
 
 
@@ -91,7 +92,7 @@ class PromptCollector(StreamPosition):
 
     def collect_round(self, step: int, round_: int, count: int) -> StepBatch:
         """Generate and score this rank's share of the next ``count`` prompts of the stream."""
-        prompts, labels, group_index = self._take(count)
+        prompts, labels, group_index, teacher = self._take(count)
         with self.timer("generate"):
             ids, mask = tokenize_prompts(self.tokenizer, prompts, self.ctx.device)
             generator = rollout_generator(self.seed, self.ctx.rank, step, round_,
@@ -103,11 +104,13 @@ class PromptCollector(StreamPosition):
             rewards = self.scorer.score(prompts, responses, labels, group_index,
                                         tracker=self.tracker)
         return StepBatch.of(prompts=prompts, labels=labels, group_index=group_index,
-                            rollout=rollout, responses=responses, rewards=rewards)
+                            rollout=rollout, responses=responses, rewards=rewards,
+                            teacher_prompts=teacher)
 
     def _take(self, count: int):
         """This rank's whole groups of the ``count`` prompts at the cursor: prompts, labels,
-        group_index [B] (local ids); the cursor moves past all ``count``."""
+        group_index [B] (local ids), and the teacher's prompts when the samples carry privileged
+        information (--opd-type self, else None); the cursor moves past all ``count``."""
         per_rank = count // self.ctx.world_size
         batch = self.source.take(self.cursor + self.ctx.rank * per_rank, per_rank)
         self.cursor += count
@@ -115,7 +118,11 @@ class PromptCollector(StreamPosition):
         prompts = [t for t in texts for _ in range(self.n)]
         labels = [s.label for s in batch for _ in range(self.n)]
         group_index = torch.arange(len(batch), device=self.ctx.device).repeat_interleave(self.n)
-        return prompts, labels, group_index
+        teacher = None
+        if batch and batch[0].privileged is not None:
+            teacher = [format_prompt(self.tokenizer, with_privileged(s.prompt, s.privileged),
+                                     **self.format) for s in batch for _ in range(self.n)]
+        return prompts, labels, group_index, teacher
 
 
 class DynamicSampling:

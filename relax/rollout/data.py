@@ -49,7 +49,22 @@ def _check_prompt(prompt, where: str, input_key: str):
         raise InputError(f"{what} is an empty prompt (every message content is blank)")
 
 
-def _check_row(row, where: str, input_key: str, label_key: str, need_label: bool):
+def _check_privileged(row: dict, where: str, key: str) -> str:
+    """The row's privileged information (--opd-type self): a non-blank string."""
+    flag = "--opsd-privileged-info-key"
+    if key not in row:
+        raise InputError(f"{where}: missing key {key!r} ({flag}); keys: {_keys(row)}")
+    value = row[key]
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where}: key {key!r} ({flag}) must be a non-blank string, got "
+                         f"{type(value).__name__ if not isinstance(value, str) else 'blank'}")
+    if invalid_text(value):
+        raise InputError(f"{where}: key {key!r} ({flag}): {invalid_text(value)}")
+    return value
+
+
+def _check_row(row, where: str, input_key: str, label_key: str, need_label: bool,
+               privileged_key: str | None = None):
     if not isinstance(row, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if input_key not in row:
@@ -62,7 +77,8 @@ def _check_row(row, where: str, input_key: str, label_key: str, need_label: bool
     if isinstance(row.get(label_key), str) and invalid_text(row[label_key]):
         raise InputError(f"{where}: key {label_key!r} (--label-key): "
                          f"{invalid_text(row[label_key])}")
-    return PromptSample(row[input_key], row.get(label_key), where)
+    privileged = None if privileged_key is None else _check_privileged(row, where, privileged_key)
+    return PromptSample(row[input_key], row.get(label_key), where, privileged)
 
 
 # A line is read at most this long: a prompt of 8 MiB is millions of tokens, beyond any model's
@@ -93,13 +109,16 @@ def _jsonl_rows(path: str, max_line_bytes: int = MAX_LINE_BYTES):
 
 
 def load_prompt_data(
-    path: str, input_key: str, label_key: str, *, need_label: bool = True
+    path: str, input_key: str, label_key: str, *, need_label: bool = True,
+    privileged_key: str | None = None,
 ) -> list[PromptSample]:
     """Read every row of a ``.jsonl`` (one JSON object a line) or ``.parquet`` file.
 
     Every failure is an :class:`InputError` naming ``file:line`` (``file:row N`` for parquet)
     and, where it applies, the key: invalid UTF-8 or JSON, a row that is not an object, a
-    missing key, a prompt that is not a string or message list, an empty prompt, a null label.
+    missing key, a prompt that is not a string or message list, an empty prompt, a null label,
+    and with ``privileged_key`` (--opd-type self) a row without that key or a value that is not
+    a non-blank string.
     """
     if not os.path.isfile(path):
         raise InputError(f"--prompt-data {path}: no such file")
@@ -113,10 +132,12 @@ def load_prompt_data(
             raise InputError(f"--prompt-data {path}: not a readable parquet file: "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         for i, row in enumerate(rows):
-            samples.append(_check_row(row, f"{path}:row {i + 1}", input_key, label_key, need_label))
+            samples.append(_check_row(row, f"{path}:row {i + 1}", input_key, label_key, need_label,
+                                      privileged_key))
     else:
         for lineno, row in _jsonl_rows(path):
-            samples.append(_check_row(row, f"{path}:{lineno}", input_key, label_key, need_label))
+            samples.append(_check_row(row, f"{path}:{lineno}", input_key, label_key, need_label,
+                                      privileged_key))
     if not samples:
         raise InputError(f"--prompt-data {path}: the dataset is empty")
     return samples
@@ -129,8 +150,10 @@ def load_source(spec: str, flag: str, cfg, *, role: str) -> list[PromptSample]:
         return gym.load_samples(gym.parse_spec(spec, flag, role=role), flag,
                                 answer_format=cfg.reasoning_gym_answer,
                                 system_prompt=cfg.system_prompt)
+    # --opd-type self: training rows carry the teacher's privileged information
+    key = getattr(cfg, "opsd_privileged_info_key", None) if role == "train" else None
     return load_prompt_data(spec, cfg.input_key, cfg.label_key,
-                            need_label=cfg.custom_rm_path is None)
+                            need_label=cfg.custom_rm_path is None, privileged_key=key)
 
 
 def report_overlap(train: list[PromptSample], eval_sets, *, report=print) -> dict[str, int]:

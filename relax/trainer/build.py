@@ -31,7 +31,9 @@ def needs_old_log_probs(cfg) -> bool:
     f = estimators.facts(cfg.advantage_estimator)
     return (estimators.returns_read_old_policy(f, kl_coef=cfg.kl_coef)
             or cfg.num_steps_per_rollout > 1
-            or cfg.use_opd)  # the distillation term reads pi_old before any update (§7b)
+            # the distillation term reads pi_old before any update (§7b); the JSD of
+            # --opd-type self reads the update's own forward instead
+            or (cfg.use_opd and cfg.opd_type != "self"))
 
 
 def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,

@@ -48,19 +48,29 @@ def _output_rows(model) -> int:
 class Distillation:
     """The teacher (frozen, eval mode) and the term's settings; see the module docstring."""
 
-    def __init__(self, teacher: torch.nn.Module, *, kl_coef: float, only: bool, bf16: bool,
-                 group=None):
+    def __init__(self, teacher: torch.nn.Module | None, *, kl_coef: float, only: bool,
+                 bf16: bool, group=None, server=None):
         self.teacher, self.kl_coef, self.only = teacher, kl_coef, only
         self.bf16, self.group = bf16, group
+        self.server = server  # --opd-type server: relax/trainer/teacher_server.py
 
     @classmethod
-    def build(cls, section, ctx, *, tokenizer, student: torch.nn.Module,
-              bf16: bool) -> Distillation | None:
+    def build(cls, section, ctx, *, tokenizer, student: torch.nn.Module, bf16: bool,
+              run_dir: str = ".", seed: int = 0) -> Distillation | None:
         """The teacher of ``--opd-teacher-load`` after its vocabulary is checked against the
-        student's (tokenizer first, before any weight is read); None without ``--use-opd``.
+        student's (tokenizer first, before any weight is read); None without ``--use-opd`` and
+        with ``--opd-type self`` (relax/trainer/self_distill.py). ``--opd-type server``: the
+        vLLM teacher (its log in ``run_dir``, ``seed`` its own).
         ``section``: ``cfg.distillation`` (relax/config/opd_fields.py)."""
-        if not section.enabled:
+        if not section.enabled or section.self_mode:
             return None
+        if section.type == "server":
+            from relax.trainer.teacher_server import ServerTeacher  # it imports this module
+
+            server = ServerTeacher.open(section, ctx, tokenizer=tokenizer, bf16=bf16,
+                                        run_dir=run_dir, seed=seed)
+            return cls(None, kl_coef=section.kl_coef, only=section.only, bf16=bf16,
+                       group=ctx.group, server=server)
         path = section.teacher_load
         check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
         # a frozen causal LM loaded like the judge: bf16 with --bf16, eval, no gradients
@@ -75,8 +85,16 @@ class Distillation:
 
     def teacher_log_probs(self, exp, **passes) -> torch.Tensor:
         """log pi_teacher(y_t) [B, T] float32 of ``exp``'s responses, no autograd
-        (``passes``: the micro-batching of ``batched_log_probs``)."""
+        (``passes``: the micro-batching of ``batched_log_probs``; a server gets requests of
+        its own size)."""
+        if self.server is not None:
+            return self.server.log_probs(exp)
         return batched_log_probs(self.teacher, exp, bf16=self.bf16, **passes)
+
+    def close(self) -> None:
+        """An owned teacher server ends with the run."""
+        if self.server is not None:
+            self.server.close()
 
     def advantages(self, exp, tracker) -> torch.Tensor:
         """``A - C * (log pi_old - log pi_teacher)`` [B, T] on the loss mask (the estimator's

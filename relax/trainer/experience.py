@@ -40,6 +40,10 @@ class Experience:
     teacher_log_probs: torch.Tensor | None = None  # [B, T] --use-opd (reinforce_plus_plus.md §7b)
     values: torch.Tensor | None = None  # [B, T] ppo: the critic before the update (§5c)
     returns: torch.Tensor | None = None  # [B, T] ppo: the critic's targets A_raw + V (§5c)
+    # --opd-type self: the teacher's left-padded prompt [B, P'] (with the privileged
+    # information) and its mask; the teacher reads it followed by the response (§7b)
+    teacher_prompt_ids: torch.Tensor | None = None
+    teacher_prompt_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -80,15 +84,33 @@ def trimmed(exp: Experience) -> Experience:
     attended tokens)."""
     T = exp.response_mask.shape[1]
     P = exp.input_ids.shape[1] - T
-    attended = exp.attention_mask[:, :P].any(dim=0).nonzero()
-    start = int(attended[0]) if len(attended) else P
+    start = _first_attended(exp.attention_mask[:, :P])
     valid = exp.response_mask.any(dim=0).nonzero()
     width = int(valid[-1]) + 1 if len(valid) else 1
-    # [B, P+T] fields lose both ends, [B, T] fields their tail
-    return Experience(**{
-        f.name: None if (value := getattr(exp, f.name)) is None
-        else value[:, start:P + width] if value.shape[1] == P + T else value[:, :width]
-        for f in fields(exp)})
+    teacher_start = (None if exp.teacher_prompt_mask is None
+                     else _first_attended(exp.teacher_prompt_mask))
+
+    def cut(name: str, value):
+        if value is None:
+            return None
+        if name in _SEQUENCE_FIELDS:  # [B, P+T]: both ends
+            return value[:, start:P + width]
+        if name in _TEACHER_PROMPT_FIELDS:  # [B, P']: the leading padding
+            return value[:, teacher_start:]
+        return value[:, :width]  # [B, T]: the tail
+
+    return Experience(**{f.name: cut(f.name, getattr(exp, f.name)) for f in fields(exp)})
+
+
+_SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")
+_TEACHER_PROMPT_FIELDS = ("teacher_prompt_ids", "teacher_prompt_mask")
+
+
+def _first_attended(mask: torch.Tensor) -> int:
+    """The first column some row of a left-padded prompt ``mask`` [B, P] attends to (P when
+    none does)."""
+    attended = mask.any(dim=0).nonzero()
+    return int(attended[0]) if len(attended) else mask.shape[1]
 
 
 def budget_groups(lengths: list[int], max_tokens: int, flag: str,

@@ -9,6 +9,8 @@ the prompt.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from relax.precision import autocast
@@ -138,6 +140,60 @@ def chunked_token_log_probs(hidden, weight, bias, targets, *, temperature: float
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
+@dataclass
+class ResponseRows:
+    """One forward's rows at the positions that predict response tokens: ``rows`` [N, H] final
+    hidden states with ``head`` = (weight [V, H], bias) of the output layer to apply in chunks,
+    or [N, V] logits with ``head`` None (the model's own head ran); ``targets`` [N] the tokens
+    they predict; ``index`` [N] their flat positions in [B * T] (None: all of them, in order)."""
+
+    rows: torch.Tensor
+    head: tuple | None
+    targets: torch.Tensor
+    index: torch.Tensor | None
+    shape: tuple[int, int]  # (B, T)
+
+    def to_grid(self, values: torch.Tensor) -> torch.Tensor:
+        """[N] values -> [B, T], 0 at positions no row stands for (differentiable)."""
+        B, T = self.shape
+        if self.index is None:
+            return values.view(B, T)
+        return values.new_zeros(B * T).index_put((self.index,), values).view(B, T)
+
+
+def response_rows(model, batch: Experience, *, layout: str = "shared-prefix") -> ResponseRows:
+    """The forward of :func:`response_log_probs` up to the output layer (call it under the
+    same autocast): hidden states when the model allows chunks (:func:`_output_layer`), else the
+    model's own logits; packed when ``layout`` packs (:func:`pack_layout`)."""
+    B, T = batch.response_mask.shape
+    inner = unwrap(model)
+    layer = _output_layer(inner)
+    pack = pack_layout(model, batch, layout)
+    targets = batch.input_ids[:, -T:].reshape(-1)
+    index = None if pack is None else pack.target
+    if pack is not None:
+        targets = targets[pack.target]
+    if layer is not None:
+        hidden = _hidden_states(model, inner, batch, T, pack)
+        rows, head = hidden.reshape(targets.numel(), -1), layer[1:]
+    elif pack is None:
+        rows, head = _response_logits(model, batch, T).reshape(B * T, -1), None
+    else:
+        rows, head = packed_forward(model, inner, batch.input_ids, batch.position_ids,
+                                    pack)[pack.predict], None
+    return ResponseRows(rows, head, targets, index, (B, T))
+
+
+def rows_log_probs(r: ResponseRows, *, temperature: float = 1.0, with_entropy: bool = False,
+                   entropy_grad: bool = True):
+    """log pi(target) [N] float32 and the entropy [N] (or None) of ``r``'s rows."""
+    if r.head is not None:
+        return chunked_token_log_probs(r.rows, r.head[0], r.head[1], r.targets,
+                                       temperature=temperature, with_entropy=with_entropy,
+                                       entropy_grad=entropy_grad)
+    return _log_probs_from_logits(r.rows, r.targets, temperature, with_entropy, entropy_grad)
+
+
 def response_log_probs(
     model, batch: Experience, *, temperature: float = 1.0, with_entropy: bool = False,
     entropy_grad: bool = True, bf16: bool = False, layout: str = "shared-prefix",
@@ -155,37 +211,11 @@ def response_log_probs(
     (:func:`pack_layout`); positions past a row's attended response are 0 then, where the
     padded forward leaves a value no loss or metric reads (every reduction is masked).
     """
-    T = batch.response_mask.shape[1]
-    B = batch.response_mask.shape[0]
-    inner = unwrap(model)
-    layer = _output_layer(inner)
-    pack = pack_layout(model, batch, layout)
-    targets = batch.input_ids[:, -T:]
-    if pack is not None:
-        targets = targets.reshape(-1)[pack.target]
     with autocast(batch.input_ids.device, bf16):
-        if layer is not None:
-            hidden = _hidden_states(model, inner, batch, T, pack)
-            log_probs, entropy = chunked_token_log_probs(
-                hidden.reshape(targets.numel(), -1), layer[1], layer[2], targets.reshape(-1),
-                temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
-        elif pack is None:
-            logits = _response_logits(model, batch, T)
-        else:
-            logits = packed_forward(model, inner, batch.input_ids, batch.position_ids,
-                                    pack)[pack.predict]
-    if layer is None:
-        log_probs, entropy = _log_probs_from_logits(logits, targets, temperature, with_entropy,
-                                                    entropy_grad)
-    if pack is not None:
-        log_probs = _unpacked(log_probs, pack, B, T)
-        entropy = None if entropy is None else _unpacked(entropy, pack, B, T)
-    return log_probs.view(B, T), None if entropy is None else entropy.view(B, T)
-
-
-def _unpacked(values: torch.Tensor, pack: PackLayout, B: int, T: int) -> torch.Tensor:
-    """[M] values of the packed response tokens -> [B, T], 0 elsewhere (differentiable)."""
-    return values.new_zeros(B * T).index_put((pack.target,), values).view(B, T)
+        r = response_rows(model, batch, layout=layout)
+        log_probs, entropy = rows_log_probs(r, temperature=temperature,
+                                            with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return r.to_grid(log_probs), None if entropy is None else r.to_grid(entropy)
 
 
 def batched_log_probs(model, batch: Experience, *, micro_batch_size: int, temperature: float,

@@ -54,6 +54,7 @@ from relax.rollout.data import PromptSource, check_formatted_lengths, load_sourc
 from relax.rollout.episode_collector import EpisodeCollector, build_environments
 from relax.rollout.filters import load_group_filter
 from relax.rollout.partial import PartialRollouts
+from relax.rollout.privileged import teacher_samples
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
@@ -71,6 +72,7 @@ from relax.trainer.remote_rollout import RemoteRollout
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
 from relax.trainer.runtime import Timer
+from relax.trainer.self_distill import SelfDistillation
 from relax.trainer.signals import StopRequest
 from relax.trainer.step_metrics import StepMetrics
 from relax.trainer.update import LossSettings, train_on_rollout
@@ -121,7 +123,11 @@ class Trainer:
         self.policy = self._build_policy()
         # --use-opd: the teacher, its vocabulary checked against the student's before any step
         self.distill = Distillation.build(cfg.distillation, ctx, tokenizer=self.policy.tokenizer,
-                                          student=self.policy.module, bf16=self.bf16)
+                                          student=self.policy.module, bf16=self.bf16,
+                                          run_dir=cfg.output_dir, seed=cfg.seed)
+        # --opd-type self: the frozen initial model reading the privileged prompts (§7b)
+        self.opsd = SelfDistillation.build(cfg, ctx, tokenizer=self.policy.tokenizer,
+                                           student=self.policy.module, bf16=self.bf16)
         # ppo: the value model, --critic-load checked against it before any step (§5c)
         self.critic = Critic.build(cfg, ctx, tokenizer=self.policy.tokenizer, bf16=self.bf16)
         if self.vllm is not None:
@@ -219,6 +225,10 @@ class Trainer:
         if self.samples is not None:
             check_formatted_lengths(tokenizer, self.samples, **fmt, context=context,
                                     max_response=cfg.rollout_max_response_len)
+            if cfg.distillation.self_mode:  # the teacher reads the longer privileged prompts
+                check_formatted_lengths(tokenizer, teacher_samples(self.samples), **fmt,
+                                        context=context,
+                                        max_response=cfg.rollout_max_response_len)
         check_judging_lengths(self.scorer.judge, tokenizer, self.samples, **fmt,
                               max_response=cfg.rollout_max_response_len)
         for eval_set in self.eval_sets:
@@ -302,6 +312,8 @@ class Trainer:
         exp.ref_log_probs = self.policy.ref_log_probs(exp, **passes)
         if self.distill is not None:
             exp.teacher_log_probs = self.distill.teacher_log_probs(exp, **passes)
+        if self.opsd is not None:  # the teacher itself runs inside the update's loss
+            self.opsd.attach(exp, b.teacher_prompts, self.policy.tokenizer)
         if self.critic is not None:  # V_old, before the update (§5c)
             exp.values = self.critic.values(exp, **passes)
         return exp
@@ -319,6 +331,8 @@ class Trainer:
             exp.advantages = self._custom_advantages(exp.response_mask, rewards, group_index)
         if self.distill is not None:  # after the estimator and its normalization (§7b)
             exp.advantages = self.distill.advantages(exp, self.tracker)
+        if self.opsd is not None:
+            exp.advantages = self.opsd.advantages(exp)
         for name, value in out.metrics.items():
             self.tracker.add_global(name, value)
         return exp
@@ -343,6 +357,7 @@ class Trainer:
             global_batch_size=global_batch,
             micro_batch_size=cfg.micro_batch_size, clip_grad=cfg.clip_grad,
             on_mismatch=self.mismatch.add if cfg.get_mismatch_metrics else None,
+            opsd=self.opsd,
         )
         self.mismatch.report(self.tracker)
         for values in history:
@@ -437,9 +452,14 @@ class Trainer:
             self.close_backend()
 
     def close_backend(self) -> None:
-        """An owned vLLM server ends with the run, however it ends."""
-        if self.vllm is not None:
-            self.vllm.close()
+        """An owned vLLM server (the sampler's, a teacher's) ends with the run, however it
+        ends."""
+        try:
+            if getattr(self, "distill", None) is not None:
+                self.distill.close()
+        finally:
+            if self.vllm is not None:
+                self.vllm.close()
 
 
 def sample_rows(b: StepBatch, count: int) -> list[dict]:

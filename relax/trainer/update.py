@@ -31,9 +31,10 @@ from relax.algorithms import (
 )
 from relax.collectives import all_reduce
 from relax.errors import NonFiniteError
+from relax.precision import autocast
 from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
 from relax.trainer.experience import Experience, micro_batches
-from relax.trainer.logprobs import packs, response_log_probs, token_slots
+from relax.trainer.logprobs import packs, response_rows, rows_log_probs, token_slots
 from relax.trainer.off_policy import OffPolicySettings, behaviour_log_probs, corrected
 
 
@@ -55,6 +56,7 @@ class LossSettings:
     max_tokens: int | None = None  # token-budget micro-batches (relax/trainer/experience.py)
     off_policy: OffPolicySettings = OffPolicySettings()  # the sampler's log-probs (§7a)
     layout: str = "shared-prefix"  # --pass-layout (relax/trainer/packing.py)
+    opsd: bool = False  # --opd-type self: the JSD loss of relax/trainer/self_distill.py (§7b)
 
     @classmethod
     def from_config(cls, cfg, *, bf16: bool = False) -> LossSettings:
@@ -67,6 +69,7 @@ class LossSettings:
             temperature=cfg.rollout_temperature, bf16=bf16,
             max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
             off_policy=OffPolicySettings.from_config(cfg), layout=cfg.pass_layout,
+            opsd=cfg.distillation.self_mode,
         )
 
     @property
@@ -79,15 +82,22 @@ class LossSettings:
         names = ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                  "train/entropy")
         return (names + (("train/kl_loss",) if self.use_kl_loss else ())
-                + self.off_policy.metric_names)
+                + self.off_policy.metric_names + (OPSD_METRICS if self.opsd else ()))
 
     # after the metric partial sums: the skipped-backward share, then the micro-batches'
     # token slots and attended tokens (the padding fraction is computed from their global sums)
     EXTRA = ("perf/backward_skipped_fraction", "slots", "tokens")
 
 
+# --opd-type self (§7b), each reduced like the loss: the clipped JSD (before the weight C), the
+# share of tokens the clip bound, the full-vocabulary reverse KL and the teacher's log-prob of
+# the sampled token
+OPSD_METRICS = ("train/opsd_jsd", "train/opsd_jsd_clipfrac", "train/opsd_reverse_kl",
+                "train/opsd_teacher_logprob")
+
+
 def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, num_tokens,
-                     on_mismatch=None):
+                     on_mismatch=None, opsd=None):
     """The micro-batch's share of the step loss and its metric partial sums.
 
     Returns ``(loss, stats)``: ``loss`` a scalar with grad; ``stats`` a detached float64 vector
@@ -95,12 +105,15 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     summing over micro-batches and ranks gives the step's global value. ``on_mismatch``
     receives :func:`~relax.algorithms.mismatch_sums` of the trainer's pi_old (here: the
     update's own log-probs, see below) against the sampler's (reinforce_plus_plus.md §7a).
+    ``opsd``: the :class:`~relax.trainer.self_distill.SelfDistillation` of ``s.opsd``.
     """
     mask = mb.response_mask
-    log_probs, entropy = response_log_probs(
-        model, mb, temperature=s.temperature, with_entropy=True,
-        entropy_grad=bool(s.entropy_coef), bf16=s.bf16, layout=s.layout,
-    )
+    with autocast(mb.input_ids.device, s.bf16):  # one student forward for both losses
+        rows = response_rows(model, mb, layout=s.layout)
+        log_probs, entropy = (rows.to_grid(x) for x in rows_log_probs(
+            rows, temperature=s.temperature, with_entropy=True,
+            entropy_grad=bool(s.entropy_coef)))
+        jsd = None if not s.opsd else opsd.token_terms(rows, mb)
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
     # step per rollout, see ``build.needs_old_log_probs``), so pi_old = pi_theta before the step
     # and the ratio is exactly 1 with the gradient of log pi_theta.
@@ -126,12 +139,16 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     if s.use_kl_loss:
         kl_loss = reduce(approx_kl(log_probs, mb.ref_log_probs, s.kl_loss_type, mask=mask))
         loss = loss + s.kl_loss_coef * kl_loss
+    # the clipped JSD and its statistics (the JSD column is the unclipped one: skipped)
+    opsd_stats = [] if jsd is None else [reduce(x) for x in (jsd[0], *jsd[1].unbind(-1)[1:])]
+    if opsd_stats:  # C * the clipped JSD, reduced like the policy loss (§7b)
+        loss = loss + opsd.settings.coef * opsd_stats[0]
     with torch.no_grad():
         stats = [loss, pg_loss, reduce(clipped.float()), reduce(old_log_probs - log_probs),
                  entropy_term]
         if kl_loss is not None:
             stats.append(kl_loss)
-        stats += correction_stats
+        stats += correction_stats + opsd_stats
         stats = torch.stack([x.detach().double() for x in stats])
     return loss, stats
 
@@ -142,9 +159,10 @@ def inert_rows(mb: Experience, s: LossSettings) -> torch.Tensor | None:
     Every policy loss is ``-A`` times a finite factor per token (reinforce_plus_plus.md §7: PPO
     clip with dual clip, GSPO, SAPO; §5a, §5b: RLOO's ``log pi``, CISPO's ``sg(w) log pi``); with
     ``A = 0`` on every token of a response its terms are 0 and so is their gradient, whatever
-    the ratio. A KL loss or an entropy bonus adds terms that do not vanish.
+    the ratio. A KL loss, an entropy bonus or the self-distillation JSD (§7b) adds terms that
+    do not vanish.
     """
-    if s.use_kl_loss or s.entropy_coef:
+    if s.use_kl_loss or s.entropy_coef or s.opsd:
         return None
     return (mb.advantages == 0).all(dim=-1)  # NaN compares unequal: such a row stays active
 
@@ -175,9 +193,12 @@ def train_on_rollout(
     micro_batch_size: int,
     clip_grad: float,
     on_mismatch=None,
+    opsd=None,
 ) -> list[dict[str, float]]:
     """Run the optimizer steps over this rank's ``exp``; return each step's global metrics
-    (``on_mismatch``: see :func:`micro_batch_loss`)."""
+    (``on_mismatch``, ``opsd``: see :func:`micro_batch_loss`)."""
+    if s.opsd and opsd is None:
+        raise ValueError("LossSettings.opsd needs the SelfDistillation (opsd=...)")
     local_step = global_batch_size // ctx.world_size
     _check_whole_steps(exp, local_step)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -200,7 +221,7 @@ def train_on_rollout(
         optimizer.zero_grad(set_to_none=False)
         stats = _accumulate_gradients(model, chunk, s, sharded, micro_batch_size=micro_batch_size,
                                       num_responses=global_batch_size, num_tokens=num_tokens,
-                                      group=ctx.group, on_mismatch=on_mismatch)
+                                      group=ctx.group, on_mismatch=on_mismatch, opsd=opsd)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
@@ -229,7 +250,7 @@ def _check_whole_steps(exp: Experience, local_step: int) -> None:
 
 def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bool, *,
                           micro_batch_size: int, num_responses: int, num_tokens,
-                          group, on_mismatch=None) -> torch.Tensor:
+                          group, on_mismatch=None, opsd=None) -> torch.Tensor:
     """Backward over the micro-batches of one optimizer step; returns this rank's partial
     sums in the order of ``s.metric_names + LossSettings.EXTRA``, float64."""
     active, inert = _split(chunk, s, sharded)
@@ -243,7 +264,8 @@ def _accumulate_gradients(model, chunk: Experience, s: LossSettings, sharded: bo
     for i, (_, mb) in enumerate(batches):
         with no_grad_sync(model, skip=i < len(batches) - 1):
             loss, part = micro_batch_loss(model, mb, s, num_responses=num_responses,
-                                          num_tokens=num_tokens, on_mismatch=on_mismatch)
+                                          num_tokens=num_tokens, on_mismatch=on_mismatch,
+                                          opsd=opsd)
             loss.backward()
         stats[:k] += part
         stats[k + 1:] += _slots(model, mb, s.layout, stats.device)

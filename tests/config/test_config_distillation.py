@@ -14,6 +14,10 @@ def teacher_dir(tmp_path):
 
 
 def _rows(teacher, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "1+1", "label": "2", "solution": "2"}\n')
+    self_ = ["--use-opd", "--opd-type", "self", "--prompt-data", str(data), "--rm-type", "math",
+             "--opsd-privileged-info-key", "solution"]
     return {
         "negative-coef": (["--use-opd", "--opd-teacher-load", teacher, "--opd-kl-coef", "-0.5"],
                           ("--opd-kl-coef -0.5", "must be >= 0")),
@@ -26,8 +30,35 @@ def _rows(teacher, tmp_path):
                             ("--opd-teacher-load", "gone", "no such directory")),
         "not-a-model-dir": (["--use-opd", "--opd-teacher-load", str(tmp_path)],
                             ("--opd-teacher-load", "no config.json")),
-        "self-not-built": (["--use-opd", "--opd-type", "self", "--opd-teacher-load", teacher],
-                           ("--opd-type self", "not built")),
+        "self-without-key": (self_[:-2], ("--opd-type self", "--opsd-privileged-info-key KEY")),
+        "beta-above-1": ([*self_, "--opsd-beta", "1.5"], ("--opsd-beta 1.5", "[0, 1]")),
+        "beta-below-0": ([*self_, "--opsd-beta", "-0.1"], ("--opsd-beta -0.1", "[0, 1]")),
+        "clip-zero": ([*self_, "--opsd-jsd-clip", "0"], ("--opsd-jsd-clip 0", "must be > 0")),
+        "clip-negative": ([*self_, "--opsd-jsd-clip", "-1"], ("--opsd-jsd-clip -1", "> 0")),
+        "self-builtin-task": (["--use-opd", "--opd-type", "self", "--opsd-privileged-info-key",
+                               "solution"], ("--opsd-privileged-info-key", "--prompt-data file")),
+        "self-partial": ([*self_, "--partial-rollout", "--over-sampling-batch-size", "64",
+                          "--mask-offpolicy-in-partial-rollout"], ("--opd-type self", "--partial-rollout")),
+        "beta-without-self": (["--use-opd", "--opd-teacher-load", teacher, "--opsd-beta", "0.2"],
+                              ("--opsd-beta 0.2", "without --opd-type self")),
+        "key-without-opd": (["--opsd-privileged-info-key", "s"],
+                            ("--opsd-privileged-info-key", "without --use-opd")),
+        "server-without-teacher": (["--use-opd", "--opd-type", "server"],
+                                   ("--opd-type server", "--opd-teacher-url URL")),
+        "server-url-and-dir": (["--use-opd", "--opd-type", "server", "--opd-teacher-url",
+                                "http://127.0.0.1:8000", "--opd-teacher-load", teacher],
+                               ("--opd-teacher-url", "--opd-teacher-load", "one of the two")),
+        "server-bad-url": (["--use-opd", "--opd-type", "server", "--opd-teacher-url", "host:1"],
+                           ("--opd-teacher-url", "not an http(s) URL")),
+        "server-temperature": (["--use-opd", "--opd-type", "server", "--opd-teacher-url",
+                                "http://127.0.0.1:8000", "--rollout-temperature", "0.7"],
+                               ("--rollout-temperature 0.7", "temperature 1 only")),
+        "server-timeout": (["--use-opd", "--opd-type", "server", "--opd-teacher-url",
+                            "http://127.0.0.1:8000", "--opd-teacher-timeout", "0"],
+                           ("--opd-teacher-timeout 0", "(0, 86400]")),
+        "url-without-server": (["--use-opd", "--opd-teacher-load", teacher, "--opd-teacher-url",
+                                "http://127.0.0.1:8000"],
+                               ("--opd-teacher-url", "without --opd-type server")),
         "coef-without-opd": (["--opd-kl-coef", "0.5"], ("--opd-kl-coef 0.5", "without --use-opd")),
         "teacher-without-opd": (["--opd-teacher-load", teacher],
                                 ("--opd-teacher-load", "without --use-opd")),
@@ -41,7 +72,10 @@ def _rows(teacher, tmp_path):
 
 ROW_NAMES = [
     "negative-coef", "nan-coef", "huge-coef", "no-teacher", "missing-teacher", "not-a-model-dir",
-    "self-not-built", "coef-without-opd", "teacher-without-opd", "only-without-opd",
+    "self-without-key", "beta-above-1", "beta-below-0", "clip-zero", "clip-negative",
+    "self-builtin-task", "self-partial", "beta-without-self", "key-without-opd",
+    "server-without-teacher", "server-url-and-dir", "server-bad-url", "server-temperature",
+    "server-timeout", "url-without-server", "coef-without-opd", "teacher-without-opd", "only-without-opd",
     "only-with-zero-coef", "fully-async"]
 
 
@@ -68,3 +102,13 @@ def test_the_distillation_section_reads_the_flags(teacher_dir):
     d = cfg.distillation
     assert (d.enabled, d.type, d.kl_coef, d.teacher_load, d.only) == (
         True, "model", 0.25, teacher_dir, True)
+
+
+def test_self_mode_resolves_without_a_teacher_directory(cli, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "1+1", "label": "2", "solution": "2"}\n')
+    cfg = cli(["train", "--use-opd", "--opd-type", "self", "--prompt-data", str(data),
+               "--rm-type", "math", "--opsd-privileged-info-key", "solution", "--opsd-beta",
+               "0", "--opsd-jsd-clip", "0.1", "--dry-run"]).config()
+    assert (cfg["opd_type"], cfg["opd_teacher_load"], cfg["opsd_beta"]) == ("self", None, 0.0)
+    assert (cfg["opsd_jsd_clip"], cfg["opsd_privileged_info_key"]) == (0.1, "solution")

@@ -28,6 +28,8 @@ CASES = {
        for fsdp in (False, True)},
     **{("inert", fsdp): ("grpo", False, fsdp, B // 4, True) for fsdp in (False, True)},
     ("off-policy",): ("grpo", False, False, B // 4, False, False, True, True),
+    **{("opsd", fsdp): ("grpo", False, fsdp, B // 4, False, False, True, False, None,
+                        "shared-prefix", True) for fsdp in (False, True)},
 }
 
 
@@ -85,6 +87,23 @@ def test_importance_correction_under_micro_batches_and_two_ranks(two_ranks):
     assert ref[1][0]["train/pg_loss"] != pytest.approx(plain[1][0]["train/pg_loss"])
     _compare(ref, one_step("grpo", False, False, B // 4, off_policy=True))
     for got in _ranks(two_ranks, ("off-policy",)):
+        _compare(ref, got)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+@pytest.mark.subprocess
+def test_self_distillation_loss_under_micro_batches_and_two_ranks(two_ranks, fsdp):
+    """reinforce_plus_plus.md §7b "Self mode": the clipped JSD is reduced like the policy loss
+    (the global B), so micro-batches, chunks and two ranks (DDP, FSDP2) equal one process; its
+    metrics too."""
+    ref = one_step("grpo", False, False, B, opsd=True)
+    plain = one_step("grpo", False, False, B)
+    h = ref[1][0]
+    assert h["train/opsd_jsd"] > 0 and 0 < h["train/opsd_jsd_clipfrac"] < 1
+    assert h["train/loss"] == pytest.approx(plain[1][0]["train/loss"] + 0.7 * h["train/opsd_jsd"],
+                                            rel=1e-6)
+    _compare(ref, one_step("grpo", False, False, B // 4, opsd=True, layout="padded"))
+    for got in _ranks(two_ranks, ("opsd", fsdp)):
         _compare(ref, got)
 
 

