@@ -78,6 +78,26 @@ def test_two_steps_end_to_end(tmp_path, model_dir):
     assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
 
 
+def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
+    """--lora-rank: the server serves --hf-checkpoint with --enable-lora and loads the
+    adapter after each update; step 2 samples with step 1's adapter (a missed load would
+    put the update's movement into the mismatch), and a sync moves the adapter only."""
+    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                      "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                      "--lora-rank", "4", "--lora-alpha", "8", output_dir=tmp_path / "run")
+    _, _, moved = fit(cfg)
+    assert moved > 1e-4, "the update did not change the adapter"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+        assert 0 < row["vllm/weight_sync_bytes"] < 1 << 20, row  # the adapter, not the model
+    assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
+    log = (tmp_path / "run" / "vllm-rank0.log").read_text()
+    assert "'enable_lora': True" in log and "adapter: name 'relax-lora-v2'" in log
+    assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
+
+
 def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
     """torchrun with two Gloo ranks: a server per rank (its own log and weights), both
     following the update (the mismatch, reduced over the ranks, stays at rounding), both gone
