@@ -64,7 +64,6 @@ _REFUSED = {
     "partial_rollout": "aborting and continuing vLLM requests is not built",
     "env": "multi-turn episodes sample with Relax's engine",
     "use_agentic_rollout": "the agent endpoint samples with Relax's engine",
-    "fsdp": "the weight sync writes whole parameters from one rank, not from FSDP2 shards",
 }
 
 

@@ -117,6 +117,30 @@ def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
         assert gone(server_group(run / f"vllm-rank{rank}.log"))
 
 
+def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
+    """--fsdp on two Gloo ranks: the weights are gathered bucket by bucket and written once,
+    by rank 0, into one folder that both ranks' servers reload; both follow the update (the
+    mismatch, reduced over the ranks, stays at rounding), both are gone at the end."""
+    run = tmp_path / "run"
+    done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                          "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                          "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
+                          "--output-dir", str(run), "--device", "cpu",
+                          timeout=900, hang="a two-rank FSDP vLLM run did not finish")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
+    assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
+    assert os.listdir(run / "vllm-weights") == ["v2"]
+    assert not (run / "vllm-weights-rank0").exists()
+    written = os.listdir(run / "vllm-weights" / "v2")
+    assert "model.safetensors.index.json" in written
+    assert sum(f.endswith(".safetensors") for f in written) > 2  # one file per bucket
+    for rank in (0, 1):
+        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+
+
 def test_a_resumed_run_pushes_its_weights_first(tmp_path, model_dir):
     """The server starts on the loaded model's weights; a resumed run's checkpoint moved
     them, so it pushes them before its first step: that step's mismatch stays at rounding
