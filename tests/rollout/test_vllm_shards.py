@@ -94,3 +94,33 @@ def test_rank_zero_writes_the_unsharded_state_dict_bucket_by_bucket(tmp_path):
                                                    "model.safetensors.index.json"])
         assert r["events"] == ["pause", r["events"][1], "resume"] * 1 + [
             "pause", ("reload", "v2", r["events"][1][2]), "resume"]
+
+
+class FailingClient(Client):
+    def reload_weights(self, path):
+        raise RuntimeError(f"vLLM server of this rank could not reload {os.path.basename(path)}")
+
+
+def _one_rank_fails(folder: str) -> str:
+    """Rank 1's server fails its reload: what each rank raises (nothing may hang)."""
+    import torch.distributed as dist
+
+    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.rollout.vllm_sync import DiskSync, Shards
+    from relax.trainer.distributed import DistContext, wrap_model
+
+    rank = dist.get_rank()
+    ctx = DistContext(rank, 2, rank, torch.device("cpu"), dist.group.WORLD)
+    model = wrap_model(build_tiny_model(build_tokenizer(), seed=0), ctx, fsdp=True)
+    client = FailingClient() if rank == 1 else Client()
+    try:
+        DiskSync(client, folder, Shards(ctx, BUCKET)).push(model, 1)
+    except Exception as e:  # noqa: BLE001 - the test reads what each rank raised
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def test_a_reload_failing_on_one_rank_fails_every_rank(tmp_path):
+    zero, one = run_distributed(_one_rank_fails, 2, str(tmp_path / "w"), timeout=120)
+    assert one == "RuntimeError: vLLM server of this rank could not reload v1"
+    assert zero == "RelaxError: another data-parallel rank failed; see its message"
