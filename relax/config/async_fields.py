@@ -30,5 +30,6 @@ class FullyAsyncFields:
         "(--fully-async) or to the vLLM servers (--rollout-backend vllm); needs one of the "
         "two.", group="async")
     weight_sync_bucket_mb: float = option(
-        64.0, "Size of one weight-sync broadcast: no rank holds more than one bucket of "
-        "gathered weights beyond its shard; needs --fully-async.", group="async")
+        64.0, "Size of one weight-sync broadcast (--fully-async) or written file (--rollout-"
+        "backend vllm with --fsdp): no rank holds more than one bucket of gathered weights "
+        "beyond its shard; needs one of the two.", group="async")

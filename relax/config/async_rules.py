@@ -23,8 +23,10 @@ _REFUSED = {
 
 def check_fully_async(cfg, explicit: set[str]) -> None:
     for dest in _FLAGS:
-        # the vLLM backend syncs its servers every --update-weights-interval steps too
-        vllm_sync = dest == "update_weights_interval" and cfg.rollout_backend == "vllm"
+        # the vLLM backend syncs its servers every --update-weights-interval steps too, in
+        # buckets of --weight-sync-bucket-mb under FSDP2
+        vllm_sync = (dest in ("update_weights_interval", "weight_sync_bucket_mb")
+                     and cfg.rollout_backend == "vllm")
         if dest in explicit and not cfg.fully_async and not vllm_sync:
             reject(cfg, dest, "has no effect without --fully-async; add it or remove this flag")
     if not cfg.fully_async:

@@ -19,6 +19,7 @@ from relax.config.fields import option
 GROUP = "rollout backend"
 BACKENDS = ("relax", "vllm")
 MAKE_TARGET = "make vllm"
+MAX_LORA_RANK = 512  # vLLM 0.32's largest --max-lora-rank
 
 
 def rollout_backend_option(command: str = "train"):
@@ -63,8 +64,6 @@ _REFUSED = {
     "partial_rollout": "aborting and continuing vLLM requests is not built",
     "env": "multi-turn episodes sample with Relax's engine",
     "use_agentic_rollout": "the agent endpoint samples with Relax's engine",
-    "lora_rank": "adapters are not loaded into vLLM by name yet",
-    "fsdp": "the weight sync writes whole parameters from one rank, not from FSDP2 shards",
 }
 
 
@@ -91,6 +90,11 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
                "CPU kernels)")
     _check_log_prob_mode(cfg)
     _check_server_flags(cfg)
+    if cfg.lora_rank > MAX_LORA_RANK:
+        reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
+               f"{MAX_LORA_RANK}; use a smaller --lora-rank")
+    if cfg.weight_sync_bucket_mb <= 0:
+        reject(cfg, "weight_sync_bucket_mb", "must be > 0, e.g. 64")
     if cfg.update_weights_interval < 1:
         reject(cfg, "update_weights_interval", "must be >= 1")
     if cfg.update_weights_interval > 1 and not (cfg.use_tis or cfg.use_rollout_logprobs):

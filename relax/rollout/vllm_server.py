@@ -99,10 +99,12 @@ class VllmServer:
     @classmethod
     def start(cls, model: str, *, log_path: str, dtype: str, seed: int, logprobs_mode: str,
               tokenizer: str | None = None, max_model_len: int | None = None,
-              python: str | None = None, port: int | None = None) -> VllmServer:
+              python: str | None = None, port: int | None = None,
+              max_lora_rank: int | None = None) -> VllmServer:
         """Start serving ``model`` (a Hugging Face directory; ``tokenizer``: another
         directory holding its tokenizer) on 127.0.0.1; returns at once (:meth:`wait_ready`
-        waits for it)."""
+        waits for it). ``max_lora_rank``: LoRA adapters up to that rank are loaded at run
+        time (relax/rollout/vllm_sync.py ``LoraSync``)."""
         python = python or vllm_python()
         port = port or free_port()
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -115,6 +117,9 @@ class VllmServer:
         if max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
         env = {**SERVER_ENV, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        if max_lora_rank:
+            cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.pop("PYTHONPATH", None)  # the server's imports are its own environment's
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         with open(log_path, "ab") as log:
@@ -249,7 +254,12 @@ class VllmClient:
         if answer.status >= 300:
             detail = answer.body.decode(errors="replace")[:300]
             raise self._failure(f"answered {path} with HTTP {answer.status}: {detail}")
-        return json.loads(answer.body) if answer.body.strip() else None
+        if not answer.body.strip():
+            return None
+        try:
+            return json.loads(answer.body)
+        except ValueError:  # the LoRA routes answer plain text
+            return answer.body.decode(errors="replace")
 
     def _failure(self, what: str, dying: bool = False) -> ServerError:
         # a refused or reset connection is how a killed server first shows: its process may
@@ -294,6 +304,14 @@ class VllmClient:
 
     def resume(self) -> None:
         self.request("/resume")
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter directory ``path`` as the model ``name`` (the server runs
+        with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``)."""
+        self.request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self.request("/v1/unload_lora_adapter", {"lora_name": name})
 
     def reload_weights(self, path: str) -> None:
         """Load the Hugging Face safetensors directory ``path`` into the running model

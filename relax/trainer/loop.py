@@ -110,7 +110,7 @@ class Trainer:
                            report=lambda line: print(line, file=sys.stderr))
         # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
         # here, before any model loads; an owned server is closed on any failure below
-        self.vllm = (VllmBackend.open(VllmSettings.of_train(cfg), ctx.rank, ctx.device)
+        self.vllm = (VllmBackend.open(VllmSettings.of_train(cfg), ctx.rank, ctx.device, ctx)
                      if cfg.rollout_backend == "vllm" else None)
         try:
             self._build_rest(envs, resume, started, stop, console)
@@ -131,7 +131,7 @@ class Trainer:
         # ppo: the value model, --critic-load checked against it before any step (§5c)
         self.critic = Critic.build(cfg, ctx, tokenizer=self.policy.tokenizer, bf16=self.bf16)
         if self.vllm is not None:
-            self.vllm.start(self.policy.module, bf16=self.bf16)
+            self.vllm.start(self.policy.module, bf16=self.bf16, lora=self.policy.lora)
         # generation FLOPs are not this process's with rollout ranks or a vLLM server
         self.step_metrics.remote_generation = layout is not None or self.vllm is not None
         self.collector = self._build_collector(envs)

@@ -25,14 +25,18 @@ def test_defaults_and_accepted_settings(cli, vllm):
     # T != 1 without truncation, and truncation at T == 1, both have a log-prob mode
     cli([*vllm, "--rollout-temperature", "0.7"]).config()
     cli([*vllm, "--rollout-top-p", "0.9", "--rollout-top-k", "5"]).config()
+    # LoRA adapters are loaded by name, FSDP2 shards gathered in buckets of the given size
+    assert cli([*vllm, "--lora-rank", "4"]).config()["lora_rank"] == 4
+    cfg = cli([*vllm, "--fsdp", "--weight-sync-bucket-mb", "8"]).config()
+    assert cfg["fsdp"] and cfg["weight_sync_bucket_mb"] == 8
 
 
 @pytest.mark.parametrize("flags, needles", [
     (["--fully-async"], ("--rollout-backend vllm --fully-async",)),
     (["--partial-rollout"], ("--rollout-backend vllm --partial-rollout",)),
     (["--env", "countdown"], ("--rollout-backend vllm --env countdown",)),
-    (["--lora-rank", "4"], ("--rollout-backend vllm --lora-rank 4",)),
-    (["--fsdp"], ("--rollout-backend vllm --fsdp", "FSDP2 shards")),
+    (["--lora-rank", "1024"], ("--rollout-backend vllm --lora-rank 1024", "up to rank 512")),
+    (["--weight-sync-bucket-mb", "0"], ("--weight-sync-bucket-mb 0", "> 0")),
     (["--rollout-temperature", "0.7", "--rollout-top-p", "0.9"],
      ("--rollout-temperature 0.7", "--rollout-top-p 0.9", "before top-p/top-k truncation")),
     (["--vllm-url", "localhost:8000"], ("--vllm-url localhost:8000", "http(s) URL")),
@@ -51,7 +55,8 @@ def test_vllm_needs_a_model_directory(cli, rejected):
 
 @pytest.mark.parametrize("flags", [["--vllm-url", "http://127.0.0.1:8000"],
                                    ["--vllm-request-timeout", "5"],
-                                   ["--update-weights-interval", "2"]])
+                                   ["--update-weights-interval", "2"],
+                                   ["--weight-sync-bucket-mb", "8"]])
 def test_backend_flags_need_the_backend(cli, rejected, flags):
     rejected(cli([*BASE, *flags]), flags[0], "has no effect")
 

@@ -18,6 +18,7 @@ import torch
 from relax.errors import InputError
 from relax.rollout.generate import concat_rollouts, left_pad
 from relax.rollout.sampler import SamplingParams
+from relax.rollout.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.vllm_sampler import VllmSampler
 from relax.rollout.vllm_server import (
     ServerError,
@@ -27,7 +28,8 @@ from relax.rollout.vllm_server import (
     last_error,
     vllm_python,
 )
-from relax.rollout.vllm_sync import DiskSync
+from relax.rollout.vllm_sync import DiskSync, LoraSync
+from relax.rollout.vllm_weights import lora_rank_slot
 
 EOS, PAD = 1, 0
 
@@ -132,6 +134,63 @@ def test_disk_sync_resumes_the_server_when_the_reload_fails(tmp_path):
     with pytest.raises(RuntimeError, match="reload failed"):
         DiskSync(client, str(tmp_path / "w")).push(_model(), 1)
     assert client.events[-1] == "resume"
+
+
+class LoraClient(RecordingClient):
+    """Records adapter loads; ``fail``: a server started without --enable-lora."""
+
+    url, model = "http://10.0.0.9:8000", "base"
+
+    def describe(self):
+        return f"vLLM server {self.url}"
+
+    def load_lora_adapter(self, name, path):
+        if self.fail:
+            raise ServerError(f"{self.describe()} answered /v1/load_lora_adapter with HTTP "
+                              '404: {"detail":"Not Found"}')
+        self.events.append(("load", name, sorted(os.listdir(path))))
+
+    def unload_lora_adapter(self, name):
+        self.events.append(("unload", name))
+
+
+def _lora_model():
+    from relax.trainer.lora import add_lora
+    model = _model()
+    return model, add_lora(model, rank=4, alpha=8, dropout=0.0, targets=["q_proj"], seed=0)
+
+
+def test_lora_sync_loads_a_new_name_per_version_and_drops_the_old(tmp_path):
+    client, (model, tuner) = LoraClient(), _lora_model()
+    sync = LoraSync(client, str(tmp_path / "a"), tuner)
+    nbytes = sync.push(model, 0)
+    sync.push(model, 1)
+    assert client.events == [
+        "pause", ("load", "relax-lora-v0", ["adapter_config.json", "adapter_model.safetensors"]),
+        "resume", "pause",
+        ("load", "relax-lora-v1", ["adapter_config.json", "adapter_model.safetensors"]),
+        ("unload", "relax-lora-v0"), "resume"]
+    assert client.model == "relax-lora-v1" and os.listdir(tmp_path / "a") == ["v1"]
+    # only the adapter's matrices (q_proj: 4 x 64 and 64 x 4 per layer, fp32) and a header
+    adapter = sum(p.numel() * 4 for n, p in model.named_parameters() if "lora_" in n)
+    assert adapter <= nbytes < adapter + 4096
+
+
+def test_a_url_server_without_lora_is_one_line_naming_the_flags(tmp_path):
+    client, (model, tuner) = LoraClient(fail=True), _lora_model()
+    conf = VllmSettings(urls=(client.url,), model_dir=str(tmp_path), run_dir=str(tmp_path),
+                        seed=0, temperature=1.0, interval=1, startup_timeout=1.0,
+                        request_timeout=1.0)
+    backend = VllmBackend(conf, 0, "cpu", client)
+    backend.sync = LoraSync(client, str(tmp_path / "a"), tuner)
+    with pytest.raises(InputError) as e:
+        backend._load_first_adapter(model, tuner)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("--lora-rank 4: vLLM server http://10.0.0.9")
+    assert "--enable-lora --max-lora-rank 8 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in line
+    assert client.events[-1] == "resume"
+    assert [lora_rank_slot(r) for r in (1, 2, 8, 9, 300, 512, 513)] == [
+        1, 8, 8, 16, 320, 512, None]
 
 
 def test_missing_environment_names_the_make_target(monkeypatch, tmp_path):

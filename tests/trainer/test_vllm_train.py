@@ -78,6 +78,46 @@ def test_two_steps_end_to_end(tmp_path, model_dir):
     assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
 
 
+def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
+    """--lora-rank: the server serves --hf-checkpoint with --enable-lora and loads the
+    adapter after each update; step 2 samples with step 1's adapter (a missed load would
+    put the update's movement into the mismatch), and a sync moves the adapter only."""
+    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                      "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                      "--lora-rank", "4", "--lora-alpha", "8", output_dir=tmp_path / "run")
+    _, _, moved = fit(cfg)
+    assert moved > 1e-4, "the update did not change the adapter"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+        assert 0 < row["vllm/weight_sync_bytes"] < 1 << 20, row  # the adapter, not the model
+    assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
+    log = (tmp_path / "run" / "vllm-rank0.log").read_text()
+    assert "'enable_lora': True" in log and "adapter: name 'relax-lora-v2'" in log
+    assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
+
+
+def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
+    """--rm-type genrm: the judge is its own model in the trainer's process and decodes with
+    Relax's engine whatever samples the policy; the vLLM samples reach it and its verdicts
+    are the rewards."""
+    from tests.rollout.test_genrm import _tiny_judge_dir
+    from tests.trainer.helpers import write_jsonl
+
+    rows = [{"input": f"{i}+{i}=", "label": str(2 * i)} for i in range(8)]
+    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                      "--prompt-data", write_jsonl(tmp_path, rows), "--rm-type", "genrm",
+                      "--genrm-model-path", _tiny_judge_dir(tmp_path),
+                      "--genrm-max-response-len", "4", *SMALL, "--num-rollout", "1",
+                      output_dir=tmp_path / "run")
+    trainer, _, _ = fit(cfg)
+    assert read_metrics(tmp_path / "run")[0]["rollout/logprob_abs_diff_max"] < TOL_FP32
+    assert len(trainer.scorer.judge.last_verdicts) == 4  # the step's 2 x 2 vLLM samples
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert samples and all(s["reward"] in (0.0, 1.0) for s in samples)
+
+
 def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
     """torchrun with two Gloo ranks: a server per rank (its own log and weights), both
     following the update (the mismatch, reduced over the ranks, stays at rounding), both gone
@@ -94,6 +134,30 @@ def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
     assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
     for rank in (0, 1):
         assert os.listdir(run / f"vllm-weights-rank{rank}") == ["v2"]
+        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+
+
+def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
+    """--fsdp on two Gloo ranks: the weights are gathered bucket by bucket and written once,
+    by rank 0, into one folder that both ranks' servers reload; both follow the update (the
+    mismatch, reduced over the ranks, stays at rounding), both are gone at the end."""
+    run = tmp_path / "run"
+    done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                          "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                          "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
+                          "--output-dir", str(run), "--device", "cpu",
+                          timeout=900, hang="a two-rank FSDP vLLM run did not finish")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
+    assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
+    assert os.listdir(run / "vllm-weights") == ["v2"]
+    assert not (run / "vllm-weights-rank0").exists()
+    written = os.listdir(run / "vllm-weights" / "v2")
+    assert "model.safetensors.index.json" in written
+    assert sum(f.endswith(".safetensors") for f in written) > 2  # one file per bucket
+    for rank in (0, 1):
         assert gone(server_group(run / f"vllm-rank{rank}.log"))
 
 
