@@ -66,7 +66,11 @@ def load_run(path: str) -> Run:
     if os.path.isfile(config_path):
         try:
             with open(config_path, encoding="utf-8") as f:
-                estimator = json.load(f).get("advantage_estimator", estimator)
+                saved = json.load(f)
+            # by section, or flat as written before sections
+            algorithm = saved.get("algorithm")
+            estimator = (algorithm.get("estimator", estimator) if isinstance(algorithm, dict)
+                         else saved.get("advantage_estimator", estimator))
         except UnicodeDecodeError as e:
             raise PlotError(f"{config_path}: not UTF-8 text (byte {e.start})") from None
         except (json.JSONDecodeError, AttributeError) as e:

@@ -57,7 +57,8 @@ def _earlier_relax_run(path: str) -> bool:
             config = json.load(f)
     except (OSError, ValueError):
         return False
-    return (isinstance(config, dict) and "advantage_estimator" in config
+    # by section (``algorithm``), or flat as written before sections
+    return (isinstance(config, dict) and ("advantage_estimator" in config or "algorithm" in config)
             and os.path.isfile(os.path.join(path, "metrics.jsonl")))
 
 

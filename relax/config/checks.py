@@ -15,13 +15,14 @@ import re
 from relax.config.constants import LIBRARIES
 from relax.config.gym_spec import PREFIX as GYM_PREFIX
 from relax.config.gym_spec import is_reasoning_gym, parse_spec
+from relax.config.section import flat_index, get_path
 from relax.errors import ConfigError, InputError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def _fmt(value) -> str:
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return " ".join(map(str, value))
     if isinstance(value, float):
         return f"{value:g}"
@@ -32,11 +33,17 @@ def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def value_of(obj, dest: str):
+    """The value of the flag ``dest`` in a config or in one of its sections."""
+    path = flat_index(type(obj)).get(dest)
+    return getattr(obj, dest) if path is None else get_path(obj, path)
+
+
 def head(cfg, *dests: str) -> str:
     """``--flag VALUE`` for each field (bare ``--flag`` for switches)."""
     parts = []
     for dest in dests:
-        value = getattr(cfg, dest)
+        value = value_of(cfg, dest)
         parts.append(flag_of(dest) if isinstance(value, bool) else f"{flag_of(dest)} {_fmt(value)}")
     return " ".join(parts)
 

@@ -18,7 +18,6 @@ is rejected rather than ignored. Nothing here imports torch.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from relax.config.bounds import check_shared_bounds
@@ -26,7 +25,6 @@ from relax.config.checks import (
     check_custom_path,
     check_env_name,
     check_gym_answer,
-    check_ranges,
     eval_pairs,
     flag_of,
     head,
@@ -36,27 +34,12 @@ from relax.config.gym_spec import is_reasoning_gym
 from relax.config.presets import BUILTIN_PRESET
 from relax.config.rollout_backend import check_eval_backend
 from relax.config.schema import EvalConfig, TrainConfig
+from relax.config.section import check_sections, flat_defaults, replace_flat
 from relax.errors import ConfigError
 
 # Fixed held-out prompts drawn per built-in task when no --eval-prompt-data is given.
 BUILTIN_EVAL_PROMPTS = 64
 
-# field -> (predicate, what it must be); None means "follow the rollout value".
-EVAL_RANGES = {
-    "n_samples_per_eval_prompt": (lambda v: v >= 1, "must be >= 1 responses per prompt"),
-    "eval_temperature": (lambda v: v is None or v >= 0.0,
-                         "must be >= 0 (0 is greedy decoding)"),
-    "eval_top_p": (lambda v: v is None or 0.0 < v <= 1.0,
-                   "must lie in (0, 1]; use 1.0 to turn it off"),
-    "eval_top_k": (lambda v: v is None or v == -1 or v >= 1,
-                   "must be >= 1, or -1 to turn top-k off"),
-    "eval_max_response_len": (lambda v: v is None or v >= 1, "must be >= 1 tokens"),
-    "eval_batch_size": (lambda v: v >= 1, "must be >= 1 sequences per generation call"),
-    "eval_episodes": (lambda v: v >= 1, "must be >= 1 episodes"),
-    "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
-    "env_step_timeout": (lambda v: v is None or 0.0 < v <= 86400.0,
-                         "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
-}
 # eval sampling field -> the rollout field it follows in ``relax train``
 FOLLOWS = {
     "eval_temperature": "rollout_temperature",
@@ -64,10 +47,10 @@ FOLLOWS = {
     "eval_top_k": "rollout_top_k",
     "eval_max_response_len": "rollout_max_response_len",
 }
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
+_DEFAULTS = flat_defaults(EvalConfig)
 # the fields that only matter when an evaluation runs (train: --eval-interval)
-EVAL_FIELDS = ("eval_prompt_data",
-               *(f for f in EVAL_RANGES if f not in ("max_turns", "env_step_timeout")),
+EVAL_FIELDS = ("eval_prompt_data", "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p",
+               "eval_top_k", "eval_max_response_len", "eval_batch_size", "eval_episodes",
                "eval_pass_threshold")
 
 
@@ -75,7 +58,6 @@ def check_train_eval(cfg: TrainConfig, explicit: set[str]) -> None:
     """Evaluation rules of ``relax train``."""
     if cfg.eval_interval is not None and cfg.eval_interval < 1:
         reject(cfg, "eval_interval", "must be >= 1 rollout steps")
-    check_ranges(cfg, EVAL_RANGES)
     if "eval_episodes" in explicit and cfg.env is None:
         reject(cfg, "eval_episodes", "only applies to --env (evaluation of prompts runs on "
                "--eval-prompt-data); remove it")
@@ -106,7 +88,7 @@ def resolved_train_eval(cfg: TrainConfig) -> dict:
 
 
 def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
-    check_ranges(cfg, EVAL_RANGES)
+    check_sections(cfg)
     check_shared_bounds(cfg)
     ckpt = cfg.checkpoint
     if not os.path.isdir(ckpt):
@@ -173,9 +155,9 @@ def resolve_eval_command(cfg: EvalConfig, explicit: set[str]) -> EvalConfig:
     default (the built-in preset's for the built-in model)."""
     pairs = _check_eval_command(cfg, explicit)
     builtin_task = cfg.builtin_task if pairs is None and cfg.env is None else None
-    train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    train_defaults = flat_defaults(TrainConfig)
     if builtin_task is not None:
         train_defaults.update(BUILTIN_PRESET)
     follow = {dest: train_defaults[rollout] for dest, rollout in FOLLOWS.items()
               if getattr(cfg, dest) is None}
-    return dataclasses.replace(cfg, eval_prompt_data=pairs, builtin_task=builtin_task, **follow)
+    return replace_flat(cfg, eval_prompt_data=pairs, builtin_task=builtin_task, **follow)

@@ -11,48 +11,54 @@ when the trainer starts (before any model loads).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from relax.config.checks import reject
-from relax.config.fields import option
+from relax.config.section import Section, option
 
-GROUP = "rollout backend"
 BACKENDS = ("relax", "vllm")
 MAKE_TARGET = "make vllm"
+# ``relax eval``'s words for the flags it shares (relax/config/flags.py)
+EVAL_HELP = {
+    "rollout_backend": "Who samples the evaluation: relax (the built-in decode engine) or vllm "
+                       "(a vLLM OpenAI server on the checkpoint's weights, started from the "
+                       f"environment `{MAKE_TARGET}` builds unless --vllm-url names running ones).",
+}
 
 
-def rollout_backend_option(command: str = "train"):
-    what = ("the rollouts: relax (the built-in decode engine, in the training process) or "
-            "vllm (vLLM OpenAI servers, one per rank, " if command == "train" else
-            "the evaluation: relax (the built-in decode engine) or vllm (a vLLM OpenAI server "
-            "on the checkpoint's weights, ")
-    sync = ("; the weights reach them after every --update-weights-interval steps)"
-            if command == "train" else ")")
-    return option(
-        "relax", f"Who samples {what}started from the environment `{MAKE_TARGET}` builds "
-        f"unless --vllm-url names running ones{sync}.",
-        group=GROUP if command == "train" else "evaluation", choices=BACKENDS)
+@dataclass(frozen=True)
+class BackendSection(Section):
+    """Who samples: Relax's decode engine or vLLM servers fed the trainer's weights
+    (docs/configuration.md, "Rollout backend")."""
 
-
-def vllm_url_option(group: str = GROUP):
-    return option(
-        None, "With --rollout-backend vllm: base URLs of vLLM servers already running "
-        "(started with VLLM_SERVER_DEV_MODE=1, serving the model, sharing this "
-        "machine's file system for the weight sync); rank r uses URL r mod their number. "
-        "Must answer when the command starts.", default_text="Relax starts and owns one "
-        "server per rank", group=group, nargs="+", metavar="URL")
-
-
-def vllm_startup_timeout_option(group: str = GROUP):
-    return option(
-        600.0, "Seconds a server Relax starts may take to answer (its model loaded); then "
-        "the run stops with the server's log named.", group=group, metavar="SECONDS")
-
-
-def vllm_request_timeout_option(group: str = GROUP):
-    return option(
-        600.0, "Seconds one generation or weight-sync request to a vLLM server may take; "
-        "then the run stops naming the server and its log.", group=group, metavar="SECONDS")
+    name: str = option(
+        'relax',
+        'Who samples the rollouts: relax (the built-in decode engine, in the training process)'
+        ' or vllm (vLLM OpenAI servers, one per rank, started from the environment '
+        f'`{MAKE_TARGET}` builds unless --vllm-url names running ones; the weights reach them after every '
+        '--update-weights-interval steps).',
+        flag='rollout_backend',
+        choices=BACKENDS)
+    vllm_url: tuple | None = option(
+        None,
+        'With --rollout-backend vllm: base URLs of vLLM servers already running (started with '
+        "VLLM_SERVER_DEV_MODE=1, serving the model, sharing this machine's file system for the"
+        ' weight sync); rank r uses URL r mod their number. Must answer when the command '
+        'starts.',
+        nargs='+',
+        metavar='URL',
+        default_text='Relax starts and owns one server per rank')
+    vllm_startup_timeout: float = option(
+        600.0,
+        'Seconds a server Relax starts may take to answer (its model loaded); then the run '
+        "stops with the server's log named.",
+        metavar='SECONDS')
+    vllm_request_timeout: float = option(
+        600.0,
+        'Seconds one generation or weight-sync request to a vLLM server may take; then the run'
+        ' stops naming the server and its log.',
+        metavar='SECONDS')
 
 
 _FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout")

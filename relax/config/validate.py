@@ -7,12 +7,14 @@ transformers, a model or any data is loaded, and imports none of them: paths are
 ``os.path`` and custom ``module:function`` paths on the file system, without executing user
 code. Estimator rules ask the estimator's facts (:mod:`relax.estimators`), never its name.
 
-The rules, in the order they are checked:
+The rules, in the order they are checked: first each section's own (:meth:`Section.check
+<relax.config.section.Section.check>`: every field's bound, then rules among the section's
+fields, e.g. ``RecomputeSection``'s), then the cross-section list :data:`RULES`:
 
-1. value ranges of single flags (finite, positive, in (0, 1], ...);
+1. value ranges of single flags, each its field's bound in its section (finite, positive, ...);
 2. KL: ``--kl-coef`` and ``--kl-loss-coef`` never both nonzero, then the estimator's KL facts;
 3. the reinforce_plus_plus.md §8 rows for both REINFORCE++ variants and the modes that no
-   estimator implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1),
+   estimator implements (``--fully-async``, ``--context-parallel-size`` != 1),
    what ``--rollout-backend vllm`` does not serve (``rollout_backend.py``), then the rules
    of rloo and cispo (``estimator_rules.py``);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
@@ -23,8 +25,8 @@ The rules, in the order they are checked:
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
+import inspect
 import os
 import time
 
@@ -34,7 +36,6 @@ from relax.config.checks import (
     check_custom_path,
     check_gym_answer,
     check_gym_spec,
-    check_ranges,
     flag_of,
     reject,
 )
@@ -46,61 +47,18 @@ from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
 from relax.config.off_policy import check_off_policy
 from relax.config.opd_rules import check_distillation
-from relax.config.recompute import check_recompute
 from relax.config.reward_services import check_reward_services
 from relax.config.rollout_backend import check_rollout_backend
 from relax.config.schema import TrainConfig
+from relax.config.section import check_sections, flat_defaults, replace_flat
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+_DEFAULTS = flat_defaults(TrainConfig)
 
 # --------------------------------------------------------------------------- 1. ranges
 
-# field -> (predicate, what it must be)
-_RANGES = {
-    "gamma": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 (the default)"),
-    "kl_coef": (lambda v: v >= 0.0, "must be >= 0; use 0 to turn reward KL shaping off"),
-    "kl_loss_coef": (lambda v: v >= 0.0, "must be >= 0; use 0 to turn the KL loss off"),
-    "entropy_coef": (lambda v: v >= 0.0, "must be >= 0; use 0 to turn the entropy bonus off"),
-    "eps_clip": (lambda v: 0.0 < v < 1.0, "must lie in (0, 1); the usual value is 0.2"),
-    "eps_clip_high": (lambda v: v is None or v > 0.0, "must be > 0, e.g. 0.28"),
-    "eps_clip_c": (lambda v: v is None or v > 1.0, "the dual-clip bound must be > 1, e.g. 3.0"),
-    "sapo_tau_pos": (lambda v: v > 0.0, "must be > 0; the default is 1.0"),
-    "sapo_tau_neg": (lambda v: v > 0.0, "must be > 0; the default is 1.05"),
-    "rollout_batch_size": (lambda v: v >= 1, "must be >= 1 prompts per rollout step"),
-    "n_samples_per_prompt": (lambda v: v >= 1, "must be >= 1 responses per prompt"),
-    "global_batch_size": (lambda v: v is None or v >= 1, "must be >= 1 samples per step"),
-    "micro_batch_size": (lambda v: v is None or v >= 1, "must be >= 1 samples per rank"),
-    "num_steps_per_rollout": (lambda v: v is None or v >= 1, "must be >= 1"),
-    "num_rollout": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
-    "num_epoch": (lambda v: v is None or v >= 1, "must be >= 1 passes over --prompt-data"),
-    "rollout_max_response_len": (lambda v: v >= 1, "must be >= 1 tokens"),
-    "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
-    "env_step_timeout": (lambda v: v is None or 0.0 < v <= 86400.0,
-                         "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
-    "agent_timeout": (lambda v: 0.0 < v <= 86400.0,
-                      "must lie in (0, 86400] seconds (one day); the default is 600"),
-    "rollout_temperature": (lambda v: v > 0.0, "must be > 0; use 1.0 for plain sampling"),
-    "rollout_top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 to turn it off"),
-    "rollout_top_k": (lambda v: v == -1 or v >= 1, "must be >= 1, or -1 to turn top-k off"),
-    "lr": (lambda v: v > 0.0, "must be > 0, e.g. 1e-6"),
-    "weight_decay": (lambda v: v >= 0.0, "must be >= 0"),
-    "adam_beta1": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1); the default is 0.9"),
-    "adam_beta2": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1); the default is 0.999"),
-    "clip_grad": (lambda v: v > 0.0, "must be > 0 (gradient-norm clip); the default is 1.0"),
-    "seed": (lambda v: 0 <= v < 2**32, "must lie in [0, 2**32)"),
-    "save_interval": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
-    "keep_last": (lambda v: v is None or v >= 1, "must be >= 1 checkpoints"),
-    # upper bounds: threading and timedelta overflow on huge values, and a wait of days is a
-    # hang, not a timeout
-    "peak_tflops": (lambda v: v is None or v > 0.0, "must be > 0 TFLOP/s, e.g. 989 for an "
-                    "H100's bf16 dense peak; leave it out to measure"),
-    "reward_timeout": (lambda v: 0.0 < v <= 86400.0,
-                       "must lie in (0, 86400] seconds (one day); the default is 30"),
-    "distributed_timeout_minutes": (lambda v: 0.0 < v <= 10080.0,
-                                    "must lie in (0, 10080] minutes (one week); the default is 10"),
-}
+# each field's own range is its ``bound`` (relax/config/section.py), checked first
 
 
 # --------------------------------------------------------------------------- 2-4. algorithm
@@ -142,11 +100,9 @@ def _check_kl(cfg: TrainConfig) -> None:
 
 def _check_modes(cfg: TrainConfig) -> None:
     f = facts(cfg.advantage_estimator)
-    for dest in ("fully_async", "hybrid"):
-        if getattr(cfg, dest) and (f.frozen or dest == "hybrid"):
-            why = (f"{f.name}: the global normalization needs a closed synchronous global batch "
-                   "(reinforce_plus_plus.md §6, 8)" if f.frozen else "not implemented")
-            reject(cfg, dest, f"{why}; remove {flag_of(dest)}")
+    if cfg.fully_async and f.frozen:
+        reject(cfg, "fully_async", f"{f.name}: the global normalization needs a closed "
+               "synchronous global batch (reinforce_plus_plus.md §6, 8); remove --fully-async")
     if cfg.context_parallel_size != 1:
         why = (f"{f.name}: the normalization and the response-mean reduction are defined for "
                "whole sequences per rank (reinforce_plus_plus.md §8, 9)" if f.frozen else
@@ -366,12 +322,12 @@ def _resolved_batches(cfg: TrainConfig, world_size: int) -> dict:
         reject(cfg, "over_sampling_batch_size", f"WORLD_SIZE={world_size} ranks need whole "
                f"prompt groups each; use a multiple of {world_size}")
     if global_batch % world_size:
-        resolved = dataclasses.replace(cfg, global_batch_size=global_batch)
+        resolved = replace_flat(cfg, global_batch_size=global_batch)
         reject(resolved, "global_batch_size", f"not divisible by WORLD_SIZE={world_size} ranks; "
                f"use a multiple of {world_size}")
     micro = cfg.micro_batch_size or global_batch // world_size
     if global_batch % (world_size * micro):
-        resolved = dataclasses.replace(cfg, global_batch_size=global_batch, micro_batch_size=micro)
+        resolved = replace_flat(cfg, global_batch_size=global_batch, micro_batch_size=micro)
         reject(resolved, ("global_batch_size", "micro_batch_size"), f"the global batch must be "
                f"a multiple of WORLD_SIZE={world_size} x --micro-batch-size; use a micro batch "
                f"among {_divisors(global_batch // world_size)}")
@@ -395,38 +351,38 @@ def world_size_from_env(environ=None) -> int:
     return world_size
 
 
+def _check_gym_answers(cfg: TrainConfig, explicit: set[str]) -> None:
+    check_gym_answer(cfg, explicit, [cfg.prompt_data, *(
+        p for _, p in resolved_train_eval(cfg)["eval_prompt_data"] or ())])
+
+
+# The rules across sections, in the order they are checked (the first broken one is reported);
+# each takes the config (and the set of flags given, when it has an ``explicit`` parameter).
+RULES = (
+    check_bounds, _check_kl, _check_modes,
+    check_rollout_backend,  # before the rules of the modes it refuses
+    check_estimator_rules, _check_estimator_specific, check_env, check_agents,
+    _check_data_and_model, check_train_eval, _check_gym_answers, _check_run,
+    _check_dynamic_sampling, _check_token_budget, _check_lora, check_off_policy,
+    check_reward_services, check_distillation, check_critic, check_fully_async,
+)
+
+
 def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) -> TrainConfig:
     """Check every rule and return the resolved config (``cfg`` itself is left as it is).
 
     Raises :class:`ConfigError` on the first broken rule.
     """
-    check_ranges(cfg, _RANGES)
-    check_bounds(cfg)
-    _check_kl(cfg)
-    _check_modes(cfg)
-    check_rollout_backend(cfg, explicit)  # before the rules of the modes it refuses
-    check_estimator_rules(cfg)
-    _check_estimator_specific(cfg)
-    check_env(cfg, explicit)
-    check_agents(cfg, explicit)
-    _check_data_and_model(cfg, explicit)
-    check_train_eval(cfg, explicit)
-    check_gym_answer(cfg, explicit, [cfg.prompt_data, *(
-        p for _, p in resolved_train_eval(cfg)["eval_prompt_data"] or ())])
-    _check_run(cfg, explicit)
-    _check_dynamic_sampling(cfg)
-    _check_token_budget(cfg)
-    _check_lora(cfg)
-    check_off_policy(cfg, explicit)
-    check_recompute(cfg)
-    check_reward_services(cfg, explicit)
-    check_distillation(cfg, explicit)
-    check_critic(cfg, explicit)
-    check_fully_async(cfg, explicit)
+    check_sections(cfg)  # each section's own rules, its fields' bounds first
+    for rule in RULES:
+        if "explicit" in inspect.signature(rule).parameters:
+            rule(cfg, explicit)
+        else:
+            rule(cfg)
     world_size = training_world_size(cfg, world_size)  # --fully-async: the training ranks
     output_dir = cfg.output_dir or os.path.join(
         "runs", f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(
+    return replace_flat(
         cfg,
         **_resolved_batches(cfg, world_size),
         **resolved_train_eval(cfg),

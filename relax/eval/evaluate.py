@@ -62,7 +62,7 @@ class EvalSampling:
         return cls(
             n_samples=e.n_samples, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
             max_response_len=e.max_response_len, batch_size=e.batch_size,
-            pass_threshold=e.pass_threshold, seed=e.seed, bf16=e.bf16,
+            pass_threshold=e.pass_threshold, seed=cfg.run.seed, bf16=cfg.system.bf16,
         )
 
 

@@ -22,6 +22,8 @@ import json
 import os
 import sys
 
+from relax.config import TrainConfig
+from relax.config.files import flatten
 from relax.errors import InputError
 from relax.rundirs import SAVE_MARKER
 from relax.trainer import sharded_state
@@ -77,6 +79,7 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
                          f"{step} to continue it (relax eval evaluates it as it is)")
     manifest = _read_json(os.path.join(checkpoint, SAVE_MARKER), where)
     saved = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    saved = flatten(saved, TrainConfig, where, strict=False)  # by section, or flat (older)
     recorded = {"seed": (manifest.get("progress") or {}).get("seed", saved.get("seed")),
                 "advantage_estimator": manifest.get("advantage_estimator",
                                                     saved.get("advantage_estimator"))}

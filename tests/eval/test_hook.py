@@ -57,6 +57,6 @@ def test_eval_prompt_data_sets_and_bad_rows(tmp_path, tiny):
     model, tok = tiny
     out = maybe_evaluate(c, 4, model, tok, "cpu", eval_sets=sets)
     assert {k.split("/")[1] for k in out if k.startswith("eval/")} == {"first", "second"}
-    assert cfg("--eval-prompt-data", str(good)).eval_prompt_data == [["held", str(good)]]
+    assert cfg("--eval-prompt-data", str(good)).eval_prompt_data == (("held", str(good)),)
     with pytest.raises(InputError, match=r"--eval-prompt-data x: .*bad.jsonl:2: missing key"):
         load_eval_sets(cfg("--eval-prompt-data", "x", str(bad)))

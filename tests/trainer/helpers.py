@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import textwrap
 
-from relax.config import parse_train_config
+from relax.config import parse_train_config, replace_flat
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
 
@@ -43,7 +42,7 @@ def make_config(*flags, output_dir, tiny=True, **overrides):
     checks)."""
     cfg = parse_train_config([*(TINY if tiny else []), "--output-dir", str(output_dir), "--device",
                               "cpu", *flags])
-    return dataclasses.replace(cfg, **overrides)
+    return replace_flat(cfg, **overrides)
 
 
 def write_reward(tmp_path, body=PARITY_REWARD, name="rewards.py") -> str:
