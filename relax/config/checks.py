@@ -54,13 +54,6 @@ def reject(cfg, dests, reason: str):
     raise ConfigError(head(cfg, *dests), reason)
 
 
-def check_ranges(cfg, ranges: dict) -> None:
-    """``ranges``: field -> (predicate, what it must be)."""
-    for dest, (ok, what) in ranges.items():
-        if not ok(getattr(cfg, dest)):
-            reject(cfg, dest, what)
-
-
 def check_custom_path(cfg, dest: str) -> None:
     """``module:function`` or ``path/file.py:function``; the file or module must exist.
 

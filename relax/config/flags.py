@@ -180,10 +180,3 @@ def explicit_dests(parser_builder, argv: list[str]) -> set[str]:
     """Fields the user passed on the command line (run after a successful full parse)."""
     ns, _ = parser_builder(suppress_defaults=True).parse_known_args(argv)
     return set(vars(ns))
-
-
-def train_flags() -> dict[str, argparse.Action]:
-    """Long flag name -> action, for docs and tests."""
-    # the first long name: --bf16 for the pair --bf16 / --no-bf16
-    return {a.option_strings[0]: a for a in build_train_parser()._actions
-            if a.option_strings and a.dest != "help"}

@@ -46,10 +46,6 @@ class OffPolicySettings:
         return ((("train/tis_weight_mean", "train/tis_clipfrac") if self.tis_clip else ())
                 + (("train/opsm_masked_fraction",) if self.opsm_delta is not None else ()))
 
-    @property
-    def needs_sampler_log_probs(self) -> bool:
-        return self.use_rollout_logprobs or bool(self.tis_clip) or self.opsm_delta is not None
-
 
 def behaviour_log_probs(trainer_old: torch.Tensor, sampler: torch.Tensor | None,
                         s: OffPolicySettings) -> torch.Tensor:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from relax.config import BUILTIN_PRESET
-from relax.config.flags import REMOVED, build_eval_parser, build_train_parser, train_flags
+from relax.config.flags import REMOVED, build_eval_parser, build_train_parser
 from relax.plotting import build_plot_parser
+from tests.flag_helpers import train_flags
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 FLAGS = train_flags()

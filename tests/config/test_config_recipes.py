@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relax.config import BUILTIN_PRESET, BUILTIN_TASK_NAMES, ESTIMATOR_NAMES, parse_train_config
-from relax.config.flags import train_flags
+from tests.flag_helpers import train_flags
 
 RECIPE_RPP = ("--advantage-estimator reinforce_plus_plus --normalize-advantages "
               "--gamma 1.0 --kl-coef 0.01 --kl-loss-type k1").split()
