@@ -79,6 +79,10 @@ class AlgorithmSection(Section):
         1.05,
         'SAPO gate temperature for A <= 0 (reinforce_plus_plus.md §7); sapo only.',
         bound=(lambda v: v > 0.0, "must be > 0; the default is 1.05"))
+    lambd: float = option(
+        1.0,
+        'The GAE lambda in [0, 1]; only --advantage-estimator ppo reads it '
+        '(reinforce_plus_plus.md §5c); its rules: relax/config/critic_rules.py.')
     disable_std_normalization: bool = option(
         False,
         'grpo/gspo/sapo/cispo: do not divide the group-centred reward by the group std '

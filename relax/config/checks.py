@@ -15,7 +15,7 @@ import re
 from relax.config.constants import LIBRARIES
 from relax.config.gym_spec import PREFIX as GYM_PREFIX
 from relax.config.gym_spec import is_reasoning_gym, parse_spec
-from relax.config.section import flat_index, get_path
+from relax.config.section import value_of
 from relax.errors import ConfigError, InputError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -31,12 +31,6 @@ def _fmt(value) -> str:
 
 def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
-
-
-def value_of(obj, dest: str):
-    """The value of the flag ``dest`` in a config or in one of its sections."""
-    path = flat_index(type(obj)).get(dest)
-    return getattr(obj, dest) if path is None else get_path(obj, path)
 
 
 def head(cfg, *dests: str) -> str:

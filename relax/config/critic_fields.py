@@ -1,5 +1,5 @@
 """The critic section (``cfg.critic``): PPO's learned critic (Relax/slime names;
-reinforce_plus_plus.md §5c). The discount is the algorithm's (``cfg.algorithm.gamma``).
+reinforce_plus_plus.md §5c). GAE's discount and lambda are the algorithm's (``cfg.algorithm.gamma``, ``.lambd``).
 Rules: relax/config/critic_rules.py. Torch-free."""
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ class CriticSection(Section):
     """PPO's learned critic: GAE, the clipped value loss and the critic's own optimizer
     (reinforce_plus_plus.md §5c)."""
 
-    lambd: float = option(
-        1.0,
-        'The GAE lambda in [0, 1]; only --advantage-estimator ppo reads it '
-        '(reinforce_plus_plus.md §5c).')
     value_clip: float = option(
         0.2,
         "c >= 0 of PPO's clipped value loss: the critic's new value may move at most c from "

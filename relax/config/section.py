@@ -130,6 +130,21 @@ def build(cls, values: dict, prefix: tuple[str, ...] = ()):
     return cls(**kwargs)
 
 
+_MISSING = object()
+
+
+def value_of(obj, dest: str, default=_MISSING):
+    """The value of the flag ``dest`` (its flat name) in a config or one of its sections:
+    how rules and reports that name flags look them up (``default``: for a dest ``obj``
+    does not hold, as ``getattr``'s)."""
+    path = flat_index(type(obj)).get(dest) if dataclasses.is_dataclass(obj) else None
+    if path is not None:
+        return get_path(obj, path)
+    if default is _MISSING:
+        return getattr(obj, dest)
+    return getattr(obj, dest, default)
+
+
 def from_flat(cls, flat: dict):
     """``cls`` from ``{dest: value}``; an unknown dest is a KeyError naming it."""
     index = flat_index(cls)

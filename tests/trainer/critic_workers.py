@@ -14,7 +14,7 @@ from relax.trainer.critic import Critic, ValueModel
 from relax.trainer.distributed import DistContext, unwrap, wrap_model
 from tests.trainer.workers import B, fixed_experience
 
-SECTION = CriticSection(lambd=1.0, value_clip=0.05, load=None, save=None, lr=0.1,
+SECTION = CriticSection(value_clip=0.05, load=None, save=None, lr=0.1,
                         lr_warmup_iters=0, num_critic_only_steps=0)
 
 
