@@ -118,10 +118,10 @@ def main(argv=None) -> None:
     argv = C.relax_command(model_dir, data, a.steps, os.path.join(a.workdir, "lockstep-relax"),
                            beta=a.beta, lr=a.lr, seed=a.seed)
     cfg = parse_train_config(argv[argv.index("train") + 1:])
-    adv = AdvantageSettings(estimator=cfg.advantage_estimator,
-                            normalize_advantages=cfg.normalize_advantages, gamma=cfg.gamma,
-                            kl_coef=cfg.kl_coef,
-                            std_normalization=not cfg.disable_grpo_std_normalization)
+    adv = AdvantageSettings(estimator=cfg.algorithm.estimator,
+                            normalize_advantages=cfg.algorithm.normalize_advantages, gamma=cfg.algorithm.gamma,
+                            kl_coef=cfg.algorithm.kl_coef,
+                            std_normalization=not cfg.algorithm.disable_std_normalization)
     loss = LossSettings.from_config(cfg)
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     B = C.PROMPTS * C.SAMPLES
@@ -145,7 +145,7 @@ def main(argv=None) -> None:
         trl_adv.advantages = torch.where(exp.response_mask, inputs["advantages"][:, None], 0.0)
         for (m, opt, mbs), batch in zip(replicas, (exp, copy.deepcopy(exp), trl_adv), strict=True):
             train_on_rollout(m, opt, batch, loss, ctx, global_batch_size=B,
-                             micro_batch_size=mbs, clip_grad=cfg.clip_grad)
+                             micro_batch_size=mbs, clip_grad=cfg.optimizer.clip_grad)
         (m, _, _), (m2, _, _), (m3, _, _) = replicas
         trl_params = rec["params"][t]
         print(f"{t + 1} | {rewards.mean():.4f} | {gap:.1e} | "

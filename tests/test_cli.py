@@ -92,7 +92,7 @@ def fake_trainer(monkeypatch):
     module = types.ModuleType("relax.trainer")
 
     def train(cfg):
-        calls.append((cfg, os.path.exists(os.path.join(cfg.output_dir, "config.json"))))
+        calls.append((cfg, os.path.exists(os.path.join(cfg.run.output_dir, "config.json"))))
         return module.status
 
     module.train = train

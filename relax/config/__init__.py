@@ -85,8 +85,8 @@ def config_to_json(cfg: TrainConfig | EvalConfig) -> str:
 
 def write_config(cfg: TrainConfig) -> str:
     """Write ``OUTPUT_DIR/config.json`` (creating the directory, deleting nothing)."""
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    path = os.path.join(cfg.output_dir, "config.json")
+    os.makedirs(cfg.run.output_dir, exist_ok=True)
+    path = os.path.join(cfg.run.output_dir, "config.json")
     with open(path, "w", encoding="utf-8") as f:
         f.write(config_to_json(cfg) + "\n")
     return path

@@ -53,7 +53,7 @@ def check_custom_path(cfg, dest: str) -> None:
 
     A dotted module is found package by package on the file system (``find_spec`` on a dotted
     name would import the parents), so no user code runs during validation."""
-    value = getattr(cfg, dest)
+    value = value_of(cfg, dest)
     if value is None:
         return
     where, sep, func = value.rpartition(":")
@@ -85,7 +85,7 @@ def check_custom_path(cfg, dest: str) -> None:
 def check_env_name(cfg) -> None:
     """``--env``: gem:ID / textarena:ID with the library installed, or an importable
     'module:factory' / 'path/file.py:factory' (nothing is imported: relax/rollout/envs.py)."""
-    prefix, sep, env_id = cfg.env.partition(":")
+    prefix, sep, env_id = cfg.rollout.episodes.env.partition(":")
     if sep and prefix in LIBRARIES:
         if not env_id:
             reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
@@ -94,7 +94,7 @@ def check_env_name(cfg) -> None:
                    "a clone brings it (the README shows the commands by hand), or use a "
                    "'module:factory' environment")
         return
-    where, _, factory = cfg.env.rpartition(":")
+    where, _, factory = cfg.rollout.episodes.env.rpartition(":")
     if not where or not factory.isidentifier():
         reject(cfg, "env", "expected gem:ID, textarena:ID, 'module:factory' or "
                "'path/file.py:factory'")
@@ -118,7 +118,7 @@ def check_gym_answer(cfg, explicit: set[str], sources: list) -> None:
     if not any(is_reasoning_gym(s) for s in sources):
         reject(cfg, "reasoning_gym_answer", "applies only to reasoning-gym:NAME sources of "
                "--prompt-data / --eval-prompt-data; remove it")
-    if cfg.rm_type is not None or cfg.custom_rm_path is not None:
+    if cfg.rollout.rewards.rm_type is not None or cfg.rollout.rewards.custom_rm_path is not None:
         reject(cfg, "reasoning_gym_answer", "the reward comes from --rm-type / "
                "--custom-rm-path, which read the response themselves; remove one of them")
 
@@ -127,7 +127,7 @@ def eval_pairs(cfg) -> list[list[str]] | None:
     """``--eval-prompt-data`` tokens -> ``[[name, path], ...]``; the files must exist.
 
     One ``PATH`` names the set after the file stem (or the reasoning-gym dataset)."""
-    tokens = cfg.eval_prompt_data
+    tokens = cfg.evaluation.prompt_data
     if tokens is None:
         return None
     if len(tokens) == 1:

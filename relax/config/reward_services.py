@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from relax.config.checks import reject
 from relax.config.presets import BUILTIN_TASK_NAMES
-from relax.config.section import Section, option
+from relax.config.section import Section, option, value_of
 
 RM_TYPES: tuple[str, ...] = ("math", "remote_rm", "genrm", *BUILTIN_TASK_NAMES)
 
@@ -167,7 +167,7 @@ _REMOTE_ONLY = ("rm_url", "reward_max_concurrency", "rm_batch_size", "rm_retries
 
 def check_reward_services(cfg, explicit: set[str]) -> None:
     """The remote reward model's and ``--group-rm``'s rules (ConfigError on the first)."""
-    remote = cfg.rm_type == "remote_rm"
+    remote = cfg.rollout.rewards.rm_type == "remote_rm"
     for dest in _REMOTE_ONLY:
         if dest in explicit and not remote:
             reject(cfg, dest, "only applies to the remote reward model; add --rm-type "
@@ -175,29 +175,29 @@ def check_reward_services(cfg, explicit: set[str]) -> None:
     if remote:
         _check_remote(cfg)
     for dest in _GENRM_ONLY:
-        if dest in explicit and cfg.rm_type != "genrm":
+        if dest in explicit and cfg.rollout.rewards.rm_type != "genrm":
             reject(cfg, dest, "only applies to the generative judge; add --rm-type genrm or "
                    "remove this flag")
-    if cfg.rm_type == "genrm":
+    if cfg.rollout.rewards.rm_type == "genrm":
         _check_genrm(cfg)
-    if cfg.group_rm:
+    if cfg.rollout.rewards.group_rm:
         _check_group_rm(cfg)
 
 
 def _check_remote(cfg) -> None:
-    if cfg.rm_url is None:
+    if cfg.rollout.rewards.url is None:
         reject(cfg, "rm_type", "needs --rm-url URL, the address of the reward server (e.g. "
                "http://127.0.0.1:8000/reward)")
-    problem = url_problem(cfg.rm_url)
+    problem = url_problem(cfg.rollout.rewards.url)
     if problem:
         reject(cfg, "rm_url", problem)
-    if cfg.reward_max_concurrency < 1:
+    if cfg.rollout.rewards.max_concurrency < 1:
         reject(cfg, "reward_max_concurrency", "must be >= 1 requests in flight")
-    if not 1 <= cfg.rm_batch_size <= 1 << 16:
+    if not 1 <= cfg.rollout.rewards.batch_size <= 1 << 16:
         reject(cfg, "rm_batch_size", "must lie in [1, 65536] samples per request")
-    if not 0 <= cfg.rm_retries <= 100:
+    if not 0 <= cfg.rollout.rewards.retries <= 100:
         reject(cfg, "rm_retries", "must lie in [0, 100]; 0 turns retries off")
-    if not 0 < cfg.rm_retry_backoff <= MAX_BACKOFF_WAIT:
+    if not 0 < cfg.rollout.rewards.retry_backoff <= MAX_BACKOFF_WAIT:
         reject(cfg, "rm_retry_backoff", f"must lie in (0, {MAX_BACKOFF_WAIT:g}] seconds, "
                "e.g. 1")
 
@@ -215,31 +215,31 @@ def url_problem(url: str) -> str | None:
 
 
 def _check_group_rm(cfg) -> None:
-    if cfg.custom_rm_path is None:
+    if cfg.rollout.rewards.custom_rm_path is None:
         reject(cfg, "group_rm", "scores groups with --custom-rm-path module:function; add it "
                "(a function of one group's prompts, responses and labels)")
     for dest in ("env", "use_agentic_rollout"):
-        if getattr(cfg, dest):
+        if value_of(cfg, dest):
             reject(cfg, ("group_rm", dest), "episodes are scored by their environment or "
                    "agent; remove --group-rm")
 
 
 def _check_genrm(cfg) -> None:
-    path = cfg.genrm_model_path
+    path = cfg.rollout.rewards.genrm_model_path
     if path is None:
         reject(cfg, "rm_type", "needs --genrm-model-path DIR, the judge's Hugging Face model "
                "directory")
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
         reject(cfg, "genrm_model_path", "not a Hugging Face model directory (no config.json); "
                "point it at the judge model")
-    if not 1 <= cfg.genrm_max_response_len <= 4096:
+    if not 1 <= cfg.rollout.rewards.genrm_max_response_len <= 4096:
         reject(cfg, "genrm_max_response_len", "must lie in [1, 4096] tokens")
-    if cfg.eval_interval is not None:
+    if cfg.evaluation.interval is not None:
         reject(cfg, ("rm_type", "eval_interval"), "evaluation measures pass@k against a "
                "verifiable reward; evaluate the saved model with relax eval and --rm-type math "
                "or a reward function")
-    if cfg.genrm_prompt_template is not None:
-        problem = read_template_problem(cfg.genrm_prompt_template)
+    if cfg.rollout.rewards.genrm_prompt_template is not None:
+        problem = read_template_problem(cfg.rollout.rewards.genrm_prompt_template)
         if problem:
             reject(cfg, "genrm_prompt_template", problem)
 

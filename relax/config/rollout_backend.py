@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from relax.config.checks import reject
-from relax.config.section import Section, option
+from relax.config.section import Section, option, value_of
 
 BACKENDS = ("relax", "vllm")
 MAKE_TARGET = "make vllm"
@@ -84,22 +84,22 @@ def _check_unused_server_flags(cfg, explicit: set[str]) -> None:
 
 def check_rollout_backend(cfg, explicit: set[str]) -> None:
     """One line for the first broken rule of the backend flags."""
-    if cfg.rollout_backend != "vllm":
+    if cfg.rollout.backend.name != "vllm":
         _check_unused_server_flags(cfg, explicit)
         return
     for dest, why in _REFUSED.items():
-        if getattr(cfg, dest):
+        if value_of(cfg, dest):
             reject(cfg, ("rollout_backend", dest), f"not supported together ({why}); "
                    "remove one of the two")
-    if cfg.hf_checkpoint is None:
+    if cfg.model.hf_checkpoint is None:
         reject(cfg, "rollout_backend", "vLLM serves a model directory: pass --hf-checkpoint "
                "(the built-in tiny model's 16-wide attention heads are too narrow for vLLM's "
                "CPU kernels)")
     _check_log_prob_mode(cfg)
     _check_server_flags(cfg)
-    if cfg.update_weights_interval < 1:
+    if cfg.placement.update_weights_interval < 1:
         reject(cfg, "update_weights_interval", "must be >= 1")
-    if cfg.update_weights_interval > 1 and not (cfg.use_tis or cfg.use_rollout_logprobs):
+    if cfg.placement.update_weights_interval > 1 and not (cfg.rollout.off_policy.use_tis or cfg.rollout.off_policy.use_rollout_logprobs):
         reject(cfg, "update_weights_interval", "vLLM then samples with weights up to I - 1 "
                "steps old, which needs an importance correction: add --use-tis (or "
                "--use-rollout-logprobs), or set --update-weights-interval 1")
@@ -108,10 +108,10 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
 def check_eval_backend(cfg, explicit: set[str]) -> None:
     """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
     settings go; episodes are not served."""
-    if cfg.rollout_backend != "vllm":
+    if cfg.rollout.backend.name != "vllm":
         _check_unused_server_flags(cfg, explicit)
         return
-    if cfg.env is not None:
+    if cfg.rollout.episodes.env is not None:
         reject(cfg, ("rollout_backend", "env"), f"not supported together ({_REFUSED['env']}); "
                "remove one of the two")
     _check_server_flags(cfg)
@@ -119,9 +119,9 @@ def check_eval_backend(cfg, explicit: set[str]) -> None:
 
 def _check_server_flags(cfg) -> None:
     for dest in ("vllm_startup_timeout", "vllm_request_timeout"):
-        if not 0 < getattr(cfg, dest) <= 86400:
+        if not 0 < value_of(cfg, dest) <= 86400:
             reject(cfg, dest, "must lie in (0, 86400] seconds")
-    for url in cfg.vllm_url or ():
+    for url in cfg.rollout.backend.vllm_url or ():
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             reject(cfg, "vllm_url", f"{url!r} is not an http(s) URL such as "
@@ -133,8 +133,8 @@ def _check_log_prob_mode(cfg) -> None:
     (relax/rollout/generate.py ``sampled_log_probs``). vLLM returns either the raw model's
     (right when T == 1, truncation or not) or the processed distribution after temperature
     *and* truncation (right without truncation): with both T != 1 and truncation neither is."""
-    truncated = cfg.rollout_top_p < 1.0 or cfg.rollout_top_k > 0
-    if cfg.rollout_temperature != 1.0 and truncated:
+    truncated = cfg.rollout.sampling.top_p < 1.0 or cfg.rollout.sampling.top_k > 0
+    if cfg.rollout.sampling.temperature != 1.0 and truncated:
         reject(cfg, ("rollout_backend", "rollout_temperature", "rollout_top_p",
                      "rollout_top_k"),
                "vLLM cannot return softmax(z / T) before top-p/top-k truncation (the "

@@ -122,15 +122,17 @@ def load_prompt_data(
     return samples
 
 
-def load_source(spec: str, flag: str, cfg, *, role: str) -> list[PromptSample]:
+def load_source(spec: str, flag: str, rollout, *, role: str) -> list[PromptSample]:
     """The prompts of ``--prompt-data`` or one ``--eval-prompt-data`` set: a reasoning-gym
-    dataset (``reasoning-gym:NAME?...``, generated here) or a data file."""
+    dataset (``reasoning-gym:NAME?...``, generated here) or a data file; ``rollout`` is the
+    rollout section (its ``data``, and whether ``rewards`` needs labels)."""
+    data = rollout.data
     if gym.is_reasoning_gym(spec):
         return gym.load_samples(gym.parse_spec(spec, flag, role=role), flag,
-                                answer_format=cfg.reasoning_gym_answer,
-                                system_prompt=cfg.system_prompt)
-    return load_prompt_data(spec, cfg.input_key, cfg.label_key,
-                            need_label=cfg.custom_rm_path is None)
+                                answer_format=data.reasoning_gym_answer,
+                                system_prompt=data.system_prompt)
+    return load_prompt_data(spec, data.input_key, data.label_key,
+                            need_label=rollout.rewards.custom_rm_path is None)
 
 
 def report_overlap(train: list[PromptSample], eval_sets, *, report=print) -> dict[str, int]:

@@ -87,9 +87,9 @@ class RemoteRewardModel:
     @classmethod
     def of(cls, rollout) -> RemoteRewardModel:
         """From the rollout section (relax/config/sections.py)."""
-        return cls(rollout.rm_url, concurrency=rollout.reward_max_concurrency,
-                   batch_size=rollout.rm_batch_size, timeout=rollout.reward_timeout,
-                   retries=rollout.rm_retries, backoff=rollout.rm_retry_backoff)
+        return cls(rollout.rewards.url, concurrency=rollout.rewards.max_concurrency,
+                   batch_size=rollout.rewards.batch_size, timeout=rollout.rewards.timeout,
+                   retries=rollout.rewards.retries, backoff=rollout.rewards.retry_backoff)
 
     @property
     def name(self) -> str:

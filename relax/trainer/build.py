@@ -13,8 +13,8 @@ from relax import estimators
 
 def needs_reference(cfg) -> bool:
     """Reference log-probs only when a KL term reads them (reinforce_plus_plus.md §3 shaping, §7 KL loss)."""
-    return estimators.needs_reference(estimators.facts(cfg.advantage_estimator),
-                                      kl_coef=cfg.kl_coef, use_kl_loss=cfg.use_kl_loss)
+    return estimators.needs_reference(estimators.facts(cfg.algorithm.estimator),
+                                      kl_coef=cfg.algorithm.kl_coef, use_kl_loss=cfg.algorithm.use_kl_loss)
 
 
 def needs_old_log_probs(cfg) -> bool:
@@ -28,10 +28,10 @@ def needs_old_log_probs(cfg) -> bool:
     read pi_old before any update (reinforce_plus_plus.md §3), and for on-policy distillation,
     whose advantage term reads it the same way (§7b).
     """
-    f = estimators.facts(cfg.advantage_estimator)
-    return (estimators.returns_read_old_policy(f, kl_coef=cfg.kl_coef)
-            or cfg.num_steps_per_rollout > 1
-            or cfg.use_opd)  # the distillation term reads pi_old before any update (§7b)
+    f = estimators.facts(cfg.algorithm.estimator)
+    return (estimators.returns_read_old_policy(f, kl_coef=cfg.algorithm.kl_coef)
+            or cfg.batches.steps_per_rollout > 1
+            or cfg.distillation.enabled)  # the distillation term reads pi_old before any update (§7b)
 
 
 def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
@@ -49,7 +49,7 @@ def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
 def build_optimizer(model, cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.lr,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        weight_decay=cfg.weight_decay,
+        lr=cfg.optimizer.lr,
+        betas=(cfg.optimizer.adam_beta1, cfg.optimizer.adam_beta2),
+        weight_decay=cfg.optimizer.weight_decay,
     )

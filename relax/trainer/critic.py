@@ -103,19 +103,19 @@ class Critic:
     @classmethod
     def build(cls, cfg, ctx, *, tokenizer, bf16: bool) -> Critic | None:
         """The critic of ``--advantage-estimator ppo`` (None for every other estimator)."""
-        if not estimators.facts(cfg.advantage_estimator).needs_critic:
+        if not estimators.facts(cfg.algorithm.estimator).needs_critic:
             return None
         section = cfg.critic
-        lm = models.load_policy(cfg.hf_checkpoint, tokenizer, ctx.device, seed=cfg.seed)
+        lm = models.load_policy(cfg.model.hf_checkpoint, tokenizer, ctx.device, seed=cfg.run.seed)
         value_model = ValueModel(lm).to(ctx.device)
         if section.load:
             load_weights(value_model, section.load)
         model = wrap_model(value_model, ctx, fsdp=False)
-        base_lr = section.lr if section.lr is not None else cfg.lr
+        base_lr = section.lr if section.lr is not None else cfg.optimizer.lr
         optimizer = torch.optim.AdamW(model.parameters(), lr=base_lr,
-                                      betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                      weight_decay=cfg.weight_decay)
-        return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.clip_grad,
+                                      betas=(cfg.optimizer.adam_beta1, cfg.optimizer.adam_beta2),
+                                      weight_decay=cfg.optimizer.weight_decay)
+        return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.optimizer.clip_grad,
                    ctx=ctx, bf16=bf16)
 
     # ------------------------------------------------------------------ values and targets

@@ -35,11 +35,11 @@ class OffPolicySettings:
     @classmethod
     def from_config(cls, cfg) -> OffPolicySettings:
         return cls(
-            use_rollout_logprobs=cfg.use_rollout_logprobs,
-            tis_clip=cfg.tis_clip if cfg.use_tis else None, tis_clip_low=cfg.tis_clip_low,
-            tis_fn=(load_function(cfg.custom_tis_function_path, TIS_FLAG)
-                    if cfg.custom_tis_function_path else None),
-            opsm_delta=cfg.opsm_delta if cfg.use_opsm else None)
+            use_rollout_logprobs=cfg.rollout.off_policy.use_rollout_logprobs,
+            tis_clip=cfg.rollout.off_policy.tis_clip if cfg.rollout.off_policy.use_tis else None, tis_clip_low=cfg.rollout.off_policy.tis_clip_low,
+            tis_fn=(load_function(cfg.rollout.off_policy.custom_tis_path, TIS_FLAG)
+                    if cfg.rollout.off_policy.custom_tis_path else None),
+            opsm_delta=cfg.rollout.off_policy.opsm_delta if cfg.rollout.off_policy.use_opsm else None)
 
     @property
     def metric_names(self) -> tuple[str, ...]:

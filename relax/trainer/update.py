@@ -59,14 +59,14 @@ class LossSettings:
     @classmethod
     def from_config(cls, cfg, *, bf16: bool = False) -> LossSettings:
         return cls(
-            estimator=cfg.advantage_estimator, eps_clip=cfg.eps_clip,
-            eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c,
-            tau_pos=cfg.sapo_tau_pos, tau_neg=cfg.sapo_tau_neg, use_kl_loss=cfg.use_kl_loss,
-            kl_loss_type=cfg.kl_loss_type, kl_loss_coef=cfg.kl_loss_coef,
-            entropy_coef=cfg.entropy_coef, per_token=cfg.calculate_per_token_loss,
-            temperature=cfg.rollout_temperature, bf16=bf16,
-            max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
-            off_policy=OffPolicySettings.from_config(cfg), layout=cfg.pass_layout,
+            estimator=cfg.algorithm.estimator, eps_clip=cfg.algorithm.eps_clip,
+            eps_clip_high=cfg.algorithm.eps_clip_high, eps_clip_c=cfg.algorithm.eps_clip_c,
+            tau_pos=cfg.algorithm.sapo_tau_pos, tau_neg=cfg.algorithm.sapo_tau_neg, use_kl_loss=cfg.algorithm.use_kl_loss,
+            kl_loss_type=cfg.algorithm.kl_loss_type, kl_loss_coef=cfg.algorithm.kl_loss_coef,
+            entropy_coef=cfg.algorithm.entropy_coef, per_token=cfg.algorithm.per_token_loss,
+            temperature=cfg.rollout.sampling.temperature, bf16=bf16,
+            max_tokens=cfg.batches.max_tokens_per_gpu if cfg.batches.token_budget else None,
+            off_policy=OffPolicySettings.from_config(cfg), layout=cfg.batches.pass_layout,
         )
 
     @property

@@ -89,7 +89,7 @@ def test_parse_train_config_api(tmp_path):
     from relax.config import ConfigError
 
     cfg = parse_train_config(RECIPE_RPP, environ={"WORLD_SIZE": "2"})
-    assert cfg.world_size == 2 and cfg.micro_batch_size == cfg.global_batch_size // 2
+    assert cfg.world_size == 2 and cfg.batches.micro_batch_size == cfg.batches.global_batch_size // 2
     with pytest.raises(ConfigError) as info:
         parse_train_config(["--advantage-estimator", "reinforce_plus_plus"], environ={})
     assert str(info.value).startswith("--advantage-estimator reinforce_plus_plus: ")

@@ -13,7 +13,7 @@ from relax.config import config_to_json, parse_eval_config, parse_train_config
 from relax.config.fields import default_words, help_text
 from relax.config.flags import build_eval_parser, build_train_parser
 from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
-from relax.config.section import Section, flat_index, leaves, to_flat
+from relax.config.section import Section, flat_index, leaves, to_flat, value_of
 from relax.config.sections import EvaluationSection, RolloutSection, SamplingSection
 
 MANY_FLAGS = [
@@ -70,9 +70,9 @@ def test_the_json_is_by_section_and_the_flat_view_agrees(tmp_path):
     assert saved["algorithm"]["estimator"] == "reinforce_plus_plus_baseline"
     flat = to_flat(cfg)
     assert flat["rollout_temperature"] == 0.7 and flat["lora_rank"] == 4
-    # the temporary flat read access gives the same values
+    # the lookup by flag name gives the same values
     for dest in ("rollout_temperature", "lora_rank", "advantage_estimator", "eval_interval"):
-        assert getattr(cfg, dest) == flat[dest]
+        assert value_of(cfg, dest) == flat[dest]
 
 
 def test_relax_eval_has_the_same_evaluation_section(tmp_path):

@@ -65,7 +65,7 @@ def read_metrics(output_dir) -> list[dict]:
 def fit(cfg):
     """Train ``cfg`` in this process: ``(trainer, history, moved)``, ``moved`` the largest
     absolute change of any parameter (0.0 when no update happened)."""
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
+    trainer = Trainer(cfg, init_distributed(cfg.system.device), console=False)
     initial = {n: p.detach().clone() for n, p in unwrap(trainer.policy.model).named_parameters()}
     try:
         history = trainer.fit()
