@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 
-    from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+    from relax.algorithms import compute_advantages_and_returns
     from relax.config import parse_train_config
     from relax.trainer import build
     from relax.trainer.distributed import DistContext
@@ -118,11 +118,9 @@ def main(argv=None) -> None:
     argv = C.relax_command(model_dir, data, a.steps, os.path.join(a.workdir, "lockstep-relax"),
                            beta=a.beta, lr=a.lr, seed=a.seed)
     cfg = parse_train_config(argv[argv.index("train") + 1:])
-    adv = AdvantageSettings(estimator=cfg.algorithm.estimator,
-                            normalize_advantages=cfg.algorithm.normalize_advantages, gamma=cfg.algorithm.gamma,
-                            kl_coef=cfg.algorithm.kl_coef,
-                            std_normalization=not cfg.algorithm.disable_std_normalization)
-    loss = LossSettings.from_config(cfg)
+    adv = cfg.algorithm  # the dispatcher and the loss take the algorithm section as it is
+    loss = LossSettings(cfg.algorithm, temperature=cfg.rollout.sampling.temperature,
+                        layout=cfg.batches.pass_layout)
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     B = C.PROMPTS * C.SAMPLES
     group = torch.arange(C.PROMPTS).repeat_interleave(C.SAMPLES)
@@ -179,7 +177,8 @@ def main(argv=None) -> None:
         g_trl = gradient(lambda m, batch=batch: trainer._compute_loss(m, batch), trl_head=True)
         exp = experience(inputs, inputs.get("ref_per_token_logps"))
         exp.advantages = torch.where(exp.response_mask, advantages[:, None], 0.0)
-        s = dataclasses.replace(loss, use_kl_loss=beta > 0, kl_loss_coef=beta)
+        s = dataclasses.replace(loss, algorithm=dataclasses.replace(
+            loss.algorithm, use_kl_loss=beta > 0, kl_loss_coef=beta))
         g_relax = gradient(lambda m, exp=exp, s=s: micro_batch_loss(
             m, exp, s, num_responses=B, num_tokens=None)[0])
         cos = torch.nn.functional.cosine_similarity(g_trl, g_relax, dim=0)

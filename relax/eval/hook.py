@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from relax import models
+from relax.config import TrainConfig
 from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
 from relax.errors import InputError
 from relax.eval.episodes import evaluate_episodes
@@ -100,17 +101,17 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds).
     ``make_sampler``: relax/eval/evaluate.py ``evaluate``'s."""
     start = time.perf_counter()
-    sampling = EvalSampling.from_config(cfg)
+    sampling = EvalSampling.of(cfg)
     metrics: dict[str, float] = {}
     for s in sets:
         reward_fn, reward_name = _eval_reward(cfg, s.reasoning_gym)
         texts = [format_prompt(tokenizer, p,
                                apply_chat_template=cfg.rollout.data.apply_chat_template,
                                system_prompt=cfg.rollout.data.system_prompt) for p in s.prompts]
-        # relax train's --reward-timeout (relax eval has none); a reward server bounds its
-        # requests itself
-        timeout = None if isinstance(reward_fn, RemoteRewardModel) else \
-            cfg.rollout.rewards.timeout
+        # relax train's --reward-timeout (relax eval has none: its config holds only the
+        # default); a reward server bounds its requests itself
+        timeout = (cfg.rollout.rewards.timeout if isinstance(cfg, TrainConfig)
+                   and not isinstance(reward_fn, RemoteRewardModel) else None)
         metrics.update(evaluate(
             model, tokenizer, texts, s.labels, reward_fn, sampling, name=s.name, step=step,
             device=device, group=group, sync_group=sync_group, reward_name=reward_name,
@@ -133,7 +134,7 @@ def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dic
     metrics = evaluate_episodes(
         model, tokenizer, guarded_factory(environment_factory(cfg.rollout.episodes.env, timeout),
                                           timeout),
-        EvalSampling.from_config(cfg),
+        EvalSampling.of(cfg),
         episodes=cfg.evaluation.episodes, max_turns=cfg.rollout.episodes.max_turns, format_prompt=format_prompt,
         render=render, name="env", step=step, device=device, group=group)
     metrics["perf/eval_time"] = time.perf_counter() - start

@@ -41,7 +41,7 @@ import time
 import torch
 
 from relax import models
-from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+from relax.algorithms import compute_advantages_and_returns
 from relax.errors import InputError
 from relax.eval.hook import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
@@ -65,7 +65,7 @@ from relax.trainer.critic import Critic
 from relax.trainer.distill import Distillation
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.judge import build_judge, check_judging_lengths
-from relax.trainer.off_policy import MismatchMeter
+from relax.trainer.off_policy import MismatchMeter, OffPolicy
 from relax.trainer.policy import Policy
 from relax.trainer.remote_rollout import RemoteRollout
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
@@ -181,12 +181,12 @@ class Trainer:
         self.source = PromptSource(batch_size=cfg.batches.rollout_batch_size, seed=cfg.run.seed,
                                    samples=self.samples, task=task, shuffle=cfg.rollout.data.shuffle)
         self.total_steps = cfg.batches.num_rollout or cfg.batches.num_epoch * self.source.steps_per_epoch
-        self.settings = AdvantageSettings(
-            estimator=cfg.algorithm.estimator, normalize_advantages=cfg.algorithm.normalize_advantages,
-            gamma=cfg.algorithm.gamma, kl_coef=cfg.algorithm.kl_coef, lambd=cfg.algorithm.lambd,
-            std_normalization=not cfg.algorithm.disable_std_normalization,
-        )
-        self.loss_settings = LossSettings.from_config(cfg, bf16=self.bf16)
+        batches = cfg.batches
+        self.loss_settings = LossSettings(
+            cfg.algorithm, OffPolicy.load(cfg.rollout.off_policy),
+            temperature=cfg.rollout.sampling.temperature, bf16=self.bf16,
+            max_tokens=batches.max_tokens_per_gpu if batches.token_budget else None,
+            layout=batches.pass_layout)
 
     def _build_policy(self) -> Policy:
         cfg, ctx = self.cfg, self.ctx
@@ -314,7 +314,7 @@ class Trainer:
 
     def advantages(self, exp, rewards, group_index):
         out = compute_advantages_and_returns(
-            self.settings, rewards, exp.response_mask, group_index=group_index,
+            self.cfg.algorithm, rewards, exp.response_mask, group_index=group_index,
             old_log_probs=exp.old_log_probs, ref_log_probs=exp.ref_log_probs,
             values=exp.values, group=self.ctx.group,
         )
