@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     replicas = []
     for mbs in (B, B // 4, B):
         m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
-        replicas.append((m, build.build_optimizer(m, cfg), mbs))
+        replicas.append((m, build.build_optimizer(m, cfg.optimizer), mbs))
     print("step | reward | max |A_relax - A_trl| | |relax - trl| | moved: trl, relax | "
           f"|relax mbs {B} - mbs {B // 4}| | |relax on TRL's A - trl|")
     for t, inputs in enumerate(rec["inputs"]):

@@ -11,10 +11,10 @@ import torch
 from relax import estimators
 
 
-def needs_reference(cfg) -> bool:
+def needs_reference(algorithm) -> bool:
     """Reference log-probs only when a KL term reads them (reinforce_plus_plus.md §3 shaping, §7 KL loss)."""
-    return estimators.needs_reference(estimators.facts(cfg.algorithm.estimator),
-                                      kl_coef=cfg.algorithm.kl_coef, use_kl_loss=cfg.algorithm.use_kl_loss)
+    return estimators.needs_reference(estimators.facts(algorithm.estimator),
+                                      kl_coef=algorithm.kl_coef, use_kl_loss=algorithm.use_kl_loss)
 
 
 def needs_old_log_probs(cfg) -> bool:
@@ -46,10 +46,8 @@ def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
     return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_world_size))
 
 
-def build_optimizer(model, cfg) -> torch.optim.Optimizer:
+def build_optimizer(model, optimizer) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters, as the optimizer section says."""
     return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.optimizer.lr,
-        betas=(cfg.optimizer.adam_beta1, cfg.optimizer.adam_beta2),
-        weight_decay=cfg.optimizer.weight_decay,
-    )
+        [p for p in model.parameters() if p.requires_grad], lr=optimizer.lr,
+        betas=(optimizer.adam_beta1, optimizer.adam_beta2), weight_decay=optimizer.weight_decay)

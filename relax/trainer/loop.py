@@ -200,7 +200,7 @@ class Trainer:
                                     seed=cfg.run.seed)
         self._check_prompt_lengths(tokenizer, module)
         # the FLOP counts are the model's own (a LoRA adapter's are not model FLOPs)
-        passes = int(build.needs_old_log_probs(cfg)) + int(build.needs_reference(cfg))
+        passes = int(build.needs_old_log_probs(cfg)) + int(build.needs_reference(cfg.algorithm))
         self.step_metrics = StepMetrics.measure(module, self.tracker, ctx,
                                                 peak_tflops=cfg.system.peak_tflops, bf16=self.bf16,
                                                 log_prob_passes=passes,
