@@ -20,7 +20,7 @@ token_mean
 rloo_loss                      :mod:`relax.algorithms.losses`         5a
 cispo_loss                     :mod:`relax.algorithms.losses`         5b
 compute_advantages_and_returns :mod:`relax.algorithms.registry`       3-6, 10
-mismatch_sums, tis_weights,    :mod:`relax.algorithms.off_policy`     7a
+mismatch_sums, tis_weights,    :mod:`relax.algorithms.sampler_mismatch`     7a
 opsm_keep
 distilled_advantages,          :mod:`relax.algorithms.distillation`   7b
 opd_reverse_kl, opd_metrics
@@ -57,7 +57,6 @@ from relax.algorithms.normalization import (
     masked_population_normalize,
     masked_whiten,
 )
-from relax.algorithms.off_policy import mismatch_sums, opsm_keep, tis_weights
 from relax.algorithms.registry import (
     ESTIMATORS,
     AdvantageOutput,
@@ -66,6 +65,7 @@ from relax.algorithms.registry import (
     compute_policy_loss,
     get_estimator,
 )
+from relax.algorithms.sampler_mismatch import mismatch_sums, opsm_keep, tis_weights
 from relax.algorithms.value import (
     clipped_value_loss,
     gae_advantages,

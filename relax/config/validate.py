@@ -45,7 +45,7 @@ from relax.config.episode_rules import check_agents, check_env
 from relax.config.estimator_rules import check_estimator_rules
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
-from relax.config.off_policy import check_off_policy
+from relax.config.off_policy_rules import check_off_policy
 from relax.config.opd_rules import check_distillation
 from relax.config.reward_services import check_reward_services
 from relax.config.rollout_backend import check_rollout_backend
@@ -268,7 +268,7 @@ def _check_dynamic_sampling(cfg: TrainConfig) -> None:
     if spec is None:
         for dest in ("over_sampling_batch_size", "dynamic_sampling_max_rounds"):
             if dest == "over_sampling_batch_size" and cfg.rollout.partial.enabled:
-                continue  # partial rollouts over-sample too (relax/config/off_policy.py)
+                continue  # partial rollouts over-sample too (relax/config/off_policy_rules.py)
             if value_of(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, "has no effect without --dynamic-sampling-filter-path; add "
                        "--dynamic-sampling-filter-path nonzero_std or remove it")

@@ -1,5 +1,5 @@
 """``relax eval CHECKPOINT``: load a saved policy, evaluate it on the evaluation sets (or
-``--env`` episodes) exactly as ``relax train --eval-interval`` does (relax/eval/hook.py), and
+``--env`` episodes) exactly as ``relax train --eval-interval`` does (relax/eval/sets.py), and
 print the metrics as JSON.
 
     relax eval CHECKPOINT_DIR --eval-prompt-data gsm8k data/gsm8k/test.jsonl --rm-type math
@@ -20,7 +20,7 @@ import torch
 
 from relax import models
 from relax.errors import InputError, RelaxError
-from relax.eval.hook import EvalSet, evaluate_env, evaluate_sets, load_eval_sets
+from relax.eval.sets import EvalSet, evaluate_env, evaluate_sets, load_eval_sets
 from relax.host_memory import set_mmap_threshold
 from relax.precision import use_bf16
 from relax.rollout.data import check_formatted_lengths

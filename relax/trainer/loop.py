@@ -43,7 +43,7 @@ import torch
 from relax import models
 from relax.algorithms import compute_advantages_and_returns
 from relax.errors import InputError
-from relax.eval.hook import load_eval_sets, maybe_evaluate
+from relax.eval.sets import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
 from relax.metrics.tracker import MetricTracker
 from relax.plugins import call_plugin, load_function
@@ -59,7 +59,7 @@ from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
 from relax.rollout.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
-from relax.trainer import build, checkpoint
+from relax.trainer import checkpoint, parts
 from relax.trainer.async_layout import AsyncLayout, Schedule
 from relax.trainer.critic import Critic
 from relax.trainer.distill import Distillation
@@ -101,7 +101,7 @@ class Trainer:
             changed = check_resume(cfg, resume[0], resume[1], self.total_steps)
             if changed and ctx.is_main:
                 print(changed, file=sys.stderr)
-        # (--env evaluates on held-out environment seeds instead: relax/eval/episodes.py)
+        # (--env evaluates on held-out environment seeds instead: relax/eval/env_eval.py)
         self.eval_sets = load_eval_sets(cfg) if cfg.evaluation.interval and not cfg.rollout.episodes.env else []
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
@@ -130,8 +130,8 @@ class Trainer:
         self.step_metrics.remote_generation = layout is not None or self.vllm is not None
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
-            # the host's cores shared between the local ranks (build.cpu_threads)
-            torch.set_num_threads(build.cpu_threads(
+            # the host's cores shared between the local ranks (parts.cpu_threads)
+            torch.set_num_threads(parts.cpu_threads(
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.checkpoint.save)
@@ -200,7 +200,7 @@ class Trainer:
                                     seed=cfg.run.seed)
         self._check_prompt_lengths(tokenizer, module)
         # the FLOP counts are the model's own (a LoRA adapter's are not model FLOPs)
-        passes = int(build.needs_old_log_probs(cfg)) + int(build.needs_reference(cfg.algorithm))
+        passes = int(parts.needs_old_log_probs(cfg)) + int(parts.needs_reference(cfg.algorithm))
         self.step_metrics = StepMetrics.measure(module, self.tracker, ctx,
                                                 peak_tflops=cfg.system.peak_tflops, bf16=self.bf16,
                                                 log_prob_passes=passes,
@@ -303,7 +303,7 @@ class Trainer:
         passes = dict(micro_batch_size=cfg.batches.micro_batch_size,
                       temperature=cfg.rollout.sampling.temperature,
                       max_tokens=budget, group=self.ctx.group, layout=cfg.batches.pass_layout)
-        if build.needs_old_log_probs(cfg):  # else the update uses its own (build.py)
+        if parts.needs_old_log_probs(cfg):  # else the update uses its own (parts.py)
             exp.old_log_probs = self.policy.log_probs(exp, **passes)
         exp.ref_log_probs = self.policy.ref_log_probs(exp, **passes)
         if self.distill is not None:

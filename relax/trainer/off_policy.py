@@ -1,6 +1,6 @@
 """The sampler's log-probs in the update (reinforce_plus_plus.md §7a): which log-probs are
 pi_old, the truncated importance weight (``--use-tis``), the off-policy sequence mask
-(``--use-opsm``) and the mismatch metrics. The formulas are relax/algorithms/off_policy.py.
+(``--use-opsm``) and the mismatch metrics. The formulas are relax/algorithms/sampler_mismatch.py.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
         entropy_grad=bool(alg.entropy_coef), bf16=s.bf16, layout=s.layout,
     )
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
-    # step per rollout, see ``build.needs_old_log_probs``), so pi_old = pi_theta before the step
+    # step per rollout, see ``parts.needs_old_log_probs``), so pi_old = pi_theta before the step
     # and the ratio is exactly 1 with the gradient of log pi_theta.
     trainer_old = log_probs.detach() if mb.old_log_probs is None else mb.old_log_probs
     if on_mismatch is not None and mb.rollout_log_probs is not None:

@@ -1,4 +1,4 @@
-"""Evaluation of ``--env`` policies on held-out environment seeds (relax/eval/episodes.py):
+"""Evaluation of ``--env`` policies on held-out environment seeds (relax/eval/env_eval.py):
 in ``relax train --eval-interval`` and in ``relax eval CHECKPOINT --env``."""
 
 import contextlib
@@ -10,7 +10,7 @@ import pytest
 
 from relax.cli import main
 from relax.config import ConfigError
-from relax.eval.episodes import evaluate_episodes
+from relax.eval.env_eval import evaluate_episodes
 from relax.rollout.episodes import HELDOUT_SEED, TurnRenderer
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from tests.agents import scripted

@@ -11,7 +11,7 @@ import pytest
 
 from relax.cli import main
 from relax.config import BUILTIN_PRESET, parse_eval_config
-from relax.eval.hook import evaluate_sets, load_eval_sets
+from relax.eval.sets import evaluate_sets, load_eval_sets
 
 
 def call(argv):

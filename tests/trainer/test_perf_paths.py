@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer import build
+from relax.trainer import parts
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs, response_log_probs
 from relax.trainer.update import micro_batch_loss, train_on_rollout
@@ -81,25 +81,25 @@ def test_needs_old_log_probs(tmp_path):
     def cfg(*flags):
         return make_config(*flags, output_dir=tmp_path)
 
-    assert not build.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
-    assert not build.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
+    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
+    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
                                              "--kl-loss-type", "k3", "--kl-loss-coef", "0.1"))
-    assert build.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
+    assert parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
                                          "--num-steps-per-rollout", "2"))
     # REINFORCE++ k1 shaping reads pi_old in the returns, before any update
-    assert build.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert parts.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
                                          "--normalize-advantages", "--kl-coef", "0.01",
                                          "--kl-loss-type", "k1"))
-    assert not build.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
                                              "--normalize-advantages", "--kl-coef", "0"))
 
 
 def test_cpu_threads():
-    assert build.cpu_threads(cpu_count=16, local_world_size=4, environ={}) == 4
-    assert build.cpu_threads(cpu_count=2, local_world_size=4, environ={}) == 1
-    assert build.cpu_threads(cpu_count=2, environ={}) == 2
-    assert build.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
-    assert build.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
+    assert parts.cpu_threads(cpu_count=16, local_world_size=4, environ={}) == 4
+    assert parts.cpu_threads(cpu_count=2, local_world_size=4, environ={}) == 1
+    assert parts.cpu_threads(cpu_count=2, environ={}) == 2
+    assert parts.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
+    assert parts.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
 
 
 @pytest.mark.parametrize("estimator,per_token", [("grpo", False), ("gspo", False),

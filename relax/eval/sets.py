@@ -23,7 +23,7 @@ from relax import models
 from relax.config import TrainConfig
 from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
 from relax.errors import InputError
-from relax.eval.episodes import evaluate_episodes
+from relax.eval.env_eval import evaluate_episodes
 from relax.eval.evaluate import EvalSampling, evaluate
 from relax.rollout.data import format_prompt, load_source
 from relax.rollout.env_guard import guarded_factory
@@ -123,7 +123,7 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
 
 
 def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dict[str, float]:
-    """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/episodes.py) as
+    """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/env_eval.py) as
     ``eval/env/...``; adds ``perf/eval_time`` (seconds)."""
     start = time.perf_counter()
     eos = tokenizer.eos_token_id

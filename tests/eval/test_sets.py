@@ -8,7 +8,7 @@ import pytest
 
 from relax.config import BUILTIN_EVAL_PROMPTS, parse_train_config
 from relax.errors import InputError
-from relax.eval.hook import load_eval_sets, maybe_evaluate
+from relax.eval.sets import load_eval_sets, maybe_evaluate
 
 
 def cfg(*flags):
