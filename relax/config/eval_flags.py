@@ -103,8 +103,8 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
         raise ConfigError(ckpt, "no config.json in it; give the --save directory of a run, a "
                           "directory written by relax export, a PEFT adapter directory, or "
                           "any Hugging Face model")
-    if cfg.run.output_dir is not None and os.path.exists(cfg.run.output_dir) and not os.path.isdir(
-            cfg.run.output_dir):
+    out = cfg.run.output_dir
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
         reject(cfg, "output_dir", "exists and is not a directory; choose another path")
     check_eval_backend(cfg, explicit)
     if cfg.rollout.episodes.env is not None:
@@ -113,18 +113,18 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
     for dest in ("max_turns", "eval_episodes", "env_step_timeout"):
         if dest in explicit:
             reject(cfg, dest, "only applies to --env episodes; add --env or remove it")
-    pairs = eval_pairs(cfg)
+    pairs, rewards = eval_pairs(cfg), cfg.rollout.rewards
     check_custom_path(cfg, "custom_rm_path")
-    if cfg.rollout.rewards.rm_type is not None and cfg.rollout.rewards.custom_rm_path is not None:
+    if rewards.rm_type is not None and rewards.custom_rm_path is not None:
         reject(cfg, ("rm_type", "custom_rm_path"), "two reward functions; keep one")
-    if cfg.rollout.rewards.rm_type in ("remote_rm", "genrm"):
+    if rewards.rm_type in ("remote_rm", "genrm"):
         reject(cfg, "rm_type", "relax eval scores with a local reward (--rm-type math, a "
                "built-in task's, --custom-rm-path); remote_rm and genrm are relax train's")
     if pairs is None:
-        if cfg.rollout.rewards.rm_type is not None and cfg.rollout.rewards.rm_type != cfg.rollout.data.builtin_task:
-            reject(cfg, "rm_type",
-                   f"the built-in task {cfg.rollout.data.builtin_task!r} brings its own "
-                   "reward; remove --rm-type or give --eval-prompt-data")
+        task = cfg.rollout.data.builtin_task
+        if rewards.rm_type is not None and rewards.rm_type != task:
+            reject(cfg, "rm_type", f"the built-in task {task!r} brings its own reward; remove "
+                   "--rm-type or give --eval-prompt-data")
         for dest in ("input_key", "label_key"):
             if value_of(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, "only applies to --eval-prompt-data; remove it")
@@ -133,7 +133,7 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
             reject(cfg, "builtin_task", "is only used without --eval-prompt-data; remove one "
                    "of them")
         files = [p for _, p in pairs if not is_reasoning_gym(p)]
-        if files and cfg.rollout.rewards.rm_type is None and cfg.rollout.rewards.custom_rm_path is None:
+        if files and rewards.rm_type is None and rewards.custom_rm_path is None:
             raise ConfigError(f"--eval-prompt-data {files[0]}", "needs a reward; add --rm-type "
                               "math or --custom-rm-path module:function")
     check_gym_answer(cfg, explicit, [p for _, p in pairs or ()])
