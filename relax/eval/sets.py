@@ -64,7 +64,7 @@ def _eval_reward(cfg, reasoning_gym: bool):
     ``--rm-type remote_rm`` (relax train only), or rewards.py's, called per prompt's samples
     with ``--group-rm``."""
     if cfg.rollout.rewards.rm_type == "remote_rm":
-        remote = RemoteRewardModel.of(cfg.rollout)
+        remote = RemoteRewardModel.of(cfg.rollout.rewards)
         return remote, remote.name
     fn, name = build_reward_fn(cfg.rollout.rewards.custom_rm_path, _eval_reward_type(cfg),
                                gym_answer=cfg.rollout.data.reasoning_gym_answer if reasoning_gym else None)

@@ -39,7 +39,7 @@ class Scorer:
         if judge is not None:
             self.reward_fn, self.reward_name = judge, f"--genrm-model-path {rollout.rewards.genrm_model_path}"
         elif rm_type == "remote_rm":
-            self.remote = RemoteRewardModel.of(rollout)
+            self.remote = RemoteRewardModel.of(rollout.rewards)
             self.remote.check_reachable()  # before any model is loaded: exit 2 naming --rm-url
             self.reward_fn, self.reward_name = self.remote, self.remote.name
         else:
