@@ -29,13 +29,13 @@ import time
 import torch
 
 from relax.algorithms import (
-    AdvantageSettings,
     compute_advantages_and_returns,
     gspo_loss,
     ppo_clip_loss,
     response_mean,
     sapo_loss,
 )
+from relax.config.sections import AlgorithmSection
 
 
 def loop_returns(rewards, old, ref, mask, kl_coef, gamma):
@@ -90,8 +90,8 @@ def main() -> None:
     rewards, old, ref, mask, group_index, adv = make_batch(B, T)
     lp = (old + 0.05 * torch.randn(B, T)).requires_grad_(True)
 
-    rpp = lambda gamma: AdvantageSettings("reinforce_plus_plus", True, gamma, 0.01)  # noqa: E731
-    base = AdvantageSettings("reinforce_plus_plus_baseline", True)
+    rpp = lambda gamma: AlgorithmSection("reinforce_plus_plus", True, gamma, 0.01)  # noqa: E731
+    base = AlgorithmSection("reinforce_plus_plus_baseline", True)
 
     def loss_fwd_bwd(loss, **kw):
         def run():

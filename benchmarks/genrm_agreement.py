@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from types import SimpleNamespace
 
 import torch
 
 from relax import models
+from relax.config.sections import DataSection, RewardsSection, RolloutSection
 from relax.rollout.data import format_prompt, load_source
 from relax.rollout.generate import tokenize_prompts
 from relax.rollout.reasoning_gym_source import make_reward
@@ -53,14 +53,14 @@ def _parse_args():
 
 def _build(args, device):
     """The prompts, the policy's tokenizer and sampler, and the judge."""
-    cfg = SimpleNamespace(reasoning_gym_answer="last_number", system_prompt=None)
+    cfg = RolloutSection(data=DataSection(reasoning_gym_answer="last_number"))
     items = load_source(SPEC, "--prompt-data", cfg, role="train")
     tokenizer = models.load_tokenizer(args.model)
     policy = models.load_policy(args.model, tokenizer, device, seed=args.seed).eval()
     sampler = Sampler(policy, eos_token_ids=models.eos_token_ids(tokenizer, policy),
                       pad_token_id=tokenizer.pad_token_id, params=SamplingParams(args.temperature),
                       bf16=False, device=device)
-    judge = build_judge(SimpleNamespace(
+    judge = build_judge(RewardsSection(
         rm_type="genrm", genrm_model_path=args.judge or args.model,
         genrm_prompt_template=args.template, genrm_max_response_len=args.judge_max_len),
         device, bf16=False)

@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from relax.config.sections import AlgorithmSection
 from relax.models import load_policy, load_tokenizer
 from relax.precision import autocast
 from relax.trainer.experience import Experience
@@ -79,7 +80,8 @@ def whole_update(model, exp: Experience, repeats: int) -> list[float]:
     exp.advantages = torch.where(exp.response_mask, torch.randn(exp.response_mask.shape,
                                                                 generator=g), 0.0)
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
-    s = LossSettings(estimator="grpo", use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.04)
+    s = LossSettings(AlgorithmSection(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
+                                      kl_loss_coef=0.04))
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)
     out = []
     for _ in range(repeats + 1):

@@ -105,9 +105,9 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 
-    from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+    from relax.algorithms import compute_advantages_and_returns
     from relax.config import parse_train_config
-    from relax.trainer import build
+    from relax.trainer import parts
     from relax.trainer.distributed import DistContext
     from relax.trainer.update import LossSettings, micro_batch_loss, train_on_rollout
 
@@ -118,11 +118,9 @@ def main(argv=None) -> None:
     argv = C.relax_command(model_dir, data, a.steps, os.path.join(a.workdir, "lockstep-relax"),
                            beta=a.beta, lr=a.lr, seed=a.seed)
     cfg = parse_train_config(argv[argv.index("train") + 1:])
-    adv = AdvantageSettings(estimator=cfg.advantage_estimator,
-                            normalize_advantages=cfg.normalize_advantages, gamma=cfg.gamma,
-                            kl_coef=cfg.kl_coef,
-                            std_normalization=not cfg.disable_grpo_std_normalization)
-    loss = LossSettings.from_config(cfg)
+    adv = cfg.algorithm  # the dispatcher and the loss take the algorithm section as it is
+    loss = LossSettings(cfg.algorithm, temperature=cfg.rollout.sampling.temperature,
+                        layout=cfg.batches.pass_layout)
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     B = C.PROMPTS * C.SAMPLES
     group = torch.arange(C.PROMPTS).repeat_interleave(C.SAMPLES)
@@ -132,7 +130,7 @@ def main(argv=None) -> None:
     replicas = []
     for mbs in (B, B // 4, B):
         m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
-        replicas.append((m, build.build_optimizer(m, cfg), mbs))
+        replicas.append((m, parts.build_optimizer(m, cfg.optimizer), mbs))
     print("step | reward | max |A_relax - A_trl| | |relax - trl| | moved: trl, relax | "
           f"|relax mbs {B} - mbs {B // 4}| | |relax on TRL's A - trl|")
     for t, inputs in enumerate(rec["inputs"]):
@@ -145,7 +143,7 @@ def main(argv=None) -> None:
         trl_adv.advantages = torch.where(exp.response_mask, inputs["advantages"][:, None], 0.0)
         for (m, opt, mbs), batch in zip(replicas, (exp, copy.deepcopy(exp), trl_adv), strict=True):
             train_on_rollout(m, opt, batch, loss, ctx, global_batch_size=B,
-                             micro_batch_size=mbs, clip_grad=cfg.clip_grad)
+                             micro_batch_size=mbs, clip_grad=cfg.optimizer.clip_grad)
         (m, _, _), (m2, _, _), (m3, _, _) = replicas
         trl_params = rec["params"][t]
         print(f"{t + 1} | {rewards.mean():.4f} | {gap:.1e} | "
@@ -179,7 +177,8 @@ def main(argv=None) -> None:
         g_trl = gradient(lambda m, batch=batch: trainer._compute_loss(m, batch), trl_head=True)
         exp = experience(inputs, inputs.get("ref_per_token_logps"))
         exp.advantages = torch.where(exp.response_mask, advantages[:, None], 0.0)
-        s = dataclasses.replace(loss, use_kl_loss=beta > 0, kl_loss_coef=beta)
+        s = dataclasses.replace(loss, algorithm=dataclasses.replace(
+            loss.algorithm, use_kl_loss=beta > 0, kl_loss_coef=beta))
         g_relax = gradient(lambda m, exp=exp, s=s: micro_batch_loss(
             m, exp, s, num_responses=B, num_tokens=None)[0])
         cos = torch.nn.functional.cosine_similarity(g_trl, g_relax, dim=0)

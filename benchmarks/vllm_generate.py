@@ -23,11 +23,11 @@ import os
 import statistics
 import tempfile
 import time
-from types import SimpleNamespace
 
 import torch
 
 from relax import models
+from relax.config.sections import DataSection, RolloutSection
 from relax.rollout.data import format_prompt, load_source
 from relax.rollout.generate import tokenize_prompts
 from relax.rollout.sampler import Sampler, SamplingParams
@@ -59,7 +59,7 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the server inherits it
     tokenizer = models.load_tokenizer(args.model)
     model = models.load_policy(args.model, tokenizer, torch.device("cpu"), seed=0).eval()
-    cfg = SimpleNamespace(reasoning_gym_answer="last_number", system_prompt=None)
+    cfg = RolloutSection(data=DataSection(reasoning_gym_answer="last_number"))
     samples = load_source(SPEC, "--prompt-data", cfg, role="train")[:args.batch]
     texts = [format_prompt(tokenizer, s.prompt, apply_chat_template=True, system_prompt=None)
              for s in samples]

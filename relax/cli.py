@@ -48,7 +48,7 @@ def _run_train(argv: list[str]) -> int:
         cfg = parse_train_config(argv)
     except ConfigError as e:
         return _error("relax train", str(e))
-    if cfg.dry_run:
+    if cfg.run.dry_run:
         print(config_to_json(cfg))
         return 0
     # Under torchrun every rank parses the same flags; rank 0 claims the directories (checks,

@@ -34,10 +34,10 @@ def _check_model_dir(path: str, flag: str) -> None:
 
 def check_model_paths(cfg) -> None:
     """Fail before anything is loaded when a model directory is missing."""
-    if cfg.hf_checkpoint:
-        _check_model_dir(cfg.hf_checkpoint, "--hf-checkpoint")
-    if cfg.ref_load:
-        _check_model_dir(cfg.ref_load, "--ref-load")
+    if cfg.model.hf_checkpoint:
+        _check_model_dir(cfg.model.hf_checkpoint, "--hf-checkpoint")
+    if cfg.model.ref_load:
+        _check_model_dir(cfg.model.ref_load, "--ref-load")
 
 
 def load_tokenizer(path: str | None, flag: str = "--hf-checkpoint"):
@@ -124,10 +124,10 @@ def load_reference(cfg, tokenizer, device: torch.device, *, bf16: bool = False):
     """The frozen reference: ``--ref-load``, else the initial policy weights; stored in bf16
     when the forward passes run in bf16 (it is never trained)."""
     dtype = torch.bfloat16 if bf16 else torch.float32
-    if cfg.ref_load or cfg.hf_checkpoint:
-        model = _from_pretrained(cfg.ref_load or cfg.hf_checkpoint, dtype)
+    if cfg.model.ref_load or cfg.model.hf_checkpoint:
+        model = _from_pretrained(cfg.model.ref_load or cfg.model.hf_checkpoint, dtype)
     else:
-        model = build_tiny_model(tokenizer, cfg.seed).to(dtype)
+        model = build_tiny_model(tokenizer, cfg.run.seed).to(dtype)
     model.requires_grad_(False)
     return model.to(device).eval()
 

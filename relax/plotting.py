@@ -56,6 +56,14 @@ class Run:
     series: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> step -> value
 
 
+def _estimator_of(saved: dict, default: str) -> str:
+    """The estimator of a config.json: by section, or flat as written before sections."""
+    algorithm = saved.get("algorithm")
+    if isinstance(algorithm, dict):
+        return algorithm.get("estimator", default)
+    return saved.get("advantage_estimator", default)
+
+
 def load_run(path: str) -> Run:
     """Read ``path/metrics.jsonl`` (later rows win for a repeated step, as after a resume)."""
     metrics_path = os.path.join(path, "metrics.jsonl")
@@ -66,7 +74,7 @@ def load_run(path: str) -> Run:
     if os.path.isfile(config_path):
         try:
             with open(config_path, encoding="utf-8") as f:
-                estimator = json.load(f).get("advantage_estimator", estimator)
+                estimator = _estimator_of(json.load(f), estimator)
         except UnicodeDecodeError as e:
             raise PlotError(f"{config_path}: not UTF-8 text (byte {e.start})") from None
         except (json.JSONDecodeError, AttributeError) as e:

@@ -57,7 +57,8 @@ def _earlier_relax_run(path: str) -> bool:
             config = json.load(f)
     except (OSError, ValueError):
         return False
-    return (isinstance(config, dict) and "advantage_estimator" in config
+    # by section (``algorithm``), or flat as written before sections
+    return (isinstance(config, dict) and ("advantage_estimator" in config or "algorithm" in config)
             and os.path.isfile(os.path.join(path, "metrics.jsonl")))
 
 
@@ -133,13 +134,15 @@ def _mark(path: str, marker: str, kind: str) -> None:
 
 
 def _distinct(cfg) -> None:
-    models = {"--hf-checkpoint": _real(cfg.hf_checkpoint), "--ref-load": _real(cfg.ref_load)}
-    out, save = _real(cfg.output_dir), _real(cfg.save)
+    models = {"--hf-checkpoint": _real(cfg.model.hf_checkpoint),
+              "--ref-load": _real(cfg.model.ref_load)}
+    out, save = _real(cfg.run.output_dir), _real(cfg.checkpoint.save)
     if save is not None and out == save:
-        raise InputError(f"--output-dir {cfg.output_dir} and --save {cfg.save}: the same "
+        raise InputError(f"--output-dir {cfg.run.output_dir} and --save {cfg.checkpoint.save}: the same "
                          "directory; the run's config.json would overwrite the saved model's; "
                          "give them different directories")
-    for flag, value, real in (("--output-dir", cfg.output_dir, out), ("--save", cfg.save, save)):
+    for flag, value, real in (("--output-dir", cfg.run.output_dir, out),
+                              ("--save", cfg.checkpoint.save, save)):
         for model_flag, model in models.items():
             if real is not None and real == model:
                 raise InputError(f"{flag} {value}: is the {model_flag} model directory; Relax "
@@ -149,22 +152,23 @@ def _distinct(cfg) -> None:
 def claim_train_dirs(cfg) -> None:
     """All checks of the module docstring for ``relax train``; raises :class:`InputError`."""
     _distinct(cfg)
-    _check_kind(cfg.output_dir, "--output-dir", (OUTPUT_MARKER,), "run output directories")
-    fresh = cfg.load is None
-    if fresh and os.path.isfile(os.path.join(cfg.output_dir, "metrics.jsonl")):
-        raise InputError(f"--output-dir {cfg.output_dir}: holds metrics.jsonl of an earlier "
+    _check_kind(cfg.run.output_dir, "--output-dir", (OUTPUT_MARKER,), "run output directories")
+    fresh = cfg.checkpoint.load is None
+    if fresh and os.path.isfile(os.path.join(cfg.run.output_dir, "metrics.jsonl")):
+        raise InputError(f"--output-dir {cfg.run.output_dir}: holds metrics.jsonl of an earlier "
                          "run; continue that run with --load SAVE_DIR, or choose a new "
                          "--output-dir")
-    if cfg.save is not None:
-        _check_kind(cfg.save, "--save", (SAVE_DIR_MARKER, SAVE_MARKER), "save directories")
-        if os.path.isdir(cfg.save) and _has_checkpoints(cfg.save) and (
-                fresh or _real(cfg.load) != _real(cfg.save)):
-            how = (f"continue it with --load {cfg.save}" if fresh else
-                   f"save into --save {cfg.load} to continue the run you load")
-            raise InputError(f"--save {cfg.save}: holds checkpoints of an earlier run; {how}, or "
+    if cfg.checkpoint.save is not None:
+        _check_kind(cfg.checkpoint.save, "--save", (SAVE_DIR_MARKER, SAVE_MARKER),
+                    "save directories")
+        if os.path.isdir(cfg.checkpoint.save) and _has_checkpoints(cfg.checkpoint.save) and (
+                fresh or _real(cfg.checkpoint.load) != _real(cfg.checkpoint.save)):
+            how = (f"continue it with --load {cfg.checkpoint.save}" if fresh else
+                   f"save into --save {cfg.checkpoint.load} to continue the run you load")
+            raise InputError(f"--save {cfg.checkpoint.save}: holds checkpoints of an earlier run; {how}, or "
                              "choose an empty --save directory")
-    for flag, path, marker, kind in (("--output-dir", cfg.output_dir, OUTPUT_MARKER, "output"),
-                                     ("--save", cfg.save, SAVE_DIR_MARKER, "save")):
+    for flag, path, marker, kind in (("--output-dir", cfg.run.output_dir, OUTPUT_MARKER, "output"),
+                                     ("--save", cfg.checkpoint.save, SAVE_DIR_MARKER, "save")):
         if path is None:
             continue
         _make_writable(path, flag)
@@ -174,16 +178,16 @@ def claim_train_dirs(cfg) -> None:
 
 def claim_eval_dir(cfg) -> None:
     """``relax eval --output-dir``: new, empty or an earlier eval's; writable; locked."""
-    if cfg.output_dir is None:
+    if cfg.run.output_dir is None:
         return
-    if _real(cfg.output_dir) == _real(cfg.checkpoint):
-        raise InputError(f"--output-dir {cfg.output_dir}: is the checkpoint being evaluated; "
+    if _real(cfg.run.output_dir) == _real(cfg.checkpoint):
+        raise InputError(f"--output-dir {cfg.run.output_dir}: is the checkpoint being evaluated; "
                          "choose another directory")
-    _check_kind(cfg.output_dir, "--output-dir", (OUTPUT_MARKER, "eval_metrics.json"),
+    _check_kind(cfg.run.output_dir, "--output-dir", (OUTPUT_MARKER, "eval_metrics.json"),
                 "output directories")
-    _make_writable(cfg.output_dir, "--output-dir")
-    _lock(cfg.output_dir, "--output-dir")
-    _mark(cfg.output_dir, OUTPUT_MARKER, "eval")
+    _make_writable(cfg.run.output_dir, "--output-dir")
+    _lock(cfg.run.output_dir, "--output-dir")
+    _mark(cfg.run.output_dir, OUTPUT_MARKER, "eval")
 
 
 # fp32 weights + AdamW's two fp32 moments per parameter; the tokenizer and manifest are small

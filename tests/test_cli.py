@@ -14,6 +14,7 @@ import types
 import pytest
 
 from relax.cli import COMMANDS, main
+from relax.config import config_to_json
 
 TIMEOUT = 120  # a hang is a failure; the real runs take well under a second
 
@@ -43,7 +44,7 @@ def test_help():
     assert code == 0 and err == "" and "train" in out
     code, out, err = call(["train", "--help"])
     assert code == 0 and err == ""
-    for title in ("algorithm:", "batches:", "model and data:", "optimizer:", "modes:", "run:"):
+    for title in ("algorithm:", "batches:", "rollout.data:", "optimizer:", "system:", "run:"):
         assert title in out
     assert "reinforce_plus_plus.md §8" in out and "Default 0.2" in out
 
@@ -62,7 +63,7 @@ def test_dry_run_subprocess_prints_json_and_loads_nothing_heavy():
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     cfg = json.loads(proc.stdout)
-    assert cfg["advantage_estimator"] == "grpo" and cfg["builtin_preset_applied"] is True
+    assert cfg["algorithm"]["estimator"] == "grpo" and cfg["builtin_preset_applied"] is True
     probe = ("import sys, contextlib, io\n"
              "from relax.cli import main\n"
              "with contextlib.redirect_stdout(io.StringIO()):\n"
@@ -91,7 +92,7 @@ def fake_trainer(monkeypatch):
     module = types.ModuleType("relax.trainer")
 
     def train(cfg):
-        calls.append((cfg, os.path.exists(os.path.join(cfg.output_dir, "config.json"))))
+        calls.append((cfg, os.path.exists(os.path.join(cfg.run.output_dir, "config.json"))))
         return module.status
 
     module.train = train
@@ -116,7 +117,8 @@ def test_real_run_writes_config_then_calls_trainer(tmp_path, fake_trainer):
     (cfg, written_before_train), = calls
     assert written_before_train
     saved = json.loads((out / "config.json").read_text())
-    assert saved == cfg.to_dict() and saved["seed"] == 7 and saved["dry_run"] is False
+    assert saved == json.loads(config_to_json(cfg))
+    assert saved["run"]["seed"] == 7 and saved["run"]["dry_run"] is False
     # a new directory is created; a rejected run writes nothing and never trains
     code, _, _ = call(["train", "--output-dir", str(tmp_path / "new" / "run")])
     assert code == 3 and (tmp_path / "new" / "run" / "config.json").is_file()

@@ -38,7 +38,8 @@ def test_dry_run_validates_the_source_without_generating(model_dir):
                 "--num-rollout", "2", "--reasoning-gym-answer", "last_number", "--dry-run")
     assert out.returncode == 0, out.stderr
     cfg = json.loads(out.stdout)
-    assert cfg["prompt_data"].startswith("reasoning-gym:") and cfg["log_samples"] == 4
+    assert (cfg["rollout"]["data"]["prompt_data"].startswith("reasoning-gym:")
+            and cfg["run"]["log_samples"] == 4)
     # a billion items would never finish generating: refused at validation, naming the bound
     out = relax("train", "--hf-checkpoint", model_dir, "--prompt-data", ARITH.format(n=10**9),
                 "--num-rollout", "2", "--reasoning-gym-answer", "last_number", "--dry-run")

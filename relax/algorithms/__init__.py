@@ -20,7 +20,7 @@ token_mean
 rloo_loss                      :mod:`relax.algorithms.losses`         5a
 cispo_loss                     :mod:`relax.algorithms.losses`         5b
 compute_advantages_and_returns :mod:`relax.algorithms.registry`       3-6, 10
-mismatch_sums, tis_weights,    :mod:`relax.algorithms.off_policy`     7a
+mismatch_sums, tis_weights,    :mod:`relax.algorithms.sampler_mismatch`     7a
 opsm_keep
 distilled_advantages,          :mod:`relax.algorithms.distillation`   7b
 opd_reverse_kl, opd_metrics
@@ -59,17 +59,15 @@ from relax.algorithms.normalization import (
     masked_population_normalize,
     masked_whiten,
 )
-from relax.algorithms.off_policy import mismatch_sums, opsm_keep, tis_weights
 from relax.algorithms.registry import (
     ESTIMATORS,
     AdvantageOutput,
-    AdvantageSettings,
     Estimator,
-    PolicyLossSettings,
     compute_advantages_and_returns,
     compute_policy_loss,
     get_estimator,
 )
+from relax.algorithms.sampler_mismatch import mismatch_sums, opsm_keep, tis_weights
 from relax.algorithms.self_distillation import generalized_jsd, opsd_token_terms
 from relax.algorithms.value import (
     clipped_value_loss,
@@ -83,9 +81,7 @@ __all__ = [
     "KL_KINDS",
     "ESTIMATORS",
     "AdvantageOutput",
-    "AdvantageSettings",
     "Estimator",
-    "PolicyLossSettings",
     "NormalizationStats",
     "OPD_TERMS",
     "approx_kl",

@@ -37,31 +37,8 @@ from relax.algorithms.normalization import (
 )
 from relax.algorithms.value import gae_advantages, terminal_rewards
 from relax.collectives import all_reduce
+from relax.config.algorithm import AlgorithmSection
 from relax.estimators import FACTS, EstimatorFacts, facts
-
-
-@dataclass(frozen=True)
-class AdvantageSettings:
-    """Algorithm settings the dispatcher needs (resolved from the command line)."""
-
-    estimator: str
-    normalize_advantages: bool = False
-    gamma: float = 1.0  # read where ``facts.reads_gamma``
-    kl_coef: float = 0.0  # reward-shaping beta, read where ``facts.kl_in_reward``
-    std_normalization: bool = True  # read where ``facts.reads_std_normalization``
-    lambd: float = 1.0  # the GAE lambda, read where ``facts.needs_critic`` (§5c)
-
-
-@dataclass(frozen=True)
-class PolicyLossSettings:
-    """The knobs of the policy losses (reinforce_plus_plus.md §7); each loss reads its own
-    (:data:`relax.estimators.LOSS_FLAGS`)."""
-
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    eps_clip_c: float | None = None
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
 
 
 @dataclass(frozen=True)
@@ -87,48 +64,48 @@ class AdvantageOutput:
     metrics: dict[str, Tensor]
 
 
-def _rpp_returns(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
+def _rpp_returns(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
     return reinforce_plus_plus_returns(b.rewards, b.old_log_probs, b.ref_log_probs, b.mask,
                                        kl_coef=s.kl_coef, gamma=s.gamma)
 
 
-def _baseline(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
+def _baseline(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
     return reinforce_plus_plus_baseline_advantages(b.rewards, b.group_index, b.mask)
 
 
-def _group_relative(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
+def _group_relative(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
     return group_relative_advantages(b.rewards, b.group_index, b.mask,
-                                     std_normalization=s.std_normalization)
+                                     std_normalization=not s.disable_std_normalization)
 
 
-def _leave_one_out(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
+def _leave_one_out(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
     return rloo_advantages(b.rewards, b.group_index, b.mask)
 
 
-def _gae(b: RolloutBatch, s: AdvantageSettings) -> Tensor:
+def _gae(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
     return gae_advantages(terminal_rewards(b.rewards, b.mask), b.values, b.mask,
                           gamma=s.gamma, lambd=s.lambd)
 
 
-def _ppo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
+def _ppo(lp, old, adv, mask, p: AlgorithmSection) -> tuple[Tensor, Tensor]:
     return ppo_clip_loss(lp, old, adv, mask, eps_clip=p.eps_clip,
                          eps_clip_high=p.eps_clip_high, eps_clip_c=p.eps_clip_c)
 
 
-def _gspo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
+def _gspo(lp, old, adv, mask, p: AlgorithmSection) -> tuple[Tensor, Tensor]:
     return gspo_loss(lp, old, adv, mask, eps_clip=p.eps_clip, eps_clip_high=p.eps_clip_high)
 
 
-def _sapo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
-    pg = sapo_loss(lp, old, adv, mask, tau_pos=p.tau_pos, tau_neg=p.tau_neg)
+def _sapo(lp, old, adv, mask, p: AlgorithmSection) -> tuple[Tensor, Tensor]:
+    pg = sapo_loss(lp, old, adv, mask, tau_pos=p.sapo_tau_pos, tau_neg=p.sapo_tau_neg)
     return pg, torch.zeros_like(pg, dtype=torch.bool)  # no clip: nothing is ever clipped
 
 
-def _cispo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
+def _cispo(lp, old, adv, mask, p: AlgorithmSection) -> tuple[Tensor, Tensor]:
     return cispo_loss(lp, old, adv, mask, eps_clip=p.eps_clip, eps_clip_high=p.eps_clip_high)
 
 
-def _rloo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
+def _rloo(lp, old, adv, mask, p: AlgorithmSection) -> tuple[Tensor, Tensor]:
     pg = rloo_loss(lp, adv, mask)  # no ratio: pi_old is not read (§5a)
     return pg, torch.zeros_like(pg, dtype=torch.bool)
 
@@ -136,7 +113,7 @@ def _rloo(lp, old, adv, mask, p: PolicyLossSettings) -> tuple[Tensor, Tensor]:
 @dataclass(frozen=True)
 class Estimator:
     facts: EstimatorFacts
-    raw_advantages: Callable[[RolloutBatch, AdvantageSettings], Tensor]
+    raw_advantages: Callable[[RolloutBatch, AlgorithmSection], Tensor]
     policy_loss: Callable[..., tuple[Tensor, Tensor]]  # (lp, old, adv, mask, settings) -> (pg, clipped)
 
     @property
@@ -167,7 +144,7 @@ def get_estimator(name: str) -> Estimator:
     return ESTIMATORS[facts(name).name]
 
 
-def _checked_batch(f: EstimatorFacts, s: AdvantageSettings, rewards, mask, group_index,
+def _checked_batch(f: EstimatorFacts, s: AlgorithmSection, rewards, mask, group_index,
                    old_log_probs, ref_log_probs, values=None) -> RolloutBatch:
     if f.frozen and not s.normalize_advantages:
         raise ValueError(
@@ -199,7 +176,7 @@ def _checked_batch(f: EstimatorFacts, s: AdvantageSettings, rewards, mask, group
 
 
 def compute_advantages_and_returns(
-    settings: AdvantageSettings,
+    settings: AlgorithmSection,
     rewards: Tensor,
     mask: Tensor,
     *,
@@ -260,14 +237,14 @@ def compute_policy_loss(
     old_log_probs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    settings: PolicyLossSettings | None = None,
+    settings: AlgorithmSection | None = None,
     **knobs,
 ) -> tuple[Tensor, Tensor]:
     """The estimator's per-token policy loss ``(pg [B, T], clipped [B, T] bool)`` (§7).
 
-    ``settings`` (or the same fields as keywords: ``eps_clip``, ``eps_clip_high``,
-    ``eps_clip_c``, ``tau_pos``, ``tau_neg``). SAPO and RLOO have no clip; their ``clipped`` is
+    ``settings``: the algorithm section (or its loss fields as keywords: ``eps_clip``,
+    ``eps_clip_high``, ``eps_clip_c``, ``sapo_tau_pos``, ``sapo_tau_neg``). SAPO and RLOO have no clip; their ``clipped`` is
     all False."""
     if settings is None:
-        settings = PolicyLossSettings(**knobs)
+        settings = AlgorithmSection(**knobs)
     return get_estimator(estimator).policy_loss(log_probs, old_log_probs, advantages, mask, settings)

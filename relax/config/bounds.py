@@ -10,6 +10,7 @@ reasoning-gym ``size`` bound lives with the spec parser (relax/config/gym_spec.p
 from __future__ import annotations
 
 from relax.config.checks import reject
+from relax.config.section import value_of
 
 MAX_SAMPLES_PER_STEP = 1 << 20  # samples (or episodes) one rollout step or round generates
 MAX_ROUNDS = 1000  # --dynamic-sampling-max-rounds
@@ -31,20 +32,20 @@ FLOAT32_FLAGS = ("tis_clip", "tis_clip_low", "eps_clip", "eps_clip_high", "eps_c
 
 def check_bounds(cfg) -> None:
     """Raise ConfigError for the first count of ``cfg`` (a TrainConfig) past its bound."""
-    n = cfg.n_samples_per_prompt
+    n = cfg.batches.samples_per_prompt
     for dest in ("rollout_batch_size", "over_sampling_batch_size"):
-        prompts = getattr(cfg, dest)
+        prompts = value_of(cfg, dest)
         if prompts is not None and prompts * n > MAX_SAMPLES_PER_STEP:
             reject(cfg, (dest, "n_samples_per_prompt"), f"{prompts} x {n} = {prompts * n} "
                    f"samples per rollout step, more than the bound of {MAX_SAMPLES_PER_STEP}; "
                    "use fewer prompts or samples per step")
-    if cfg.dynamic_sampling_max_rounds > MAX_ROUNDS:
+    if cfg.batches.max_rounds > MAX_ROUNDS:
         reject(cfg, "dynamic_sampling_max_rounds", f"must be <= {MAX_ROUNDS} rounds per "
                "rollout step")
     check_shared_bounds(cfg)
     check_float32(cfg, FLOAT32_FLAGS)
     for dest in ("rollout_max_response_len", "eval_max_response_len"):
-        value = getattr(cfg, dest)
+        value = value_of(cfg, dest)
         if value is not None and value > MAX_TOKENS:
             reject(cfg, dest, f"must be <= {MAX_TOKENS} tokens")
 
@@ -53,15 +54,15 @@ def check_shared_bounds(cfg) -> None:
     """The bounds ``relax train`` and ``relax eval`` share: turns, evaluation episodes, the
     host memory-map threshold and the evaluation temperature's float32 range."""
     check_float32(cfg, ("eval_temperature",))
-    if not 0 <= cfg.host_mmap_threshold_kb <= MAX_MMAP_THRESHOLD_KB:
+    if not 0 <= cfg.system.host_mmap_threshold_kb <= MAX_MMAP_THRESHOLD_KB:
         reject(cfg, "host_mmap_threshold_kb", f"must be between 0 (glibc's dynamic threshold) "
                f"and {MAX_MMAP_THRESHOLD_KB} KiB, glibc's largest")
-    if cfg.max_turns > MAX_TURNS:
+    if cfg.rollout.episodes.max_turns > MAX_TURNS:
         reject(cfg, "max_turns", f"must be <= {MAX_TURNS} model turns per episode")
-    plays = cfg.eval_episodes * cfg.n_samples_per_eval_prompt
+    plays = cfg.evaluation.episodes * cfg.evaluation.n_samples
     if plays > MAX_SAMPLES_PER_STEP:
-        reject(cfg, ("eval_episodes", "n_samples_per_eval_prompt"), f"{cfg.eval_episodes} x "
-               f"{cfg.n_samples_per_eval_prompt} = {plays} episodes per evaluation, more than "
+        reject(cfg, ("eval_episodes", "n_samples_per_eval_prompt"), f"{cfg.evaluation.episodes} x "
+               f"{cfg.evaluation.n_samples} = {plays} episodes per evaluation, more than "
                f"the bound of {MAX_SAMPLES_PER_STEP}")
 
 
@@ -69,7 +70,7 @@ def check_float32(cfg, dests) -> None:
     """Each of ``dests`` that ``cfg`` holds (None: unset) is 0 or a normal float32 in
     magnitude, [1.2e-38, 3.4e38]; the message names the flag and the range."""
     for dest in dests:
-        value = getattr(cfg, dest, None)
+        value = value_of(cfg, dest, None)
         if value is None or value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
             continue
         side = "beyond" if abs(value) > FLOAT32_MAX else "below"

@@ -15,13 +15,14 @@ import re
 from relax.config.constants import LIBRARIES
 from relax.config.gym_spec import PREFIX as GYM_PREFIX
 from relax.config.gym_spec import is_reasoning_gym, parse_spec
+from relax.config.section import value_of
 from relax.errors import ConfigError, InputError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def _fmt(value) -> str:
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return " ".join(map(str, value))
     if isinstance(value, float):
         return f"{value:g}"
@@ -36,7 +37,7 @@ def head(cfg, *dests: str) -> str:
     """``--flag VALUE`` for each field (bare ``--flag`` for switches)."""
     parts = []
     for dest in dests:
-        value = getattr(cfg, dest)
+        value = value_of(cfg, dest)
         parts.append(flag_of(dest) if isinstance(value, bool) else f"{flag_of(dest)} {_fmt(value)}")
     return " ".join(parts)
 
@@ -47,19 +48,12 @@ def reject(cfg, dests, reason: str):
     raise ConfigError(head(cfg, *dests), reason)
 
 
-def check_ranges(cfg, ranges: dict) -> None:
-    """``ranges``: field -> (predicate, what it must be)."""
-    for dest, (ok, what) in ranges.items():
-        if not ok(getattr(cfg, dest)):
-            reject(cfg, dest, what)
-
-
 def check_custom_path(cfg, dest: str) -> None:
     """``module:function`` or ``path/file.py:function``; the file or module must exist.
 
     A dotted module is found package by package on the file system (``find_spec`` on a dotted
     name would import the parents), so no user code runs during validation."""
-    value = getattr(cfg, dest)
+    value = value_of(cfg, dest)
     if value is None:
         return
     where, sep, func = value.rpartition(":")
@@ -91,7 +85,7 @@ def check_custom_path(cfg, dest: str) -> None:
 def check_env_name(cfg) -> None:
     """``--env``: gem:ID / textarena:ID with the library installed, or an importable
     'module:factory' / 'path/file.py:factory' (nothing is imported: relax/rollout/envs.py)."""
-    prefix, sep, env_id = cfg.env.partition(":")
+    prefix, sep, env_id = cfg.rollout.episodes.env.partition(":")
     if sep and prefix in LIBRARIES:
         if not env_id:
             reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
@@ -100,7 +94,7 @@ def check_env_name(cfg) -> None:
                    "a clone brings it (the README shows the commands by hand), or use a "
                    "'module:factory' environment")
         return
-    where, _, factory = cfg.env.rpartition(":")
+    where, _, factory = cfg.rollout.episodes.env.rpartition(":")
     if not where or not factory.isidentifier():
         reject(cfg, "env", "expected gem:ID, textarena:ID, 'module:factory' or "
                "'path/file.py:factory'")
@@ -124,7 +118,7 @@ def check_gym_answer(cfg, explicit: set[str], sources: list) -> None:
     if not any(is_reasoning_gym(s) for s in sources):
         reject(cfg, "reasoning_gym_answer", "applies only to reasoning-gym:NAME sources of "
                "--prompt-data / --eval-prompt-data; remove it")
-    if cfg.rm_type is not None or cfg.custom_rm_path is not None:
+    if cfg.rollout.rewards.rm_type is not None or cfg.rollout.rewards.custom_rm_path is not None:
         reject(cfg, "reasoning_gym_answer", "the reward comes from --rm-type / "
                "--custom-rm-path, which read the response themselves; remove one of them")
 
@@ -133,7 +127,7 @@ def eval_pairs(cfg) -> list[list[str]] | None:
     """``--eval-prompt-data`` tokens -> ``[[name, path], ...]``; the files must exist.
 
     One ``PATH`` names the set after the file stem (or the reasoning-gym dataset)."""
-    tokens = cfg.eval_prompt_data
+    tokens = cfg.evaluation.prompt_data
     if tokens is None:
         return None
     if len(tokens) == 1:

@@ -9,28 +9,29 @@ import shlex
 import shutil
 
 from relax.config.checks import check_env_name, flag_of, reject
+from relax.config.section import value_of
 
 
 def check_env(cfg, explicit: set[str]) -> None:
     """``--env``: the library is installed or the factory exists (nothing is imported); the
     environment scores the episodes, so prompt data and reward flags have nothing to do."""
-    if cfg.env is None:
-        if "max_turns" in explicit and not cfg.use_agentic_rollout:
+    if cfg.rollout.episodes.env is None:
+        if "max_turns" in explicit and not cfg.rollout.episodes.agentic:
             reject(cfg, "max_turns", "only applies to --env or --use-agentic-rollout episodes; "
                    "add one or remove it")
-        if cfg.env_step_timeout is not None:
+        if cfg.rollout.episodes.step_timeout is not None:
             reject(cfg, "env_step_timeout", "only applies to --env environments; add --env or "
                    "remove it (agent programs have --agent-timeout)")
         return
-    if cfg.use_agentic_rollout:
+    if cfg.rollout.episodes.agentic:
         reject(cfg, ("env", "use_agentic_rollout"), "two episode sources; keep one")
     check_env_name(cfg)
-    if cfg.fsdp:
+    if cfg.system.fsdp:
         reject(cfg, ("env", "fsdp"), "sharded generation needs every rank to run the same "
                "number of forward passes, and episodes end at different turns; remove --fsdp")
     for dest in ("prompt_data", "rm_type", "custom_rm_path", "builtin_task",
                  "eval_prompt_data"):
-        if dest in explicit and getattr(cfg, dest) is not None:
+        if dest in explicit and value_of(cfg, dest) is not None:
             why = ("evaluation plays --eval-episodes episodes of held-out environment seeds"
                    if dest == "eval_prompt_data" else
                    "the environment makes the prompts and scores the episodes")
@@ -41,17 +42,17 @@ def check_agents(cfg, explicit: set[str]) -> None:
     """``--use-agentic-rollout``: the command can start, and flags that only the trainer's own
     prompt formatting or reward would read are rejected (the agent writes the messages and
     reports the reward)."""
-    if not cfg.use_agentic_rollout:
+    if not cfg.rollout.episodes.agentic:
         for dest in ("agent_command", "agent_timeout"):
             if dest in explicit:
                 reject(cfg, dest, "only applies to --use-agentic-rollout; add it or remove "
                        f"{flag_of(dest)}")
         return
-    if cfg.agent_command is None:
+    if cfg.rollout.episodes.agent_command is None:
         reject(cfg, "use_agentic_rollout", "needs --agent-command CMD, the agent program to "
                "run per episode")
     try:
-        argv = shlex.split(cfg.agent_command)
+        argv = shlex.split(cfg.rollout.episodes.agent_command)
     except ValueError as e:
         reject(cfg, "agent_command", f"cannot be split into arguments ({e}); check the quotes")
     program = argv[0] if argv else ""
@@ -62,7 +63,7 @@ def check_agents(cfg, explicit: set[str]) -> None:
                "PATH; give a command that starts, e.g. 'python my_agent.py'")
     for dest in ("rm_type", "custom_rm_path", "apply_chat_template", "system_prompt",
                  "eval_interval", "fsdp"):
-        if getattr(cfg, dest) not in (None, False):
+        if value_of(cfg, dest) not in (None, False):
             why = {"eval_interval": "evaluation runs on prompts, not agent episodes",
                    "fsdp": "sharded generation needs every rank to run the same number of "
                            "forward passes, and agents call at their own pace"}.get(

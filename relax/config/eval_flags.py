@@ -18,7 +18,6 @@ is rejected rather than ignored. Nothing here imports torch.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from relax.config.bounds import check_shared_bounds
@@ -26,7 +25,6 @@ from relax.config.checks import (
     check_custom_path,
     check_env_name,
     check_gym_answer,
-    check_ranges,
     eval_pairs,
     flag_of,
     head,
@@ -36,27 +34,12 @@ from relax.config.gym_spec import is_reasoning_gym
 from relax.config.presets import BUILTIN_PRESET
 from relax.config.rollout_backend import check_eval_backend
 from relax.config.schema import EvalConfig, TrainConfig
+from relax.config.section import check_sections, flat_defaults, replace_flat, value_of
 from relax.errors import ConfigError
 
 # Fixed held-out prompts drawn per built-in task when no --eval-prompt-data is given.
 BUILTIN_EVAL_PROMPTS = 64
 
-# field -> (predicate, what it must be); None means "follow the rollout value".
-EVAL_RANGES = {
-    "n_samples_per_eval_prompt": (lambda v: v >= 1, "must be >= 1 responses per prompt"),
-    "eval_temperature": (lambda v: v is None or v >= 0.0,
-                         "must be >= 0 (0 is greedy decoding)"),
-    "eval_top_p": (lambda v: v is None or 0.0 < v <= 1.0,
-                   "must lie in (0, 1]; use 1.0 to turn it off"),
-    "eval_top_k": (lambda v: v is None or v == -1 or v >= 1,
-                   "must be >= 1, or -1 to turn top-k off"),
-    "eval_max_response_len": (lambda v: v is None or v >= 1, "must be >= 1 tokens"),
-    "eval_batch_size": (lambda v: v >= 1, "must be >= 1 sequences per generation call"),
-    "eval_episodes": (lambda v: v >= 1, "must be >= 1 episodes"),
-    "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
-    "env_step_timeout": (lambda v: v is None or 0.0 < v <= 86400.0,
-                         "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
-}
 # eval sampling field -> the rollout field it follows in ``relax train``
 FOLLOWS = {
     "eval_temperature": "rollout_temperature",
@@ -64,32 +47,31 @@ FOLLOWS = {
     "eval_top_k": "rollout_top_k",
     "eval_max_response_len": "rollout_max_response_len",
 }
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
+_DEFAULTS = flat_defaults(EvalConfig)
 # the fields that only matter when an evaluation runs (train: --eval-interval)
-EVAL_FIELDS = ("eval_prompt_data",
-               *(f for f in EVAL_RANGES if f not in ("max_turns", "env_step_timeout")),
+EVAL_FIELDS = ("eval_prompt_data", "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p",
+               "eval_top_k", "eval_max_response_len", "eval_batch_size", "eval_episodes",
                "eval_pass_threshold")
 
 
 def check_train_eval(cfg: TrainConfig, explicit: set[str]) -> None:
     """Evaluation rules of ``relax train``."""
-    if cfg.eval_interval is not None and cfg.eval_interval < 1:
+    if cfg.evaluation.interval is not None and cfg.evaluation.interval < 1:
         reject(cfg, "eval_interval", "must be >= 1 rollout steps")
-    check_ranges(cfg, EVAL_RANGES)
-    if "eval_episodes" in explicit and cfg.env is None:
+    if "eval_episodes" in explicit and cfg.rollout.episodes.env is None:
         reject(cfg, "eval_episodes", "only applies to --env (evaluation of prompts runs on "
                "--eval-prompt-data); remove it")
-    if cfg.eval_interval is None:
+    if cfg.evaluation.interval is None:
         for dest in EVAL_FIELDS:
             if dest in explicit:
                 reject(cfg, dest, "has no effect without --eval-interval N (evaluation only "
                        "runs every N rollout steps); add --eval-interval or remove it")
     pairs = eval_pairs(cfg)
-    if cfg.eval_interval is not None and pairs is None and cfg.prompt_data:
+    if cfg.evaluation.interval is not None and pairs is None and cfg.rollout.data.prompt_data:
         raise ConfigError(head(cfg, "eval_interval"), "with --prompt-data the evaluation set "
                           "must be given; add --eval-prompt-data NAME PATH")
-    if (pairs and is_reasoning_gym(cfg.prompt_data) and cfg.rm_type is None
-            and cfg.custom_rm_path is None):
+    if (pairs and is_reasoning_gym(cfg.rollout.data.prompt_data) and cfg.rollout.rewards.rm_type is None
+            and cfg.rollout.rewards.custom_rm_path is None):
         files = [p for _, p in pairs if not is_reasoning_gym(p)]
         if files:
             raise ConfigError(f"--eval-prompt-data {files[0]}", "a data file needs a reward, "
@@ -100,13 +82,13 @@ def check_train_eval(cfg: TrainConfig, explicit: set[str]) -> None:
 def resolved_train_eval(cfg: TrainConfig) -> dict:
     """The evaluation fields ``relax train`` resolves: the named sets and the sampling
     settings that follow the rollout's."""
-    values = {dest: getattr(cfg, rollout) for dest, rollout in FOLLOWS.items()
-              if getattr(cfg, dest) is None}
+    values = {dest: value_of(cfg, rollout) for dest, rollout in FOLLOWS.items()
+              if value_of(cfg, dest) is None}
     return {"eval_prompt_data": eval_pairs(cfg), **values}
 
 
 def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
-    check_ranges(cfg, EVAL_RANGES)
+    check_sections(cfg)
     check_shared_bounds(cfg)
     ckpt = cfg.checkpoint
     if not os.path.isdir(ckpt):
@@ -121,36 +103,37 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
         raise ConfigError(ckpt, "no config.json in it; give the --save directory of a run, a "
                           "directory written by relax export, a PEFT adapter directory, or "
                           "any Hugging Face model")
-    if cfg.output_dir is not None and os.path.exists(cfg.output_dir) and not os.path.isdir(
-            cfg.output_dir):
+    out = cfg.run.output_dir
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
         reject(cfg, "output_dir", "exists and is not a directory; choose another path")
     check_eval_backend(cfg, explicit)
-    if cfg.env is not None:
+    if cfg.rollout.episodes.env is not None:
         _check_eval_env(cfg, explicit)
         return None
     for dest in ("max_turns", "eval_episodes", "env_step_timeout"):
         if dest in explicit:
             reject(cfg, dest, "only applies to --env episodes; add --env or remove it")
-    pairs = eval_pairs(cfg)
+    pairs, rewards = eval_pairs(cfg), cfg.rollout.rewards
     check_custom_path(cfg, "custom_rm_path")
-    if cfg.rm_type is not None and cfg.custom_rm_path is not None:
+    if rewards.rm_type is not None and rewards.custom_rm_path is not None:
         reject(cfg, ("rm_type", "custom_rm_path"), "two reward functions; keep one")
-    if cfg.rm_type in ("remote_rm", "genrm"):
+    if rewards.rm_type in ("remote_rm", "genrm"):
         reject(cfg, "rm_type", "relax eval scores with a local reward (--rm-type math, a "
                "built-in task's, --custom-rm-path); remote_rm and genrm are relax train's")
     if pairs is None:
-        if cfg.rm_type is not None and cfg.rm_type != cfg.builtin_task:
-            reject(cfg, "rm_type", f"the built-in task {cfg.builtin_task!r} brings its own "
-                   "reward; remove --rm-type or give --eval-prompt-data")
+        task = cfg.rollout.data.builtin_task
+        if rewards.rm_type is not None and rewards.rm_type != task:
+            reject(cfg, "rm_type", f"the built-in task {task!r} brings its own reward; remove "
+                   "--rm-type or give --eval-prompt-data")
         for dest in ("input_key", "label_key"):
-            if getattr(cfg, dest) != _DEFAULTS[dest]:
+            if value_of(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, "only applies to --eval-prompt-data; remove it")
     else:
         if "builtin_task" in explicit:
             reject(cfg, "builtin_task", "is only used without --eval-prompt-data; remove one "
                    "of them")
         files = [p for _, p in pairs if not is_reasoning_gym(p)]
-        if files and cfg.rm_type is None and cfg.custom_rm_path is None:
+        if files and rewards.rm_type is None and rewards.custom_rm_path is None:
             raise ConfigError(f"--eval-prompt-data {files[0]}", "needs a reward; add --rm-type "
                               "math or --custom-rm-path module:function")
     check_gym_answer(cfg, explicit, [p for _, p in pairs or ()])
@@ -172,10 +155,10 @@ def resolve_eval_command(cfg: EvalConfig, explicit: set[str]) -> EvalConfig:
     the resolved config: named sets, and the sampling settings the training run used by
     default (the built-in preset's for the built-in model)."""
     pairs = _check_eval_command(cfg, explicit)
-    builtin_task = cfg.builtin_task if pairs is None and cfg.env is None else None
-    train_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    builtin_task = cfg.rollout.data.builtin_task if pairs is None and cfg.rollout.episodes.env is None else None
+    train_defaults = flat_defaults(TrainConfig)
     if builtin_task is not None:
         train_defaults.update(BUILTIN_PRESET)
     follow = {dest: train_defaults[rollout] for dest, rollout in FOLLOWS.items()
-              if getattr(cfg, dest) is None}
-    return dataclasses.replace(cfg, eval_prompt_data=pairs, builtin_task=builtin_task, **follow)
+              if value_of(cfg, dest) is None}
+    return replace_flat(cfg, eval_prompt_data=pairs, builtin_task=builtin_task, **follow)

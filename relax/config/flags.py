@@ -1,6 +1,7 @@
-"""The ``relax train`` and ``relax eval`` parsers, built from the fields of
-:mod:`relax.config.schema` (flag = ``--`` + field name with ``-``; help and default from the
-field, "Default X." written from the field's default).
+"""The ``relax train`` and ``relax eval`` parsers, built from the leaves of the sections
+(:mod:`relax.config.schema`; flag = ``--`` + the field's dest with ``-``; help and default
+from the field, "Default X." written from the field's default); ``--help`` has one group per
+section (``rollout.sampling``), described by the section's docstring.
 
 The parsers only parse and type-check; every cross-flag rule lives in
 :mod:`relax.config.validate` and :mod:`relax.config.eval_flags`. Their errors (unknown flag,
@@ -15,13 +16,15 @@ import dataclasses
 import difflib
 import math
 
-from relax.config.fields import GROUPS, help_text
-from relax.config.schema import EvalConfig, TrainConfig
+from relax.config.fields import help_text
+from relax.config.rollout_backend import EVAL_HELP
+from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
+from relax.config.section import dest_of, leaves
 from relax.errors import ConfigError, invalid_text
 
 TRAIN_DESCRIPTION = (
-    "Train a language model with reinforcement learning (synchronous colocate rollout, then "
-    "update). Without --hf-checkpoint and --prompt-data it trains the built-in tiny model on a "
+    "Train a language model with reinforcement learning (rollout, then update; with "
+    "--fully-async on ranks of their own). Without --hf-checkpoint and --prompt-data it trains the built-in tiny model on a "
     "built-in task with the built-in preset (docs/configuration.md). Rules: reinforce_plus_plus.md §8."
 )
 EVAL_DESCRIPTION = (
@@ -58,6 +61,15 @@ def text(value: str) -> str:
 
 
 # field annotation (without "| None") -> (argparse type, metavar)
+# flags that existed and were removed: the one line a command line using one gets
+REMOVED = {
+    "--colocate": "removed: it was never read; rollout and training share the ranks unless "
+                  "--fully-async is given, so remove it",
+    "--hybrid": "removed: it was only ever refused (not implemented); remove it (--fully-async "
+                "puts rollout on ranks of its own)",
+}
+_EVAL_OUTPUT_HELP = ("Default none. Also write the metrics to OUTPUT_DIR/eval_metrics.json "
+                     "(and, with --rollout-backend vllm, the server's log).")
 _TYPES = {"float": (finite_float, "X"), "int": (integer, "N"), "str": (text, "STR"),
           "list": (text, None)}
 
@@ -75,6 +87,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_strict(self, argv: list[str]) -> argparse.Namespace:
         """parse_args with a did-you-mean for unknown flags instead of argparse's list."""
+        for token in argv:
+            name = token.split("=", 1)[0]
+            if name in REMOVED:
+                raise ConfigError(name, REMOVED[name])
         ns, extras = self.parse_known_args(argv)
         if extras:
             token = extras[0]
@@ -95,65 +111,72 @@ class OneLineParser(argparse.ArgumentParser):
         return ns
 
 
-def _add_field(parser: argparse.ArgumentParser, groups: dict, f: dataclasses.Field,
-               suppress_defaults: bool) -> None:
+def _add_field(group, f: dataclasses.Field, suppress_defaults: bool, help: str) -> None:
     md = f.metadata
     kind = f.type.replace(" | None", "")
-    kw: dict = dict(help=help_text(f))
-    if md["positional"]:
-        parser.add_argument(f.name, metavar=md["metavar"], help=help_text(f))
-        return
+    kw: dict = dict(help=help)
     if kind == "bool":  # a switch; --bf16 / --no-bf16 when "unset" (None) means "by device"
         kw["action"] = argparse.BooleanOptionalAction if "None" in f.type else "store_true"
     elif md["choices"] is not None:
         kw["choices"] = md["choices"]
     else:
-        kw["type"], kw["metavar"] = _TYPES[kind]
+        kw["type"], kw["metavar"] = _TYPES["str" if md["nargs"] else kind]
     if md["nargs"]:
         kw["nargs"] = md["nargs"]
     if md["metavar"]:
         kw["metavar"] = md["metavar"]
     kw["default"] = argparse.SUPPRESS if suppress_defaults else f.default
-    group = md["group"]
-    if group not in groups:
-        groups[group] = parser.add_argument_group(group, GROUPS.get(group))
-    groups[group].add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
+    dest = dest_of(f)
+    group.add_argument("--" + dest.replace("_", "-"), dest=dest, **kw)
 
 
-def _build(config_cls, prog: str, description: str, suppress_defaults: bool) -> OneLineParser:
+def _section_doc(cls, path: tuple[str, ...]) -> str | None:
+    """The first paragraph of the docstring of the section at ``path``, one line."""
+    for name in path:
+        cls = next(f for f in dataclasses.fields(cls) if f.name == name).metadata["section"]
+    return " ".join((cls.__doc__ or "").split("\n\n")[0].split()) or None
+
+
+def _build(config_cls, prog: str, description: str, suppress_defaults: bool,
+           only: tuple[str, ...] | None = None, helps: dict | None = None) -> OneLineParser:
+    """A parser of the leaves of ``config_cls`` (``only``: these dests, in this order), one
+    ``--help`` group per section path (``rollout.sampling``)."""
     parser = OneLineParser(prog=prog, description=description, allow_abbrev=False,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     groups: dict = {}
-    # a base class's fields (FullyAsyncFields) after the class's own, in --help too
-    inherited = {f.name for base in config_cls.__mro__[1:] if dataclasses.is_dataclass(base)
-                 for f in dataclasses.fields(base)}
-    fields = dataclasses.fields(config_cls)
-    for f in [f for f in fields if f.name not in inherited] + \
-            [f for f in fields if f.name in inherited]:
-        if f.metadata.get("flag", True):
-            _add_field(parser, groups, f, suppress_defaults)
+    fields = {dest_of(f): (path, f) for path, f in leaves(config_cls) if f.metadata["cli"]}
+    for dest in only or fields:
+        path, f = fields[dest]
+        help = (helps or {}).get(dest) or help_text(f)
+        if f.metadata["positional"]:
+            parser.add_argument(dest, metavar=f.metadata["metavar"], help=help)
+            continue
+        title = ".".join(path[:-1])
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title, _section_doc(config_cls, path[:-1]))
+        _add_field(groups[title], f, suppress_defaults, help)
     return parser
 
 
 def build_train_parser(prog: str = "relax train", suppress_defaults: bool = False) -> OneLineParser:
     """The ``relax train`` parser. ``suppress_defaults`` leaves unset flags out of the
     Namespace, which is how :func:`explicit_dests` sees what the user typed."""
-    return _build(TrainConfig, prog, TRAIN_DESCRIPTION, suppress_defaults)
+    parser = _build(TrainConfig, prog, TRAIN_DESCRIPTION, suppress_defaults)
+    parser.add_argument(
+        "--config", metavar="FILE", type=text, default=argparse.SUPPRESS if suppress_defaults
+        else None, help="Default: none. A .yaml, .toml or .json file with the sections as keys "
+        "(the layout of --dry-run and of a run's config.json, which loads back to the same "
+        "configuration); flags given too override it (relax/config/files.py).")
+    return parser
 
 
 def build_eval_parser(suppress_defaults: bool = False) -> OneLineParser:
     """The ``relax eval CHECKPOINT`` parser (same one-line errors as ``relax train``)."""
-    return _build(EvalConfig, "relax eval", EVAL_DESCRIPTION, suppress_defaults)
+    return _build(EvalConfig, "relax eval", EVAL_DESCRIPTION, suppress_defaults, EVAL_FLAGS,
+                  {**EVAL_HELP, "output_dir": _EVAL_OUTPUT_HELP})
 
 
 def explicit_dests(parser_builder, argv: list[str]) -> set[str]:
     """Fields the user passed on the command line (run after a successful full parse)."""
     ns, _ = parser_builder(suppress_defaults=True).parse_known_args(argv)
     return set(vars(ns))
-
-
-def train_flags() -> dict[str, argparse.Action]:
-    """Long flag name -> action, for docs and tests."""
-    # the first long name: --bf16 for the pair --bf16 / --no-bf16
-    return {a.option_strings[0]: a for a in build_train_parser()._actions
-            if a.option_strings and a.dest != "help"}

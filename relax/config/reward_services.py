@@ -3,7 +3,7 @@
 (``--rm-type genrm --genrm-model-path``; its template rules, shared with
 relax/rollout/genrm.py) and their rules.
 
-The fields are built here so relax/config/schema.py stays one line per flag; the rules run
+The section (``cfg.rollout.rewards``) and its rules; the rules run
 with the rest of validation (relax/config/validate.py) and, like it, never touch the network:
 whether the URL answers is checked when the trainer starts (relax/rollout/remote_reward.py).
 Torch-free.
@@ -13,58 +13,20 @@ from __future__ import annotations
 
 import os
 import string
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from relax.config.checks import reject
-from relax.config.fields import option
+from relax.config.presets import BUILTIN_TASK_NAMES
+from relax.config.section import Section, option, value_of
 
-GROUP = "rewards"
+RM_TYPES: tuple[str, ...] = ("math", "remote_rm", "genrm", *BUILTIN_TASK_NAMES)
 
 # The remote client's defaults are slime's and Relax's remote_rm: ten attempts, waits of
 # min(2**k, 30) s plus up to a second of jitter, 64 requests in flight, one sample a request.
 DEFAULT_RETRIES = 9
 DEFAULT_BACKOFF = 1.0
 MAX_BACKOFF_WAIT = 30.0
-
-
-def rm_url_option():
-    return option(
-        None, "With --rm-type remote_rm: the http(s) URL the trainer POSTs samples to as "
-        "JSON, one reward back per sample (docs/reward_services.md). Must accept connections "
-        "when relax train starts.", group=GROUP, metavar="URL")
-
-
-def reward_max_concurrency_option():
-    return option(
-        64, "Most --rm-url requests in flight at once per data-parallel rank.", group=GROUP)
-
-
-def rm_batch_size_option():
-    return option(
-        1, "Samples per --rm-url request. 1: one JSON object per request (slime's and "
-        "Relax's format); N > 1: a JSON array of up to N objects, answered by an array.",
-        group=GROUP)
-
-
-def rm_retries_option():
-    return option(
-        DEFAULT_RETRIES, "Retries of an --rm-url request after a connection error, a "
-        "timeout or an HTTP 5xx answer (then --reward-error-policy decides); 0: none.",
-        group=GROUP)
-
-
-def rm_retry_backoff_option():
-    return option(
-        DEFAULT_BACKOFF, "Seconds B of the retry waits: before retry k (0, 1, ...) "
-        f"min(B * 2**k, {MAX_BACKOFF_WAIT:g}) plus a uniform jitter in [0, B).", group=GROUP,
-        metavar="SECONDS")
-
-
-def group_rm_option():
-    return option(
-        False, "--custom-rm-path scores a whole group at a time: it is called once per "
-        "prompt with the group's --n-samples-per-prompt prompts, responses and labels and "
-        "returns one reward per member (pairwise or relative judgements).", group=GROUP)
 
 
 # The judge's prompt. {label} is the data row's label (a reasoning-gym item's "answer").
@@ -120,23 +82,80 @@ def fill_template(template: str, *, prompt: str, response: str, label) -> str:
                    for literal, name, _, _ in string.Formatter().parse(template))
 
 
-def genrm_model_path_option():
-    return option(
-        None, "With --rm-type genrm: a Hugging Face causal LM directory whose greedy verdict on "
-        "each sample is its reward, decoded on the policy's device under the run's precision "
-        "(relax/rollout/genrm.py).", group=GROUP, metavar="DIR")
+@dataclass(frozen=True)
+class RewardsSection(Section):
+    """How samples are scored: a reward function, a remote reward model, a generative judge,
+    group rewards (docs/reward_services.md)."""
 
-
-def genrm_prompt_template_option():
-    return option(
-        None, "A text file: the judging prompt, with {response} and optionally {prompt} and "
-        "{label}; needs --rm-type genrm.", default_text="the template of "
-        "docs/reward_services.md", group=GROUP, metavar="FILE")
-
-
-def genrm_max_response_len_option():
-    return option(
-        16, "Most tokens of the judge's verdict; needs --rm-type genrm.", group=GROUP)
+    rm_type: str | None = option(
+        None,
+        'Reward for prompt files: math (math-verify answer check), remote_rm (relax train: the'
+        ' --rm-url server), genrm (relax train: the --genrm-model-path judge) or a built-in '
+        "task's reward.",
+        choices=RM_TYPES,
+        default_text="the built-in task's reward")
+    custom_rm_path: str | None = option(
+        None,
+        "'module:function' or 'file.py:function' reward; excludes --rm-type.")
+    timeout: float = option(
+        30.0,
+        'Seconds per sample a reward function may take; with --rm-url, one request as a whole '
+        '(docs/reliability.md).',
+        flag='reward_timeout',
+        bound=(lambda v: 0.0 < v <= 86400.0, "must lie in (0, 86400] seconds (one day); the default is 30"))
+    error_policy: str = option(
+        'raise',
+        'A reward that raises, times out or is NaN/Inf: stop with an error naming the sample, '
+        'or score it 0 and count it in rollout/reward_errors.',
+        flag='reward_error_policy',
+        choices=('raise', 'zero'))
+    url: str | None = option(
+        None,
+        'With --rm-type remote_rm: the http(s) URL the trainer POSTs samples to as JSON, one '
+        'reward back per sample (docs/reward_services.md). Must accept connections when relax '
+        'train starts.',
+        flag='rm_url',
+        metavar='URL')
+    max_concurrency: int = option(
+        64,
+        'Most --rm-url requests in flight at once per data-parallel rank.',
+        flag='reward_max_concurrency')
+    batch_size: int = option(
+        1,
+        "Samples per --rm-url request. 1: one JSON object per request (slime's and Relax's "
+        'format); N > 1: a JSON array of up to N objects, answered by an array.',
+        flag='rm_batch_size')
+    retries: int = option(
+        DEFAULT_RETRIES,
+        'Retries of an --rm-url request after a connection error, a timeout or an HTTP 5xx '
+        'answer (then --reward-error-policy decides); 0: none.',
+        flag='rm_retries')
+    retry_backoff: float = option(
+        DEFAULT_BACKOFF,
+        'Seconds B of the retry waits: before retry k (0, 1, ...) min(B * 2**k, 30) plus a '
+        'uniform jitter in [0, B).',
+        flag='rm_retry_backoff',
+        metavar='SECONDS')
+    group_rm: bool = option(
+        False,
+        '--custom-rm-path scores a whole group at a time: it is called once per prompt with '
+        "the group's --n-samples-per-prompt prompts, responses and labels and returns one "
+        'reward per member (pairwise or relative judgements).')
+    genrm_model_path: str | None = option(
+        None,
+        'With --rm-type genrm: a Hugging Face causal LM directory whose greedy verdict on each'
+        " sample is its reward, decoded on the policy's device under the run's precision "
+        '(relax/rollout/genrm.py).',
+        metavar='DIR')
+    genrm_prompt_template: str | None = option(
+        None,
+        'A text file: the judging prompt, with {response} and optionally {prompt} and {label};'
+        ' needs --rm-type genrm.',
+        metavar='FILE',
+        default_text='the template of docs/reward_services.md')
+    genrm_max_response_len: int = option(
+        16,
+        "Most tokens of the judge's verdict; needs --rm-type genrm.")
 
 
 _GENRM_ONLY = ("genrm_model_path", "genrm_prompt_template", "genrm_max_response_len")
@@ -148,7 +167,7 @@ _REMOTE_ONLY = ("rm_url", "reward_max_concurrency", "rm_batch_size", "rm_retries
 
 def check_reward_services(cfg, explicit: set[str]) -> None:
     """The remote reward model's and ``--group-rm``'s rules (ConfigError on the first)."""
-    remote = cfg.rm_type == "remote_rm"
+    remote = cfg.rollout.rewards.rm_type == "remote_rm"
     for dest in _REMOTE_ONLY:
         if dest in explicit and not remote:
             reject(cfg, dest, "only applies to the remote reward model; add --rm-type "
@@ -156,29 +175,29 @@ def check_reward_services(cfg, explicit: set[str]) -> None:
     if remote:
         _check_remote(cfg)
     for dest in _GENRM_ONLY:
-        if dest in explicit and cfg.rm_type != "genrm":
+        if dest in explicit and cfg.rollout.rewards.rm_type != "genrm":
             reject(cfg, dest, "only applies to the generative judge; add --rm-type genrm or "
                    "remove this flag")
-    if cfg.rm_type == "genrm":
+    if cfg.rollout.rewards.rm_type == "genrm":
         _check_genrm(cfg)
-    if cfg.group_rm:
+    if cfg.rollout.rewards.group_rm:
         _check_group_rm(cfg)
 
 
 def _check_remote(cfg) -> None:
-    if cfg.rm_url is None:
+    if cfg.rollout.rewards.url is None:
         reject(cfg, "rm_type", "needs --rm-url URL, the address of the reward server (e.g. "
                "http://127.0.0.1:8000/reward)")
-    problem = url_problem(cfg.rm_url)
+    problem = url_problem(cfg.rollout.rewards.url)
     if problem:
         reject(cfg, "rm_url", problem)
-    if cfg.reward_max_concurrency < 1:
+    if cfg.rollout.rewards.max_concurrency < 1:
         reject(cfg, "reward_max_concurrency", "must be >= 1 requests in flight")
-    if not 1 <= cfg.rm_batch_size <= 1 << 16:
+    if not 1 <= cfg.rollout.rewards.batch_size <= 1 << 16:
         reject(cfg, "rm_batch_size", "must lie in [1, 65536] samples per request")
-    if not 0 <= cfg.rm_retries <= 100:
+    if not 0 <= cfg.rollout.rewards.retries <= 100:
         reject(cfg, "rm_retries", "must lie in [0, 100]; 0 turns retries off")
-    if not 0 < cfg.rm_retry_backoff <= MAX_BACKOFF_WAIT:
+    if not 0 < cfg.rollout.rewards.retry_backoff <= MAX_BACKOFF_WAIT:
         reject(cfg, "rm_retry_backoff", f"must lie in (0, {MAX_BACKOFF_WAIT:g}] seconds, "
                "e.g. 1")
 
@@ -196,31 +215,31 @@ def url_problem(url: str) -> str | None:
 
 
 def _check_group_rm(cfg) -> None:
-    if cfg.custom_rm_path is None:
+    if cfg.rollout.rewards.custom_rm_path is None:
         reject(cfg, "group_rm", "scores groups with --custom-rm-path module:function; add it "
                "(a function of one group's prompts, responses and labels)")
     for dest in ("env", "use_agentic_rollout"):
-        if getattr(cfg, dest):
+        if value_of(cfg, dest):
             reject(cfg, ("group_rm", dest), "episodes are scored by their environment or "
                    "agent; remove --group-rm")
 
 
 def _check_genrm(cfg) -> None:
-    path = cfg.genrm_model_path
+    path = cfg.rollout.rewards.genrm_model_path
     if path is None:
         reject(cfg, "rm_type", "needs --genrm-model-path DIR, the judge's Hugging Face model "
                "directory")
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
         reject(cfg, "genrm_model_path", "not a Hugging Face model directory (no config.json); "
                "point it at the judge model")
-    if not 1 <= cfg.genrm_max_response_len <= 4096:
+    if not 1 <= cfg.rollout.rewards.genrm_max_response_len <= 4096:
         reject(cfg, "genrm_max_response_len", "must lie in [1, 4096] tokens")
-    if cfg.eval_interval is not None:
+    if cfg.evaluation.interval is not None:
         reject(cfg, ("rm_type", "eval_interval"), "evaluation measures pass@k against a "
                "verifiable reward; evaluate the saved model with relax eval and --rm-type math "
                "or a reward function")
-    if cfg.genrm_prompt_template is not None:
-        problem = read_template_problem(cfg.genrm_prompt_template)
+    if cfg.rollout.rewards.genrm_prompt_template is not None:
+        problem = read_template_problem(cfg.rollout.rewards.genrm_prompt_template)
         if problem:
             reject(cfg, "genrm_prompt_template", problem)
 

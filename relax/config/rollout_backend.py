@@ -11,49 +11,55 @@ when the trainer starts (before any model loads).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from relax.config.checks import reject
-from relax.config.fields import option
+from relax.config.section import Section, option, value_of
 
-GROUP = "rollout backend"
 BACKENDS = ("relax", "vllm")
 MAKE_TARGET = "make vllm"
 MAX_LORA_RANK = 512  # vLLM 0.32's largest --max-lora-rank
+# ``relax eval``'s words for the flags it shares (relax/config/flags.py)
+EVAL_HELP = {
+    "rollout_backend": "Who samples the evaluation: relax (the built-in decode engine) or vllm "
+                       "(a vLLM OpenAI server on the checkpoint's weights, started from the "
+                       f"environment `{MAKE_TARGET}` builds unless --vllm-url names running ones).",
+}
 
 
-def rollout_backend_option(command: str = "train"):
-    what = ("the rollouts: relax (the built-in decode engine, in the training process) or "
-            "vllm (vLLM OpenAI servers, one per rank, " if command == "train" else
-            "the evaluation: relax (the built-in decode engine) or vllm (a vLLM OpenAI server "
-            "on the checkpoint's weights, ")
-    sync = ("; the weights reach them after every --update-weights-interval steps)"
-            if command == "train" else ")")
-    return option(
-        "relax", f"Who samples {what}started from the environment `{MAKE_TARGET}` builds "
-        f"unless --vllm-url names running ones{sync}.",
-        group=GROUP if command == "train" else "evaluation", choices=BACKENDS)
+@dataclass(frozen=True)
+class BackendSection(Section):
+    """Who samples: Relax's decode engine or vLLM servers fed the trainer's weights
+    (docs/configuration.md, "Rollout backend")."""
 
-
-def vllm_url_option(group: str = GROUP):
-    return option(
-        None, "With --rollout-backend vllm: base URLs of vLLM servers already running "
-        "(started with VLLM_SERVER_DEV_MODE=1, serving the model, sharing this "
-        "machine's file system for the weight sync); rank r uses URL r mod their number. "
-        "Must answer when the command starts.", default_text="Relax starts and owns one "
-        "server per rank", group=group, nargs="+", metavar="URL")
-
-
-def vllm_startup_timeout_option(group: str = GROUP):
-    return option(
-        600.0, "Seconds a server Relax starts may take to answer (its model loaded); then "
-        "the run stops with the server's log named.", group=group, metavar="SECONDS")
-
-
-def vllm_request_timeout_option(group: str = GROUP):
-    return option(
-        600.0, "Seconds one generation or weight-sync request to a vLLM server may take; "
-        "then the run stops naming the server and its log.", group=group, metavar="SECONDS")
+    name: str = option(
+        'relax',
+        'Who samples the rollouts: relax (the built-in decode engine, in the training process)'
+        ' or vllm (vLLM OpenAI servers, one per rank, started from the environment '
+        f'`{MAKE_TARGET}` builds unless --vllm-url names running ones; the weights reach them after every '
+        '--update-weights-interval steps).',
+        flag='rollout_backend',
+        choices=BACKENDS)
+    vllm_url: tuple | None = option(
+        None,
+        'With --rollout-backend vllm: base URLs of vLLM servers already running (started with '
+        "VLLM_SERVER_DEV_MODE=1, serving the model, sharing this machine's file system for the"
+        ' weight sync); rank r uses URL r mod their number. Must answer when the command '
+        'starts.',
+        nargs='+',
+        metavar='URL',
+        default_text='Relax starts and owns one server per rank')
+    vllm_startup_timeout: float = option(
+        600.0,
+        'Seconds a server Relax starts may take to answer (its model loaded); then the run '
+        "stops with the server's log named.",
+        metavar='SECONDS')
+    vllm_request_timeout: float = option(
+        600.0,
+        'Seconds one generation or weight-sync request to a vLLM server may take; then the run'
+        ' stops naming the server and its log.',
+        metavar='SECONDS')
 
 
 _FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout")
@@ -77,27 +83,27 @@ def _check_unused_server_flags(cfg, explicit: set[str]) -> None:
 
 def check_rollout_backend(cfg, explicit: set[str]) -> None:
     """One line for the first broken rule of the backend flags."""
-    if cfg.rollout_backend != "vllm":
+    if cfg.rollout.backend.name != "vllm":
         _check_unused_server_flags(cfg, explicit)
         return
     for dest, why in _REFUSED.items():
-        if getattr(cfg, dest):
+        if value_of(cfg, dest):
             reject(cfg, ("rollout_backend", dest), f"not supported together ({why}); "
                    "remove one of the two")
-    if cfg.hf_checkpoint is None:
+    if cfg.model.hf_checkpoint is None:
         reject(cfg, "rollout_backend", "vLLM serves a model directory: pass --hf-checkpoint "
                "(the built-in tiny model's 16-wide attention heads are too narrow for vLLM's "
                "CPU kernels)")
     _check_log_prob_mode(cfg)
     _check_server_flags(cfg)
-    if cfg.lora_rank > MAX_LORA_RANK:
+    if cfg.lora.rank > MAX_LORA_RANK:
         reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
                f"{MAX_LORA_RANK}; use a smaller --lora-rank")
-    if cfg.weight_sync_bucket_mb <= 0:
+    if cfg.placement.weight_sync_bucket_mb <= 0:
         reject(cfg, "weight_sync_bucket_mb", "must be > 0, e.g. 64")
-    if cfg.update_weights_interval < 1:
+    if cfg.placement.update_weights_interval < 1:
         reject(cfg, "update_weights_interval", "must be >= 1")
-    if cfg.update_weights_interval > 1 and not (cfg.use_tis or cfg.use_rollout_logprobs):
+    if cfg.placement.update_weights_interval > 1 and not (cfg.rollout.off_policy.use_tis or cfg.rollout.off_policy.use_rollout_logprobs):
         reject(cfg, "update_weights_interval", "vLLM then samples with weights up to I - 1 "
                "steps old, which needs an importance correction: add --use-tis (or "
                "--use-rollout-logprobs), or set --update-weights-interval 1")
@@ -106,10 +112,10 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
 def check_eval_backend(cfg, explicit: set[str]) -> None:
     """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
     settings go; episodes are not served."""
-    if cfg.rollout_backend != "vllm":
+    if cfg.rollout.backend.name != "vllm":
         _check_unused_server_flags(cfg, explicit)
         return
-    if cfg.env is not None:
+    if cfg.rollout.episodes.env is not None:
         reject(cfg, ("rollout_backend", "env"), f"not supported together ({_REFUSED['env']}); "
                "remove one of the two")
     _check_server_flags(cfg)
@@ -117,9 +123,9 @@ def check_eval_backend(cfg, explicit: set[str]) -> None:
 
 def _check_server_flags(cfg) -> None:
     for dest in ("vllm_startup_timeout", "vllm_request_timeout"):
-        if not 0 < getattr(cfg, dest) <= 86400:
+        if not 0 < value_of(cfg, dest) <= 86400:
             reject(cfg, dest, "must lie in (0, 86400] seconds")
-    for url in cfg.vllm_url or ():
+    for url in cfg.rollout.backend.vllm_url or ():
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             reject(cfg, "vllm_url", f"{url!r} is not an http(s) URL such as "
@@ -131,8 +137,8 @@ def _check_log_prob_mode(cfg) -> None:
     (relax/rollout/generate.py ``sampled_log_probs``). vLLM returns either the raw model's
     (right when T == 1, truncation or not) or the processed distribution after temperature
     *and* truncation (right without truncation): with both T != 1 and truncation neither is."""
-    truncated = cfg.rollout_top_p < 1.0 or cfg.rollout_top_k > 0
-    if cfg.rollout_temperature != 1.0 and truncated:
+    truncated = cfg.rollout.sampling.top_p < 1.0 or cfg.rollout.sampling.top_k > 0
+    if cfg.rollout.sampling.temperature != 1.0 and truncated:
         reject(cfg, ("rollout_backend", "rollout_temperature", "rollout_top_p",
                      "rollout_top_k"),
                "vLLM cannot return softmax(z / T) before top-p/top-k truncation (the "

@@ -7,12 +7,14 @@ transformers, a model or any data is loaded, and imports none of them: paths are
 ``os.path`` and custom ``module:function`` paths on the file system, without executing user
 code. Estimator rules ask the estimator's facts (:mod:`relax.estimators`), never its name.
 
-The rules, in the order they are checked:
+The rules, in the order they are checked: first each section's own (:meth:`Section.check
+<relax.config.section.Section.check>`: every field's bound, then rules among the section's
+fields, e.g. ``RecomputeSection``'s), then the cross-section list :data:`RULES`:
 
-1. value ranges of single flags (finite, positive, in (0, 1], ...);
+1. value ranges of single flags, each its field's bound in its section (finite, positive, ...);
 2. KL: ``--kl-coef`` and ``--kl-loss-coef`` never both nonzero, then the estimator's KL facts;
 3. the reinforce_plus_plus.md §8 rows for both REINFORCE++ variants and the modes that no
-   estimator implements (``--fully-async``, ``--hybrid``, ``--context-parallel-size`` != 1),
+   estimator implements (``--fully-async``, ``--context-parallel-size`` != 1),
    what ``--rollout-backend vllm`` does not serve (``rollout_backend.py``), then the rules
    of rloo and cispo (``estimator_rules.py``);
 4. flags the chosen estimator would ignore (rejected rather than silently dropped);
@@ -23,8 +25,8 @@ The rules, in the order they are checked:
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
+import inspect
 import os
 import time
 
@@ -34,7 +36,6 @@ from relax.config.checks import (
     check_custom_path,
     check_gym_answer,
     check_gym_spec,
-    check_ranges,
     flag_of,
     reject,
 )
@@ -44,115 +45,70 @@ from relax.config.episode_rules import check_agents, check_env
 from relax.config.estimator_rules import check_estimator_rules
 from relax.config.eval_flags import check_train_eval, resolved_train_eval
 from relax.config.gym_spec import is_reasoning_gym
-from relax.config.off_policy import check_off_policy
+from relax.config.off_policy_rules import check_off_policy
 from relax.config.opd_rules import check_distillation
-from relax.config.recompute import check_recompute
 from relax.config.reward_services import check_reward_services
 from relax.config.rollout_backend import check_rollout_backend
 from relax.config.schema import TrainConfig
+from relax.config.section import check_sections, flat_defaults, replace_flat, value_of
 from relax.errors import ConfigError
 from relax.estimators import LOSS_FLAGS, facts
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+_DEFAULTS = flat_defaults(TrainConfig)
 
 # --------------------------------------------------------------------------- 1. ranges
 
-# field -> (predicate, what it must be)
-_RANGES = {
-    "gamma": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 (the default)"),
-    "kl_coef": (lambda v: v >= 0.0, "must be >= 0; use 0 to turn reward KL shaping off"),
-    "kl_loss_coef": (lambda v: v >= 0.0, "must be >= 0; use 0 to turn the KL loss off"),
-    "entropy_coef": (lambda v: v >= 0.0, "must be >= 0; use 0 to turn the entropy bonus off"),
-    "eps_clip": (lambda v: 0.0 < v < 1.0, "must lie in (0, 1); the usual value is 0.2"),
-    "eps_clip_high": (lambda v: v is None or v > 0.0, "must be > 0, e.g. 0.28"),
-    "eps_clip_c": (lambda v: v is None or v > 1.0, "the dual-clip bound must be > 1, e.g. 3.0"),
-    "sapo_tau_pos": (lambda v: v > 0.0, "must be > 0; the default is 1.0"),
-    "sapo_tau_neg": (lambda v: v > 0.0, "must be > 0; the default is 1.05"),
-    "rollout_batch_size": (lambda v: v >= 1, "must be >= 1 prompts per rollout step"),
-    "n_samples_per_prompt": (lambda v: v >= 1, "must be >= 1 responses per prompt"),
-    "global_batch_size": (lambda v: v is None or v >= 1, "must be >= 1 samples per step"),
-    "micro_batch_size": (lambda v: v is None or v >= 1, "must be >= 1 samples per rank"),
-    "num_steps_per_rollout": (lambda v: v is None or v >= 1, "must be >= 1"),
-    "num_rollout": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
-    "num_epoch": (lambda v: v is None or v >= 1, "must be >= 1 passes over --prompt-data"),
-    "rollout_max_response_len": (lambda v: v >= 1, "must be >= 1 tokens"),
-    "max_turns": (lambda v: v >= 1, "must be >= 1 model turns per episode"),
-    "env_step_timeout": (lambda v: v is None or 0.0 < v <= 86400.0,
-                         "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
-    "agent_timeout": (lambda v: 0.0 < v <= 86400.0,
-                      "must lie in (0, 86400] seconds (one day); the default is 600"),
-    "rollout_temperature": (lambda v: v > 0.0, "must be > 0; use 1.0 for plain sampling"),
-    "rollout_top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 to turn it off"),
-    "rollout_top_k": (lambda v: v == -1 or v >= 1, "must be >= 1, or -1 to turn top-k off"),
-    "lr": (lambda v: v > 0.0, "must be > 0, e.g. 1e-6"),
-    "weight_decay": (lambda v: v >= 0.0, "must be >= 0"),
-    "adam_beta1": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1); the default is 0.9"),
-    "adam_beta2": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1); the default is 0.999"),
-    "clip_grad": (lambda v: v > 0.0, "must be > 0 (gradient-norm clip); the default is 1.0"),
-    "seed": (lambda v: 0 <= v < 2**32, "must lie in [0, 2**32)"),
-    "save_interval": (lambda v: v is None or v >= 1, "must be >= 1 rollout steps"),
-    "keep_last": (lambda v: v is None or v >= 1, "must be >= 1 checkpoints"),
-    # upper bounds: threading and timedelta overflow on huge values, and a wait of days is a
-    # hang, not a timeout
-    "peak_tflops": (lambda v: v is None or v > 0.0, "must be > 0 TFLOP/s, e.g. 989 for an "
-                    "H100's bf16 dense peak; leave it out to measure"),
-    "reward_timeout": (lambda v: 0.0 < v <= 86400.0,
-                       "must lie in (0, 86400] seconds (one day); the default is 30"),
-    "distributed_timeout_minutes": (lambda v: 0.0 < v <= 10080.0,
-                                    "must lie in (0, 10080] minutes (one week); the default is 10"),
-}
+# each field's own range is its ``bound`` (relax/config/section.py), checked first
 
 
 # --------------------------------------------------------------------------- 2-4. algorithm
 
 def _check_kl(cfg: TrainConfig) -> None:
-    f = facts(cfg.advantage_estimator)
-    if cfg.kl_coef != 0 and cfg.kl_loss_coef != 0:
+    f = facts(cfg.algorithm.estimator)
+    if cfg.algorithm.kl_coef != 0 and cfg.algorithm.kl_loss_coef != 0:
         reject(cfg, ("kl_coef", "kl_loss_coef"),
                "two reference-KL penalties at once; keep one (reward shaping --kl-coef for "
                "reinforce_plus_plus, the loss --use-kl-loss --kl-loss-coef otherwise) and set "
                "the other to 0")
     if f.kl_in_reward and not f.kl_loss_types:
         # the reward's KL is frozen to signed k1 and there is no second KL loss
-        if cfg.kl_loss_type != "k1":
+        if cfg.algorithm.kl_loss_type != "k1":
             reject(cfg, "kl_loss_type", f"{f.name}: the reward KL estimator is frozen to signed "
                    f"k1 (reinforce_plus_plus.md {f.section}); set --kl-loss-type k1")
         for dest in ("use_kl_loss", "kl_loss_coef"):
-            if getattr(cfg, dest):
+            if value_of(cfg, dest):
                 reject(cfg, dest, f"{f.name} has no second KL loss, KL enters only through the "
                        f"reward (reinforce_plus_plus.md {f.section}); remove {flag_of(dest)} "
                        "and use --kl-coef")
         return
-    if cfg.kl_coef != 0:
+    if cfg.algorithm.kl_coef != 0:
         if f.frozen:
             reject(cfg, "kl_coef", f"{f.name}: KL never enters the advantage "
                    f"(reinforce_plus_plus.md {f.section}); set --kl-coef 0 and use --use-kl-loss "
                    f"--kl-loss-type {f.kl_loss_types[0]} --kl-loss-coef 0.01")
         reject(cfg, "kl_coef", f"{f.name} has no reward KL shaping (only reinforce_plus_plus "
                "does); set --kl-coef 0 and use --use-kl-loss --kl-loss-coef instead")
-    if cfg.use_kl_loss and cfg.kl_loss_type not in f.kl_loss_types:
+    if cfg.algorithm.use_kl_loss and cfg.algorithm.kl_loss_type not in f.kl_loss_types:
         reject(cfg, ("use_kl_loss", "kl_loss_type"), f"{f.name}'s KL loss is the "
                f"{' / '.join(f.kl_loss_types)} penalty (reinforce_plus_plus.md {f.section}); "
                f"set --kl-loss-type {f.kl_loss_types[0]}")
-    if not cfg.use_kl_loss and cfg.kl_loss_coef > 0:
+    if not cfg.algorithm.use_kl_loss and cfg.algorithm.kl_loss_coef > 0:
         # --kl-loss-type alone is inert (valid upstream); a coefficient alone is a mistake
         reject(cfg, "kl_loss_coef", "has no effect without --use-kl-loss; add --use-kl-loss or "
                "set --kl-loss-coef 0")
 
 
 def _check_modes(cfg: TrainConfig) -> None:
-    f = facts(cfg.advantage_estimator)
-    for dest in ("fully_async", "hybrid"):
-        if getattr(cfg, dest) and (f.frozen or dest == "hybrid"):
-            why = (f"{f.name}: the global normalization needs a closed synchronous global batch "
-                   "(reinforce_plus_plus.md §6, 8)" if f.frozen else "not implemented")
-            reject(cfg, dest, f"{why}; remove {flag_of(dest)}")
-    if cfg.context_parallel_size != 1:
+    f = facts(cfg.algorithm.estimator)
+    if cfg.placement.fully_async and f.frozen:
+        reject(cfg, "fully_async", f"{f.name}: the global normalization needs a closed "
+               "synchronous global batch (reinforce_plus_plus.md §6, 8); remove --fully-async")
+    if cfg.system.context_parallel_size != 1:
         why = (f"{f.name}: the normalization and the response-mean reduction are defined for "
                "whole sequences per rank (reinforce_plus_plus.md §8, 9)" if f.frozen else
                "context parallelism is not implemented")
         reject(cfg, "context_parallel_size", f"{why}; set --context-parallel-size 1")
-    if f.frozen and not cfg.normalize_advantages:
+    if f.frozen and not cfg.algorithm.normalize_advantages:
         raise ConfigError(f"--advantage-estimator {f.name}", "requires --normalize-advantages "
                           "(the global token normalization of reinforce_plus_plus.md §6 is part "
                           "of the estimator); add --normalize-advantages")
@@ -160,30 +116,30 @@ def _check_modes(cfg: TrainConfig) -> None:
 
 def _check_estimator_specific(cfg: TrainConfig) -> None:
     """Reject flags the estimator would ignore (its facts say what it reads)."""
-    f = facts(cfg.advantage_estimator)
-    if cfg.custom_reward_post_process_path is not None and not f.custom_reward_post_process:
+    f = facts(cfg.algorithm.estimator)
+    if cfg.algorithm.reward_post_process_path is not None and not f.custom_reward_post_process:
         reject(cfg, "custom_reward_post_process_path", f"{f.name}: it would bypass the frozen "
                f"group-mean baseline semantics (reinforce_plus_plus.md {f.section}, 8); remove "
                "--custom-reward-post-process-path")
-    if cfg.custom_advantage_function_path is not None and not f.custom_advantage:
+    if cfg.algorithm.custom_advantage_path is not None and not f.custom_advantage:
         what = ("group-mean baseline semantics" if f.needs_group_index
                 else "reward-to-go advantage")
         reject(cfg, "custom_advantage_function_path", f"{f.name}: it would replace the frozen "
                f"{what} (reinforce_plus_plus.md {f.section}); remove "
                "--custom-advantage-function-path")
-    if cfg.disable_grpo_std_normalization and not f.reads_std_normalization:
+    if cfg.algorithm.disable_std_normalization and not f.reads_std_normalization:
         reject(cfg, "disable_grpo_std_normalization", f"{f.name} never divides by a group "
                f"std (reinforce_plus_plus.md {f.section}); remove it")
-    if not f.reads_gamma and cfg.gamma != _DEFAULTS["gamma"]:
+    if not f.reads_gamma and cfg.algorithm.gamma != _DEFAULTS["gamma"]:
         reject(cfg, "gamma", f"{f.name} has no per-token discounted return, only "
                "reinforce_plus_plus and ppo read --gamma (reinforce_plus_plus.md §3, §5c); set "
                "--gamma 1.0")
     read = LOSS_FLAGS[f.policy_loss]
     for dest in sorted({d for flags in LOSS_FLAGS.values() for d in flags} - set(read)):
-        if getattr(cfg, dest) != _DEFAULTS[dest]:
+        if value_of(cfg, dest) != _DEFAULTS[dest]:
             reject(cfg, dest, f"{f.name}'s {f.policy_loss} loss does not read it "
                    f"(reinforce_plus_plus.md §7); remove it")
-    if cfg.ref_load is not None and cfg.kl_coef == 0 and not cfg.use_kl_loss:
+    if cfg.model.ref_load is not None and cfg.algorithm.kl_coef == 0 and not cfg.algorithm.use_kl_loss:
         reject(cfg, "ref_load", "no reference KL is on, so the reference model is never used; "
                "remove --ref-load or turn on a KL (--kl-coef or --use-kl-loss)")
 
@@ -191,15 +147,15 @@ def _check_estimator_specific(cfg: TrainConfig) -> None:
 # --------------------------------------------------------------------------- 5. paths, data
 
 def _check_dir(cfg: TrainConfig, dest: str, what: str) -> None:
-    value = getattr(cfg, dest)
+    value = value_of(cfg, dest)
     if value is not None and not os.path.isdir(value):
         reject(cfg, dest, f"no such directory; point it at {what}")
 
 
 def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
     _check_dir(cfg, "hf_checkpoint", "a Hugging Face model directory")
-    if cfg.hf_checkpoint is not None and not os.path.isfile(
-            os.path.join(cfg.hf_checkpoint, "config.json")):
+    if cfg.model.hf_checkpoint is not None and not os.path.isfile(
+            os.path.join(cfg.model.hf_checkpoint, "config.json")):
         reject(cfg, "hf_checkpoint", "no config.json in it; point it at a Hugging Face model "
                "directory")
     _check_dir(cfg, "ref_load", "a Hugging Face model directory with the reference weights")
@@ -207,11 +163,11 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
     for dest in ("custom_advantage_function_path", "custom_reward_post_process_path",
                  "custom_rm_path"):
         check_custom_path(cfg, dest)
-    if cfg.prompt_data is not None:
-        gym = is_reasoning_gym(cfg.prompt_data)
+    if cfg.rollout.data.prompt_data is not None:
+        gym = is_reasoning_gym(cfg.rollout.data.prompt_data)
         if gym:
-            check_gym_spec(cfg.prompt_data, "--prompt-data", role="train")
-        elif not os.path.isfile(cfg.prompt_data):
+            check_gym_spec(cfg.rollout.data.prompt_data, "--prompt-data", role="train")
+        elif not os.path.isfile(cfg.rollout.data.prompt_data):
             reject(cfg, "prompt_data", "no such file; give a .jsonl or .parquet prompt file, "
                    "or reasoning-gym:NAME")
         if "builtin_task" in explicit:
@@ -220,119 +176,120 @@ def _check_data_and_model(cfg: TrainConfig, explicit: set[str]) -> None:
             for dest in ("input_key", "label_key"):
                 if dest in explicit:
                     reject(cfg, dest, "a reasoning-gym source has no record keys; remove it")
-        elif cfg.rm_type is None and cfg.custom_rm_path is None and not cfg.use_agentic_rollout:
+        elif cfg.rollout.rewards.rm_type is None and cfg.rollout.rewards.custom_rm_path is None and not cfg.rollout.episodes.agentic:
             reject(cfg, "prompt_data", "needs a reward; add --rm-type math or --custom-rm-path "
                    "module:function")
     else:
         for dest in ("input_key", "label_key", "rollout_shuffle"):
-            if getattr(cfg, dest) != _DEFAULTS[dest]:
+            if value_of(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, f"only applies to --prompt-data; the built-in task "
-                       f"{cfg.builtin_task!r} is generated, remove {flag_of(dest)}")
-        if cfg.rm_type is not None and cfg.rm_type != cfg.builtin_task:
-            reject(cfg, "rm_type", f"the built-in task {cfg.builtin_task!r} brings its own reward;"
+                       f"{cfg.rollout.data.builtin_task!r} is generated, remove {flag_of(dest)}")
+        if cfg.rollout.rewards.rm_type is not None and cfg.rollout.rewards.rm_type != cfg.rollout.data.builtin_task:
+            reject(cfg, "rm_type",
+                   f"the built-in task {cfg.rollout.data.builtin_task!r} brings its own reward;"
                    f" remove --rm-type or give --prompt-data")
-    if cfg.rm_type is not None and cfg.custom_rm_path is not None:
+    if cfg.rollout.rewards.rm_type is not None and cfg.rollout.rewards.custom_rm_path is not None:
         reject(cfg, ("rm_type", "custom_rm_path"), "two reward functions; keep one")
-    if cfg.apply_chat_template and cfg.hf_checkpoint is None:
+    if cfg.rollout.data.apply_chat_template and cfg.model.hf_checkpoint is None:
         reject(cfg, "apply_chat_template", "the built-in tiny model has no chat template; "
                "add --hf-checkpoint or remove --apply-chat-template")
-    if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
+    if cfg.run.use_wandb and importlib.util.find_spec("wandb") is None:
         reject(cfg, "use_wandb", "wandb is not installed; pip install wandb (in a "
                "clone: pip install -e '.[wandb]') or remove --use-wandb")
-    if cfg.use_tensorboard and importlib.util.find_spec("tensorboard") is None:
+    if cfg.run.use_tensorboard and importlib.util.find_spec("tensorboard") is None:
         reject(cfg, "use_tensorboard", "tensorboard is not installed; make install "
                "in a clone, or pip install tensorboard, or remove --use-tensorboard")
 
 
 def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
-    if cfg.num_rollout is None and cfg.prompt_data is None:
-        what = "--env episodes have" if cfg.env else "the built-in task has"
+    if cfg.batches.num_rollout is None and cfg.rollout.data.prompt_data is None:
+        what = "--env episodes have" if cfg.rollout.episodes.env else "the built-in task has"
         reject(cfg, "num_rollout", f"{what} no end; set --num-rollout N")
-    if cfg.num_epoch is not None:
-        if cfg.prompt_data is None:
+    if cfg.batches.num_epoch is not None:
+        if cfg.rollout.data.prompt_data is None:
             reject(cfg, "num_epoch", "only applies to --prompt-data; use --num-rollout")
         if "num_rollout" in explicit:
             reject(cfg, ("num_rollout", "num_epoch"), "give one length: rollout steps or "
                    "passes over --prompt-data")
-    if cfg.exit_duration_in_mins is not None and not cfg.exit_duration_in_mins > 0:
+    if cfg.run.exit_duration_in_mins is not None and not cfg.run.exit_duration_in_mins > 0:
         reject(cfg, "exit_duration_in_mins", "must be > 0 minutes")
     for dest in ("save_interval", "keep_last", "async_save"):
-        if getattr(cfg, dest) not in (None, False) and cfg.save is None:
+        if value_of(cfg, dest) not in (None, False) and cfg.checkpoint.save is None:
             reject(cfg, dest, "nothing is saved without --save DIR; add --save")
     for dest in ("save", "output_dir"):
-        value = getattr(cfg, dest)
+        value = value_of(cfg, dest)
         if value is not None and os.path.exists(value) and not os.path.isdir(value):
             reject(cfg, dest, "exists and is not a directory; choose another path")
-    if cfg.log_samples < 0:
+    if cfg.run.log_samples < 0:
         reject(cfg, "log_samples", "must be >= 0 samples per rollout step; 0 turns it off")
 
 
 def _check_lora(cfg: TrainConfig) -> None:
-    if cfg.lora_rank < 0:
+    if cfg.lora.rank < 0:
         reject(cfg, "lora_rank", "must be >= 0; 0 turns LoRA off")
-    if cfg.lora_rank == 0:
+    if cfg.lora.rank == 0:
         for dest in ("lora_alpha", "lora_dropout", "lora_target_modules"):
-            if getattr(cfg, dest) != _DEFAULTS[dest]:
+            if value_of(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, "has no effect without --lora-rank R; add it or remove this")
         return
     if importlib.util.find_spec("peft") is None:
         reject(cfg, "lora_rank", "needs the peft package; make install in a clone, or "
                "pip install peft")
-    if cfg.lora_alpha <= 0:
+    if cfg.lora.alpha <= 0:
         reject(cfg, "lora_alpha", "must be > 0, e.g. 16")
-    if not 0.0 <= cfg.lora_dropout < 1.0:
+    if not 0.0 <= cfg.lora.dropout < 1.0:
         reject(cfg, "lora_dropout", "must lie in [0, 1); the default is 0")
-    if cfg.fsdp:
+    if cfg.system.fsdp:
         reject(cfg, ("lora_rank", "fsdp"), "LoRA trains with DDP replication (the adapters are "
                "small); remove --fsdp")
 
 
 def _check_token_budget(cfg: TrainConfig) -> None:
     budgets = ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu")
-    if not cfg.use_dynamic_batch_size:
+    if not cfg.batches.token_budget:
         for dest in budgets:
-            if getattr(cfg, dest) is not None:
+            if value_of(cfg, dest) is not None:
                 reject(cfg, dest, "has no effect without --use-dynamic-batch-size; add it or "
                        "remove the budget")
         return
-    if cfg.max_tokens_per_gpu is None:
+    if cfg.batches.max_tokens_per_gpu is None:
         reject(cfg, "use_dynamic_batch_size", "needs --max-tokens-per-gpu N (padded tokens per "
                "micro-batch)")
     for dest in budgets:
-        value = getattr(cfg, dest)
-        if value is not None and value <= cfg.rollout_max_response_len:
+        value = value_of(cfg, dest)
+        if value is not None and value <= cfg.rollout.sampling.max_response_len:
             reject(cfg, (dest, "rollout_max_response_len"), "a budget must hold at least one "
                    "row: its prompt and a full response; use more than "
-                   f"{cfg.rollout_max_response_len} tokens")
+                   f"{cfg.rollout.sampling.max_response_len} tokens")
 
 
 def _check_dynamic_sampling(cfg: TrainConfig) -> None:
-    spec = cfg.dynamic_sampling_filter_path
+    spec = cfg.batches.filter_path
     if spec is None:
         for dest in ("over_sampling_batch_size", "dynamic_sampling_max_rounds"):
-            if dest == "over_sampling_batch_size" and cfg.partial_rollout:
-                continue  # partial rollouts over-sample too (relax/config/off_policy.py)
-            if getattr(cfg, dest) != _DEFAULTS[dest]:
+            if dest == "over_sampling_batch_size" and cfg.rollout.partial.enabled:
+                continue  # partial rollouts over-sample too (relax/config/off_policy_rules.py)
+            if value_of(cfg, dest) != _DEFAULTS[dest]:
                 reject(cfg, dest, "has no effect without --dynamic-sampling-filter-path; add "
                        "--dynamic-sampling-filter-path nonzero_std or remove it")
         return
     if spec in BUILTIN_FILTER_NAMES:
-        if cfg.n_samples_per_prompt < 2:
+        if cfg.batches.samples_per_prompt < 2:
             reject(cfg, ("dynamic_sampling_filter_path", "n_samples_per_prompt"), "a group of "
                    "one sample never has two different rewards, so every group would be "
                    "filtered; set --n-samples-per-prompt 8")
     else:
         check_custom_path(cfg, "dynamic_sampling_filter_path")
-    if cfg.env is not None or cfg.use_agentic_rollout:
-        flag = "env" if cfg.env is not None else "use_agentic_rollout"
+    if cfg.rollout.episodes.env is not None or cfg.rollout.episodes.agentic:
+        flag = "env" if cfg.rollout.episodes.env is not None else "use_agentic_rollout"
         reject(cfg, ("dynamic_sampling_filter_path", flag), "dynamic sampling filters the "
                "groups of single-turn rollouts; episodes are not filtered yet, remove one")
-    over = cfg.over_sampling_batch_size
-    if over is not None and over < cfg.rollout_batch_size:
+    over = cfg.batches.over_sampling_batch_size
+    if over is not None and over < cfg.batches.rollout_batch_size:
         reject(cfg, ("over_sampling_batch_size", "rollout_batch_size"), "a round must offer at "
                "least the prompts a step trains on; use --over-sampling-batch-size >= "
                "--rollout-batch-size")
-    if cfg.dynamic_sampling_max_rounds < 1:
+    if cfg.batches.max_rounds < 1:
         reject(cfg, "dynamic_sampling_max_rounds", "must be >= 1 rounds per rollout step")
 
 
@@ -344,10 +301,10 @@ def _divisors(n: int) -> str:
 
 def _resolved_batches(cfg: TrainConfig, world_size: int) -> dict:
     """Global batch = samples per optimizer step; micro batch = samples per rank per pass."""
-    samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
-    what = (f"a rollout step makes --rollout-batch-size {cfg.rollout_batch_size} x "
-            f"--n-samples-per-prompt {cfg.n_samples_per_prompt} = {samples} samples")
-    steps, global_batch = cfg.num_steps_per_rollout, cfg.global_batch_size
+    samples = cfg.batches.rollout_batch_size * cfg.batches.samples_per_prompt
+    what = (f"a rollout step makes --rollout-batch-size {cfg.batches.rollout_batch_size} x "
+            f"--n-samples-per-prompt {cfg.batches.samples_per_prompt} = {samples} samples")
+    steps, global_batch = cfg.batches.steps_per_rollout, cfg.batches.global_batch_size
     if global_batch is None:
         if steps is not None and samples % steps:
             reject(cfg, "num_steps_per_rollout", f"{what}, not divisible into {steps} "
@@ -359,19 +316,19 @@ def _resolved_batches(cfg: TrainConfig, world_size: int) -> dict:
     elif steps is not None and steps * global_batch != samples:
         reject(cfg, ("global_batch_size", "num_steps_per_rollout"), f"{what}, not "
                f"{steps} x {global_batch}; give only one of the two")
-    if cfg.rollout_batch_size % world_size:
+    if cfg.batches.rollout_batch_size % world_size:
         reject(cfg, "rollout_batch_size", f"WORLD_SIZE={world_size} ranks need whole prompt "
                f"groups each; use a multiple of {world_size}")
-    if cfg.over_sampling_batch_size is not None and cfg.over_sampling_batch_size % world_size:
+    if cfg.batches.over_sampling_batch_size is not None and cfg.batches.over_sampling_batch_size % world_size:
         reject(cfg, "over_sampling_batch_size", f"WORLD_SIZE={world_size} ranks need whole "
                f"prompt groups each; use a multiple of {world_size}")
     if global_batch % world_size:
-        resolved = dataclasses.replace(cfg, global_batch_size=global_batch)
+        resolved = replace_flat(cfg, global_batch_size=global_batch)
         reject(resolved, "global_batch_size", f"not divisible by WORLD_SIZE={world_size} ranks; "
                f"use a multiple of {world_size}")
-    micro = cfg.micro_batch_size or global_batch // world_size
+    micro = cfg.batches.micro_batch_size or global_batch // world_size
     if global_batch % (world_size * micro):
-        resolved = dataclasses.replace(cfg, global_batch_size=global_batch, micro_batch_size=micro)
+        resolved = replace_flat(cfg, global_batch_size=global_batch, micro_batch_size=micro)
         reject(resolved, ("global_batch_size", "micro_batch_size"), f"the global batch must be "
                f"a multiple of WORLD_SIZE={world_size} x --micro-batch-size; use a micro batch "
                f"among {_divisors(global_batch // world_size)}")
@@ -395,54 +352,54 @@ def world_size_from_env(environ=None) -> int:
     return world_size
 
 
+def _check_gym_answers(cfg: TrainConfig, explicit: set[str]) -> None:
+    check_gym_answer(cfg, explicit, [cfg.rollout.data.prompt_data, *(
+        p for _, p in resolved_train_eval(cfg)["eval_prompt_data"] or ())])
+
+
+# The rules across sections, in the order they are checked (the first broken one is reported);
+# each takes the config (and the set of flags given, when it has an ``explicit`` parameter).
+RULES = (
+    check_bounds, _check_kl, _check_modes,
+    check_rollout_backend,  # before the rules of the modes it refuses
+    check_estimator_rules, _check_estimator_specific, check_env, check_agents,
+    _check_data_and_model, check_train_eval, _check_gym_answers, _check_run,
+    _check_dynamic_sampling, _check_token_budget, _check_lora, check_off_policy,
+    check_reward_services, check_distillation, check_critic, check_fully_async,
+)
+
+
 def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) -> TrainConfig:
     """Check every rule and return the resolved config (``cfg`` itself is left as it is).
 
     Raises :class:`ConfigError` on the first broken rule.
     """
-    check_ranges(cfg, _RANGES)
-    check_bounds(cfg)
-    _check_kl(cfg)
-    _check_modes(cfg)
-    check_rollout_backend(cfg, explicit)  # before the rules of the modes it refuses
-    check_estimator_rules(cfg)
-    _check_estimator_specific(cfg)
-    check_env(cfg, explicit)
-    check_agents(cfg, explicit)
-    _check_data_and_model(cfg, explicit)
-    check_train_eval(cfg, explicit)
-    check_gym_answer(cfg, explicit, [cfg.prompt_data, *(
-        p for _, p in resolved_train_eval(cfg)["eval_prompt_data"] or ())])
-    _check_run(cfg, explicit)
-    _check_dynamic_sampling(cfg)
-    _check_token_budget(cfg)
-    _check_lora(cfg)
-    check_off_policy(cfg, explicit)
-    check_recompute(cfg)
-    check_reward_services(cfg, explicit)
-    check_distillation(cfg, explicit)
-    check_critic(cfg, explicit)
-    check_fully_async(cfg, explicit)
+    check_sections(cfg)  # each section's own rules, its fields' bounds first
+    for rule in RULES:
+        if "explicit" in inspect.signature(rule).parameters:
+            rule(cfg, explicit)
+        else:
+            rule(cfg)
     world_size = training_world_size(cfg, world_size)  # --fully-async: the training ranks
-    output_dir = cfg.output_dir or os.path.join(
-        "runs", f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(
+    output_dir = cfg.run.output_dir or os.path.join(
+        "runs", f"{cfg.algorithm.estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return replace_flat(
         cfg,
         **_resolved_batches(cfg, world_size),
         **resolved_train_eval(cfg),
-        eps_clip_high=cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high,
-        num_epoch=1 if cfg.num_epoch is None else cfg.num_epoch,
+        eps_clip_high=cfg.algorithm.eps_clip if cfg.algorithm.eps_clip_high is None else cfg.algorithm.eps_clip_high,
+        num_epoch=1 if cfg.batches.num_epoch is None else cfg.batches.num_epoch,
         # the built-in task is not used with --prompt-data; keep the JSON honest
-        builtin_task=(None if cfg.prompt_data is not None or cfg.env is not None
-                      else cfg.builtin_task),
+        builtin_task=(None if cfg.rollout.data.prompt_data is not None or cfg.rollout.episodes.env is not None
+                      else cfg.rollout.data.builtin_task),
         output_dir=output_dir,
         world_size=world_size,
         **_resolved_dynamic_sampling(cfg),
-        get_mismatch_metrics=cfg.get_mismatch_metrics is not False,
+        get_mismatch_metrics=cfg.rollout.off_policy.mismatch_metrics is not False,
     )
 
 
 def _resolved_dynamic_sampling(cfg: TrainConfig) -> dict:
-    if cfg.dynamic_sampling_filter_path is None:
+    if cfg.batches.filter_path is None:
         return {}
-    return {"over_sampling_batch_size": cfg.over_sampling_batch_size or cfg.rollout_batch_size}
+    return {"over_sampling_batch_size": cfg.batches.over_sampling_batch_size or cfg.batches.rollout_batch_size}

@@ -1,7 +1,6 @@
 """Sampling-based evaluation: pass@k (unbiased) and mean reward of a policy on fixed prompts.
 
-    metrics = evaluate(model, tokenizer, prompts, labels, reward_fn,
-                       EvalSampling(n_samples=4, temperature=0.6, max_response_len=1024),
+    metrics = evaluate(model, tokenizer, prompts, labels, reward_fn, EvalSampling.of(cfg),
                        name="gsm8k")
     # {"eval/gsm8k/pass@1": ..., "eval/gsm8k/pass@2": ..., "eval/gsm8k/pass@4": ...,
     #  "eval/gsm8k/mean_reward": ..., "eval/gsm8k/response_length": ...,
@@ -27,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from relax.collectives import all_reduce
+from relax.config.sections import EvaluationSection
 from relax.eval.passk import PassAtKSums
 from relax.models import eos_token_ids as find_eos_ids
 from relax.precision import use_bf16
@@ -38,32 +38,22 @@ from relax.seeding import seed_for
 
 @dataclass(frozen=True)
 class EvalSampling:
-    """How evaluation responses are sampled (``temperature`` 0 = greedy)."""
+    """The evaluation section (``cfg.evaluation``, resolved: its sampling is set; temperature
+    0 is greedy) with the run's seed and ``--bf16`` (None: on for CUDA, relax/precision.py)."""
 
-    n_samples: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_response_len: int = 1024
-    batch_size: int = 64  # sequences per generation call
-    pass_threshold: float = 1.0
+    section: EvaluationSection
     seed: int = 1234
-    bf16: bool | None = None  # --bf16; None: on for CUDA (relax/precision.py)
+    bf16: bool | None = None
+
+    @classmethod
+    def of(cls, cfg) -> EvalSampling:
+        """The sampling of ``relax train``'s or ``relax eval``'s configuration."""
+        return cls(cfg.evaluation, cfg.run.seed, cfg.system.bf16)
 
     @property
     def params(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.top_k)
-
-    @classmethod
-    def from_config(cls, cfg) -> EvalSampling:
-        """From the evaluation section ``relax train`` and ``relax eval`` share
-        (relax/config/sections.py)."""
-        e = cfg.evaluation
-        return cls(
-            n_samples=e.n_samples, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
-            max_response_len=e.max_response_len, batch_size=e.batch_size,
-            pass_threshold=e.pass_threshold, seed=e.seed, bf16=e.bf16,
-        )
+        e = self.section
+        return SamplingParams(e.temperature, e.top_p, e.top_k)
 
 
 def _rank_world(group) -> tuple[int, int]:
@@ -142,14 +132,14 @@ def evaluate(
     sampler = _sampler(model, tokenizer, sampling, device, eos_token_ids, sync_group,
                        make_sampler)
     generator = eval_generator(sampling, device, name, step, rank)
-    sums = PassAtKSums(sampling.n_samples, sampling.pass_threshold,
+    sums = PassAtKSums(sampling.section.n_samples, sampling.section.pass_threshold,
                        means=("response_length", "truncated"))
     mine = _my_prompts(len(prompts), rank, world, pad=sync_group is not None)
-    per_call = max(1, sampling.batch_size // sampling.n_samples)
+    per_call = max(1, sampling.section.batch_size // sampling.section.n_samples)
     for start in range(0, len(mine), per_call):
         _add_chunk(sums, sampler, tokenizer, prompts, labels, mine[start:start + per_call],
-                   reward_fn, generator=generator, max_new_tokens=sampling.max_response_len,
-                   reward_name=reward_name, index_base=start * sampling.n_samples,
+                   reward_fn, generator=generator, max_new_tokens=sampling.section.max_response_len,
+                   reward_name=reward_name, index_base=start * sampling.section.n_samples,
                    timeout=reward_timeout)
     return sums.metrics(name, totals=all_reduced(sums.values, device, group))
 

@@ -82,9 +82,9 @@ class PromptCollector(StreamPosition):
         self.ctx, self.source, self.tokenizer = ctx, source, tokenizer
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
         self.n, self.batch_size = batches.samples_per_prompt, batches.rollout_batch_size
-        self.seed, self.max_response_len = seed, rollout.max_response_len
-        self.format = dict(apply_chat_template=rollout.apply_chat_template,
-                           system_prompt=rollout.system_prompt)
+        self.seed, self.max_response_len = seed, rollout.sampling.max_response_len
+        self.format = dict(apply_chat_template=rollout.data.apply_chat_template,
+                           system_prompt=rollout.data.system_prompt)
         self.cursor = 0  # prompts of the stream consumed by earlier steps (all ranks)
 
     def collect(self, step: int) -> StepBatch:

@@ -143,17 +143,21 @@ def load_prompt_data(
     return samples
 
 
-def load_source(spec: str, flag: str, cfg, *, role: str) -> list[PromptSample]:
+def load_source(spec: str, flag: str, rollout, *, role: str,
+                privileged_key: str | None = None) -> list[PromptSample]:
     """The prompts of ``--prompt-data`` or one ``--eval-prompt-data`` set: a reasoning-gym
-    dataset (``reasoning-gym:NAME?...``, generated here) or a data file."""
+    dataset (``reasoning-gym:NAME?...``, generated here) or a data file; ``rollout`` is the
+    rollout section (its ``data``, and whether ``rewards`` needs labels).
+    ``privileged_key``: the field each row must hold for ``--opd-type self``
+    (``--opsd-privileged-info-key``; training rows only)."""
+    data = rollout.data
     if gym.is_reasoning_gym(spec):
         return gym.load_samples(gym.parse_spec(spec, flag, role=role), flag,
-                                answer_format=cfg.reasoning_gym_answer,
-                                system_prompt=cfg.system_prompt)
-    # --opd-type self: training rows carry the teacher's privileged information
-    key = getattr(cfg, "opsd_privileged_info_key", None) if role == "train" else None
-    return load_prompt_data(spec, cfg.input_key, cfg.label_key,
-                            need_label=cfg.custom_rm_path is None, privileged_key=key)
+                                answer_format=data.reasoning_gym_answer,
+                                system_prompt=data.system_prompt)
+    return load_prompt_data(spec, data.input_key, data.label_key,
+                            need_label=rollout.rewards.custom_rm_path is None,
+                            privileged_key=privileged_key)
 
 
 def report_overlap(train: list[PromptSample], eval_sets, *, report=print) -> dict[str, int]:

@@ -30,12 +30,12 @@ from relax.seeding import seed_for
 def build_environments(rollout, batches, ctx) -> list | None:
     """One ``--env`` environment per episode this rank plays in a step (None without --env);
     ``rollout`` / ``batches``: the configuration's sections."""
-    if not rollout.env:
+    if not rollout.episodes.env:
         return None
-    timeout = rollout.env_step_timeout
-    make = environment_factory(rollout.env, timeout)
+    timeout = rollout.episodes.step_timeout
+    make = environment_factory(rollout.episodes.env, timeout)
     count = batches.rollout_batch_size // ctx.world_size * batches.samples_per_prompt
-    return start_environments(make, count, name=f"--env {rollout.env}", timeout_s=timeout)
+    return start_environments(make, count, name=f"--env {rollout.episodes.env}", timeout_s=timeout)
 
 
 class EpisodeCollector(StreamPosition):
@@ -89,39 +89,40 @@ class EpisodeCollector(StreamPosition):
         """The n episodes of a group start from the same environment seed, so the group
         baseline compares plays of one game; seeds come from the run's seed, never from
         Python's global ``random`` (environments reseed it)."""
-        cfg, n = self.rollout, self.n
+        section, n = self.rollout, self.n
         first = step * self.batch_size + self.ctx.rank * self.per_rank
         # below HELDOUT_SEED: the evaluation's seeds are never trained on
         seeds = [seed_for(self.seed, "env", first + g) % HELDOUT_SEED
                  for g in range(self.per_rank) for _ in range(n)]
         format_prompt, render = turn_io(self.tokenizer,
-                                        apply_chat_template=cfg.apply_chat_template,
-                                        system_prompt=cfg.system_prompt,
+                                        apply_chat_template=section.data.apply_chat_template,
+                                        system_prompt=section.data.system_prompt,
                                         eos_token_id=self.eos_token_id)
         error = None
         try:  # under raise the first failed episode ends the step: one deadline, not one each
             played = run_episodes(
                 self.envs, seeds, tokenizer=self.tokenizer, format_prompt=format_prompt,
-                render=render, sample=sample, max_turns=cfg.max_turns,
-                max_turn_tokens=cfg.max_response_len, context=self.context,
-                device=self.ctx.device, stop_at_first_error=cfg.reward_error_policy == "raise",
+                render=render, sample=sample, max_turns=section.episodes.max_turns,
+                max_turn_tokens=section.sampling.max_response_len, context=self.context,
+                device=self.ctx.device, stop_at_first_error=section.rewards.error_policy == "raise",
             )
         except EnvFailure as e:
-            error = RewardError(f"--env {cfg.env}: {e} (--reward-error-policy zero scores such "
+            error = RewardError(f"--env {section.episodes.env}: {e} (--reward-error-policy zero scores such "
                                 "episodes 0)")
         raise_together(error, self.ctx)
-        warn_some([f"--env {cfg.env}: {e}" for e in played.errors], self.ctx, "episodes",
+        warn_some([f"--env {section.episodes.env}: {e}" for e in played.errors], self.ctx,
+                  "episodes",
                   "scored 0 (--reward-error-policy zero)")
         labels = [{"env_seed": s, "turns": k} for s, k in zip(seeds, played.turns, strict=True)]
         return played, labels
 
     def _agents(self, step: int, sample):
         """One agent run per sample of this rank's prompt groups; a failed run scores 0."""
-        cfg, n = self.rollout, self.n
+        section, n = self.rollout, self.n
         if self.agents is None:
             self.agents = AgentRunner(
-                cfg.agent_command, timeout_s=cfg.agent_timeout, max_turns=cfg.max_turns,
-                max_turn_tokens=cfg.max_response_len, tokenizer=self.tokenizer,
+                section.episodes.agent_command, timeout_s=section.episodes.agent_timeout, max_turns=section.episodes.max_turns,
+                max_turn_tokens=section.sampling.max_response_len, tokenizer=self.tokenizer,
                 eos_token_id=self.eos_token_id, context=self.context, device=self.ctx.device)
         rank = self.ctx.rank
         batch = self.source.batch(step)[rank * self.per_rank:(rank + 1) * self.per_rank]

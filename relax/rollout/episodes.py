@@ -46,7 +46,7 @@ SENTINEL = "RELAXTURNSENTINEL"
 # tokenizing megabytes of text an environment returned would cost seconds to minutes.
 MAX_OBSERVATION_CHARS = 1 << 20
 
-# Environment seeds from here on are held out for evaluation (relax/eval/episodes.py); the
+# Environment seeds from here on are held out for evaluation (relax/eval/env_eval.py); the
 # training episodes draw theirs below it (relax/rollout/episode_collector.py).
 HELDOUT_SEED = 1_000_000_000
 

@@ -44,10 +44,10 @@ class PartialRollouts(StreamPosition):
         self.seed, self.n = seed, batches.samples_per_prompt
         self.quota = batches.rollout_batch_size // ctx.world_size
         self.per_step = batches.over_sampling_batch_size // ctx.world_size
-        self.max_len, self.max_aborted = rollout.max_response_len, max_aborted
+        self.max_len, self.max_aborted = rollout.sampling.max_response_len, max_aborted
         self.mask_offpolicy = mask_offpolicy
-        self.format = dict(apply_chat_template=rollout.apply_chat_template,
-                           system_prompt=rollout.system_prompt)
+        self.format = dict(apply_chat_template=rollout.data.apply_chat_template,
+                           system_prompt=rollout.data.system_prompt)
         self.cursor = 0  # prompts of the stream taken by all ranks so far
         self.carried: list[list[dict]] = []  # this rank's groups in flight: n rows each
 

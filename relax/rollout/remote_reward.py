@@ -85,11 +85,11 @@ class RemoteRewardModel:
         self._jitter = random.Random()  # its own: the run's seeded RNGs stay untouched
 
     @classmethod
-    def of(cls, rollout) -> RemoteRewardModel:
-        """From the rollout section (relax/config/sections.py)."""
-        return cls(rollout.rm_url, concurrency=rollout.reward_max_concurrency,
-                   batch_size=rollout.rm_batch_size, timeout=rollout.reward_timeout,
-                   retries=rollout.rm_retries, backoff=rollout.rm_retry_backoff)
+    def of(cls, rewards) -> RemoteRewardModel:
+        """From the rewards section (``cfg.rollout.rewards``)."""
+        return cls(rewards.url, concurrency=rewards.max_concurrency,
+                   batch_size=rewards.batch_size, timeout=rewards.timeout,
+                   retries=rewards.retries, backoff=rewards.retry_backoff)
 
     @property
     def name(self) -> str:

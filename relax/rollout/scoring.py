@@ -34,21 +34,21 @@ class Scorer:
         GenerativeJudge of ``--rm-type genrm`` (relax/trainer/judge.py loads it)."""
         self.ctx, self.judge = ctx, judge
         # a built-in task scores with its own reward unless told otherwise
-        rm_type = rollout.rm_type or builtin_task
+        rm_type = rollout.rewards.rm_type or builtin_task
         self.remote = None
         if judge is not None:
-            self.reward_fn, self.reward_name = judge, f"--genrm-model-path {rollout.genrm_model_path}"
+            self.reward_fn, self.reward_name = judge, f"--genrm-model-path {rollout.rewards.genrm_model_path}"
         elif rm_type == "remote_rm":
-            self.remote = RemoteRewardModel.of(rollout)
+            self.remote = RemoteRewardModel.of(rollout.rewards)
             self.remote.check_reachable()  # before any model is loaded: exit 2 naming --rm-url
             self.reward_fn, self.reward_name = self.remote, self.remote.name
         else:
             self.reward_fn, self.reward_name = build_reward_fn(
-                rollout.custom_rm_path, rm_type,
-                gym_answer=(rollout.reasoning_gym_answer if is_reasoning_gym(rollout.prompt_data)
+                rollout.rewards.custom_rm_path, rm_type,
+                gym_answer=(rollout.data.reasoning_gym_answer if is_reasoning_gym(rollout.data.prompt_data)
                             else None))
-        self.group_rm = rollout.group_rm
-        self.timeout, self.error_policy = rollout.reward_timeout, rollout.reward_error_policy
+        self.group_rm = rollout.rewards.group_rm
+        self.timeout, self.error_policy = rollout.rewards.timeout, rollout.rewards.error_policy
         self.post_process_fn = (load_function(post_process_path, POST_PROCESS_FLAG)
                                 if post_process_path else None)
 

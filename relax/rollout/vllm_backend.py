@@ -63,21 +63,21 @@ class VllmSettings:
 
     @classmethod
     def of_train(cls, cfg) -> VllmSettings:
-        return cls(urls=tuple(cfg.vllm_url) if cfg.vllm_url else None,
-                   model_dir=cfg.hf_checkpoint, run_dir=cfg.output_dir, seed=cfg.seed,
-                   temperature=cfg.rollout_temperature, interval=cfg.update_weights_interval,
-                   startup_timeout=cfg.vllm_startup_timeout,
-                   request_timeout=cfg.vllm_request_timeout, fsdp=cfg.fsdp,
-                   bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20))
+        return cls(urls=tuple(cfg.rollout.backend.vllm_url) if cfg.rollout.backend.vllm_url else None,
+                   model_dir=cfg.model.hf_checkpoint, run_dir=cfg.run.output_dir, seed=cfg.run.seed,
+                   temperature=cfg.rollout.sampling.temperature, interval=cfg.placement.update_weights_interval,
+                   startup_timeout=cfg.rollout.backend.vllm_startup_timeout,
+                   request_timeout=cfg.rollout.backend.vllm_request_timeout, fsdp=cfg.system.fsdp,
+                   bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20))
 
     @classmethod
     def of_eval(cls, cfg, run_dir: str) -> VllmSettings:
         """``relax eval``: the checkpoint's weights, no sync; no log-prob is read, so the
         mode is the raw one."""
-        return cls(urls=tuple(cfg.vllm_url) if cfg.vllm_url else None,
-                   model_dir=cfg.checkpoint, run_dir=run_dir, seed=cfg.seed, temperature=1.0,
-                   interval=1, startup_timeout=cfg.vllm_startup_timeout,
-                   request_timeout=cfg.vllm_request_timeout)
+        return cls(urls=tuple(cfg.rollout.backend.vllm_url) if cfg.rollout.backend.vllm_url else None,
+                   model_dir=cfg.checkpoint, run_dir=run_dir, seed=cfg.run.seed, temperature=1.0,
+                   interval=1, startup_timeout=cfg.rollout.backend.vllm_startup_timeout,
+                   request_timeout=cfg.rollout.backend.vllm_request_timeout)
 
 
 class VllmBackend:

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.distributed as dist
 
+from relax.config.section import value_of
 from relax.errors import InputError, PeerFailure
 from relax.trainer.distributed import DistContext, is_peer_failure
 
@@ -117,7 +118,7 @@ def check_same_settings(cfg) -> None:
     """Every rank's :data:`SHARED` settings are the same (one all-gather over the job), else
     :class:`InputError` on every rank naming the first that differs: nodes launched with
     other flags would otherwise wait on each other until --distributed-timeout-minutes."""
-    mine = {k: getattr(cfg, k, None) for k in SHARED}
+    mine = {k: value_of(cfg, k) for k in SHARED}
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     for key in SHARED:

@@ -96,24 +96,24 @@ class Critic:
     @classmethod
     def build(cls, cfg, ctx, *, tokenizer, bf16: bool) -> Critic | None:
         """The critic of ``--advantage-estimator ppo`` (None for every other estimator)."""
-        if not estimators.facts(cfg.advantage_estimator).needs_critic:
+        if not estimators.facts(cfg.algorithm.estimator).needs_critic:
             return None
         section = cfg.critic
-        lm = models.load_policy(cfg.hf_checkpoint, tokenizer, ctx.device, seed=cfg.seed)
+        lm = models.load_policy(cfg.model.hf_checkpoint, tokenizer, ctx.device, seed=cfg.run.seed)
         value_model = ValueModel(lm).to(ctx.device)
         if section.load:  # the whole weights; with LoRA they are the frozen backbone
             load_weights(value_model, section.load)
-        lora = _add_adapters(lm, cfg.lora, cfg.seed) if cfg.lora.enabled else None
+        lora = _add_adapters(lm, cfg.lora, cfg.run.seed) if cfg.lora.enabled else None
         # the policy's activation recompute, before wrap_model as for the policy: a critic
         # of the policy's size needs the same memory
         apply_recompute(lm, cfg.recompute)
-        model = wrap_model(value_model, ctx, fsdp=cfg.fsdp, blocks=decoder_blocks(lm))
-        base_lr = section.lr if section.lr is not None else cfg.lr
+        model = wrap_model(value_model, ctx, fsdp=cfg.system.fsdp, blocks=decoder_blocks(lm))
+        base_lr = section.lr if section.lr is not None else cfg.optimizer.lr
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                      lr=base_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                      weight_decay=cfg.weight_decay)
-        return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.clip_grad,
-                   ctx=ctx, bf16=bf16, fsdp=cfg.fsdp, lora=lora)
+                                      lr=base_lr, betas=(cfg.optimizer.adam_beta1, cfg.optimizer.adam_beta2),
+                                      weight_decay=cfg.optimizer.weight_decay)
+        return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.optimizer.clip_grad,
+                   ctx=ctx, bf16=bf16, fsdp=cfg.system.fsdp, lora=lora)
 
     # ------------------------------------------------------------------ values and targets
     def values(self, exp: Experience, *, micro_batch_size: int, max_tokens=None, group=None,

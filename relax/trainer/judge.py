@@ -16,18 +16,18 @@ from relax.rollout.genrm import GenerativeJudge
 FLAG = "--genrm-model-path"
 
 
-def build_judge(rollout, device: torch.device, *, bf16: bool) -> GenerativeJudge | None:
-    """The judge of the rollout section (relax/config/sections.py), or None without one."""
-    if rollout.rm_type != "genrm":
+def build_judge(rewards, device: torch.device, *, bf16: bool) -> GenerativeJudge | None:
+    """The judge of the rewards section (``cfg.rollout.rewards``), or None without one."""
+    if rewards.rm_type != "genrm":
         return None
-    path = rollout.genrm_model_path
+    path = rewards.genrm_model_path
     models.quiet_transformers()
     tokenizer = models.load_tokenizer(path, FLAG)
     model = models.load_judge(path, device, bf16=bf16, flag=FLAG)
-    template = (read_template(rollout.genrm_prompt_template)
-                if rollout.genrm_prompt_template else DEFAULT_TEMPLATE)
+    template = (read_template(rewards.genrm_prompt_template)
+                if rewards.genrm_prompt_template else DEFAULT_TEMPLATE)
     return GenerativeJudge(model, tokenizer, eos_token_ids=models.eos_token_ids(tokenizer, model),
-                           template=template, max_new_tokens=rollout.genrm_max_response_len,
+                           template=template, max_new_tokens=rewards.genrm_max_response_len,
                            bf16=bf16, device=device)
 
 

@@ -31,15 +31,15 @@ from relax.trainer.signals import StopRequest
 def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     """Train as configured; return the metrics of each rollout step (raises RelaxError)."""
     start = time.perf_counter()
-    set_mmap_threshold(cfg.host_mmap_threshold_kb)  # 0: glibc's own behaviour
+    set_mmap_threshold(cfg.system.host_mmap_threshold_kb)  # 0: glibc's own behaviour
     stop = StopRequest()
     stop.install()
     try:
-        ctx = init_distributed(cfg.device, cfg.distributed_timeout_minutes)
+        ctx = init_distributed(cfg.system.device, cfg.run.distributed_timeout_minutes)
         layout = None
         if ctx.world_size > 1:  # nodes launched with other flags would wait on each other
             check_same_settings(cfg)
-        if cfg.fully_async:  # rollout ranks serve batches; the others train on them
+        if cfg.placement.fully_async:  # rollout ranks serve batches; the others train on them
             layout, ctx = split_roles(ctx, cfg.world_size)
             if layout.is_rollout:
                 serve_rollouts(cfg, ctx, layout, stop)
@@ -64,7 +64,7 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and is_peer_failure(e):
             raise PeerFailure(
                 "a collective failed: another data-parallel rank died or did not answer "
-                f"within --distributed-timeout-minutes {cfg.distributed_timeout_minutes:g} "
+                f"within --distributed-timeout-minutes {cfg.run.distributed_timeout_minutes:g} "
                 "(see its own message): "
                 f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
         raise
@@ -77,19 +77,19 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
 
 def _report_end(cfg, steps: int, seconds: float, ended_early: str | None) -> None:
     """The run's last line: steps, time, where the metrics and the model are."""
-    where = f"; model saved to {cfg.save}" if cfg.save else ""
+    where = f"; model saved to {cfg.checkpoint.save}" if cfg.checkpoint.save else ""
     if ended_early:
-        where += f" ({ended_early}; continue with --load {cfg.save})" if cfg.save else \
+        where += f" ({ended_early}; continue with --load {cfg.checkpoint.save})" if cfg.checkpoint.save else \
             f" ({ended_early})"
     print(f"relax train: {steps} rollout steps in {seconds:.1f} s; "
-          f"metrics in {os.path.join(cfg.output_dir, 'metrics.jsonl')}{where}", file=sys.stderr)
+          f"metrics in {os.path.join(cfg.run.output_dir, 'metrics.jsonl')}{where}", file=sys.stderr)
 
 
 def role_of(cfg, rank: str, world: int) -> str:
     """``--fully-async``: which side a rank is on, for its error line."""
-    if not cfg.fully_async or not rank.isdigit():
+    if not cfg.placement.fully_async or not rank.isdigit():
         return ""
-    return " rollout" if int(rank) >= world - cfg.rollout_num_gpus else " training"
+    return " rollout" if int(rank) >= world - cfg.placement.rollout_num_gpus else " training"
 
 
 def train(cfg) -> int:

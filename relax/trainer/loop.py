@@ -41,9 +41,9 @@ import time
 import torch
 
 from relax import models
-from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+from relax.algorithms import compute_advantages_and_returns
 from relax.errors import InputError
-from relax.eval.hook import load_eval_sets, maybe_evaluate
+from relax.eval.sets import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
 from relax.metrics.tracker import MetricTracker
 from relax.plugins import call_plugin, load_function
@@ -60,13 +60,13 @@ from relax.rollout.scoring import Scorer, plugin_tensor
 from relax.rollout.tasks import get_task
 from relax.rollout.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
-from relax.trainer import build, checkpoint
+from relax.trainer import checkpoint, parts
 from relax.trainer.async_layout import AsyncLayout, Schedule
 from relax.trainer.critic import Critic
 from relax.trainer.distill import Distillation
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.judge import build_judge, check_judging_lengths
-from relax.trainer.off_policy import MismatchMeter
+from relax.trainer.off_policy import MismatchMeter, OffPolicy
 from relax.trainer.policy import Policy
 from relax.trainer.remote_rollout import RemoteRollout
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
@@ -90,12 +90,12 @@ class Trainer:
         started = time.monotonic()  # --exit-duration-in-mins counts from here
         self.timer, self.tracker = Timer(ctx.device), MetricTracker(ctx.group, ctx.device)
         self.mismatch = MismatchMeter()  # the sampler against the trainer (§7a)
-        self.bf16 = use_bf16(cfg.bf16, ctx.device)
+        self.bf16 = use_bf16(cfg.system.bf16, ctx.device)
         # everything that can fail on bad input comes before any model is loaded
         models.check_model_paths(cfg)
         resume = find_resume(cfg, report=ctx.is_main)
         stop, envs = stop or StopRequest(), None
-        if cfg.env:  # a factory may take up to its deadline (600 s by default): a signal
+        if cfg.rollout.episodes.env:  # a factory may take up to its deadline (600 s by default): a signal
             with stop.at_once("building the --env environments"):  # stops it at once
                 envs = build_environments(cfg.rollout, cfg.batches, ctx)
         self._build_data_and_rewards()
@@ -103,15 +103,15 @@ class Trainer:
             changed = check_resume(cfg, resume[0], resume[1], self.total_steps)
             if changed and ctx.is_main:
                 print(changed, file=sys.stderr)
-        # (--env evaluates on held-out environment seeds instead: relax/eval/episodes.py)
-        self.eval_sets = load_eval_sets(cfg) if cfg.eval_interval and not cfg.env else []
+        # (--env evaluates on held-out environment seeds instead: relax/eval/env_eval.py)
+        self.eval_sets = load_eval_sets(cfg) if cfg.evaluation.interval and not cfg.rollout.episodes.env else []
         if self.samples is not None and ctx.is_main:
             report_overlap(self.samples, self.eval_sets,
                            report=lambda line: print(line, file=sys.stderr))
         # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
         # here, before any model loads; an owned server is closed on any failure below
         self.vllm = (VllmBackend.open(VllmSettings.of_train(cfg), ctx.rank, ctx.device, ctx)
-                     if cfg.rollout_backend == "vllm" else None)
+                     if cfg.rollout.backend.name == "vllm" else None)
         try:
             self._build_rest(envs, resume, started, stop, console)
         except BaseException:
@@ -124,7 +124,7 @@ class Trainer:
         # --use-opd: the teacher, its vocabulary checked against the student's before any step
         self.distill = Distillation.build(cfg.distillation, ctx, tokenizer=self.policy.tokenizer,
                                           student=self.policy.module, bf16=self.bf16,
-                                          run_dir=cfg.output_dir, seed=cfg.seed)
+                                          run_dir=cfg.run.output_dir, seed=cfg.run.seed)
         # --opd-type self: the frozen initial model reading the privileged prompts (§7b)
         self.opsd = SelfDistillation.build(cfg, ctx, tokenizer=self.policy.tokenizer,
                                            student=self.policy.module, bf16=self.bf16)
@@ -136,17 +136,17 @@ class Trainer:
         self.step_metrics.remote_generation = layout is not None or self.vllm is not None
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
-            # the host's cores shared between the local ranks (build.cpu_threads)
-            torch.set_num_threads(build.cpu_threads(
+            # the host's cores shared between the local ranks (parts.cpu_threads)
+            torch.set_num_threads(parts.cpu_threads(
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
-            checkpoint.remove_stale_temps(cfg.save)
+            checkpoint.remove_stale_temps(cfg.checkpoint.save)
         self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
-                                                       fsdp=cfg.fsdp,
+                                                       fsdp=cfg.system.fsdp,
                                                        rank_state=self.collector.state_dict,
                                                        extra_state=self.critic and self.critic.checkpoint_state)
         self.control = RunControl(ctx, stop, total_steps=self.total_steps,
-                                  exit_duration_in_mins=cfg.exit_duration_in_mins,
+                                  exit_duration_in_mins=cfg.run.exit_duration_in_mins,
                                   started=started)
         self.start_step = 0
         if resume:
@@ -154,9 +154,9 @@ class Trainer:
             if self.vllm is not None:  # the server holds --hf-checkpoint, not the resumed step
                 self.vllm.push(self.policy.module, self.start_step, self.tracker)
         self.logger = build_logger(
-            is_main=ctx.is_main, output_dir=cfg.output_dir, total_steps=self.total_steps,
-            start_step=self.start_step, console=console, tensorboard=cfg.use_tensorboard,
-            wandb=cfg.use_wandb, config=cfg.to_dict(), samples=cfg.log_samples > 0,
+            is_main=ctx.is_main, output_dir=cfg.run.output_dir, total_steps=self.total_steps,
+            start_step=self.start_step, console=console, tensorboard=cfg.run.use_tensorboard,
+            wandb=cfg.run.use_wandb, config=cfg.to_dict(), samples=cfg.run.log_samples > 0,
         )
         if layout is not None:  # the rollout ranks wait for their start before anything else
             self.collector.start(self.start_step)
@@ -165,55 +165,58 @@ class Trainer:
     def _build_data_and_rewards(self) -> None:
         cfg = self.cfg
         self.samples = task = None
-        if cfg.prompt_data:
-            self.samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train")
-        elif not cfg.env:  # an environment makes its own prompts
-            task = get_task(cfg.builtin_task)
+        if cfg.rollout.data.prompt_data:
+            self.samples = load_source(cfg.rollout.data.prompt_data, "--prompt-data", cfg.rollout,
+                                       role="train",
+                                       privileged_key=cfg.distillation.privileged_info_key)
+        elif not cfg.rollout.episodes.env:  # an environment makes its own prompts
+            task = get_task(cfg.rollout.data.builtin_task)
         self.scorer = Scorer(cfg.rollout, self.ctx,
-                             builtin_task=None if self.samples is not None else cfg.builtin_task,
+                             builtin_task=None if self.samples is not None else cfg.rollout.data.builtin_task,
                              post_process_path=cfg.algorithm.reward_post_process_path,
                              # --fully-async: the rollout ranks score (and hold the judge)
-                             judge=None if cfg.fully_async else build_judge(
-                                 cfg.rollout, self.ctx.device, bf16=self.bf16))
-        self.custom_advantage = (load_function(cfg.custom_advantage_function_path, ADVANTAGE_FLAG)
-                                 if cfg.custom_advantage_function_path else None)
-        self.group_filter = (load_group_filter(cfg.dynamic_sampling_filter_path)
-                             if cfg.dynamic_sampling_filter_path else None)
+                             judge=None if cfg.placement.fully_async else build_judge(
+                                 cfg.rollout.rewards, self.ctx.device, bf16=self.bf16))
+        self.custom_advantage = (load_function(cfg.algorithm.custom_advantage_path, ADVANTAGE_FLAG)
+                                 if cfg.algorithm.custom_advantage_path else None)
+        self.group_filter = (load_group_filter(cfg.batches.filter_path)
+                             if cfg.batches.filter_path else None)
         if cfg.world_size != self.ctx.world_size:  # validation's batch rules assumed its own
             raise InputError(f"the configuration was resolved for WORLD_SIZE={cfg.world_size} but "
                              f"this run has {self.ctx.world_size} data-parallel ranks; parse the "
                              "flags under this launch (parse_train_config reads WORLD_SIZE)")
-        self.source = PromptSource(batch_size=cfg.rollout_batch_size, seed=cfg.seed,
-                                   samples=self.samples, task=task, shuffle=cfg.rollout_shuffle)
-        self.total_steps = cfg.num_rollout or cfg.num_epoch * self.source.steps_per_epoch
-        self.settings = AdvantageSettings(
-            estimator=cfg.advantage_estimator, normalize_advantages=cfg.normalize_advantages,
-            gamma=cfg.gamma, kl_coef=cfg.kl_coef, lambd=cfg.lambd,
-            std_normalization=not cfg.disable_grpo_std_normalization,
-        )
-        self.loss_settings = LossSettings.from_config(cfg, bf16=self.bf16)
+        self.source = PromptSource(batch_size=cfg.batches.rollout_batch_size, seed=cfg.run.seed,
+                                   samples=self.samples, task=task, shuffle=cfg.rollout.data.shuffle)
+        self.total_steps = cfg.batches.num_rollout or cfg.batches.num_epoch * self.source.steps_per_epoch
+        batches = cfg.batches
+        self.loss_settings = LossSettings(
+            cfg.algorithm, OffPolicy.load(cfg.rollout.off_policy),
+            temperature=cfg.rollout.sampling.temperature, bf16=self.bf16,
+            max_tokens=batches.max_tokens_per_gpu if batches.token_budget else None,
+            layout=batches.pass_layout, opsd=cfg.distillation.self_mode)
 
     def _build_policy(self) -> Policy:
         cfg, ctx = self.cfg, self.ctx
         models.quiet_transformers()  # no download/shard progress bars between summary lines
-        tokenizer = models.load_tokenizer(cfg.hf_checkpoint)
-        if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-            raise InputError(f"--apply-chat-template: the tokenizer in {cfg.hf_checkpoint} has "
+        tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
+        if cfg.rollout.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+            raise InputError(f"--apply-chat-template: the tokenizer in {cfg.model.hf_checkpoint} has "
                              "no chat template; remove the flag or use a chat model")
         # a resumed run starts from the same model; the checkpoint's state replaces its weights
-        module = models.load_policy(cfg.hf_checkpoint, tokenizer, ctx.device, seed=cfg.seed)
+        module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, ctx.device,
+                                    seed=cfg.run.seed)
         self._check_prompt_lengths(tokenizer, module)
         # the FLOP counts are the model's own (a LoRA adapter's are not model FLOPs)
-        passes = int(build.needs_old_log_probs(cfg)) + int(build.needs_reference(cfg))
+        passes = int(parts.needs_old_log_probs(cfg)) + int(parts.needs_reference(cfg.algorithm))
         self.step_metrics = StepMetrics.measure(module, self.tracker, ctx,
-                                                peak_tflops=cfg.peak_tflops, bf16=self.bf16,
+                                                peak_tflops=cfg.system.peak_tflops, bf16=self.bf16,
                                                 log_prob_passes=passes,
-                                                layout=cfg.pass_layout)
-        self.step_metrics.padding_note = not cfg.use_dynamic_batch_size
+                                                layout=cfg.batches.pass_layout)
+        self.step_metrics.padding_note = not cfg.batches.token_budget
         policy = Policy.build(module, cfg, ctx, tokenizer,
                               eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=self.bf16)
         if ctx.is_main:
-            check_free_space(cfg.save, policy.trainable_count())
+            check_free_space(cfg.checkpoint.save, policy.trainable_count())
         return policy
 
     def _check_prompt_lengths(self, tokenizer, module) -> None:
@@ -221,19 +224,20 @@ class Trainer:
         (else the prompt's file:line, or its evaluation set and number)."""
         cfg = self.cfg
         context = getattr(module.config, "max_position_embeddings", None)
-        fmt = dict(apply_chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt)
+        fmt = dict(apply_chat_template=cfg.rollout.data.apply_chat_template,
+                   system_prompt=cfg.rollout.data.system_prompt)
         if self.samples is not None:
             check_formatted_lengths(tokenizer, self.samples, **fmt, context=context,
-                                    max_response=cfg.rollout_max_response_len)
+                                    max_response=cfg.rollout.sampling.max_response_len)
             if cfg.distillation.self_mode:  # the teacher reads the longer privileged prompts
                 check_formatted_lengths(tokenizer, teacher_samples(self.samples), **fmt,
                                         context=context,
-                                        max_response=cfg.rollout_max_response_len)
+                                        max_response=cfg.rollout.sampling.max_response_len)
         check_judging_lengths(self.scorer.judge, tokenizer, self.samples, **fmt,
-                              max_response=cfg.rollout_max_response_len)
+                              max_response=cfg.rollout.sampling.max_response_len)
         for eval_set in self.eval_sets:
             check_formatted_lengths(tokenizer, eval_set.as_samples(), **fmt,
-                                    context=context, max_response=cfg.eval_max_response_len,
+                                    context=context, max_response=cfg.evaluation.max_response_len,
                                     length_flag="--eval-max-response-len")
 
     def _build_collector(self, envs):
@@ -243,47 +247,49 @@ class Trainer:
         if self.layout is not None:  # batches sampled on the rollout ranks
             cfg = self.cfg
             # with --save the final checkpoint holds the batches in flight after the last step
-            schedule = Schedule(cfg.max_staleness, cfg.update_weights_interval, self.total_steps,
-                                carry=cfg.save is not None)
+            schedule = Schedule(cfg.placement.max_staleness, cfg.placement.update_weights_interval,
+                                self.total_steps,
+                                carry=cfg.checkpoint.save is not None)
             return RemoteRollout(cfg, self.ctx, self.layout, schedule, policy=p,
                                  source=self.source, tracker=self.tracker,
-                                 timeout_minutes=cfg.distributed_timeout_minutes)
-        params = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k)
+                                 timeout_minutes=cfg.run.distributed_timeout_minutes)
+        params = SamplingParams(rollout.sampling.temperature, rollout.sampling.top_p,
+                                rollout.sampling.top_k)
         sampler = (p.sampler(params) if self.vllm is None else self.vllm.sampler(
             params, eos_token_ids=p.eos_token_ids, pad_token_id=p.tokenizer.pad_token_id))
-        parts = dict(seed=self.cfg.seed, source=self.source, tokenizer=p.tokenizer,
+        parts = dict(seed=self.cfg.run.seed, source=self.source, tokenizer=p.tokenizer,
                      scorer=self.scorer, timer=self.timer, tracker=self.tracker,
                      sampler=sampler)
-        if rollout.env or rollout.agentic:
+        if rollout.episodes.env or rollout.episodes.agentic:
             eos = p.tokenizer.eos_token_id
             return EpisodeCollector(rollout, batches, self.ctx, envs=envs, context=p.context,
                                     eos_token_id=p.eos_token_ids[0] if eos is None else eos,
                                     **parts)
-        if self.cfg.partial_rollout:
+        if self.cfg.rollout.partial.enabled:
             return PartialRollouts(
                 rollout, batches, self.ctx, **parts,
-                max_aborted=self.cfg.partial_rollout_max_aborted_count,
-                mask_offpolicy=self.cfg.mask_offpolicy_in_partial_rollout)
+                max_aborted=self.cfg.rollout.partial.max_aborted_count,
+                mask_offpolicy=self.cfg.rollout.partial.mask_off_policy)
         collector = PromptCollector(rollout, batches, self.ctx, **parts)
         if self.group_filter is None:
             return collector
         return DynamicSampling(batches, self.ctx, collector, self.group_filter,
-                               tracker=self.tracker, filter_timeout=self.cfg.reward_timeout)
+                               tracker=self.tracker, filter_timeout=self.cfg.rollout.rewards.timeout)
 
     def _resume(self, path: str, step: int) -> None:
         """The policy's state and this rank's RNG from ``path``; the collector continues
         where the checkpoint left it."""
-        progress = load_trainer_state(path, self.policy, fsdp=self.cfg.fsdp,
+        progress = load_trainer_state(path, self.policy, fsdp=self.cfg.system.fsdp,
                                                  ctx=self.ctx)
         self.start_step = step
         if self.critic is not None:
             self.critic.load(path)
         saved = progress.get("data")
         self.collector.load_state_dict(progress.get("collector") or {
-            "cursor": (saved or {}).get("cursor", step * self.cfg.rollout_batch_size)})
+            "cursor": (saved or {}).get("cursor", step * self.cfg.batches.rollout_batch_size)})
         if self.ctx.is_main:
             report_resume(self.cfg, path, step, saved, self.collector.position(),
-                          fixed_stride=self.group_filter is None and not self.cfg.partial_rollout,
+                          fixed_stride=self.group_filter is None and not self.cfg.rollout.partial.enabled,
                           source=self.source)
 
     # ------------------------------------------------------------------ phases
@@ -303,11 +309,12 @@ class Trainer:
     def log_probs(self, b: StepBatch):
         exp = experience_from_rollout(b.rollout)
         cfg = self.cfg
-        budget = ((cfg.log_probs_max_tokens_per_gpu or cfg.max_tokens_per_gpu)
-                  if cfg.use_dynamic_batch_size else None)
-        passes = dict(micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout_temperature,
-                      max_tokens=budget, group=self.ctx.group, layout=cfg.pass_layout)
-        if build.needs_old_log_probs(cfg):  # else the update uses its own (build.py)
+        budget = ((cfg.batches.log_probs_max_tokens_per_gpu or cfg.batches.max_tokens_per_gpu)
+                  if cfg.batches.token_budget else None)
+        passes = dict(micro_batch_size=cfg.batches.micro_batch_size,
+                      temperature=cfg.rollout.sampling.temperature,
+                      max_tokens=budget, group=self.ctx.group, layout=cfg.batches.pass_layout)
+        if parts.needs_old_log_probs(cfg):  # else the update uses its own (parts.py)
             exp.old_log_probs = self.policy.log_probs(exp, **passes)
         exp.ref_log_probs = self.policy.ref_log_probs(exp, **passes)
         if self.distill is not None:
@@ -320,7 +327,7 @@ class Trainer:
 
     def advantages(self, exp, rewards, group_index):
         out = compute_advantages_and_returns(
-            self.settings, rewards, exp.response_mask, group_index=group_index,
+            self.cfg.algorithm, rewards, exp.response_mask, group_index=group_index,
             old_log_probs=exp.old_log_probs, ref_log_probs=exp.ref_log_probs,
             values=exp.values, group=self.ctx.group,
         )
@@ -345,18 +352,18 @@ class Trainer:
         return torch.where(mask, adv, 0.0)
 
     def update(self, exp):
-        cfg, global_batch = self.cfg, self.cfg.global_batch_size
-        if len(exp) * self.ctx.world_size < cfg.rollout_batch_size * cfg.n_samples_per_prompt:
+        cfg, global_batch = self.cfg, self.cfg.batches.global_batch_size
+        if len(exp) * self.ctx.world_size < cfg.batches.rollout_batch_size * cfg.batches.samples_per_prompt:
             global_batch = len(exp) * self.ctx.world_size  # dynamic sampling came up short: one step
         if self.critic is not None and self.critic.step(  # ppo: its own optimizer steps (§5c)
                 exp, self.tracker, self.policy.optimizer, global_batch_size=global_batch,
-                micro_batch_size=cfg.micro_batch_size, max_tokens=self.loss_settings.max_tokens):
+                micro_batch_size=cfg.batches.micro_batch_size, max_tokens=self.loss_settings.max_tokens):
             return  # --num-critic-only-steps: only the critic trains on this step
         history = train_on_rollout(
             self.policy.model, self.policy.optimizer, exp, self.loss_settings, self.ctx,
             global_batch_size=global_batch,
-            micro_batch_size=cfg.micro_batch_size, clip_grad=cfg.clip_grad,
-            on_mismatch=self.mismatch.add if cfg.get_mismatch_metrics else None,
+            micro_batch_size=cfg.batches.micro_batch_size, clip_grad=cfg.optimizer.clip_grad,
+            on_mismatch=self.mismatch.add if cfg.rollout.off_policy.mismatch_metrics else None,
             opsd=self.opsd,
         )
         self.mismatch.report(self.tracker)
@@ -391,8 +398,8 @@ class Trainer:
             self.tracker.add_max("rollout/policy_lag", step - 1 - int(versions.min()))
         metrics = {**self.step_metrics.row(b, self.timer.pop()), **evaluation}
         self.logger.log(step, metrics)
-        if self.ctx.is_main and self.cfg.log_samples:
-            self.logger.log_samples(step, sample_rows(b, self.cfg.log_samples))
+        if self.ctx.is_main and self.cfg.run.log_samples:
+            self.logger.log_samples(step, sample_rows(b, self.cfg.run.log_samples))
         return metrics
 
     def manifest(self, step: int) -> dict:
@@ -404,9 +411,9 @@ class Trainer:
             # rows a crashed run wrote after it are superseded by the resumed run's rows
             "metrics": {"last_step": step, "file": "metrics.jsonl"},
             "world_size": self.ctx.world_size,
-            "seed": self.cfg.seed,
+            "seed": self.cfg.run.seed,
         }
-        return {"progress": progress, "advantage_estimator": self.cfg.advantage_estimator,
+        return {"progress": progress, "advantage_estimator": self.cfg.algorithm.estimator,
                 "config": json.loads(json.dumps(self.cfg.to_dict(), default=str))}
 
     def stop_now(self, signum: int, step: int) -> None:

@@ -1,6 +1,6 @@
 """The sampler's log-probs in the update (reinforce_plus_plus.md §7a): which log-probs are
 pi_old, the truncated importance weight (``--use-tis``), the off-policy sequence mask
-(``--use-opsm``) and the mismatch metrics. The formulas are relax/algorithms/off_policy.py.
+(``--use-opsm``) and the mismatch metrics. The formulas are relax/algorithms/sampler_mismatch.py.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from relax.algorithms import opsm_keep, tis_weights
+from relax.config.sections import OffPolicySection
 from relax.errors import RelaxError
 from relax.plugins import call_plugin, load_function
 from relax.rollout.scoring import plugin_tensor
@@ -21,41 +22,31 @@ TIS_FLAG = "--custom-tis-function-path"
 
 
 @dataclass(frozen=True)
-class OffPolicySettings:
-    """``use_rollout_logprobs``: the ratio's pi_old is the sampler's; ``tis_clip``: TIS on
-    (its upper clip) or None; ``tis_fn``: a ``--custom-tis-function-path`` plug-in replacing
-    :func:`~relax.algorithms.tis_weights`; ``opsm_delta``: OPSM on (its threshold) or None."""
+class OffPolicy:
+    """The off-policy section (``cfg.rollout.off_policy``) with its
+    ``--custom-tis-function-path`` plug-in loaded (``tis_fn``; None: :func:`~relax.algorithms.
+    tis_weights`)."""
 
-    use_rollout_logprobs: bool = False
-    tis_clip: float | None = None
-    tis_clip_low: float = 0.0
+    section: OffPolicySection = OffPolicySection()
     tis_fn: object = None
-    opsm_delta: float | None = None
 
     @classmethod
-    def from_config(cls, cfg) -> OffPolicySettings:
-        return cls(
-            use_rollout_logprobs=cfg.use_rollout_logprobs,
-            tis_clip=cfg.tis_clip if cfg.use_tis else None, tis_clip_low=cfg.tis_clip_low,
-            tis_fn=(load_function(cfg.custom_tis_function_path, TIS_FLAG)
-                    if cfg.custom_tis_function_path else None),
-            opsm_delta=cfg.opsm_delta if cfg.use_opsm else None)
+    def load(cls, section: OffPolicySection) -> OffPolicy:
+        path = section.custom_tis_path
+        return cls(section, load_function(path, TIS_FLAG) if path else None)
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return ((("train/tis_weight_mean", "train/tis_clipfrac") if self.tis_clip else ())
-                + (("train/opsm_masked_fraction",) if self.opsm_delta is not None else ()))
-
-    @property
-    def needs_sampler_log_probs(self) -> bool:
-        return self.use_rollout_logprobs or bool(self.tis_clip) or self.opsm_delta is not None
+        s = self.section
+        return ((("train/tis_weight_mean", "train/tis_clipfrac") if s.use_tis else ())
+                + (("train/opsm_masked_fraction",) if s.use_opsm else ()))
 
 
 def behaviour_log_probs(trainer_old: torch.Tensor, sampler: torch.Tensor | None,
-                        s: OffPolicySettings) -> torch.Tensor:
+                        s: OffPolicy) -> torch.Tensor:
     """pi_old of the PPO ratio: the sampler's with ``--use-rollout-logprobs``, else the
     trainer's."""
-    if not s.use_rollout_logprobs:
+    if not s.section.use_rollout_logprobs:
         return trainer_old
     if sampler is None:
         raise RelaxError("--use-rollout-logprobs: this rollout carries no sampler log-probs")
@@ -63,21 +54,21 @@ def behaviour_log_probs(trainer_old: torch.Tensor, sampler: torch.Tensor | None,
 
 
 def corrected(pg: torch.Tensor, *, log_probs, trainer_old, sampler, advantages, mask,
-              s: OffPolicySettings, reduce) -> tuple[torch.Tensor, list[torch.Tensor]]:
+              s: OffPolicy, reduce) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The per-token policy loss [B, T] times the TIS weight and the OPSM mask (both constants
     of the loss), and their metrics reduced like the loss (``reduce``), in the order of
     ``s.metric_names``."""
-    stats = []
-    if s.tis_clip:
+    stats, section = [], s.section
+    if section.use_tis:
         if s.tis_fn is not None:
             w, clipped = _plugin_weights(s.tis_fn, trainer_old, sampler, mask)
         else:
-            w, clipped = tis_weights(trainer_old, sampler, mask, clip=s.tis_clip,
-                                     clip_low=s.tis_clip_low)
+            w, clipped = tis_weights(trainer_old, sampler, mask, clip=section.tis_clip,
+                                     clip_low=section.tis_clip_low)
         pg = pg * w.to(pg.dtype)
         stats += [reduce(w), reduce(clipped.float())]
-    if s.opsm_delta is not None:
-        keep = opsm_keep(log_probs, sampler, advantages, mask, delta=s.opsm_delta)
+    if section.use_opsm:
+        keep = opsm_keep(log_probs, sampler, advantages, mask, delta=section.opsm_delta)
         pg = pg * keep[:, None].to(pg.dtype)
         stats.append(reduce((~keep)[:, None].expand_as(mask).float()))
     return pg, stats

@@ -285,8 +285,3 @@ def packed_forward(model, inner, input_ids: torch.Tensor, position_ids: torch.Te
     out = model(input_ids=ids, position_ids=pos, attention_mask=_NO_MASK.to(ids.device),
                 use_cache=False, **{BLOCKS_KWARG: attention})
     return out.logits[0]
-
-
-def executed_tokens(layout: PackLayout | None, attention_mask: torch.Tensor) -> int:
-    """Token slots the linear layers multiply: the pack's, else the padded micro-batch's."""
-    return layout.tokens if layout is not None else attention_mask.numel()

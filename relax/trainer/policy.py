@@ -21,7 +21,7 @@ import torch
 
 from relax import models
 from relax.rollout.sampler import Sampler, SamplingParams
-from relax.trainer import build, sharded_state
+from relax.trainer import parts, sharded_state
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.lora import (
@@ -54,18 +54,18 @@ class Policy:
         reference, data-parallel wrapping and AdamW around the loaded Hugging Face ``module``."""
         lora = None
         if cfg.lora.enabled:
-            lora = add_configured(module, cfg.lora, cfg.seed)
+            lora = add_configured(module, cfg.lora, cfg.run.seed)
         # before wrap_model: FSDP2 shards the same blocks, its hooks outside the checkpoint
         apply_recompute(module, cfg.recompute)
-        has_reference = build.needs_reference(cfg)
+        has_reference = parts.needs_reference(cfg.algorithm)
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
         # the initial weights are the policy with its adapter switched off
         ref = (models.load_reference(cfg, tokenizer, ctx.device, bf16=bf16)
-               if has_reference and not (lora and not cfg.ref_load) else None)
-        model = wrap_model(module, ctx, fsdp=cfg.fsdp)
-        return cls(model=model, optimizer=build.build_optimizer(model, cfg), tokenizer=tokenizer,
+               if has_reference and not (lora and not cfg.model.ref_load) else None)
+        model = wrap_model(module, ctx, fsdp=cfg.system.fsdp)
+        return cls(model=model, optimizer=parts.build_optimizer(model, cfg.optimizer), tokenizer=tokenizer,
                    eos_token_ids=eos_token_ids, ref=ref, lora=lora, has_reference=has_reference,
-                   ctx=ctx, fsdp=cfg.fsdp, bf16=bf16, base=cfg.hf_checkpoint)
+                   ctx=ctx, fsdp=cfg.system.fsdp, bf16=bf16, base=cfg.model.hf_checkpoint)
 
     @property
     def module(self) -> torch.nn.Module:

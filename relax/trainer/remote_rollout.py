@@ -52,9 +52,9 @@ class RemoteRollout:
         self.ctx, self.layout, self.schedule, self.policy = ctx, layout, schedule, policy
         self.source, self.tracker = source, tracker
         # this rank's rows of a step's batch (whole groups of its share of the prompts)
-        self.rows = cfg.rollout_batch_size // layout.trainers * cfg.n_samples_per_prompt
-        self.bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
-        self.fsdp, self.timeout_minutes = cfg.fsdp, timeout_minutes
+        self.rows = cfg.batches.rollout_batch_size // layout.trainers * cfg.batches.samples_per_prompt
+        self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
+        self.fsdp, self.timeout_minutes = cfg.system.fsdp, timeout_minutes
         self.peer = layout.rollout_rank_of(ctx.rank)
         self.pending: dict[int, dict] = {}  # step -> message, received, not trained yet
         self.state: dict = {"cursor": 0}  # the rollout side's collector after the newest batch

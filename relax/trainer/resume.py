@@ -22,6 +22,9 @@ import json
 import os
 import sys
 
+from relax.config import TrainConfig
+from relax.config.files import flatten
+from relax.config.section import to_flat, value_of
 from relax.errors import InputError
 from relax.rundirs import SAVE_MARKER
 from relax.trainer import sharded_state
@@ -55,51 +58,53 @@ def _read_json(path: str, what: str) -> dict:
 def find_resume(cfg, *, report: bool) -> tuple[str, int] | None:
     """``--save`` is usable and ``--load`` names a complete checkpoint: (its path, its step),
     or None without ``--load`` (``report``: say which candidates were skipped and why)."""
-    check_save_dir(cfg.save)
-    if not cfg.load:
+    check_save_dir(cfg.checkpoint.save)
+    if not cfg.checkpoint.load:
         return None
-    if not os.path.isdir(cfg.load):
-        raise InputError(f"--load {cfg.load}: no such directory")
-    found = latest_checkpoint(cfg.load, report=report,
-                                                checksums=cfg.checkpoint_checksums)
+    if not os.path.isdir(cfg.checkpoint.load):
+        raise InputError(f"--load {cfg.checkpoint.load}: no such directory")
+    found = latest_checkpoint(cfg.checkpoint.load, report=report,
+                                                checksums=cfg.checkpoint.checksums)
     if found is None:
-        raise InputError(f"--load {cfg.load}: no complete Relax checkpoint in it")
+        raise InputError(f"--load {cfg.checkpoint.load}: no complete Relax checkpoint in it")
     return found
 
 
 def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | None:
     """Raise :class:`InputError` if ``checkpoint`` (at rollout ``step``) cannot be continued by
     ``cfg``; else return a line naming the changed settings (None when nothing changed)."""
-    where = f"--load {cfg.load}"
+    where = f"--load {cfg.checkpoint.load}"
     if step > total_steps:
         raise InputError(f"{where}: the checkpoint {checkpoint} is at rollout step {step}, "
                          f"beyond this run's {total_steps} steps; raise --num-rollout above "
                          f"{step} to continue it (relax eval evaluates it as it is)")
     manifest = _read_json(os.path.join(checkpoint, SAVE_MARKER), where)
     saved = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    saved = flatten(saved, TrainConfig, where, strict=False)  # by section, or flat (older)
     recorded = {"seed": (manifest.get("progress") or {}).get("seed", saved.get("seed")),
                 "advantage_estimator": manifest.get("advantage_estimator",
                                                     saved.get("advantage_estimator"))}
     for key in IDENTITY:
-        if recorded[key] is not None and recorded[key] != getattr(cfg, key):
+        if recorded[key] is not None and recorded[key] != value_of(cfg, key):
             flag = "--" + key.replace("_", "-")
             raise InputError(f"{where}: the checkpoint was trained with {flag} {recorded[key]}, "
-                             f"this run has {flag} {getattr(cfg, key)}; resume with {flag} "
+                             f"this run has {flag} {value_of(cfg, key)}; resume with {flag} "
                              f"{recorded[key]}, or start a new run without --load")
     _check_model(cfg, checkpoint, where)
     # an adapter checkpoint holds the adapter only, a full one no adapter: neither loads
     # into the other's model
     saved_rank = int(saved.get("lora_rank") or 0)
-    if saved_rank != cfg.lora_rank:
+    if saved_rank != cfg.lora.rank:
         was = f"--lora-rank {saved_rank}" if saved_rank else "full fine-tuning"
         raise InputError(f"{where}: the checkpoint was trained with {was}, this run has "
-                         f"--lora-rank {cfg.lora_rank}; resume with "
+                         f"--lora-rank {cfg.lora.rank}; resume with "
                          f"{'--lora-rank ' + str(saved_rank) if saved_rank else 'no --lora-rank'}"
                          ", or start a new run without --load")
     _check_trained_tensors(cfg, saved, where)
-    changed = [f"--{k.replace('_', '-')} {saved[k]} -> {getattr(cfg, k)}"
+    now = to_flat(cfg)
+    changed = [f"--{k.replace('_', '-')} {saved[k]} -> {now[k]}"
                for k in sorted(saved) if k not in LOCAL and k not in IDENTITY
-               and hasattr(cfg, k) and saved[k] != _jsonable(getattr(cfg, k))]
+               and k in now and saved[k] != _jsonable(now[k])]
     if not changed:
         return None
     return (f"relax train: continuing {checkpoint} (step {step}) with changed settings: "
@@ -110,9 +115,9 @@ def _check_trained_tensors(cfg, saved: dict, where: str) -> None:
     """The adapter's layers are the tensors a LoRA checkpoint holds: other target modules
     would drop trained adapters and start others from zero, so they are refused (Megatron and
     Hugging Face names of the same layers are the same targets)."""
-    if not cfg.lora_rank or "lora_target_modules" not in saved:
+    if not cfg.lora.rank or "lora_target_modules" not in saved:
         return
-    before, now = saved.get("lora_target_modules"), cfg.lora_target_modules
+    before, now = saved.get("lora_target_modules"), cfg.lora.target_modules
     layers_before = set(hf_target_names(list(before or ALL_LINEAR)))
     layers_now = set(hf_target_names(list(now or ALL_LINEAR)))
     if layers_before == layers_now:
@@ -134,16 +139,16 @@ def _jsonable(value):
 
 
 def _check_model(cfg, checkpoint: str, where: str) -> None:
-    if cfg.hf_checkpoint is None:
+    if cfg.model.hf_checkpoint is None:
         return
     mine = _read_json(os.path.join(checkpoint, "config.json"), where)
-    base = _read_json(os.path.join(cfg.hf_checkpoint, "config.json"),
-                      f"--hf-checkpoint {cfg.hf_checkpoint}")
+    base = _read_json(os.path.join(cfg.model.hf_checkpoint, "config.json"),
+                      f"--hf-checkpoint {cfg.model.hf_checkpoint}")
     differ = [k for k in MODEL_KEYS if k in mine and k in base and mine[k] != base[k]]
     if differ:
         k = differ[0]
         raise InputError(f"{where}: the checkpoint's model differs from --hf-checkpoint "
-                         f"{cfg.hf_checkpoint} ({k} {mine[k]} vs {base[k]}); the reference "
+                         f"{cfg.model.hf_checkpoint} ({k} {mine[k]} vs {base[k]}); the reference "
                          "model and the tokenizer come from --hf-checkpoint, so point it at the "
                          "model this run started from")
 
@@ -157,11 +162,11 @@ def report_resume(cfg, path: str, step: int, saved: dict | None, position: dict,
     now = {k: position[k] for k in ("epoch", "index")}
     if saved is not None:
         saved = {k: saved[k] for k in ("epoch", "index") if k in saved}
-    if fixed_stride and position["cursor"] != step * cfg.rollout_batch_size:
+    if fixed_stride and position["cursor"] != step * cfg.batches.rollout_batch_size:
         now = source.position(step)  # another --rollout-batch-size: warn below
     print(f"relax train: resuming from {path} at rollout step {step} "
           f"(data epoch {now['epoch']}, prompt {now['index']} of the epoch)", file=sys.stderr)
-    metrics = os.path.join(cfg.output_dir, "metrics.jsonl")
+    metrics = os.path.join(cfg.run.output_dir, "metrics.jsonl")
     stale = rows_after(metrics, step)
     if stale:
         print(f"relax train: {metrics} holds {stale} rows of steps after {step} from the "

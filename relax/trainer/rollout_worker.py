@@ -54,15 +54,15 @@ def build_sampler(cfg, device: torch.device):
     """The policy as the training ranks build it before training (same weights from the
     same seed, the same LoRA adapter), for generation only; the tokenizer."""
     models.quiet_transformers()
-    tokenizer = models.load_tokenizer(cfg.hf_checkpoint)
-    module = models.load_policy(cfg.hf_checkpoint, tokenizer, device, seed=cfg.seed)
+    tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
+    module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, device, seed=cfg.run.seed)
     if cfg.lora.enabled:
-        add_configured(module, cfg.lora, cfg.seed)
+        add_configured(module, cfg.lora, cfg.run.seed)
     r = cfg.rollout
     sampler = Sampler(module, eos_token_ids=models.eos_token_ids(tokenizer, module),
                       pad_token_id=tokenizer.pad_token_id,
                       params=SamplingParams(r.temperature, r.top_p, r.top_k),
-                      bf16=use_bf16(cfg.bf16, device), device=device)
+                      bf16=use_bf16(cfg.system.bf16, device), device=device)
     return module, sampler, tokenizer
 
 
@@ -72,31 +72,35 @@ class RolloutWorker:
     def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout):
         self.cfg, self.ctx, self.layout = cfg, ctx, layout
         self.module, sampler, tokenizer = build_sampler(cfg, ctx.device)
-        samples = load_source(cfg.prompt_data, "--prompt-data", cfg, role="train") \
-            if cfg.prompt_data else None
-        source = PromptSource(batch_size=cfg.rollout_batch_size, seed=cfg.seed, samples=samples,
-                              task=None if samples is not None else get_task(cfg.builtin_task),
-                              shuffle=cfg.rollout_shuffle)
-        self.bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
-        self.timeout = cfg.distributed_timeout_minutes  # every wait on the training side
+        samples = load_source(cfg.rollout.data.prompt_data, "--prompt-data", cfg.rollout,
+                              role="train") \
+            if cfg.rollout.data.prompt_data else None
+        source = PromptSource(batch_size=cfg.batches.rollout_batch_size, seed=cfg.run.seed,
+                              samples=samples,
+                              task=None if samples is not None else get_task(cfg.rollout.data.builtin_task),
+                              shuffle=cfg.rollout.data.shuffle)
+        self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
+        self.timeout = cfg.run.distributed_timeout_minutes  # every wait on the training side
         self.shares = layout.shares()
         self.timers = {v: Timer(ctx.device) for v in self.shares}
         self.trackers = {v: MetricTracker() for v in self.shares}
         self.collectors = {}
         # --rm-type genrm: one judge per rollout rank, for every share it samples
-        judge = build_judge(cfg.rollout, ctx.device, bf16=use_bf16(cfg.bf16, ctx.device))
-        check_judging_lengths(judge, tokenizer, samples, apply_chat_template=cfg.apply_chat_template,
-                              system_prompt=cfg.system_prompt,
-                              max_response=cfg.rollout_max_response_len)
+        judge = build_judge(cfg.rollout.rewards, ctx.device,
+                            bf16=use_bf16(cfg.system.bf16, ctx.device))
+        check_judging_lengths(judge, tokenizer, samples,
+                              apply_chat_template=cfg.rollout.data.apply_chat_template,
+                              system_prompt=cfg.rollout.data.system_prompt,
+                              max_response=cfg.rollout.sampling.max_response_len)
         for v in self.shares:
             # data-parallel rank v of the training ranks, alone in its process
             share = DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None)
             scorer = Scorer(cfg.rollout, share, builtin_task=None if samples is not None
-                            else cfg.builtin_task,
+                            else cfg.rollout.data.builtin_task,
                             post_process_path=cfg.algorithm.reward_post_process_path,
                             judge=judge)
             self.collectors[v] = PromptCollector(
-                cfg.rollout, cfg.batches, share, seed=cfg.seed, source=source,
+                cfg.rollout, cfg.batches, share, seed=cfg.run.seed, source=source,
                 tokenizer=tokenizer, sampler=sampler, scorer=scorer, timer=self.timers[v],
                 tracker=self.trackers[v])
         self.version, self.works = -1, []
@@ -180,7 +184,7 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
     training ranks. A SIGTERM / SIGINT (``stop``) does not end the serving: the training ranks
     finish their step and checkpoint (receiving the batches in flight), then say stop."""
     if ctx.device.type == "cpu":  # the host's cores shared between all local processes
-        from relax.trainer.build import cpu_threads
+        from relax.trainer.parts import cpu_threads
 
         torch.set_num_threads(cpu_threads(
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))

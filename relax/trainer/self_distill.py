@@ -105,13 +105,13 @@ class SelfDistillation:
         section = cfg.distillation
         if not section.self_mode:
             return None
-        path = section.teacher_load or cfg.hf_checkpoint
+        path = section.teacher_load or cfg.model.hf_checkpoint
         if section.teacher_load is not None:
             check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
         if path is not None:
             teacher = models.load_judge(path, ctx.device, bf16=bf16, flag=FLAG)
         else:  # the built-in model is a pure function of the seed: its initial weights again
-            teacher = models.build_tiny_model(tokenizer, cfg.seed).to(
+            teacher = models.build_tiny_model(tokenizer, cfg.run.seed).to(
                 torch.bfloat16 if bf16 else torch.float32).requires_grad_(False)
             teacher = teacher.to(ctx.device).eval()
         if teacher.get_output_embeddings().weight.shape[0] < \
@@ -119,7 +119,7 @@ class SelfDistillation:
             raise InputError(f"{FLAG} {path}: the teacher's output layer has fewer rows than "
                              "the student's; it cannot score every token the student may sample")
         settings = OpsdSettings(section.opsd_beta, section.opsd_jsd_clip, section.kl_coef)
-        return cls(teacher, settings, temperature=cfg.rollout_temperature, only=section.only)
+        return cls(teacher, settings, temperature=cfg.rollout.sampling.temperature, only=section.only)
 
     def advantages(self, exp: Experience) -> torch.Tensor:
         """The estimator's advantage, or 0 with ``--opd-only`` (the JSD is then the whole

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from relax.algorithms import (
-    PolicyLossSettings,
     approx_kl,
     compute_policy_loss,
     mismatch_sums,
@@ -30,58 +29,36 @@ from relax.algorithms import (
     token_mean,
 )
 from relax.collectives import all_reduce
+from relax.config.sections import AlgorithmSection
 from relax.errors import NonFiniteError
 from relax.precision import autocast
 from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
 from relax.trainer.experience import Experience, micro_batches
 from relax.trainer.logprobs import packs, response_rows, rows_log_probs, token_slots
-from relax.trainer.off_policy import OffPolicySettings, behaviour_log_probs, corrected
+from relax.trainer.off_policy import OffPolicy, behaviour_log_probs, corrected
 
 
 @dataclass(frozen=True)
 class LossSettings:
-    estimator: str
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    eps_clip_c: float | None = None
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
-    use_kl_loss: bool = False
-    kl_loss_type: str = "k1"
-    kl_loss_coef: float = 0.0
-    entropy_coef: float = 0.0
-    per_token: bool = False  # --calculate-per-token-loss (required by rloo and cispo, §5a, §5b)
+    """What the update's loss reads: the algorithm section as it is (estimator, clips, KL
+    loss, entropy, reduction; reinforce_plus_plus.md §7), the off-policy correction (§7a), and
+    how the passes run: the rollout's sampling ``temperature`` (log-probs of softmax(z / T)),
+    ``bf16`` autocast (relax/precision.py), the token budget of a micro-batch (``max_tokens``,
+    relax/trainer/experience.py) and ``--pass-layout`` (relax/trainer/packing.py)."""
+
+    algorithm: AlgorithmSection = AlgorithmSection()
+    off_policy: OffPolicy = OffPolicy()
     temperature: float = 1.0
-    bf16: bool = False  # forward passes under bf16 autocast (relax/precision.py)
-    max_tokens: int | None = None  # token-budget micro-batches (relax/trainer/experience.py)
-    off_policy: OffPolicySettings = OffPolicySettings()  # the sampler's log-probs (§7a)
-    layout: str = "shared-prefix"  # --pass-layout (relax/trainer/packing.py)
+    bf16: bool = False
+    max_tokens: int | None = None
+    layout: str = "shared-prefix"
     opsd: bool = False  # --opd-type self: the JSD loss of relax/trainer/self_distill.py (§7b)
-
-    @classmethod
-    def from_config(cls, cfg, *, bf16: bool = False) -> LossSettings:
-        return cls(
-            estimator=cfg.advantage_estimator, eps_clip=cfg.eps_clip,
-            eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c,
-            tau_pos=cfg.sapo_tau_pos, tau_neg=cfg.sapo_tau_neg, use_kl_loss=cfg.use_kl_loss,
-            kl_loss_type=cfg.kl_loss_type, kl_loss_coef=cfg.kl_loss_coef,
-            entropy_coef=cfg.entropy_coef, per_token=cfg.calculate_per_token_loss,
-            temperature=cfg.rollout_temperature, bf16=bf16,
-            max_tokens=cfg.max_tokens_per_gpu if cfg.use_dynamic_batch_size else None,
-            off_policy=OffPolicySettings.from_config(cfg), layout=cfg.pass_layout,
-            opsd=cfg.distillation.self_mode,
-        )
-
-    @property
-    def policy(self) -> PolicyLossSettings:
-        return PolicyLossSettings(self.eps_clip, self.eps_clip_high, self.eps_clip_c,
-                                  self.tau_pos, self.tau_neg)
 
     @property
     def metric_names(self) -> tuple[str, ...]:
         names = ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                  "train/entropy")
-        return (names + (("train/kl_loss",) if self.use_kl_loss else ())
+        return (names + (("train/kl_loss",) if self.algorithm.use_kl_loss else ())
                 + self.off_policy.metric_names + (OPSD_METRICS if self.opsd else ()))
 
     # after the metric partial sums: the skipped-backward share, then the micro-batches'
@@ -107,15 +84,15 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     update's own log-probs, see below) against the sampler's (reinforce_plus_plus.md §7a).
     ``opsd``: the :class:`~relax.trainer.self_distill.SelfDistillation` of ``s.opsd``.
     """
-    mask = mb.response_mask
+    mask, alg = mb.response_mask, s.algorithm
     with autocast(mb.input_ids.device, s.bf16):  # one student forward for both losses
         rows = response_rows(model, mb, layout=s.layout)
         log_probs, entropy = (rows.to_grid(x) for x in rows_log_probs(
             rows, temperature=s.temperature, with_entropy=True,
-            entropy_grad=bool(s.entropy_coef)))
+            entropy_grad=bool(alg.entropy_coef)))
         jsd = None if not s.opsd else opsd.token_terms(rows, mb)
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
-    # step per rollout, see ``build.needs_old_log_probs``), so pi_old = pi_theta before the step
+    # step per rollout, see ``parts.needs_old_log_probs``), so pi_old = pi_theta before the step
     # and the ratio is exactly 1 with the gradient of log pi_theta.
     trainer_old = log_probs.detach() if mb.old_log_probs is None else mb.old_log_probs
     if on_mismatch is not None and mb.rollout_log_probs is not None:
@@ -123,22 +100,22 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     old_log_probs = behaviour_log_probs(trainer_old, mb.rollout_log_probs, s.off_policy)
 
     def reduce(values):
-        if s.per_token:
+        if alg.per_token_loss:
             return token_mean(values, mask, num_tokens=num_tokens)
         return response_mean(values, mask, num_responses=num_responses)
 
-    pg, clipped = compute_policy_loss(s.estimator, log_probs, old_log_probs, mb.advantages, mask,
-                                      s.policy)
+    pg, clipped = compute_policy_loss(alg.estimator, log_probs, old_log_probs, mb.advantages,
+                                      mask, alg)
     pg, correction_stats = corrected(
         pg, log_probs=log_probs, trainer_old=trainer_old, sampler=mb.rollout_log_probs,
         advantages=mb.advantages, mask=mask, s=s.off_policy, reduce=reduce)
     pg_loss = reduce(pg)
     entropy_term = reduce(entropy)
-    loss = pg_loss - s.entropy_coef * entropy_term if s.entropy_coef else pg_loss
+    loss = pg_loss - alg.entropy_coef * entropy_term if alg.entropy_coef else pg_loss
     kl_loss = None
-    if s.use_kl_loss:
-        kl_loss = reduce(approx_kl(log_probs, mb.ref_log_probs, s.kl_loss_type, mask=mask))
-        loss = loss + s.kl_loss_coef * kl_loss
+    if alg.use_kl_loss:
+        kl_loss = reduce(approx_kl(log_probs, mb.ref_log_probs, alg.kl_loss_type, mask=mask))
+        loss = loss + alg.kl_loss_coef * kl_loss
     # the clipped JSD and its statistics (the JSD column is the unclipped one: skipped)
     opsd_stats = [] if jsd is None else [reduce(x) for x in (jsd[0], *jsd[1].unbind(-1)[1:])]
     if opsd_stats:  # C * the clipped JSD, reduced like the policy loss (§7b)
@@ -162,7 +139,7 @@ def inert_rows(mb: Experience, s: LossSettings) -> torch.Tensor | None:
     the ratio. A KL loss, an entropy bonus or the self-distillation JSD (§7b) adds terms that
     do not vanish.
     """
-    if s.use_kl_loss or s.entropy_coef or s.opsd:
+    if s.algorithm.use_kl_loss or s.algorithm.entropy_coef or s.opsd:
         return None
     return (mb.advantages == 0).all(dim=-1)  # NaN compares unequal: such a row stays active
 
@@ -208,7 +185,7 @@ def train_on_rollout(
     for start in range(0, len(exp), local_step):
         chunk = exp.rows(start, start + local_step)
         num_tokens = None
-        if s.per_token:
+        if s.algorithm.per_token_loss:
             # keep the global token count on device: one all-reduce, no host sync
             num_tokens = all_reduce(chunk.response_mask.sum().to(torch.float64), ctx.group)
         # zeroed in place, not freed: gradients allocated once stay where they are instead of

@@ -15,7 +15,6 @@ masters), so a rollout rank samples with exactly the training weights.
 from __future__ import annotations
 
 import datetime
-import time
 
 import torch
 import torch.distributed as dist
@@ -125,15 +124,3 @@ def receive(module: torch.nn.Module, *, group, device, bucket_bytes: int,
                 offset += n
         got += flat.numel() * flat.element_size()
     return got
-
-
-class Stopwatch:
-    """Seconds since the last :meth:`lap` (or creation)."""
-
-    def __init__(self):
-        self.last = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        out, self.last = now - self.last, now
-        return out

@@ -147,7 +147,7 @@ def test_the_endpoint_listens_on_localhost_only_and_refuses_what_it_cannot_recor
 def test_agent_rewards_reach_the_estimator(tmp_path):
     cfg = make_config(*RECIPES["reinforce_plus_plus_baseline"], "--use-agentic-rollout",
                       "--agent-command", command("ok"), output_dir=tmp_path / "run")
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
+    trainer = Trainer(cfg, init_distributed(cfg.system.device), console=False)
     initial = {n: p.detach().clone() for n, p in unwrap(trainer.policy.model).named_parameters()}
     try:
         trainer.fit()

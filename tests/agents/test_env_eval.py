@@ -1,4 +1,4 @@
-"""Evaluation of ``--env`` policies on held-out environment seeds (relax/eval/episodes.py):
+"""Evaluation of ``--env`` policies on held-out environment seeds (relax/eval/env_eval.py):
 in ``relax train --eval-interval`` and in ``relax eval CHECKPOINT --env``."""
 
 import contextlib
@@ -10,11 +10,11 @@ import pytest
 
 from relax.cli import main
 from relax.config import ConfigError
-from relax.eval.episodes import evaluate_episodes
-from relax.eval.evaluate import EvalSampling
+from relax.eval.env_eval import evaluate_episodes
 from relax.rollout.episodes import HELDOUT_SEED, TurnRenderer
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from tests.agents import scripted
+from tests.eval.helpers import eval_sampling
 from tests.trainer.helpers import RECIPES, fit, make_config
 
 ENV = ["--env", "tests.agents.scripted:countdown", "--max-turns", "3"]
@@ -28,7 +28,7 @@ def tiny():
 
 def _evaluate(tiny, make_env, *, episodes, n=1, batch=64, max_turns=3):
     tok, model = tiny
-    sampling = EvalSampling(n_samples=n, temperature=1.0, max_response_len=4, batch_size=batch)
+    sampling = eval_sampling(n_samples=n, temperature=1.0, max_response_len=4, batch_size=batch)
     return evaluate_episodes(
         model, tok, make_env, sampling, episodes=episodes, max_turns=max_turns,
         format_prompt=lambda t: t,

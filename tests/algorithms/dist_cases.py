@@ -145,6 +145,7 @@ def worker() -> dict:
     import torch.distributed as dist
 
     import relax.algorithms as alg
+    from tests.algorithms.reference import advantage_section
 
     rank = dist.get_rank()
     group = dist.group.WORLD
@@ -165,7 +166,7 @@ def worker() -> dict:
         data = dispatch_data(rank, rank1_empty)
 
         def dispatch(kw=kw, data=data):
-            o = alg.compute_advantages_and_returns(alg.AdvantageSettings(**kw), data["rewards"],
+            o = alg.compute_advantages_and_returns(advantage_section(**kw), data["rewards"],
                                                    data["mask"], group_index=data["group_index"],
                                                    old_log_probs=data["old_log_probs"],
                                                    ref_log_probs=data["ref_log_probs"],

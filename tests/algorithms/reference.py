@@ -450,3 +450,11 @@ def opsm(log_probs, sampler_lp, advantages, mask, *, delta: float) -> np.ndarray
             divergence = sum(s[i, t] - lp[i, t] for t in ts) / len(ts)
             keep[i] = not (sum(a[i, t] for t in ts) < 0 and divergence > delta)
     return keep
+
+
+def advantage_section(std_normalization: bool = True, **kw):
+    """The algorithm section the dispatcher takes, from the keywords this module's
+    ``compute_advantages_and_returns`` takes (``std_normalization`` is the section's
+    ``disable_std_normalization`` negated)."""
+    from relax.config.sections import AlgorithmSection
+    return AlgorithmSection(disable_std_normalization=not std_normalization, **kw)

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 import relax.algorithms as alg
+from relax.config.sections import AlgorithmSection
 from tests.algorithms import reference as ref
 from tests.algorithms.helpers import assert_ref, assert_zero_outside, out_dtype, poison, random_mask
+from tests.algorithms.reference import advantage_section
 
 METRIC_KEYS = {
     "rollout/raw_reward", "rollout/returns", "rollout/advantages",
@@ -58,7 +60,7 @@ def make_rollout(seed, B=8, T=10, dtype=torch.float32, group_size=4, masked_rows
 
 
 def run_both(kw, rewards, mask, group_index, old, refl, sentinels_rng=None):
-    settings = alg.AdvantageSettings(**kw)
+    settings = advantage_section(**kw)
     o, r = old, refl
     if sentinels_rng is not None:
         o, r = poison(old, mask, rng=sentinels_rng), poison(refl, mask, rng=sentinels_rng)
@@ -126,7 +128,7 @@ def test_baseline_all_equal_rewards_zero_variance():
 
 def test_rpp_without_kl_accepts_missing_log_probs():
     _, rewards, mask, gi, old, refl = make_rollout(13)
-    settings = alg.AdvantageSettings(estimator="reinforce_plus_plus", normalize_advantages=True)
+    settings = AlgorithmSection(estimator="reinforce_plus_plus", normalize_advantages=True)
     out = alg.compute_advantages_and_returns(settings, rewards, mask)
     adv, returns, metrics = ref.advantages_and_returns("reinforce_plus_plus", rewards, mask,
                                                        normalize_advantages=True)
@@ -138,7 +140,7 @@ def test_rpp_without_kl_accepts_missing_log_probs():
 def test_rpp_variants_require_normalize_advantages(estimator):
     _, rewards, mask, gi, old, refl = make_rollout(14)
     with pytest.raises(ValueError, match="normalize"):
-        settings = alg.AdvantageSettings(estimator=estimator, normalize_advantages=False)
+        settings = AlgorithmSection(estimator=estimator, normalize_advantages=False)
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi,
                                            old_log_probs=old, ref_log_probs=refl)
 
@@ -146,7 +148,7 @@ def test_rpp_variants_require_normalize_advantages(estimator):
 def test_unknown_estimator_lists_valid_names():
     _, rewards, mask, gi, old, refl = make_rollout(15)
     with pytest.raises(ValueError) as err:
-        settings = alg.AdvantageSettings(estimator="reinforce_minus_minus",
+        settings = AlgorithmSection(estimator="reinforce_minus_minus",
                                          normalize_advantages=True)
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi)
     for name in ("estimator", "reinforce_minus_minus", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
@@ -159,7 +161,7 @@ def test_unknown_estimator_lists_valid_names():
 def test_group_estimators_require_group_index(estimator):
     _, rewards, mask, gi, old, refl = make_rollout(16)
     with pytest.raises(ValueError, match="group_index"):
-        settings = alg.AdvantageSettings(estimator=estimator,
+        settings = AlgorithmSection(estimator=estimator,
                                          normalize_advantages=estimator != "rloo")
         alg.compute_advantages_and_returns(settings, rewards, mask)
 
@@ -167,14 +169,14 @@ def test_group_estimators_require_group_index(estimator):
 def test_rpp_with_kl_requires_log_probs():
     _, rewards, mask, gi, old, refl = make_rollout(17)
     with pytest.raises(ValueError, match="log_probs"):
-        settings = alg.AdvantageSettings(estimator="reinforce_plus_plus",
+        settings = AlgorithmSection(estimator="reinforce_plus_plus",
                                          normalize_advantages=True, kl_coef=0.01)
         alg.compute_advantages_and_returns(settings, rewards, mask)
 
 
 def test_dispatcher_bad_shapes_name_argument():
     _, rewards, mask, gi, old, refl = make_rollout(18)
-    settings = alg.AdvantageSettings(estimator="reinforce_plus_plus_baseline",
+    settings = AlgorithmSection(estimator="reinforce_plus_plus_baseline",
                                      normalize_advantages=True)
     with pytest.raises(ValueError, match="rewards"):
         alg.compute_advantages_and_returns(settings, rewards[:-1], mask, group_index=gi)
@@ -189,7 +191,7 @@ def test_rloo_rejects_normalize_advantages():
     _, rewards, mask, gi, old, refl = make_rollout(19)
     with pytest.raises(ValueError, match="normalize_advantages=False"):
         alg.compute_advantages_and_returns(
-            alg.AdvantageSettings(estimator="rloo", normalize_advantages=True), rewards, mask,
+            AlgorithmSection(estimator="rloo", normalize_advantages=True), rewards, mask,
             group_index=gi)
 
 

@@ -13,6 +13,7 @@ import relax.algorithms as alg
 from tests.algorithms import dist_cases as dc
 from tests.algorithms import reference as ref
 from tests.algorithms.helpers import assert_ref, assert_zero_outside
+from tests.algorithms.reference import advantage_section
 from tests.distributed_utils import DistributedTestError, run_distributed
 
 # xdist_group: under `make test`'s workers the whole module stays on one, so the fixture's
@@ -93,7 +94,7 @@ def test_dispatcher_distributed_equals_single_process(results, name):
     shards = [dc.dispatch_data(rank, rank1_empty) for rank in range(dc.WORLD)]
     cat = {k: torch.cat([s[k] for s in shards]) for k in shards[0]}
     single = alg.compute_advantages_and_returns(
-        alg.AdvantageSettings(**kw), cat["rewards"], cat["mask"],
+        advantage_section(**kw), cat["rewards"], cat["mask"],
         group_index=cat["group_index"], old_log_probs=cat["old_log_probs"],
         ref_log_probs=cat["ref_log_probs"])
     rkw = {k: v for k, v in kw.items() if k != "estimator"}

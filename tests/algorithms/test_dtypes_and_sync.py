@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import relax.algorithms as alg
+from relax.config.sections import AlgorithmSection
 from tests.algorithms import reference as ref
 from tests.algorithms.helpers import assert_ref, random_mask
 
@@ -60,7 +61,7 @@ def test_low_precision_inputs_give_float32_outputs(dtype):
 def test_dispatcher_bf16_inputs_float32_outputs():
     mask, old, lp, A, R = _inputs(torch.bfloat16, B=4)
     out = alg.compute_advantages_and_returns(
-        alg.AdvantageSettings(estimator="reinforce_plus_plus", normalize_advantages=True,
+        AlgorithmSection(estimator="reinforce_plus_plus", normalize_advantages=True,
                               kl_coef=0.01), R, mask, old_log_probs=old, ref_log_probs=lp)
     assert out.advantages.dtype == torch.float32 and out.returns.dtype == torch.float32
     adv, returns, _ = ref.advantages_and_returns("reinforce_plus_plus", R, mask,

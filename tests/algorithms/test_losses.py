@@ -333,7 +333,8 @@ def test_unknown_estimator_lists_valid_names():
 def test_compute_policy_loss_dispatch(estimator):
     rng, lp, old, A, mask = _batch(8, 4, 6, torch.float32, masked_rows=(0,), spread=0.6)
     pg, clipped = alg.compute_policy_loss(estimator, lp, old, A, mask, eps_clip=0.2,
-                                          eps_clip_high=0.3, tau_pos=0.9, tau_neg=1.1)
+                                          eps_clip_high=0.3, sapo_tau_pos=0.9,
+                                          sapo_tau_neg=1.1)
     loss = EXPECTED_LOSS[estimator]
     if loss == "ppo_clip":
         rpg, _ = ref.ppo_clip_loss(lp, old, A, mask, eps_clip=0.2, eps_clip_high=0.3)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from relax.algorithms import AdvantageSettings, compute_advantages_and_returns
+from relax.algorithms import compute_advantages_and_returns
 from relax.algorithms.value import (
     clipped_value_loss,
     gae_advantages,
@@ -16,6 +16,7 @@ from relax.algorithms.value import (
     terminal_rewards,
     value_statistics,
 )
+from relax.config.sections import AlgorithmSection
 from tests.algorithms import value_dist_worker as w
 from tests.distributed_utils import run_distributed
 
@@ -154,14 +155,14 @@ def test_the_dispatcher_runs_gae_and_whitens_on_request():
     mask = torch.tensor([[True, True, True], [True, True, False]])
     rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
     values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 0.0]], dtype=torch.float64)
-    s = AdvantageSettings(estimator="ppo", gamma=0.9, lambd=0.8)
+    s = AlgorithmSection(estimator="ppo", gamma=0.9, lambd=0.8)
     out = compute_advantages_and_returns(s, rewards, mask, values=values)
     ref = _ref_gae(terminal_rewards(rewards, mask).tolist(), values.tolist(), mask.tolist(),
                    0.9, 0.8)
     torch.testing.assert_close(out.advantages, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(out.returns, ref, rtol=1e-12, atol=1e-12)
     white = compute_advantages_and_returns(
-        AdvantageSettings(estimator="ppo", gamma=0.9, lambd=0.8, normalize_advantages=True),
+        AlgorithmSection(estimator="ppo", gamma=0.9, lambd=0.8, normalize_advantages=True),
         rewards, mask, values=values).advantages
     assert float(white[mask].mean()) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="values"):

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 from relax.cli import main
+from relax.config import TrainConfig
+from relax.config.files import flatten
 
 
 @dataclass
@@ -19,8 +21,9 @@ class Result:
     err: str
 
     def config(self) -> dict:
+        """The dry run's configuration by flag name (the JSON is by section)."""
         assert self.code == 0, self.err
-        return json.loads(self.out)
+        return flatten(json.loads(self.out), TrainConfig, "--dry-run")
 
 
 def run_cli(argv: list[str]) -> Result:

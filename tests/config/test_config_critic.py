@@ -47,5 +47,5 @@ def test_the_critic_section_reads_the_flags(tmp_path):
                               "--num-critic-only-steps", "2", "--critic-save",
                               str(tmp_path / "c")])
     c = cfg.critic
-    assert (c.gamma, c.lambd, c.value_clip, c.lr, c.lr_warmup_iters, c.num_critic_only_steps,
+    assert (cfg.algorithm.gamma, cfg.algorithm.lambd, c.value_clip, c.lr, c.lr_warmup_iters, c.num_critic_only_steps,
             c.save, c.load) == (0.99, 0.95, 0.5, 1e-5, 3, 2, str(tmp_path / "c"), None)

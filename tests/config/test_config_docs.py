@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from relax.config import BUILTIN_PRESET
-from relax.config.flags import build_eval_parser, build_train_parser, train_flags
+from relax.config import BUILTIN_PRESET, TrainConfig
+from relax.config.flags import REMOVED, build_eval_parser, build_train_parser
+from relax.config.section import flat_index
 from relax.plotting import build_plot_parser
+from tests.flag_helpers import train_flags
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 FLAGS = train_flags()
@@ -40,7 +42,7 @@ def test_every_parser_flag_is_documented_and_vice_versa(text):
     mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
     other = (_all_names(build_train_parser()) | _all_names(build_eval_parser())
              | _all_names(build_plot_parser()))
-    assert sorted(mentioned - set(FLAGS) - other - {"--help"}) == [], (
+    assert sorted(mentioned - set(FLAGS) - other - set(REMOVED) - {"--help"}) == [], (
         "the doc mentions unknown flags")
 
 
@@ -88,3 +90,22 @@ def test_preset_table_matches_presets_py(text):
                   for key, value in documented.items()}
     assert documented == actual, (
         "update the preset table of docs/configuration.md to relax/config/presets.py")
+
+
+def test_each_table_lists_the_flags_of_the_sections_its_heading_names(text):
+    """A heading names its sections (``## Rewards (`cfg.rollout.rewards`)``); every flag row
+    under it is a field of one of them, and every section has a heading."""
+    index = flat_index(TrainConfig)
+    covered, heading = set(), None
+    for line in text.split("## The REINFORCE++ rules")[0].splitlines():
+        if line.startswith("## "):
+            heading = set(re.findall(r"`cfg\.([a-z_.]+)`", line))
+            covered |= heading
+        m = ROW.match(line)
+        if m and m.group(1) != "--config":  # the file the configuration comes from
+            dest = m.group(1)[2:].replace("-", "_")
+            section = ".".join(index[dest][:-1])
+            assert heading and section in heading, (
+                f"{m.group(1)} is a field of cfg.{section}: move its row under that heading")
+    sections = {".".join(path[:-1]) for path in index.values() if len(path) > 1}
+    assert sections <= covered, f"no docs/configuration.md heading for {sections - covered}"

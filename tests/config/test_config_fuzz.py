@@ -12,7 +12,8 @@ import os
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from relax.config.flags import finite_float, integer, train_flags
+from relax.config.flags import finite_float, integer
+from tests.flag_helpers import train_flags
 
 FLAGS = train_flags()
 JUNK = st.sampled_from(["", "x", "-1", "1e999", "nan", "a:b:c", "line\nbreak", "--lr", "0x10"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relax.config import BUILTIN_PRESET, BUILTIN_TASK_NAMES, ESTIMATOR_NAMES, parse_train_config
-from relax.config.flags import train_flags
+from tests.flag_helpers import train_flags
 
 RECIPE_RPP = ("--advantage-estimator reinforce_plus_plus --normalize-advantages "
               "--gamma 1.0 --kl-coef 0.01 --kl-loss-type k1").split()
@@ -17,7 +17,7 @@ RECIPE_BASE = ("--advantage-estimator reinforce_plus_plus_baseline --normalize-a
 RPP_EXPECTED = dict(advantage_estimator="reinforce_plus_plus", normalize_advantages=True,
                     gamma=1.0, kl_coef=0.01, kl_loss_type="k1", use_kl_loss=False,
                     kl_loss_coef=0.0, calculate_per_token_loss=False, context_parallel_size=1,
-                    fully_async=False, hybrid=False, colocate=True, eps_clip=0.2,
+                    fully_async=False, eps_clip=0.2,
                     eps_clip_high=0.2, eps_clip_c=None)
 BASE_EXPECTED = dict(advantage_estimator="reinforce_plus_plus_baseline",
                      normalize_advantages=True, n_samples_per_prompt=8, kl_coef=0.0,
@@ -33,7 +33,7 @@ GROUP_DEFAULTS = dict(normalize_advantages=False, gamma=1.0, kl_coef=0.0, kl_los
                       micro_batch_size=8, num_steps_per_rollout=1, lr=1e-6,
                       rollout_max_response_len=1024, rollout_temperature=1.0,
                       rollout_top_p=1.0, rollout_top_k=-1, weight_decay=0.0, adam_beta1=0.9,
-                      adam_beta2=0.999, clip_grad=1.0, seed=1234, colocate=True,
+                      adam_beta2=0.999, clip_grad=1.0, seed=1234,
                       builtin_preset_applied=False, world_size=1)
 
 
@@ -89,7 +89,7 @@ def test_parse_train_config_api(tmp_path):
     from relax.config import ConfigError
 
     cfg = parse_train_config(RECIPE_RPP, environ={"WORLD_SIZE": "2"})
-    assert cfg.world_size == 2 and cfg.micro_batch_size == cfg.global_batch_size // 2
+    assert cfg.world_size == 2 and cfg.batches.micro_batch_size == cfg.batches.global_batch_size // 2
     with pytest.raises(ConfigError) as info:
         parse_train_config(["--advantage-estimator", "reinforce_plus_plus"], environ={})
     assert str(info.value).startswith("--advantage-estimator reinforce_plus_plus: ")

@@ -52,7 +52,6 @@ def test_starting_points_are_accepted(cli):
 BOTH_ROWS = {
     "normalize-missing": ((("-", "--normalize-advantages"),), ("--normalize-advantages",)),
     "fully-async": ((("--fully-async",),), ("--fully-async", "closed synchronous global batch")),
-    "hybrid": ((("--hybrid",),), ("--hybrid", "closed synchronous global batch")),
     "context-parallel-2": ((("--context-parallel-size", "2"),), ("--context-parallel-size 2",)),
     "context-parallel-0": ((("--context-parallel-size", "0"),), ("--context-parallel-size 0",)),
     "per-token-loss": ((("--calculate-per-token-loss",),),
@@ -134,7 +133,7 @@ def test_baseline_kl_loss_off_accepted(cli):
 # ---------------------------------------------------------------- every estimator
 
 @pytest.mark.parametrize("estimator", ACCEPTED)
-@pytest.mark.parametrize("mode", [("--hybrid",), ("--context-parallel-size", "2")])
+@pytest.mark.parametrize("mode", [("--context-parallel-size", "2")])
 def test_unimplemented_modes_rejected_for_every_estimator(cli, rejected, estimator, mode):
     line = rejected(cli(["train", *ACCEPTED[estimator], *mode, "--dry-run"]), mode[0])
     if estimator.startswith("reinforce_plus_plus"):

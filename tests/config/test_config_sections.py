@@ -1,109 +1,104 @@
-"""The sections of a config (relax/config/sections.py) are views of its flat flags, and
-``--help`` writes each flag's default from the field (relax/config/schema.py)."""
+"""The configuration is a tree of frozen sections (relax/config/section.py): every leaf is a
+flag declared once; the parser, ``--help`` groups, config.json and the flat names of the
+command line all come from the same fields."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
-from relax.config import parse_eval_config, parse_train_config
-from relax.config.fields import GROUPS, default_words, help_text
-from relax.config.schema import EvalConfig, TrainConfig
-from relax.config.sections import (
-    AlgorithmSection,
-    BatchSection,
-    CheckpointSection,
-    EvaluationSection,
-    LoraSection,
-    RolloutSection,
-)
+from relax.config import config_to_json, parse_eval_config, parse_train_config
+from relax.config.fields import default_words, help_text
+from relax.config.flags import build_eval_parser, build_train_parser
+from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
+from relax.config.section import Section, flat_index, leaves, to_flat, value_of
+from relax.config.sections import EvaluationSection, RolloutSection, SamplingSection
 
-TRAIN_SECTIONS = {"algorithm": AlgorithmSection, "batches": BatchSection,
-                  "rollout": RolloutSection, "lora": LoraSection,
-                  "evaluation": EvaluationSection, "checkpoint": CheckpointSection}
-
-TRAIN_ARGVS = [
-    [],
-    ["--advantage-estimator", "reinforce_plus_plus_baseline", "--normalize-advantages",
-     "--n-samples-per-prompt", "4", "--use-kl-loss", "--kl-loss-type", "k2",
-     "--kl-loss-coef", "0.01", "--lora-rank", "4", "--lora-target-modules", "q_proj", "v_proj",
-     "--eval-interval", "2", "--n-samples-per-eval-prompt", "4", "--eval-temperature", "0",
-     "--rollout-temperature", "0.7", "--rollout-top-k", "5", "--eps-clip-high", "0.28",
-     "--dynamic-sampling-filter-path", "nonzero_std", "--over-sampling-batch-size", "32",
-     "--dry-run"],
-]
-
-
-def _frozen(value):
-    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def _assert_mirrors(section, cfg):
-    for name, flag in type(section).flags().items():
-        expected = _frozen(getattr(cfg, flag, None))
-        assert getattr(section, name) == expected, (type(section).__name__, name, flag)
-
-
-@pytest.mark.parametrize("argv", TRAIN_ARGVS, ids=["preset", "many-flags"])
-def test_every_section_field_equals_its_flag(argv, tmp_path):
-    cfg = parse_train_config(argv + ["--output-dir", str(tmp_path / "run")], environ={})
-    for prop, cls in TRAIN_SECTIONS.items():
-        section = getattr(cfg, prop)
-        assert type(section) is cls
-        _assert_mirrors(section, cfg)
+MANY_FLAGS = [
+    "--advantage-estimator", "reinforce_plus_plus_baseline", "--normalize-advantages",
+    "--n-samples-per-prompt", "4", "--use-kl-loss", "--kl-loss-type", "k2",
+    "--kl-loss-coef", "0.01", "--lora-rank", "4", "--lora-target-modules", "q_proj", "v_proj",
+    "--eval-interval", "2", "--n-samples-per-eval-prompt", "4", "--eval-temperature", "0",
+    "--rollout-temperature", "0.7", "--rollout-top-k", "5", "--eps-clip-high", "0.28",
+    "--dynamic-sampling-filter-path", "nonzero_std", "--over-sampling-batch-size", "32",
+    "--dry-run"]
 
 
 def test_the_parsed_values_reach_the_sections(tmp_path):
-    cfg = parse_train_config(TRAIN_ARGVS[1] + ["--output-dir", str(tmp_path / "run")],
-                             environ={})
+    cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
     assert cfg.algorithm.estimator == "reinforce_plus_plus_baseline"
-    assert cfg.rollout.temperature == 0.7 and cfg.rollout.top_k == 5
+    assert cfg.rollout.sampling.temperature == 0.7 and cfg.rollout.sampling.top_k == 5
     assert cfg.lora.rank == 4 and cfg.lora.enabled
     assert cfg.lora.target_modules == ("q_proj", "v_proj")
     assert cfg.evaluation.interval == 2 and cfg.evaluation.temperature == 0.0
     assert cfg.evaluation.top_k == 5  # resolved: follows the rollout's
     assert cfg.batches.filter_path == "nonzero_std"
+    assert cfg.run.dry_run and cfg.algorithm.eps_clip_high == 0.28
+
+
+def test_every_flag_is_one_leaf_and_every_leaf_one_flag():
+    train = {a.dest for a in build_train_parser()._actions} - {"help", "config"}
+    flat = {dest for dest, path in flat_index(TrainConfig).items()
+            if get_path_field(TrainConfig, path).metadata["cli"]}
+    assert train == flat
+    evaluate = {a.dest for a in build_eval_parser()._actions if a.dest != "help"}
+    assert evaluate == set(EVAL_FLAGS)
+
+
+def get_path_field(cls, path):
+    return dict(leaves(cls))[path]
+
+
+def test_sections_are_frozen_all_the_way_down(tmp_path):
+    cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rollout.sampling.temperature = 0.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rollout = None
+    assert isinstance(cfg.lora.target_modules, tuple)
+    assert all(isinstance(p, tuple) for p in cfg.evaluation.prompt_data or ())
+    assert isinstance(cfg.rollout.sampling, SamplingSection)
+    assert isinstance(cfg.rollout, RolloutSection) and isinstance(cfg.rollout, Section)
+
+
+def test_the_json_is_by_section_and_the_flat_view_agrees(tmp_path):
+    cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
+    saved = json.loads(config_to_json(cfg))
+    assert saved["rollout"]["sampling"]["temperature"] == 0.7
+    assert saved["algorithm"]["estimator"] == "reinforce_plus_plus_baseline"
+    flat = to_flat(cfg)
+    assert flat["rollout_temperature"] == 0.7 and flat["lora_rank"] == 4
+    # the lookup by flag name gives the same values
+    for dest in ("rollout_temperature", "lora_rank", "advantage_estimator", "eval_interval"):
+        assert value_of(cfg, dest) == flat[dest]
 
 
 def test_relax_eval_has_the_same_evaluation_section(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     cfg = parse_eval_config([str(tmp_path), "--n-samples-per-eval-prompt", "2"])
     assert type(cfg.evaluation) is EvaluationSection
-    _assert_mirrors(cfg.evaluation, cfg)
     assert cfg.evaluation.interval is None and cfg.evaluation.n_samples == 2
+    assert cfg.checkpoint == str(tmp_path)
 
 
-def test_sections_are_frozen_views_not_fields(tmp_path):
-    cfg = parse_train_config(["--output-dir", str(tmp_path / "run")], environ={})
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.rollout.temperature = 0.5
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert not names & set(TRAIN_SECTIONS), "a section name shadows a flag"
-    assert not set(cfg.to_dict()) & set(TRAIN_SECTIONS)
-
-
-def test_every_section_reads_existing_flags():
-    train = {f.name for f in dataclasses.fields(TrainConfig)}
-    for cls in TRAIN_SECTIONS.values():
-        assert set(cls.flags().values()) <= train, cls.__name__
-    evaluate = {f.name for f in dataclasses.fields(EvalConfig)}
-    assert set(EvaluationSection.flags().values()) - evaluate == {"eval_interval"}
-
-
-@pytest.mark.parametrize("group,cls", [("algorithm", AlgorithmSection),
-                                       ("batches", BatchSection), ("lora", LoraSection)])
-def test_a_help_group_and_its_section_hold_the_same_flags(group, cls):
-    assert group in GROUPS
-    flags = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("group") == group}
-    assert flags == set(cls.flags().values())
+def test_help_is_grouped_by_section():
+    text = build_train_parser().format_help()
+    for title in ("algorithm:", "rollout.sampling:", "rollout.off_policy:", "batches:",
+                  "placement:", "distillation:", "critic:", "evaluation:", "checkpoint:"):
+        assert f"\n{title}" in text, title
+    groups = {g.title: {a.dest for a in g._group_actions}
+              for g in build_train_parser()._action_groups}
+    assert groups["rollout.sampling"] == {"rollout_max_response_len", "rollout_temperature",
+                                          "rollout_top_p", "rollout_top_k"}
 
 
 def test_help_writes_the_default_from_the_field():
     for cls in (TrainConfig, EvalConfig):
-        for f in dataclasses.fields(cls):
+        for _, f in leaves(cls):
             md = f.metadata
-            if not md.get("flag", True) or md["positional"]:
+            if not md["cli"] or md["positional"]:
                 continue
             assert not md["help"].startswith("Default"), (
                 f"{f.name}: the help repeats its default; use default_note= / default_text=")

@@ -11,7 +11,7 @@ import pytest
 
 from relax.cli import main
 from relax.config import BUILTIN_PRESET, parse_eval_config
-from relax.eval.hook import evaluate_sets, load_eval_sets
+from relax.eval.sets import evaluate_sets, load_eval_sets
 
 
 def call(argv):
@@ -31,7 +31,7 @@ def test_checkpoint_round_trip_equals_in_memory_evaluation(tiny, tiny_checkpoint
     # greedy decoding: the saved and reloaded model gives the in-memory model's numbers
     model, tok = tiny
     cfg = parse_eval_config(argv)
-    assert cfg.eval_max_response_len == BUILTIN_PRESET["rollout_max_response_len"]
+    assert cfg.evaluation.max_response_len == BUILTIN_PRESET["rollout_max_response_len"]
     direct = evaluate_sets(cfg, load_eval_sets(cfg), model, tok, "cpu")
     metrics.pop("perf/eval_time"), direct.pop("perf/eval_time")
     assert metrics == pytest.approx(direct, abs=1e-12)

@@ -8,9 +8,10 @@ import threading
 import pytest
 
 from relax.errors import RewardError
-from relax.eval.evaluate import EvalSampling, evaluate
+from relax.eval.evaluate import evaluate
 from tests.distributed_utils import run_distributed
 from tests.eval.conftest import copy_prompts
+from tests.eval.helpers import eval_sampling
 from tests.eval.test_passk import brute_force
 
 
@@ -32,7 +33,7 @@ def test_metrics_equal_an_independent_count_of_the_returned_rewards(tiny):
     reward = Recorder()
     n = 4
     out = evaluate(model, tok, prompts, labels, reward,
-                   EvalSampling(n_samples=n, temperature=1.0, max_response_len=6, batch_size=8,
+                   eval_sampling(n_samples=n, temperature=1.0, max_response_len=6, batch_size=8,
                                 seed=11), name="copy")
     assert sorted(out) == sorted(["eval/copy/pass@1", "eval/copy/pass@2", "eval/copy/pass@4",
                                   "eval/copy/mean_reward", "eval/copy/response_length",
@@ -58,7 +59,7 @@ def test_greedy_samples_agree_and_chunking_does_not_change_results(tiny):
 
     prompts, labels = copy_prompts(6, seed=1)
     runs = [evaluate(model, tok, prompts, labels, parity_reward,
-                     EvalSampling(n_samples=2, temperature=0.0, max_response_len=6,
+                     eval_sampling(n_samples=2, temperature=0.0, max_response_len=6,
                                   batch_size=b), name="g")
             for b in (2, 64)]
     assert runs[0] == pytest.approx(runs[1])
@@ -71,10 +72,10 @@ def test_threshold_and_bad_input(tiny):
     model, tok = tiny
     prompts, labels = copy_prompts(3)
     always = lambda p, r, y: [1.0] * len(r)  # noqa: E731
-    sampling = EvalSampling(n_samples=2, max_response_len=3)
+    sampling = eval_sampling(n_samples=2, max_response_len=3)
     out = evaluate(model, tok, prompts, labels, always, sampling, name="a")
     assert out["eval/a/pass@1"] == out["eval/a/pass@2"] == out["eval/a/mean_reward"] == 1.0
-    strict = EvalSampling(n_samples=2, max_response_len=3, pass_threshold=1.5)
+    strict = eval_sampling(n_samples=2, max_response_len=3, pass_threshold=1.5)
     out = evaluate(model, tok, prompts, labels, always, strict, name="a")
     assert out["eval/a/pass@2"] == 0.0 and out["eval/a/mean_reward"] == 1.0
     with pytest.raises(ValueError, match="3 prompts but 2 labels"):
@@ -91,7 +92,7 @@ def test_the_reward_has_the_runs_time_limit(tiny):
         with pytest.raises(RewardError, match=r"reward function r timed out after 0.05 s "
                            r"\(--reward-timeout\) on sample 0"):
             evaluate(model, tok, prompts, labels, lambda p, r, y: release.wait(30),
-                     EvalSampling(n_samples=1, max_response_len=2), reward_name="r",
+                     eval_sampling(n_samples=1, max_response_len=2), reward_name="r",
                      reward_timeout=0.05)
     finally:
         release.set()  # the abandoned calls return and free their workers
@@ -107,7 +108,7 @@ def test_two_ranks_equal_one_process(tiny):
     model, tok = tiny
     prompts, labels = copy_prompts(5)
     single = evaluate(model, tok, prompts, labels, parity_reward,
-                      EvalSampling(n_samples=2, temperature=0.0, max_response_len=6,
+                      eval_sampling(n_samples=2, temperature=0.0, max_response_len=6,
                                    batch_size=4), name="copy")
     assert 0 < single["eval/copy/pass@1"] < 1  # a count that sharding could get wrong
     ranks = run_distributed(evaluate_on_rank, 2, 5, timeout=120)

@@ -66,7 +66,7 @@ def test_float32s_own_limits_are_accepted(tmp_path):
     biggest = "3.4028234663852886e38"
     cfg = make_config("--use-tis", "--tis-clip", biggest, "--tis-clip-low", biggest,
                       "--entropy-coef", "1.2e-38", output_dir=tmp_path)
-    assert cfg.tis_clip == float(biggest) and cfg.entropy_coef == 1.2e-38
+    assert cfg.rollout.off_policy.tis_clip == float(biggest) and cfg.algorithm.entropy_coef == 1.2e-38
     with pytest.raises(ConfigError, match="--eval-temperature 1e-300: below the range of float32"):
         parse_eval_config([str(tmp_path), "--eval-temperature", "1e-300"])
 

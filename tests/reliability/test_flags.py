@@ -10,8 +10,8 @@ BASE = ["--num-rollout", "2"]
 
 def test_defaults():
     cfg = parse_train_config(BASE)
-    assert (cfg.keep_last, cfg.reward_timeout, cfg.reward_error_policy,
-            cfg.distributed_timeout_minutes) == (None, 30.0, "raise", 10.0)
+    assert (cfg.checkpoint.keep_last, cfg.rollout.rewards.timeout, cfg.rollout.rewards.error_policy,
+            cfg.run.distributed_timeout_minutes) == (None, 30.0, "raise", 10.0)
 
 
 @pytest.mark.parametrize("flags,needle", [

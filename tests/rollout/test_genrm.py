@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from relax.config.reward_services import DEFAULT_TEMPLATE, fill_template, template_problem
+from relax.config.sections import RewardsSection
 from relax.errors import InputError
 from relax.rollout.genrm import GenerativeJudge, parse_verdict
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
@@ -49,8 +50,8 @@ def _tiny_judge_dir(tmp_path, seed=5):
 
 
 def _rollout_section(path, template=None, max_len=6):
-    return SimpleNamespace(rm_type="genrm", genrm_model_path=path, genrm_prompt_template=template,
-                           genrm_max_response_len=max_len)
+    return RewardsSection(rm_type="genrm", genrm_model_path=path, genrm_prompt_template=template,
+                          genrm_max_response_len=max_len)
 
 
 PROMPTS = ["1+1=", "1+1=", "2+3=", "2+3="]
@@ -138,7 +139,7 @@ def test_a_directory_that_is_not_a_loadable_model_names_the_flag(tmp_path):
 
 
 def test_a_judge_is_reached_through_its_section_only_with_genrm():
-    assert build_judge(SimpleNamespace(rm_type="math"), torch.device("cpu"), bf16=False) is None
+    assert build_judge(RewardsSection(rm_type="math"), torch.device("cpu"), bf16=False) is None
 
 
 def test_the_judge_class_needs_no_loader(tmp_path):

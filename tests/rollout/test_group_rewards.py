@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from relax.config.sections import DataSection, RewardsSection, RolloutSection
 from relax.errors import InputError, RewardError
 from relax.rollout.group_rewards import by_prompt_runs, group_spans, score_groups
 from relax.rollout.scoring import Scorer
@@ -99,10 +100,8 @@ def test_the_scorer_calls_the_function_per_group(tmp_path):
                     "    assert len(set(prompts)) == 1\n"
                     "    best = max(len(r) for r in responses)\n"
                     "    return [float(len(r) == best) for r in responses]\n")
-    rollout = SimpleNamespace(
-        rm_type=None, rm_url=None, custom_rm_path=f"{path}:judge", reasoning_gym_answer="tags",
-        prompt_data="data.jsonl", reward_timeout=30.0, reward_error_policy="raise",
-        group_rm=True)
+    rollout = RolloutSection(data=DataSection(prompt_data="data.jsonl"),
+                             rewards=RewardsSection(custom_rm_path=f"{path}:judge", group_rm=True))
     ctx = SimpleNamespace(rank=0, world_size=1, group=None, device=torch.device("cpu"))
     tracker = SimpleNamespace(add_sum=lambda name, value: None)
     scorer = Scorer(rollout, ctx, builtin_task=None, post_process_path=None)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is never skipped)
 
+from relax.config.sections import DataSection, RewardsSection, RolloutSection  # noqa: E402
 from relax.errors import InputError  # noqa: E402
 from relax.rollout import reasoning_gym_source as gym  # noqa: E402
 from relax.rollout.data import PromptSample, load_source, report_overlap  # noqa: E402
@@ -17,11 +18,10 @@ ARITH = ("reasoning-gym:basic_arithmetic?size=12&min_terms=2&max_terms=2&min_dig
          "&max_digits=2&operators=+,-&allow_parentheses=false&allow_negation=false")
 
 
-def cfg(**kw):
-    base = dict(reasoning_gym_answer="tags", system_prompt=None, input_key="input",
-                label_key="label", custom_rm_path=None)
-    base.update(kw)
-    return SimpleNamespace(**base)
+def cfg(custom_rm_path=None, **data):
+    """The rollout section load_source reads."""
+    return RolloutSection(data=DataSection(**data),
+                          rewards=RewardsSection(custom_rm_path=custom_rm_path))
 
 
 def test_spec_options_take_the_config_field_types():

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from relax.config.sections import DataSection, RewardsSection, RolloutSection
 from relax.errors import InputError, RewardError
 from relax.rollout.remote_reward import RemoteRewardModel
 from relax.rollout.scoring import Scorer
@@ -75,14 +76,12 @@ class Tracker:
         self.sums[name] = self.sums.get(name, 0) + value
 
 
-def scorer(url: str, policy: str, **overrides) -> Scorer:
-    rollout = SimpleNamespace(
-        rm_type="remote_rm", rm_url=url, custom_rm_path=None, reasoning_gym_answer="tags",
-        prompt_data="data.jsonl", reward_timeout=30.0, reward_error_policy=policy,
-        reward_max_concurrency=4, rm_batch_size=1, rm_retries=0, rm_retry_backoff=0.01,
-        group_rm=False)
-    for key, value in overrides.items():
-        setattr(rollout, key, value)
+def scorer(url: str, policy: str, timeout: float = 30.0) -> Scorer:
+    rollout = RolloutSection(
+        data=DataSection(prompt_data="data.jsonl"),
+        rewards=RewardsSection(rm_type="remote_rm", url=url, timeout=timeout,
+                               error_policy=policy, max_concurrency=4, batch_size=1,
+                               retries=0, retry_backoff=0.01))
     ctx = SimpleNamespace(rank=0, world_size=1, group=None, device=torch.device("cpu"))
     return Scorer(rollout, ctx, builtin_task=None, post_process_path=None)
 
@@ -122,11 +121,11 @@ def test_a_slow_server_gets_at_most_the_concurrency_in_flight_and_times_out(tmp_
                    and f"--rm-url {url}" in e for e in errors), errors
         # --reward-error-policy zero: scored 0, counted
         tracker = Tracker()
-        got = scorer(url, "zero", reward_timeout=0.05).score(
+        got = scorer(url, "zero", timeout=0.05).score(
             PROMPTS, RESPONSES, LABELS, GROUPS, tracker=tracker)
         assert got.tolist() == [0.0] * 6 and tracker.sums["rollout/reward_errors"] == 6
         with pytest.raises(RewardError, match=r"no complete answer within 0.05 s .*and 5 more samples"):
-            scorer(url, "raise", reward_timeout=0.05).score(
+            scorer(url, "raise", timeout=0.05).score(
                 PROMPTS, RESPONSES, LABELS, GROUPS, tracker=Tracker())
 
 

@@ -15,7 +15,7 @@ from relax.trainer.critic import Critic, ValueModel
 from relax.trainer.distributed import DistContext, decoder_blocks, unwrap, wrap_model
 from tests.trainer.workers import B, fixed_experience
 
-SECTION = CriticSection(gamma=1.0, lambd=1.0, value_clip=0.05, load=None, save=None, lr=0.1,
+SECTION = CriticSection(value_clip=0.05, load=None, save=None, lr=0.1,
                         lr_warmup_iters=0, num_critic_only_steps=0)
 
 

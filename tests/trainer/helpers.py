@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import textwrap
 
-from relax.config import parse_train_config
+from relax.config import parse_train_config, replace_flat
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
 
@@ -43,7 +42,7 @@ def make_config(*flags, output_dir, tiny=True, **overrides):
     checks)."""
     cfg = parse_train_config([*(TINY if tiny else []), "--output-dir", str(output_dir), "--device",
                               "cpu", *flags])
-    return dataclasses.replace(cfg, **overrides)
+    return replace_flat(cfg, **overrides)
 
 
 def write_reward(tmp_path, body=PARITY_REWARD, name="rewards.py") -> str:
@@ -66,7 +65,7 @@ def read_metrics(output_dir) -> list[dict]:
 def fit(cfg):
     """Train ``cfg`` in this process: ``(trainer, history, moved)``, ``moved`` the largest
     absolute change of any parameter (0.0 when no update happened)."""
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
+    trainer = Trainer(cfg, init_distributed(cfg.system.device), console=False)
     initial = {n: p.detach().clone() for n, p in unwrap(trainer.policy.model).named_parameters()}
     try:
         history = trainer.fit()

@@ -57,7 +57,7 @@ def _run(tmp_path, *flags, record=None, name="run"):
     reward = write_reward(tmp_path, COIN, "coin.py")
     cfg = make_config(*RECIPES["reinforce_plus_plus_baseline"], "--custom-rm-path",
                       f"{reward}:coin", *flags, output_dir=tmp_path / name)
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
+    trainer = Trainer(cfg, init_distributed(cfg.system.device), console=False)
     if record is not None:
         advantages = trainer.advantages
 

@@ -56,7 +56,7 @@ def test_training_moves_only_the_adapter_and_the_reference_is_the_base(tmp_path)
     cfg = make_config(*RECIPES["reinforce_plus_plus_baseline"], "--custom-rm-path",
                       f"{reward}:parity", "--lora-rank", "4", "--lora-target-modules",
                       "linear_qkv", "--lr", "1e-2", output_dir=tmp_path / "run")
-    trainer = Trainer(cfg, init_distributed(cfg.device), console=False)
+    trainer = Trainer(cfg, init_distributed(cfg.system.device), console=False)
     model = unwrap(trainer.policy.model)
     assert trainer.policy.ref is None  # no second copy of the weights
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer.update import LossSettings, micro_batch_loss
-from tests.trainer.workers import B, T, fixed_experience
+from relax.trainer.update import micro_batch_loss
+from tests.trainer.workers import B, T, fixed_experience, loss_settings_of
 
 EPS, KL_COEF, ENT_COEF = 0.2, 0.05, 0.03
 
@@ -46,7 +46,7 @@ def test_micro_batch_loss_is_pg_plus_kl_minus_entropy_in_float64():
     expect["train/loss"] = (expect["train/pg_loss"] + KL_COEF * expect["train/kl_loss"]
                             - ENT_COEF * expect["train/entropy"])
 
-    s = LossSettings(estimator="grpo", eps_clip=EPS, use_kl_loss=True, kl_loss_type="k2",
+    s = loss_settings_of(estimator="grpo", eps_clip=EPS, use_kl_loss=True, kl_loss_type="k2",
                      kl_loss_coef=KL_COEF, entropy_coef=ENT_COEF)
     loss, stats = micro_batch_loss(model, exp, s, num_responses=num, num_tokens=None)
     got = dict(zip(s.metric_names, stats.tolist(), strict=True))
@@ -97,7 +97,7 @@ def test_token_mean_estimators_compose_and_their_gradient_treats_the_weight_as_a
     surrogate.backward()
     want = [p.grad.clone() for p in model.parameters()]
 
-    s = LossSettings(estimator=estimator, eps_clip=EPS, eps_clip_high=0.28, use_kl_loss=True,
+    s = loss_settings_of(estimator=estimator, eps_clip=EPS, eps_clip_high=0.28, use_kl_loss=True,
                      kl_loss_type="k2", kl_loss_coef=KL_COEF, entropy_coef=ENT_COEF,
                      per_token=True)
     model.zero_grad(set_to_none=True)

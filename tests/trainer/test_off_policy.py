@@ -10,10 +10,11 @@ import torch
 
 from relax.errors import RelaxError
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer.off_policy import MISMATCH_METRICS, OffPolicySettings
+from relax.trainer.off_policy import MISMATCH_METRICS
 from relax.trainer.update import micro_batch_loss
 from tests.trainer.helpers import RECIPES, fit, make_config, write_reward
-from tests.trainer.workers import B, T, fixed_experience, settings
+from tests.trainer.workers import B, T, fixed_experience, replace_loss, settings
+from tests.trainer.workers import off_policy as make_off_policy
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,8 @@ def model():
 
 
 def _stats(model, exp, **off_policy):
-    s = dataclasses.replace(settings("grpo"), entropy_coef=0.0, use_kl_loss=False,
-                            off_policy=OffPolicySettings(**off_policy))
+    s = replace_loss(settings("grpo"), entropy_coef=0.0, use_kl_loss=False,
+                     off_policy=make_off_policy(**off_policy))
     loss, stats = micro_batch_loss(model, exp, s, num_responses=B, num_tokens=None)
     return dict(zip(s.metric_names, stats.tolist(), strict=True)), loss
 
@@ -84,9 +85,9 @@ def test_the_weight_enters_every_estimators_policy_loss_and_not_the_kl_loss(mode
     weight of 0.5 halves the policy loss exactly."""
     exp = fixed_experience(model)
     exp.rollout_log_probs = exp.old_log_probs.clone()
-    s = dataclasses.replace(settings(estimator), entropy_coef=0.0, use_kl_loss=True,
-                            kl_loss_type="k2", kl_loss_coef=0.1)
-    weighted = dataclasses.replace(s, off_policy=OffPolicySettings(
+    s = replace_loss(settings(estimator), entropy_coef=0.0, use_kl_loss=True,
+                     kl_loss_type="k2", kl_loss_coef=0.1)
+    weighted = dataclasses.replace(s, off_policy=make_off_policy(
         tis_clip=2.0, tis_fn=lambda q, s_, m: torch.full(m.shape, 0.5)))
     plain = dict(zip(s.metric_names, micro_batch_loss(
         model, exp, s, num_responses=B, num_tokens=None)[1].tolist(), strict=True))

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer import build
+from relax.trainer import parts
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs, response_log_probs
-from relax.trainer.update import LossSettings, micro_batch_loss, train_on_rollout
+from relax.trainer.update import micro_batch_loss, train_on_rollout
 from tests.trainer.helpers import make_config
-from tests.trainer.workers import SHARED_PROMPTS, B, P, T, fixed_experience
+from tests.trainer.workers import SHARED_PROMPTS, B, P, T, fixed_experience, loss_settings_of
 
 CTX = DistContext(0, 1, 0, torch.device("cpu"), None)
 
@@ -48,7 +48,7 @@ def test_first_step_without_old_pass_equals_the_recomputed_old(model, estimator)
     gives the loss, metrics and gradient of a separate no-grad pass (up to rounding)."""
     exp = fixed_experience(model)
     exp.old_log_probs = batched_log_probs(model, exp, micro_batch_size=B, temperature=1.0)
-    s = LossSettings(estimator=estimator, use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.1)
+    s = loss_settings_of(estimator=estimator, use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.1)
     results = []
     for old in (exp.old_log_probs, None):
         model.zero_grad(set_to_none=True)
@@ -73,7 +73,7 @@ def test_old_log_probs_required_for_a_second_optimizer_step(model):
     exp.old_log_probs = None
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with pytest.raises(ValueError, match="old log-probs are required: 2 optimizer steps"):
-        train_on_rollout(model, opt, exp, LossSettings(estimator="grpo"), CTX,
+        train_on_rollout(model, opt, exp, loss_settings_of(estimator="grpo"), CTX,
                          global_batch_size=B // 2, micro_batch_size=B // 2, clip_grad=1.0)
 
 
@@ -81,25 +81,25 @@ def test_needs_old_log_probs(tmp_path):
     def cfg(*flags):
         return make_config(*flags, output_dir=tmp_path)
 
-    assert not build.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
-    assert not build.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
+    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
+    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
                                              "--kl-loss-type", "k3", "--kl-loss-coef", "0.1"))
-    assert build.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
+    assert parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
                                          "--num-steps-per-rollout", "2"))
     # REINFORCE++ k1 shaping reads pi_old in the returns, before any update
-    assert build.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert parts.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
                                          "--normalize-advantages", "--kl-coef", "0.01",
                                          "--kl-loss-type", "k1"))
-    assert not build.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
                                              "--normalize-advantages", "--kl-coef", "0"))
 
 
 def test_cpu_threads():
-    assert build.cpu_threads(cpu_count=16, local_world_size=4, environ={}) == 4
-    assert build.cpu_threads(cpu_count=2, local_world_size=4, environ={}) == 1
-    assert build.cpu_threads(cpu_count=2, environ={}) == 2
-    assert build.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
-    assert build.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
+    assert parts.cpu_threads(cpu_count=16, local_world_size=4, environ={}) == 4
+    assert parts.cpu_threads(cpu_count=2, local_world_size=4, environ={}) == 1
+    assert parts.cpu_threads(cpu_count=2, environ={}) == 2
+    assert parts.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
+    assert parts.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
 
 
 @pytest.mark.parametrize("estimator,per_token", [("grpo", False), ("gspo", False),
@@ -114,7 +114,7 @@ def test_zero_advantage_rows_skip_the_backward_with_the_same_step(model, estimat
 
     exp = fixed_experience(model)
     exp.advantages[[0, 2, 3, 5]] = 0.0  # rows 3 (no tokens) and the rest: nothing to learn
-    s = LossSettings(estimator=estimator, per_token=per_token)
+    s = loss_settings_of(estimator=estimator, per_token=per_token)
     grad_rows = []
     loss_of = update.micro_batch_loss
 
@@ -156,12 +156,12 @@ def test_kl_or_entropy_terms_keep_every_row(model):
 
     exp = fixed_experience(model)
     exp.advantages[:] = 0.0
-    assert inert_rows(exp, LossSettings(estimator="grpo")).all()
-    assert inert_rows(exp, LossSettings(estimator="grpo", entropy_coef=0.01)) is None
-    assert inert_rows(exp, LossSettings(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
+    assert inert_rows(exp, loss_settings_of(estimator="grpo")).all()
+    assert inert_rows(exp, loss_settings_of(estimator="grpo", entropy_coef=0.01)) is None
+    assert inert_rows(exp, loss_settings_of(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
                                         kl_loss_coef=0.1)) is None
     exp.advantages[1, 0] = float("nan")  # a NaN advantage is not zero: the row stays active
-    assert not inert_rows(exp, LossSettings(estimator="grpo"))[1]
+    assert not inert_rows(exp, loss_settings_of(estimator="grpo"))[1]
 
 
 def test_shared_prompt_forward_equals_one_pass(model):

@@ -9,10 +9,11 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from relax.config.sections import OffPolicySection
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
 from relax.trainer.logprobs import Experience, batched_log_probs, response_log_probs
-from relax.trainer.off_policy import OffPolicySettings
+from relax.trainer.off_policy import OffPolicy
 from relax.trainer.recompute import apply_recompute
 from relax.trainer.update import LossSettings, train_on_rollout
 
@@ -58,17 +59,44 @@ def fixed_experience(model, seed: int = 0, shared_prompts: bool = False) -> Expe
     return exp
 
 
+# LossSettings' own fields; every other keyword of loss_settings / replace_loss is the
+# algorithm section's (per_token: its per_token_loss)
+_RUN = ("off_policy", "temperature", "bf16", "max_tokens", "layout", "opsd")
+
+
+def loss_settings_of(**kw) -> LossSettings:
+    """The update's settings from the algorithm section's fields and LossSettings' own."""
+    return replace_loss(LossSettings(), **kw)
+
+
+def replace_loss(s: LossSettings, **kw) -> LossSettings:
+    if "per_token" in kw:
+        kw["per_token_loss"] = kw.pop("per_token")
+    own = {k: kw.pop(k) for k in _RUN if k in kw}
+    return dataclasses.replace(s, algorithm=dataclasses.replace(s.algorithm, **kw), **own)
+
+
+def off_policy(tis_clip=None, tis_clip_low=0.0, opsm_delta=None, use_rollout_logprobs=False,
+               tis_fn=None) -> OffPolicy:
+    """TIS on with a clip, OPSM on with a delta (the off-policy section's switches)."""
+    section = OffPolicySection(
+        use_rollout_logprobs=use_rollout_logprobs, use_tis=tis_clip is not None,
+        tis_clip=2.0 if tis_clip is None else tis_clip, tis_clip_low=tis_clip_low,
+        use_opsm=opsm_delta is not None, opsm_delta=1e-4 if opsm_delta is None else opsm_delta)
+    return OffPolicy(section, tis_fn)
+
+
 def settings(estimator: str, per_token: bool = False) -> LossSettings:
     kl = estimator != "reinforce_plus_plus"
-    return LossSettings(estimator=estimator, eps_clip=0.2, eps_clip_high=0.28,
-                        use_kl_loss=kl, kl_loss_type="k2", kl_loss_coef=0.1 if kl else 0.0,
-                        entropy_coef=0.01, per_token=per_token)
+    return loss_settings_of(estimator=estimator, eps_clip=0.2, eps_clip_high=0.28,
+                            use_kl_loss=kl, kl_loss_type="k2", kl_loss_coef=0.1 if kl else 0.0,
+                            entropy_coef=0.01, per_token=per_token)
 
 
 INERT_ROWS = [1, 4, 5, 6, 7]  # with two ranks: rank 1 holds only zero-advantage rows
 
 
-OFF_POLICY = OffPolicySettings(tis_clip=1.5, tis_clip_low=0.5, opsm_delta=0.05)
+OFF_POLICY = off_policy(tis_clip=1.5, tis_clip_low=0.5, opsm_delta=0.05)
 
 OPSD_CLIP = 0.08  # the clip bounds about half of the batch's tokens (JSD 0.04 - 0.14)
 
@@ -117,7 +145,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     loss_settings = settings(estimator, per_token)
     if inert:
         exp.advantages[INERT_ROWS] = 0.0
-        loss_settings = LossSettings(estimator=estimator, eps_clip=0.2, per_token=per_token)
+        loss_settings = loss_settings_of(estimator=estimator, eps_clip=0.2, per_token=per_token)
     if off_policy:
         g = torch.Generator().manual_seed(11)
         # a sampler that puts a little more mass on its tokens than pi_old: OPSM finds rows

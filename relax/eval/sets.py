@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 
 from relax import models
+from relax.config import TrainConfig
 from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
 from relax.errors import InputError
-from relax.eval.episodes import evaluate_episodes
+from relax.eval.env_eval import evaluate_episodes
 from relax.eval.evaluate import EvalSampling, evaluate
 from relax.rollout.data import format_prompt, load_source
 from relax.rollout.env_guard import guarded_factory
@@ -55,19 +56,19 @@ class EvalSet:
 def _eval_reward_type(cfg) -> str | None:
     """The run's reward: --rm-type, else the built-in task's (resolution sets ``builtin_task``
     to None when prompt files are given), else None (the source's own or --custom-rm-path)."""
-    return cfg.rm_type or cfg.builtin_task
+    return cfg.rollout.rewards.rm_type or cfg.rollout.data.builtin_task
 
 
 def _eval_reward(cfg, reasoning_gym: bool):
     """The run's reward function and its name for one evaluation set: the reward server of
     ``--rm-type remote_rm`` (relax train only), or rewards.py's, called per prompt's samples
     with ``--group-rm``."""
-    if cfg.rm_type == "remote_rm":
-        remote = RemoteRewardModel.of(cfg.rollout)
+    if cfg.rollout.rewards.rm_type == "remote_rm":
+        remote = RemoteRewardModel.of(cfg.rollout.rewards)
         return remote, remote.name
-    fn, name = build_reward_fn(cfg.custom_rm_path, _eval_reward_type(cfg),
-                               gym_answer=cfg.reasoning_gym_answer if reasoning_gym else None)
-    return (by_prompt_runs(fn, name), name) if getattr(cfg, "group_rm", False) else (fn, name)
+    fn, name = build_reward_fn(cfg.rollout.rewards.custom_rm_path, _eval_reward_type(cfg),
+                               gym_answer=cfg.rollout.data.reasoning_gym_answer if reasoning_gym else None)
+    return (by_prompt_runs(fn, name), name) if cfg.rollout.rewards.group_rm else (fn, name)
 
 
 def load_eval_sets(cfg) -> list[EvalSet]:
@@ -76,11 +77,11 @@ def load_eval_sets(cfg) -> list[EvalSet]:
     Raises :class:`relax.errors.InputError` naming the set and the file:line of a
     bad row.
     """
-    if cfg.eval_prompt_data:
+    if cfg.evaluation.prompt_data:
         sets = []
-        for name, path in cfg.eval_prompt_data:
+        for name, path in cfg.evaluation.prompt_data:
             try:
-                rows = load_source(path, f"--eval-prompt-data {name}", cfg, role="eval")
+                rows = load_source(path, f"--eval-prompt-data {name}", cfg.rollout, role="eval")
             except InputError as e:
                 message = str(e)
                 raise InputError(message if message.startswith("--eval-prompt-data") else
@@ -88,7 +89,7 @@ def load_eval_sets(cfg) -> list[EvalSet]:
             sets.append(EvalSet(name, [r.prompt for r in rows], [r.label for r in rows],
                                 reasoning_gym=is_reasoning_gym(path)))
         return sets
-    task = get_task(cfg.builtin_task)
+    task = get_task(cfg.rollout.data.builtin_task)
     # one fixed set per task, independent of --seed, so runs with different seeds compare
     rng = random.Random(f"relax-eval:{task.name}")
     pairs = [task.sample(rng) for _ in range(BUILTIN_EVAL_PROMPTS)]
@@ -100,16 +101,17 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds).
     ``make_sampler``: relax/eval/evaluate.py ``evaluate``'s."""
     start = time.perf_counter()
-    sampling = EvalSampling.from_config(cfg)
+    sampling = EvalSampling.of(cfg)
     metrics: dict[str, float] = {}
     for s in sets:
         reward_fn, reward_name = _eval_reward(cfg, s.reasoning_gym)
-        texts = [format_prompt(tokenizer, p, apply_chat_template=cfg.apply_chat_template,
-                               system_prompt=cfg.system_prompt) for p in s.prompts]
-        # relax train's --reward-timeout (relax eval has none); a reward server bounds its
-        # requests itself
-        timeout = None if isinstance(reward_fn, RemoteRewardModel) else \
-            getattr(cfg, "reward_timeout", None)
+        texts = [format_prompt(tokenizer, p,
+                               apply_chat_template=cfg.rollout.data.apply_chat_template,
+                               system_prompt=cfg.rollout.data.system_prompt) for p in s.prompts]
+        # relax train's --reward-timeout (relax eval has none: its config holds only the
+        # default); a reward server bounds its requests itself
+        timeout = (cfg.rollout.rewards.timeout if isinstance(cfg, TrainConfig)
+                   and not isinstance(reward_fn, RemoteRewardModel) else None)
         metrics.update(evaluate(
             model, tokenizer, texts, s.labels, reward_fn, sampling, name=s.name, step=step,
             device=device, group=group, sync_group=sync_group, reward_name=reward_name,
@@ -121,18 +123,19 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
 
 
 def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dict[str, float]:
-    """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/episodes.py) as
+    """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/env_eval.py) as
     ``eval/env/...``; adds ``perf/eval_time`` (seconds)."""
     start = time.perf_counter()
     eos = tokenizer.eos_token_id
     format_prompt, render = turn_io(
-        tokenizer, apply_chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt,
+        tokenizer, apply_chat_template=cfg.rollout.data.apply_chat_template, system_prompt=cfg.rollout.data.system_prompt,
         eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
-    timeout = cfg.env_step_timeout
+    timeout = cfg.rollout.episodes.step_timeout
     metrics = evaluate_episodes(
-        model, tokenizer, guarded_factory(environment_factory(cfg.env, timeout), timeout),
-        EvalSampling.from_config(cfg),
-        episodes=cfg.eval_episodes, max_turns=cfg.max_turns, format_prompt=format_prompt,
+        model, tokenizer, guarded_factory(environment_factory(cfg.rollout.episodes.env, timeout),
+                                          timeout),
+        EvalSampling.of(cfg),
+        episodes=cfg.evaluation.episodes, max_turns=cfg.rollout.episodes.max_turns, format_prompt=format_prompt,
         render=render, name="env", step=step, device=device, group=group)
     metrics["perf/eval_time"] = time.perf_counter() - start
     return metrics
@@ -147,10 +150,10 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     ``model`` may be the trainer's DDP or FSDP2 model: DDP is unwrapped, FSDP2 generation
     runs in lockstep over ``group``. Call it on every rank.
     """
-    if not cfg.eval_interval or (step % cfg.eval_interval and not last):
+    if not cfg.evaluation.interval or (step % cfg.evaluation.interval and not last):
         return {}
-    if cfg.env:
+    if cfg.rollout.episodes.env:
         return evaluate_env(cfg, models.unwrap(model), tokenizer, device, step=step, group=group)
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
     return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,
-                         sync_group=group if cfg.fsdp else None)
+                         sync_group=group if cfg.system.fsdp else None)

@@ -11,10 +11,10 @@ import torch
 from relax import estimators
 
 
-def needs_reference(cfg) -> bool:
+def needs_reference(algorithm) -> bool:
     """Reference log-probs only when a KL term reads them (reinforce_plus_plus.md §3 shaping, §7 KL loss)."""
-    return estimators.needs_reference(estimators.facts(cfg.advantage_estimator),
-                                      kl_coef=cfg.kl_coef, use_kl_loss=cfg.use_kl_loss)
+    return estimators.needs_reference(estimators.facts(algorithm.estimator),
+                                      kl_coef=algorithm.kl_coef, use_kl_loss=algorithm.use_kl_loss)
 
 
 def needs_old_log_probs(cfg) -> bool:
@@ -28,12 +28,12 @@ def needs_old_log_probs(cfg) -> bool:
     read pi_old before any update (reinforce_plus_plus.md §3), and for on-policy distillation,
     whose advantage term reads it the same way (§7b).
     """
-    f = estimators.facts(cfg.advantage_estimator)
-    return (estimators.returns_read_old_policy(f, kl_coef=cfg.kl_coef)
-            or cfg.num_steps_per_rollout > 1
+    f = estimators.facts(cfg.algorithm.estimator)
+    return (estimators.returns_read_old_policy(f, kl_coef=cfg.algorithm.kl_coef)
+            or cfg.batches.steps_per_rollout > 1
             # the distillation term reads pi_old before any update (§7b); the JSD of
             # --opd-type self reads the update's own forward instead
-            or (cfg.use_opd and cfg.opd_type != "self"))
+            or (cfg.distillation.enabled and cfg.distillation.type != "self"))
 
 
 def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
@@ -48,10 +48,8 @@ def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
     return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_world_size))
 
 
-def build_optimizer(model, cfg) -> torch.optim.Optimizer:
+def build_optimizer(model, optimizer) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters, as the optimizer section says."""
     return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.lr,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        weight_decay=cfg.weight_decay,
-    )
+        [p for p in model.parameters() if p.requires_grad], lr=optimizer.lr,
+        betas=(optimizer.adam_beta1, optimizer.adam_beta2), weight_decay=optimizer.weight_decay)

@@ -8,7 +8,7 @@ import pytest
 
 from relax.config import BUILTIN_EVAL_PROMPTS, parse_train_config
 from relax.errors import InputError
-from relax.eval.hook import load_eval_sets, maybe_evaluate
+from relax.eval.sets import load_eval_sets, maybe_evaluate
 
 
 def cfg(*flags):
@@ -21,7 +21,7 @@ def test_not_due_returns_nothing_and_touches_no_model():
     for step in (1, 3, 5):
         assert maybe_evaluate(c, step, None, None, "cpu") == {}
     off = parse_train_config([])
-    assert off.eval_interval is None and maybe_evaluate(off, 4, None, None, "cpu") == {}
+    assert off.evaluation.interval is None and maybe_evaluate(off, 4, None, None, "cpu") == {}
 
 
 def test_builtin_task_set_is_fixed_across_seeds():
@@ -57,6 +57,6 @@ def test_eval_prompt_data_sets_and_bad_rows(tmp_path, tiny):
     model, tok = tiny
     out = maybe_evaluate(c, 4, model, tok, "cpu", eval_sets=sets)
     assert {k.split("/")[1] for k in out if k.startswith("eval/")} == {"first", "second"}
-    assert cfg("--eval-prompt-data", str(good)).eval_prompt_data == [["held", str(good)]]
+    assert cfg("--eval-prompt-data", str(good)).evaluation.prompt_data == (("held", str(good)),)
     with pytest.raises(InputError, match=r"--eval-prompt-data x: .*bad.jsonl:2: missing key"):
         load_eval_sets(cfg("--eval-prompt-data", "x", str(bad)))

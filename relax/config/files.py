@@ -1,0 +1,145 @@
+"""Configuration files: ``relax train --config run.yaml`` (or ``.toml``, or the ``config.json``
+of a run directory) with the sections as keys, and old flat config.json files read back.
+
+    algorithm:
+      estimator: grpo
+    rollout:
+      sampling: {temperature: 0.7}
+    batches: {rollout_batch_size: 16}
+
+Flags given on the command line override the file. A key that is no section or field is one
+line naming the file and the key. A file may also use the flags' flat names
+(``rollout_temperature: 0.7``), which is how config.json was written before sections; both
+forms read back to the same configuration. Torch-free (PyYAML and tomllib only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from relax.config.section import dest_of, flat_index, is_section
+from relax.errors import ConfigError
+
+SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+def _parse(path: str) -> dict:
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in SUFFIXES:
+        raise ConfigError(f"--config {path}", "expected a .yaml, .yml, .toml or .json file")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"--config {path}", f"cannot read it ({e.strerror})") from None
+    try:
+        if suffix == ".toml":
+            import tomllib
+            value = tomllib.loads(raw.decode("utf-8"))
+        elif suffix == ".json":
+            value = json.loads(raw.decode("utf-8"))
+        else:
+            import yaml
+            value = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}", f"not UTF-8 text (byte {e.start})") from None
+    except Exception as e:  # each library's own syntax error, with its line
+        reason = " ".join(str(e).split())
+        raise ConfigError(f"--config {path}", f"not valid {suffix[1:].upper()}: {reason}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"--config {path}", "expected a mapping of sections at the top")
+    return value
+
+
+def flatten(values: dict, cls, where: str, strict: bool = True) -> dict:
+    """``{dest: value}`` from a mapping by section (nested keys) or by flat name; ``where``
+    names the file in the error of an unknown key (``strict=False``: kept as it is, for
+    saved configurations that hold flags since removed)."""
+    flat: dict = {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    by_dest = {dest_of(f): f for f in fields.values() if not is_section(f)}
+    for key, value in values.items():
+        f = fields.get(key)
+        if f is not None and is_section(f):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: key {key!r}", "is a section; expected a mapping")
+            flat.update(flatten(value, f.metadata["section"], f"{where}: {key}", strict))
+        elif f is not None or key in by_dest:
+            flat[dest_of(f if f is not None else by_dest[key])] = value
+        elif strict or key in flat_index(cls):
+            flat.update(_flat_key(cls, key, value, where))
+        else:
+            flat[key] = value
+    return flat
+
+
+def _flat_key(cls, key: str, value, where: str) -> dict:
+    """A flat name (``rollout_temperature``) anywhere below ``cls``, else the error line."""
+    if key in flat_index(cls):
+        return {key: value}
+    raise ConfigError(f"{where}: unknown key {key!r}", "not a section, field or flag name of "
+                      "the configuration; see relax train --help (groups are sections)")
+
+
+def load_file(path: str, cls) -> dict:
+    """The ``{dest: value}`` a configuration file sets (YAML, TOML or JSON)."""
+    return flatten(_parse(path), cls, path)
+
+
+# resolved value -> unset, where resolution (relax/config/validate.py resolve_and_validate,
+# eval_flags.resolved_train_eval) derives it from another field: a saved config.json then
+# validates as its input did and resolves to itself
+_FOLLOWS = {"eval_temperature": "rollout_temperature", "eval_top_p": "rollout_top_p",
+            "eval_top_k": "rollout_top_k", "eval_max_response_len": "rollout_max_response_len",
+            "eps_clip_high": "eps_clip"}
+_RESOLVED_DEFAULTS = {"num_epoch": 1, "get_mismatch_metrics": True, "builtin_task": None}
+_DERIVED = ("world_size", "builtin_preset_applied")
+
+
+def unresolved(flat: dict) -> dict:
+    """The settings of a (possibly resolved) configuration file as a command line would give
+    them: derived and follower values dropped, ``--eval-prompt-data`` pairs as tokens."""
+    out = {k: v for k, v in flat.items() if k not in _DERIVED}
+    for dest, source in _FOLLOWS.items():
+        if dest in out and source in out and out[dest] == out[source]:
+            del out[dest]
+    for dest, value in _RESOLVED_DEFAULTS.items():
+        if dest in out and out[dest] == value:
+            del out[dest]
+    pairs = out.get("eval_prompt_data")
+    if pairs and all(isinstance(p, (list, tuple)) for p in pairs):
+        out["eval_prompt_data"] = [token for pair in pairs for token in pair]
+    return out
+
+
+def as_argv(flat: dict, parser) -> list[str]:
+    """The command line that sets ``flat`` (``{dest: value}``), so a file's values are
+    type-checked by the flags' own parsers, with the same one-line errors."""
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    argv: list[str] = []
+    for dest, value in flat.items():
+        action = actions[dest]
+        flag = action.option_strings[0]
+        if value is None:
+            if action.default is not None:
+                raise ConfigError(f"{flag} null", "not a value of this flag; leave the key out "
+                                  "for its default")
+            continue
+        if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag} {value!r}", "a switch: expected true or false")
+            if value or isinstance(action, argparse.BooleanOptionalAction):
+                argv.append(flag if value else action.option_strings[1])
+        elif action.nargs == "+":
+            items = value if isinstance(value, (list, tuple)) else [value]
+            argv += [flag, *map(str, items)]
+        elif isinstance(value, (list, tuple, dict)):
+            raise ConfigError(f"{flag} {value!r}", "expected one value")
+        else:
+            argv.append(f"{flag}={value}")
+    return argv

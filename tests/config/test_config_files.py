@@ -1,0 +1,102 @@
+"""``relax train --config FILE``: the sections as keys (YAML, TOML or JSON), flags over the
+file, one line for a bad key, and a run's config.json loads back to the same configuration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relax.config import ConfigError, config_to_json, parse_train_config
+
+RUNS = {
+    "preset": [],
+    "many": ["--advantage-estimator", "reinforce_plus_plus_baseline", "--normalize-advantages",
+             "--n-samples-per-prompt", "4", "--use-kl-loss", "--kl-loss-type", "k2",
+             "--kl-loss-coef", "0.01", "--lora-rank", "4", "--lora-target-modules", "q_proj",
+             "v_proj", "--eval-interval", "2", "--n-samples-per-eval-prompt", "4",
+             "--eval-temperature", "0", "--rollout-temperature", "0.7", "--rollout-top-k", "5",
+             "--eps-clip-high", "0.28", "--dynamic-sampling-filter-path", "nonzero_std",
+             "--over-sampling-batch-size", "32", "--seed", "7"],
+    "sapo-steps": ["--advantage-estimator", "sapo", "--num-steps-per-rollout", "2",
+                   "--micro-batch-size", "4", "--get-mismatch-metrics"],
+}
+
+
+def _parse(argv, tmp_path, name="run"):
+    return parse_train_config(argv + ["--output-dir", str(tmp_path / name)], environ={})
+
+
+@pytest.mark.parametrize("argv", RUNS.values(), ids=RUNS.keys())
+def test_the_saved_config_loads_back_to_the_same_configuration(argv, tmp_path):
+    cfg = _parse(argv, tmp_path)
+    saved = tmp_path / "config.json"
+    saved.write_text(config_to_json(cfg))
+    again = parse_train_config(["--config", str(saved)], environ={})
+    assert again == cfg
+    assert config_to_json(again) == config_to_json(cfg)
+
+
+def test_yaml_and_toml_give_the_flags_values(tmp_path):
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("algorithm:\n  estimator: sapo\nrollout:\n  sampling:\n"
+                         "    temperature: 0.7\nbatches: {rollout_batch_size: 16}\n")
+    toml_file = tmp_path / "run.toml"
+    toml_file.write_text('[algorithm]\nestimator = "sapo"\n[rollout.sampling]\n'
+                         'temperature = 0.7\n[batches]\nrollout_batch_size = 16\n')
+    flags = _parse(["--advantage-estimator", "sapo", "--rollout-temperature", "0.7",
+                    "--rollout-batch-size", "16"], tmp_path)
+    for path in (yaml_file, toml_file):
+        cfg = _parse(["--config", str(path)], tmp_path)
+        assert cfg == flags
+        assert cfg.rollout.sampling.temperature == 0.7 and cfg.batches.rollout_batch_size == 16
+
+
+def test_flags_override_the_file(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[rollout.sampling]\ntemperature = 0.7\n[run]\nseed = 3\n')
+    cfg = _parse(["--config", str(path), "--rollout-temperature", "0.9"], tmp_path)
+    assert cfg.rollout.sampling.temperature == 0.9 and cfg.run.seed == 3
+
+
+def test_flat_names_of_old_config_files_are_read(tmp_path):
+    cfg = _parse(["--rollout-temperature", "0.7", "--lora-rank", "2"], tmp_path)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"rollout_temperature": 0.7, "lora_rank": 2}))
+    assert _parse(["--config", str(path)], tmp_path) == cfg
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("algorithm:\n  estimater: sapo\n", "unknown key 'estimater'"),
+    ("algorythm:\n  estimator: sapo\n", "unknown key 'algorythm'"),
+    ("rollout:\n  sampling: 0.7\n", "key 'sampling'"),
+    ("- a\n", "expected a mapping"),
+    ("algorithm: {estimator: [\n", "not valid YAML"),
+])
+def test_a_bad_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, needle):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        _parse(["--config", str(path)], tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and str(path) in line and needle in line, line
+
+
+def test_a_bad_value_in_a_file_names_the_flag(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[rollout.sampling]\ntemperature = -1.0\n")
+    with pytest.raises(ConfigError, match="--rollout-temperature -1"):
+        _parse(["--config", str(path)], tmp_path)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('[rollout.sampling]\ntemperature = "hot"\n', "--rollout-temperature"),
+    ("[algorithm]\nestimator = \"grpx\"\n", "--advantage-estimator"),
+    ("[run]\nuse_wandb = 3\n", "--use-wandb 3: a switch"),
+])
+def test_a_value_of_the_wrong_type_is_the_flags_error(tmp_path, text, needle):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        _parse(["--config", str(path)], tmp_path)
+    assert needle in str(e.value) and "\n" not in str(e.value)
