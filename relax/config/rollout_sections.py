@@ -12,7 +12,7 @@ from relax.config.gym_spec import ANSWER_FORMATS
 from relax.config.presets import BUILTIN_TASK_NAMES
 from relax.config.reward_services import RewardsSection
 from relax.config.rollout_backend import BackendSection
-from relax.config.section import LegacyNames, Section, flat_index, option, section
+from relax.config.section import Section, option, section
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class PartialSection(Section):
 
 
 @dataclass(frozen=True)
-class RolloutSection(LegacyNames, Section):
+class RolloutSection(Section):
     """What the rollout collects, how it samples and scores, and who samples."""
 
     data: DataSection = section(DataSection)
@@ -204,11 +204,3 @@ class RolloutSection(LegacyNames, Section):
     off_policy: OffPolicySection = section(OffPolicySection)
     partial: PartialSection = section(PartialSection)
     backend: BackendSection = section(BackendSection)
-
-
-# the names of the old flat rollout view (``rollout.temperature``): temporary, see LegacyNames
-_OLD_VIEW = {"shuffle": "rollout_shuffle", "max_response_len": "rollout_max_response_len",
-             "temperature": "rollout_temperature", "top_p": "rollout_top_p",
-             "top_k": "rollout_top_k", "agentic": "use_agentic_rollout"}
-RolloutSection.LEGACY = {**flat_index(RolloutSection),
-                         **{old: flat_index(RolloutSection)[dest] for old, dest in _OLD_VIEW.items()}}

@@ -33,11 +33,11 @@ from relax.config.run_sections import (
     RunSection,
     SystemSection,
 )
-from relax.config.section import FlatAccess, derived, option, section
+from relax.config.section import derived, option, section
 
 
 @dataclass(frozen=True)
-class TrainConfig(FlatAccess):
+class TrainConfig:
     """``relax train`` settings (rules: reinforce_plus_plus.md §8 and relax/config/validate.py)."""
 
     algorithm: AlgorithmSection = section(AlgorithmSection)
@@ -65,7 +65,7 @@ class TrainConfig(FlatAccess):
 
 
 @dataclass(frozen=True)
-class EvalConfig(FlatAccess):
+class EvalConfig:
     """``relax eval CHECKPOINT`` settings: the sections ``relax train`` has, of which only the
     flags of :data:`EVAL_FLAGS` are on its command line (rules: relax/config/eval_flags.py)."""
 

@@ -172,30 +172,3 @@ def check_sections(obj) -> None:
         bound = f.metadata.get("bound")
         if bound is not None and not bound[0](getattr(obj, f.name)):
             reject(obj, dest_of(f), bound[1])
-
-
-class FlatAccess:
-    """Read access by flat name (``cfg.rollout_temperature``) for code not yet moved to the
-    section paths. Temporary: the codemod in the configuration's migration notes rewrites the
-    remaining flat reads, then this class goes."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        path = flat_index(type(self)).get(name)
-        if path is None:
-            raise AttributeError(f"{type(self).__name__} has no field or flag {name!r}")
-        return get_path(self, path)
-
-
-class LegacyNames:
-    """Read access by the names of the old section views (``cfg.rollout.temperature`` for
-    ``cfg.rollout.sampling.temperature``); temporary, like :class:`FlatAccess`."""
-
-    LEGACY: dict[str, tuple[str, ...]] = {}
-
-    def __getattr__(self, name: str):
-        path = type(self).LEGACY.get(name)
-        if path is None or name.startswith("__"):
-            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
-        return get_path(self, path)
