@@ -1,7 +1,8 @@
 """``relax plot RUN_DIR [RUN_DIR ...] --output FILE.png``: training curves from metrics.jsonl.
 
 Each RUN_DIR is an ``--output-dir`` of ``relax train`` (``metrics.jsonl`` and ``config.json``).
-Runs are grouped by the ``advantage_estimator`` of their ``config.json``: a group of several
+Runs are grouped by the ``advantage_estimator`` of their ``config.json`` (marked ``+ opd`` or
+``opd only (...)`` for on-policy distillation runs): a group of several
 runs (seeds) is drawn as the mean over its runs with a min..max band, a group of one run as
 its curve, so estimators are compared at a glance. Steps are aligned by ``rollout/step``; a
 group's mean uses the steps every run of the group logged. Panels without data in any run are
@@ -56,6 +57,15 @@ class Run:
     series: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> step -> value
 
 
+def _group_name(config: dict, default: str) -> str:
+    """The estimator, marked when distillation changes what it trains on (§7b): a run with
+    ``--use-opd`` is not drawn in one band with runs of its estimator alone."""
+    estimator = str(config.get("advantage_estimator", default))
+    if not config.get("use_opd"):
+        return estimator
+    return f"opd only ({estimator})" if config.get("opd_only") else f"{estimator} + opd"
+
+
 def load_run(path: str) -> Run:
     """Read ``path/metrics.jsonl`` (later rows win for a repeated step, as after a resume)."""
     metrics_path = os.path.join(path, "metrics.jsonl")
@@ -66,7 +76,7 @@ def load_run(path: str) -> Run:
     if os.path.isfile(config_path):
         try:
             with open(config_path, encoding="utf-8") as f:
-                estimator = json.load(f).get("advantage_estimator", estimator)
+                estimator = _group_name(json.load(f), estimator)
         except UnicodeDecodeError as e:
             raise PlotError(f"{config_path}: not UTF-8 text (byte {e.start})") from None
         except (json.JSONDecodeError, AttributeError) as e:
