@@ -1,7 +1,8 @@
 """``relax plot RUN_DIR [RUN_DIR ...] --output FILE.png``: training curves from metrics.jsonl.
 
 Each RUN_DIR is an ``--output-dir`` of ``relax train`` (``metrics.jsonl`` and ``config.json``).
-Runs are grouped by the ``advantage_estimator`` of their ``config.json``: a group of several
+Runs are grouped by the ``advantage_estimator`` of their ``config.json`` (marked ``+ opd`` or
+``opd only (...)`` for on-policy distillation runs): a group of several
 runs (seeds) is drawn as the mean over its runs with a min..max band, a group of one run as
 its curve, so estimators are compared at a glance. Steps are aligned by ``rollout/step``; a
 group's mean uses the steps every run of the group logged. Panels without data in any run are
@@ -56,12 +57,21 @@ class Run:
     series: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> step -> value
 
 
-def _estimator_of(saved: dict, default: str) -> str:
-    """The estimator of a config.json: by section, or flat as written before sections."""
-    algorithm = saved.get("algorithm")
-    if isinstance(algorithm, dict):
-        return algorithm.get("estimator", default)
-    return saved.get("advantage_estimator", default)
+def _group_name(saved: dict, default: str) -> str:
+    """The estimator of a config.json (by section, or flat as written before sections),
+    marked when distillation changes what it trains on (§7b): a run with ``--use-opd`` is not
+    drawn in one band with runs of its estimator alone."""
+    algorithm, opd = saved.get("algorithm"), saved.get("distillation")
+    if isinstance(algorithm, dict):  # by section
+        estimator = str(algorithm.get("estimator", default))
+        use_opd, only = (bool(opd.get("enabled")), bool(opd.get("only"))) if isinstance(
+            opd, dict) else (False, False)
+    else:
+        estimator = str(saved.get("advantage_estimator", default))
+        use_opd, only = bool(saved.get("use_opd")), bool(saved.get("opd_only"))
+    if not use_opd:
+        return estimator
+    return f"opd only ({estimator})" if only else f"{estimator} + opd"
 
 
 def load_run(path: str) -> Run:
@@ -74,7 +84,7 @@ def load_run(path: str) -> Run:
     if os.path.isfile(config_path):
         try:
             with open(config_path, encoding="utf-8") as f:
-                estimator = _estimator_of(json.load(f), estimator)
+                estimator = _group_name(json.load(f), estimator)
         except UnicodeDecodeError as e:
             raise PlotError(f"{config_path}: not UTF-8 text (byte {e.start})") from None
         except (json.JSONDecodeError, AttributeError) as e:

@@ -71,8 +71,8 @@ def test_an_explicit_glibc_setting_is_left_alone(monkeypatch):
 
 
 def test_the_flag_default_and_its_bounds():
-    assert parse_train_config([]).host_mmap_threshold_kb == 0  # glibc's own behaviour
-    assert parse_train_config(["--host-mmap-threshold-kb", "128"]).host_mmap_threshold_kb == 128
+    assert parse_train_config([]).system.host_mmap_threshold_kb == 0  # glibc's own behaviour
+    assert parse_train_config(["--host-mmap-threshold-kb", "128"]).system.host_mmap_threshold_kb == 128
     for bad in ("-1", "40000"):
         with pytest.raises(ConfigError, match="--host-mmap-threshold-kb.*between 0"):
             parse_train_config(["--host-mmap-threshold-kb", bad])
@@ -81,6 +81,6 @@ def test_the_flag_default_and_its_bounds():
 def test_relax_eval_takes_the_flag_with_the_same_bounds(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a checkpoint directory, as eval checks
     assert parse_eval_config([str(tmp_path), "--host-mmap-threshold-kb", "128"]
-                             ).host_mmap_threshold_kb == 128
+                             ).system.host_mmap_threshold_kb == 128
     with pytest.raises(ConfigError, match="--host-mmap-threshold-kb.*between 0"):
         parse_eval_config([str(tmp_path), "--host-mmap-threshold-kb", "40000"])

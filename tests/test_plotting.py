@@ -61,6 +61,18 @@ def test_group_mean_and_band_over_common_steps(tmp_path):
     assert smoothed.tolist() == pytest.approx([0.01] + [0.01 * s - 0.005 for s in range(2, 7)])
 
 
+def test_distillation_runs_are_not_grouped_with_their_estimator(tmp_path):
+    paths = [write_run(tmp_path / name, "grpo", rows(0.0)) for name in ("a", "b", "c", "d")]
+    for path, extra in zip(paths[1:], ({"use_opd": True, "opd_only": True},
+                                       {"use_opd": True, "opd_only": False},
+                                       {"use_opd": False, "opd_only": False}), strict=True):
+        with open(f"{path}/config.json", "w", encoding="utf-8") as f:
+            json.dump({"advantage_estimator": "grpo", **extra}, f)
+    groups = group_runs([load_run(p) for p in paths])
+    assert {k: len(v) for k, v in groups.items()} == {"grpo": 2, "opd only (grpo)": 1,
+                                                      "grpo + opd": 1}
+
+
 def test_resumed_rows_win_and_null_is_nan(tmp_path):
     data = rows(0.0, steps=3) + [{"rollout/step": 2, "rollout/raw_reward": None}]
     run = load_run(write_run(tmp_path / "r", "x", data, config=False))

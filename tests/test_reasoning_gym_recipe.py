@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is never skipped)
 
+from relax.config.files import flatten
+from relax.config.schema import TrainConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "reasoning_gym" / "run-smollm2-reasoning-gym.sh"
 SUMMARIZE = ROOT / "examples" / "reasoning_gym" / "summarize.py"
@@ -31,6 +34,10 @@ ARMS = {
     "reinforce_plus_plus_baseline": dict(normalize_advantages=True, kl_coef=0.0,
                                          use_kl_loss=True, kl_loss_type="k2", kl_loss_coef=0.01),
     "grpo": dict(normalize_advantages=False, kl_coef=0.0, use_kl_loss=False),
+    "ppo": dict(advantage_estimator="ppo", normalize_advantages=True, gamma=1.0, lambd=1.0,
+                value_clip=0.2, critic_lr=1e-4, kl_coef=0.0, use_kl_loss=False),
+    "opd_only": dict(advantage_estimator="grpo", use_opd=True, opd_only=True, opd_kl_coef=1.0,
+                     kl_coef=0.0, use_kl_loss=False),
 }
 
 
@@ -38,14 +45,17 @@ ARMS = {
 def test_each_arm_resolves_to_the_documented_flags(algo, model_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
     env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL_DIR=str(model_dir), ALGO=algo,
-               SEED="3")
+               SEED="3", TEACHER_DIR=str(model_dir))
     out = subprocess.run(["bash", str(RECIPE)], capture_output=True, text=True, cwd=tmp_path,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    cfg = json.loads(out.stdout)
+    cfg = flatten(json.loads(out.stdout), TrainConfig, "--dry-run")  # by flag name
     for key, value in ARMS[algo].items():
         assert cfg[key] == value, key
-    assert cfg["advantage_estimator"] == algo and cfg["seed"] == 3
+    assert cfg["advantage_estimator"] == ARMS[algo].get("advantage_estimator", algo)
+    assert cfg["seed"] == 3 and cfg["save"] is None
+    if algo == "opd_only":
+        assert cfg["opd_teacher_load"] == str(model_dir)
     assert cfg["prompt_data"].startswith("reasoning-gym:basic_arithmetic?")
     assert cfg["prompt_data"].endswith("&size=80")  # 20 steps x 4 prompts: one pass
     (name, spec), = cfg["eval_prompt_data"]
@@ -58,8 +68,26 @@ def test_each_arm_resolves_to_the_documented_flags(algo, model_dir, tmp_path):
 
 def test_unknown_arm_is_refused(tmp_path):
     out = subprocess.run(["bash", str(RECIPE)], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=60, env={**os.environ, "ALGO": "ppo", "DRY_RUN": "1"})
+                         timeout=60, env={**os.environ, "ALGO": "dpo", "DRY_RUN": "1"})
     assert out.returncode == 2 and "choose reinforce_plus_plus" in out.stderr
+
+
+def test_distillation_needs_a_teacher(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TEACHER_DIR"}
+    out = subprocess.run(["bash", str(RECIPE)], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=60, env={**env, "ALGO": "opd_only", "DRY_RUN": "1"})
+    assert out.returncode == 2 and "set TEACHER_DIR" in out.stderr
+
+
+def test_save_dir_adds_save(model_dir, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    env.update(PYTHON=sys.executable, DRY_RUN="1", MODEL_DIR=str(model_dir), ALGO="grpo",
+               SAVE_DIR=str(tmp_path / "save"))
+    out = subprocess.run(["bash", str(RECIPE)], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert flatten(json.loads(out.stdout), TrainConfig, "--dry-run")["save"] == str(
+        tmp_path / "save")
 
 
 def test_summary_table(tmp_path):

@@ -13,6 +13,16 @@
 #   reinforce_plus_plus_baseline  --normalize-advantages --kl-coef 0 --use-kl-loss --kl-loss-type k2 --kl-loss-coef 0.01
 #   grpo                          the grpo defaults (group std scaling, token PPO clip)
 #
+# and two arms of their own reports (docs/reports/ppo-smollm2.md, distillation-smollm2.md):
+#
+#   ppo        --advantage-estimator ppo --normalize-advantages --gamma 1.0 --lambd ${LAMBD}
+#              --value-clip ${VALUE_CLIP} --critic-lr ${CRITIC_LR}   (a critic, GAE; §5c)
+#   opd_only   --advantage-estimator grpo --use-opd --opd-only --opd-teacher-load ${TEACHER_DIR}
+#              --opd-kl-coef ${OPD_KL_COEF}   (distillation alone from a teacher; §7b)
+#
+# SAVE_DIR=DIR adds --save DIR (the final model, e.g. a distillation teacher after
+# `relax export DIR TEACHER_DIR`).
+#
 # Training questions come from reasoning-gym seeds 0.. and the held-out set from seeds
 # 1000000000.. (the source's defaults); the answer is the last number of the reply
 # (--reasoning-gym-answer last_number: the model never writes reasoning-gym's <answer> tags).
@@ -53,8 +63,19 @@ case "${ALGO}" in
                --kl-coef 0 --use-kl-loss --kl-loss-type k2 --kl-loss-coef 0.01) ;;
   grpo)
     ALGO_ARGS=(--advantage-estimator grpo) ;;
+  ppo)
+    ALGO_ARGS=(--advantage-estimator ppo --normalize-advantages --gamma 1.0
+               --lambd "${LAMBD:-1.0}" --value-clip "${VALUE_CLIP:-0.2}"
+               --critic-lr "${CRITIC_LR:-1e-4}") ;;
+  opd_only)
+    if [[ -z "${TEACHER_DIR:-}" ]]; then
+      echo "ALGO=opd_only: set TEACHER_DIR to the teacher's Hugging Face directory" >&2
+      exit 2
+    fi
+    ALGO_ARGS=(--advantage-estimator grpo --use-opd --opd-only
+               --opd-teacher-load "${TEACHER_DIR}" --opd-kl-coef "${OPD_KL_COEF:-1.0}") ;;
   *)
-    echo "ALGO=${ALGO}: choose reinforce_plus_plus, reinforce_plus_plus_baseline or grpo" >&2
+    echo "ALGO=${ALGO}: choose reinforce_plus_plus, reinforce_plus_plus_baseline, grpo, ppo or opd_only" >&2
     exit 2 ;;
 esac
 
@@ -77,6 +98,9 @@ ARGS=(
   --eval-temperature 0 --eval-max-response-len "${EVAL_MAX_RESPONSE_LEN}" --eval-batch-size 200
   --output-dir "${OUTPUT_DIR}"
 )
+if [[ -n "${SAVE_DIR:-}" ]]; then
+  ARGS+=(--save "${SAVE_DIR}")
+fi
 if [[ "${DRY_RUN}" == 1 ]]; then
   ARGS+=(--dry-run)
 fi

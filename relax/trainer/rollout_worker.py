@@ -58,7 +58,7 @@ def build_sampler(cfg, device: torch.device):
     module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, device, seed=cfg.run.seed)
     if cfg.lora.enabled:
         add_configured(module, cfg.lora, cfg.run.seed)
-    r = cfg.rollout
+    r = cfg.rollout.sampling
     sampler = Sampler(module, eos_token_ids=models.eos_token_ids(tokenizer, module),
                       pad_token_id=tokenizer.pad_token_id,
                       params=SamplingParams(r.temperature, r.top_p, r.top_k),
