@@ -19,6 +19,7 @@ import tempfile
 import torch
 
 from relax import models
+from relax.cpu_threads import cpu_threads
 from relax.errors import InputError, RelaxError
 from relax.eval.sets import EvalSet, evaluate_env, evaluate_sets, load_eval_sets
 from relax.host_memory import set_mmap_threshold
@@ -43,8 +44,8 @@ def run_eval_command(cfg) -> int:
             raise InputError(f"--apply-chat-template: the tokenizer in {cfg.checkpoint} has no "
                              "chat template; remove the flag or evaluate a chat model")
         model = models.load_policy(cfg.checkpoint, tokenizer, device, seed=cfg.run.seed).eval()
-        if device.type == "cpu":
-            torch.set_num_threads(os.cpu_count() or 1)
+        if device.type == "cpu":  # OMP_NUM_THREADS when set, as relax train does
+            torch.set_num_threads(cpu_threads())
         if cfg.rollout.episodes.env:
             metrics = evaluate_env(cfg, model, tokenizer, device)
         else:

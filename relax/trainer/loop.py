@@ -42,6 +42,7 @@ import torch
 
 from relax import models
 from relax.algorithms import compute_advantages_and_returns
+from relax.cpu_threads import cpu_threads
 from relax.errors import InputError
 from relax.eval.sets import load_eval_sets, maybe_evaluate
 from relax.metrics.sinks import build_logger, spread_indices
@@ -136,8 +137,8 @@ class Trainer:
         self.step_metrics.remote_generation = layout is not None or self.vllm is not None
         self.collector = self._build_collector(envs)
         if ctx.device.type == "cpu":
-            # the host's cores shared between the local ranks (parts.cpu_threads)
-            torch.set_num_threads(parts.cpu_threads(
+            # the host's cores shared between the local ranks (relax/cpu_threads.py)
+            torch.set_num_threads(cpu_threads(
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if ctx.is_main:
             checkpoint.remove_stale_temps(cfg.checkpoint.save)

@@ -1,10 +1,8 @@
-"""What the trainer builds around the models: which passes a configuration needs, the CPU
-threads, the optimizer. Loading the models and tokenizer is relax/models.py (shared with
+"""What the trainer builds around the models: which passes a configuration needs, the
+optimizer (the CPU threads: relax/cpu_threads.py). Loading the models and tokenizer is relax/models.py (shared with
 ``relax eval``)."""
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -34,18 +32,6 @@ def needs_old_log_probs(cfg) -> bool:
             # the distillation term reads pi_old before any update (§7b); the JSD of
             # --opd-type self reads the update's own forward instead
             or (cfg.distillation.enabled and cfg.distillation.type != "self"))
-
-
-def cpu_threads(*, cpu_count: int | None = None, local_world_size: int = 1,
-                environ=None) -> int:
-    """Intra-op threads for CPU training: ``OMP_NUM_THREADS`` when the user set it, else the
-    cores divided between the local ranks (docs/performance.md measures this against one
-    thread). On a machine shared with other work, ``OMP_NUM_THREADS=1`` per rank is steadier.
-    """
-    environ = os.environ if environ is None else environ
-    if environ.get("OMP_NUM_THREADS", "").strip().isdigit():
-        return max(1, int(environ["OMP_NUM_THREADS"]))
-    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_world_size))
 
 
 def build_optimizer(model, optimizer) -> torch.optim.Optimizer:

@@ -27,6 +27,7 @@ import time
 import torch
 
 from relax import models
+from relax.cpu_threads import cpu_threads
 from relax.errors import InputError, Interrupted, PeerFailure
 from relax.metrics.tracker import MetricTracker
 from relax.precision import use_bf16
@@ -184,8 +185,6 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
     training ranks. A SIGTERM / SIGINT (``stop``) does not end the serving: the training ranks
     finish their step and checkpoint (receiving the batches in flight), then say stop."""
     if ctx.device.type == "cpu":  # the host's cores shared between all local processes
-        from relax.trainer.parts import cpu_threads
-
         torch.set_num_threads(cpu_threads(
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     RolloutWorker(cfg, ctx, layout).serve()

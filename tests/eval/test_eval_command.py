@@ -8,6 +8,7 @@ import io
 import json
 
 import pytest
+import torch
 
 from relax.cli import main
 from relax.config import BUILTIN_PRESET, parse_eval_config
@@ -76,3 +77,18 @@ def test_rejections_are_one_line(tmp_path, tiny_checkpoint, args, needle):
     code, out, err = call(["eval", *[subst.get(a, a) for a in args]])
     assert code == 2 and out == "" and err.count("\n") == 1, (code, out, err)
     assert err.startswith("relax eval: error: ") and needle in err, err
+
+
+def test_omp_num_threads_sets_the_threads_as_in_training(tiny_checkpoint, tmp_path, monkeypatch):
+    """``relax eval`` on the CPU takes OMP_NUM_THREADS as ``relax train`` does (it took every
+    core, so evaluations beside other work could not be held to one)."""
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(2)
+    try:
+        code, _, err = call(["eval", tiny_checkpoint, "--eval-temperature", "0",
+                             "--output-dir", str(tmp_path / "ev")])
+        assert (code, err) == (0, "")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)

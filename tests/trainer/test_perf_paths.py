@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from relax.cpu_threads import cpu_threads
 from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import parts
 from relax.trainer.distributed import DistContext
@@ -95,11 +96,11 @@ def test_needs_old_log_probs(tmp_path):
 
 
 def test_cpu_threads():
-    assert parts.cpu_threads(cpu_count=16, local_world_size=4, environ={}) == 4
-    assert parts.cpu_threads(cpu_count=2, local_world_size=4, environ={}) == 1
-    assert parts.cpu_threads(cpu_count=2, environ={}) == 2
-    assert parts.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
-    assert parts.cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
+    assert cpu_threads(cpu_count=16, local_world_size=4, environ={}) == 4
+    assert cpu_threads(cpu_count=2, local_world_size=4, environ={}) == 1
+    assert cpu_threads(cpu_count=2, environ={}) == 2
+    assert cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": "3"}) == 3
+    assert cpu_threads(cpu_count=16, environ={"OMP_NUM_THREADS": ""}) == 16
 
 
 @pytest.mark.parametrize("estimator,per_token", [("grpo", False), ("gspo", False),
