@@ -106,6 +106,15 @@ def _log_probs_from_logits(logits, targets, temperature: float, with_entropy: bo
     return log_probs, entropy
 
 
+def chunk_call(fn, args: tuple, *, grad: bool):
+    """``fn(*args)`` for one chunk of an output-layer pass; with ``grad`` its [rows, V] logits
+    are freed after the forward and rebuilt for the backward (checkpointed), so a pass over
+    many chunks never holds more than one chunk's logits."""
+    if grad:
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
 def _chunk_log_probs(hidden, weight, bias, targets, temperature: float, with_entropy: bool,
                      entropy_grad: bool):
     """One chunk: logits [n, V] in the matmul dtype of the ambient autocast, then fp32."""
@@ -130,11 +139,7 @@ def chunked_token_log_probs(hidden, weight, bias, targets, *, temperature: float
     for start in range(0, hidden.shape[0], rows):
         args = (hidden[start:start + rows], weight, bias, targets[start:start + rows],
                 temperature, with_entropy, entropy_grad)
-        if grad:
-            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_log_probs, *args,
-                                                        use_reentrant=False)
-        else:
-            lp, ent = _chunk_log_probs(*args)
+        lp, ent = chunk_call(_chunk_log_probs, args, grad=grad)
         logps.append(lp)
         ents.append(ent)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)

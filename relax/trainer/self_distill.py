@@ -26,7 +26,13 @@ from relax.errors import InputError
 from relax.rollout.generate import tokenize_prompts
 from relax.trainer.distill import FLAG, check_vocabulary
 from relax.trainer.experience import Experience
-from relax.trainer.logprobs import CHUNK_ELEMENTS, ResponseRows, _hidden_states, _output_layer
+from relax.trainer.logprobs import (
+    CHUNK_ELEMENTS,
+    ResponseRows,
+    _hidden_states,
+    _output_layer,
+    chunk_call,
+)
 
 
 @dataclass(frozen=True)
@@ -70,11 +76,7 @@ def chunked_opsd_terms(s_rows, s_head, t_hidden, t_head, targets, *, beta: float
         part = slice(start, start + rows)
         args = (s_rows[part], weight, bias, t_hidden[part], *t_head, targets[part], beta, clip,
                 temperature)
-        if grad:
-            loss, stat = torch.utils.checkpoint.checkpoint(_chunk_terms, *args,
-                                                           use_reentrant=False)
-        else:
-            loss, stat = _chunk_terms(*args)
+        loss, stat = chunk_call(_chunk_terms, args, grad=grad)
         losses.append(loss)
         stats.append(stat)
     if not losses:
