@@ -96,6 +96,12 @@ class DeadlinePool:
     def threads(self) -> int:
         return self._threads
 
+    @property
+    def busy(self) -> int:
+        """Calls submitted and not yet returned (the abandoned ones included)."""
+        with self._lock:
+            return self._busy
+
     def call(self, fn: Callable, args: tuple, timeout: float | None):
         """``fn(*args)`` within ``timeout`` seconds (None: on this thread, no limit).
 

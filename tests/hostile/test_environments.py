@@ -70,6 +70,11 @@ def play(tiny, envs, *, context=256, max_turns=3, stop_at_first_error=False):
 def release_hung():
     yield
     hostile_envs.release_hung()  # abandoned calls return and free their workers
+    # ... on their own threads: the next test would find them still busy (and be refused a
+    # worker) if it started before they had returned
+    deadline = time.monotonic() + 30
+    while plugins._POOL.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 @pytest.fixture
