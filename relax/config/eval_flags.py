@@ -87,10 +87,8 @@ def resolved_train_eval(cfg: TrainConfig) -> dict:
     return {"eval_prompt_data": eval_pairs(cfg), **values}
 
 
-def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
-    check_sections(cfg)
-    check_shared_bounds(cfg)
-    ckpt = cfg.checkpoint
+def _check_checkpoint_dir(ckpt: str) -> None:
+    """CHECKPOINT is a model directory relax eval can load (not a sharded training state)."""
     if not os.path.isdir(ckpt):
         raise ConfigError(ckpt, "no such directory; give a checkpoint written by relax train "
                           "--save (or any Hugging Face model directory)")
@@ -103,6 +101,12 @@ def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
         raise ConfigError(ckpt, "no config.json in it; give the --save directory of a run, a "
                           "directory written by relax export, a PEFT adapter directory, or "
                           "any Hugging Face model")
+
+
+def _check_eval_command(cfg: EvalConfig, explicit: set[str]) -> list | None:
+    check_sections(cfg)
+    check_shared_bounds(cfg)
+    _check_checkpoint_dir(cfg.checkpoint)
     out = cfg.run.output_dir
     if out is not None and os.path.exists(out) and not os.path.isdir(out):
         reject(cfg, "output_dir", "exists and is not a directory; choose another path")

@@ -85,12 +85,7 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     ``opsd``: the :class:`~relax.trainer.self_distill.SelfDistillation` of ``s.opsd``.
     """
     mask, alg = mb.response_mask, s.algorithm
-    with autocast(mb.input_ids.device, s.bf16):  # one student forward for both losses
-        rows = response_rows(model, mb, layout=s.layout)
-        log_probs, entropy = (rows.to_grid(x) for x in rows_log_probs(
-            rows, temperature=s.temperature, with_entropy=True,
-            entropy_grad=bool(alg.entropy_coef)))
-        jsd = None if not s.opsd else opsd.token_terms(rows, mb)
+    log_probs, entropy, jsd = _student_pass(model, mb, s, opsd)
     # No old log-probs: the caller proved the update's policy is the rollout's (one optimizer
     # step per rollout, see ``parts.needs_old_log_probs``), so pi_old = pi_theta before the step
     # and the ratio is exactly 1 with the gradient of log pi_theta.
@@ -128,6 +123,18 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
         stats += correction_stats + opsd_stats
         stats = torch.stack([x.detach().double() for x in stats])
     return loss, stats
+
+
+def _student_pass(model, mb: Experience, s: LossSettings, opsd):
+    """One student forward for every loss term: [B, T] log-probs and entropies, and for
+    ``s.opsd`` the self-distillation JSD terms of the same rows (relax/trainer/self_distill.py)."""
+    with autocast(mb.input_ids.device, s.bf16):
+        rows = response_rows(model, mb, layout=s.layout)
+        log_probs, entropy = (rows.to_grid(x) for x in rows_log_probs(
+            rows, temperature=s.temperature, with_entropy=True,
+            entropy_grad=bool(s.algorithm.entropy_coef)))
+        jsd = opsd.token_terms(rows, mb) if s.opsd else None
+    return log_probs, entropy, jsd
 
 
 def inert_rows(mb: Experience, s: LossSettings) -> torch.Tensor | None:
@@ -199,17 +206,24 @@ def train_on_rollout(
         stats = _accumulate_gradients(model, chunk, s, sharded, micro_batch_size=micro_batch_size,
                                       num_responses=global_batch_size, num_tokens=num_tokens,
                                       group=ctx.group, on_mismatch=on_mismatch, opsd=opsd)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
-            grad_norm = grad_norm.full_tensor()
-        values = dict(zip(names, all_reduce(stats, ctx.group).tolist(), strict=True))
-        values["train/grad_norm"] = float(grad_norm)
-        slots, tokens = values.pop("slots"), values.pop("tokens")
-        values["perf/update_padding_fraction"] = 1.0 - tokens / max(slots, 1.0)
+        values = _clip_and_reduce(params, clip_grad, stats, names, ctx.group)
         _check_finite(values, len(history) + 1)
         optimizer.step()
         history.append(values)
     return history
+
+
+def _clip_and_reduce(params, clip_grad: float, stats, names, group) -> dict[str, float]:
+    """Clip the step's gradient norm; the step's global metrics (``names``: its partial sums,
+    summed over ranks) with the norm and the padding fraction of the passes."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    values = dict(zip(names, all_reduce(stats, group).tolist(), strict=True))
+    values["train/grad_norm"] = float(grad_norm)
+    slots, tokens = values.pop("slots"), values.pop("tokens")
+    values["perf/update_padding_fraction"] = 1.0 - tokens / max(slots, 1.0)
+    return values
 
 
 def _check_whole_steps(exp: Experience, local_step: int) -> None:
