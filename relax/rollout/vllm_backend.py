@@ -34,8 +34,7 @@ from relax.rollout.vllm_server import (
     ServerError,
     VllmClient,
     VllmServer,
-    check_version,
-    healthy,
+    connect,
     installed_version,
     vllm_python,
 )
@@ -108,11 +107,7 @@ class VllmBackend:
         (``group``, ``device``, ``is_main``): the ranks an FSDP2 model is sharded over."""
         if settings.urls:
             url = settings.urls[rank % len(settings.urls)]
-            if not healthy(url):
-                raise InputError(f"--vllm-url {url}: no vLLM server answers there (GET "
-                                 "/health); start it or correct the URL")
-            client = VllmClient(url, timeout=settings.request_timeout)
-            check_version(client.version(), f"--vllm-url {url}")
+            client = connect(url, "--vllm-url", timeout=settings.request_timeout)
             return cls(settings, rank, device, client, ctx=ctx)
         python = vllm_python()
         installed_version(python)

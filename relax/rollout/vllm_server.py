@@ -220,6 +220,18 @@ def healthy(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
+def connect(url: str, flag: str, *, timeout: float,
+            version_flag: str = "--rollout-backend vllm") -> VllmClient:
+    """A client of the running server that ``flag URL`` names, before any model loads: one
+    line when nothing answers there or its vLLM is outside the supported range."""
+    if not healthy(url):
+        raise InputError(f"{flag} {url}: no vLLM server answers there (GET /health); "
+                         "start it or correct the URL")
+    client = VllmClient(url, timeout=timeout)
+    check_version(client.version(), f"{flag} {url}", flag=version_flag)
+    return client
+
+
 _EXIT_WAIT_S = 10.0  # how long a failed connection waits for an owned server's exit status
 
 

@@ -31,8 +31,7 @@ from relax.rollout.vllm_server import (
     ServerError,
     VllmClient,
     VllmServer,
-    check_version,
-    healthy,
+    connect,
     installed_version,
     vllm_python,
 )
@@ -98,11 +97,7 @@ class ServerTeacher:
 
     @classmethod
     def _named(cls, url: str, timeout: float, tokenizer) -> ServerTeacher:
-        if not healthy(url):
-            raise InputError(f"{URL_FLAG} {url}: no vLLM server answers there (GET /health); "
-                             "start it or correct the URL")
-        client = VllmClient(url, timeout=timeout)
-        check_version(client.version(), f"{URL_FLAG} {url}", flag=URL_FLAG)
+        client = connect(url, URL_FLAG, timeout=timeout, version_flag=URL_FLAG)
         client.served_model()
         check_served_vocabulary(client, tokenizer)
         return cls(client)
