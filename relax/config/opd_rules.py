@@ -46,9 +46,6 @@ def check_distillation(cfg, explicit: set[str]) -> None:
     elif cfg.distillation.type == "model":  # self: the initial model; server: the URL
         reject(cfg, "use_opd", "needs a teacher; add --opd-teacher-load DIR (a Hugging Face "
                "model directory with the student's vocabulary)")
-    if cfg.placement.fully_async:
-        reject(cfg, ("use_opd", "fully_async"), "the teacher pass is not wired to rollout "
-               "ranks of their own yet; remove one of the two")
 
 
 def _check_teacher_dir(cfg, path: str) -> None:

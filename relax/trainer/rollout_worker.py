@@ -73,8 +73,10 @@ class RolloutWorker:
     def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout):
         self.cfg, self.ctx, self.layout = cfg, ctx, layout
         self.module, sampler, tokenizer = build_sampler(cfg, ctx.device)
+        # --opd-type self: the batches carry each row's teacher prompt (the training ranks'
+        # update reads it), so the rollout ranks read the privileged key as they do
         samples = load_source(cfg.rollout.data.prompt_data, "--prompt-data", cfg.rollout,
-                              role="train") \
+                              role="train", privileged_key=cfg.distillation.privileged_info_key) \
             if cfg.rollout.data.prompt_data else None
         source = PromptSource(batch_size=cfg.batches.rollout_batch_size, seed=cfg.run.seed,
                               samples=samples,

@@ -65,8 +65,6 @@ def _rows(teacher, tmp_path):
         "only-without-opd": (["--opd-only"], ("--opd-only", "without --use-opd")),
         "only-with-zero-coef": (["--use-opd", "--opd-teacher-load", teacher, "--opd-only",
                                  "--opd-kl-coef", "0"], ("--opd-only", "--opd-kl-coef 0")),
-        "fully-async": (["--use-opd", "--opd-teacher-load", teacher, "--fully-async"],
-                        ("--use-opd", "--fully-async")),
     }
 
 
@@ -76,7 +74,7 @@ ROW_NAMES = [
     "self-builtin-task", "self-partial", "beta-without-self", "key-without-opd",
     "server-without-teacher", "server-url-and-dir", "server-bad-url", "server-temperature",
     "server-timeout", "url-without-server", "coef-without-opd", "teacher-without-opd", "only-without-opd",
-    "only-with-zero-coef", "fully-async"]
+    "only-with-zero-coef"]
 
 
 @pytest.mark.parametrize("row", ROW_NAMES)
