@@ -42,7 +42,7 @@ def _check_partial_rollout(cfg) -> None:
         reject(cfg, ("partial_rollout", "over_sampling_batch_size"), "partial rollouts start "
                "more groups than a step trains on and carry the unfinished ones over; set "
                "--over-sampling-batch-size above --rollout-batch-size, e.g. twice it")
-    for dest in ("dynamic_sampling_filter_path", "env", "use_agentic_rollout"):
+    for dest in ("env", "use_agentic_rollout"):
         if value_of(cfg, dest):
             reject(cfg, ("partial_rollout", dest), "partial rollouts continue single-turn "
                    "prompt groups without a dynamic-sampling filter; remove one of the two")

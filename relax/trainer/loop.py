@@ -270,7 +270,8 @@ class Trainer:
             return PartialRollouts(
                 rollout, batches, self.ctx, **parts,
                 max_aborted=self.cfg.rollout.partial.max_aborted_count,
-                mask_offpolicy=self.cfg.rollout.partial.mask_off_policy)
+                mask_offpolicy=self.cfg.rollout.partial.mask_off_policy,
+                group_filter=self.group_filter, filter_timeout=rollout.rewards.timeout)
         collector = PromptCollector(rollout, batches, self.ctx, **parts)
         if self.group_filter is None:
             return collector

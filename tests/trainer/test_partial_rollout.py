@@ -73,6 +73,41 @@ def test_masking_leaves_older_tokens_out_of_the_loss(tmp_path):
     assert torch.equal(r.response_mask | old, r.context_mask)
 
 
+FILTERED = ("rollout/groups_generated", "rollout/groups_kept", "rollout/groups_trained",
+            "rollout/filtered_fraction", "rollout/sampling_rounds")
+
+
+def test_filter_judges_each_group_once_repeats_and_resumes_exactly(tmp_path):
+    """Groups are scored and filtered when they complete: a failing group is dropped, a
+    passing one is trained (the first quota of them) or carried with its verdict."""
+    flags = _flags(tmp_path, "--dynamic-sampling-filter-path", "nonzero_std",
+                   "--dynamic-sampling-max-rounds", "3")
+    keys = (*KEYS, *FILTERED)
+    trainer, full, _ = fit(make_config(*flags, "--num-rollout", "4",
+                                       output_dir=tmp_path / "full"))
+    assert sum(r["rollout/groups_generated"] - r["rollout/groups_kept"] for r in full) > 0
+    assert all(r["rollout/groups_trained"] <= 4 for r in full)
+    assert any(r["rollout/groups_trained"] > 0 for r in full)
+    collector = trainer.collector
+    judged = [g for g in collector.carried if "passed" in g[0]]
+    assert all(g[0]["passed"] for g in judged), "a failing group is never carried"
+    batch = collector.collect(4)  # every trained group passes the filter
+    per_group = batch.rewards.view(-1, 2)
+    assert bool((per_group[:, 0] != per_group[:, 1]).all())
+    _, again, _ = fit(make_config(*flags, "--num-rollout", "4", output_dir=tmp_path / "again"))
+    for got, want in zip(again, full, strict=True):
+        assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys}, nan_ok=True)
+
+    fit(make_config(*flags, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                    "--save-interval", "1", output_dir=tmp_path / "part"))
+    trainer, tail, _ = fit(make_config(*flags, "--num-rollout", "4", "--load",
+                                       str(tmp_path / "ckpt"), output_dir=tmp_path / "part"))
+    assert trainer.start_step == 2
+    for got, want in zip(tail, full[2:], strict=True):
+        assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys},
+                                                          rel=1e-6, abs=1e-9, nan_ok=True)
+
+
 @pytest.mark.subprocess
 def test_two_ranks_share_the_stream_and_carry_groups(tmp_path):
     out = tmp_path / "run"
