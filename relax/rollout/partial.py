@@ -68,7 +68,8 @@ class PartialRollouts(StreamPosition):
 
     # ------------------------------------------------------------------ the step
     def collect(self, step: int) -> StepBatch:
-        count = self.per_step - len(self.carried)
+        # after a resume with fewer ranks a rank may carry more than it starts
+        count = max(0, self.per_step - len(self.carried))
         if self.group_filter is not None:
             # passing groups may all be carried (a short step): at least one fresh group keeps
             # every rank decoding in every round
@@ -279,3 +280,15 @@ class PartialRollouts(StreamPosition):
     def load_state_dict(self, state: dict) -> None:
         self.cursor = int(state["cursor"])
         self.carried = [[dict(r) for r in g] for g in state.get("carried", [])]
+
+
+def deal_carried(states: list[dict | None], rank: int, world: int) -> dict | None:
+    """``rank``'s collector state when a checkpoint of ``len(states)`` ranks resumes with
+    ``world`` ranks: every saved rank's carried groups in global order (rank 0's first, each
+    rank's in its own order), dealt out round-robin, so the new ranks hold the same groups
+    between them, as evenly as can be. None when the states are not partial rollouts' (those
+    collectors restart from the prompt-stream position)."""
+    if not states or not all(isinstance(s, dict) and "carried" in s for s in states):
+        return None
+    every = [g for s in states for g in s["carried"]]
+    return {"cursor": int(states[0]["cursor"]), "carried": every[rank::world]}

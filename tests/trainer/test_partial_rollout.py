@@ -9,7 +9,10 @@ import math
 import pytest
 import torch
 
+from relax.rollout.partial import deal_carried
 from relax.trainer import sharded_state
+from relax.trainer.distributed import init_distributed
+from relax.trainer.loop import Trainer
 from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, fit, make_config, read_metrics, write_reward
 
@@ -118,3 +121,47 @@ def test_two_ranks_share_the_stream_and_carry_groups(tmp_path):
     # both ranks carried groups (the sum over ranks is above one rank's bound of 4)
     assert len(rows) == 3 and all(r["rollout/partial_carried_groups"] > 0 for r in rows)
     assert all(math.isfinite(r["train/loss"]) for r in rows)
+
+
+def _carried(checkpoint, world):
+    return [g for r in range(world)
+            for g in sharded_state.read_rank_file(str(checkpoint), r)[1]["carried"]]
+
+
+@pytest.mark.subprocess
+def test_another_world_size_deals_out_the_carried_groups(tmp_path):
+    """2 Gloo ranks save, 1 resumes with every carried group (rank 0's first); that rank
+    saves, and 2 ranks resume and continue the groups it carried."""
+    flags = _flags(tmp_path)
+    two = tmp_path / "two"
+    proc = torchrun_relax(*flags, "--num-rollout", "1", "--device", "cpu", "--save", str(two),
+                          "--output-dir", str(tmp_path / "run2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = _carried(two / "rollout_000001", 2)
+    assert saved, "both ranks carried groups"
+    cfg = make_config(*flags, "--num-rollout", "2", "--load", str(two), "--save",
+                      str(tmp_path / "one"), output_dir=tmp_path / "run1")
+    trainer = Trainer(cfg, init_distributed("cpu"), console=False)
+    try:
+        assert trainer.collector.carried == saved  # all of them, in global order
+        trainer.fit()
+    finally:
+        trainer.close()
+    kept = _carried(tmp_path / "one" / "rollout_000002", 1)
+    assert kept
+    proc = torchrun_relax(*flags, "--num-rollout", "3", "--device", "cpu", "--load",
+                          str(tmp_path / "one"), "--save", str(tmp_path / "again"),
+                          "--output-dir", str(tmp_path / "run3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"the {len(kept)} partial rollout groups in flight are dealt out" in proc.stderr
+    rows = read_metrics(tmp_path / "run3")
+    # the resumed step trained tokens sampled before the checkpoint: the dealt groups
+    assert rows[-1]["rollout/partial_offpolicy_tokens"] > 0
+
+
+def test_deal_carried_is_round_robin_in_global_order():
+    states = [{"cursor": 16, "carried": [["a"], ["b"], ["c"]]}, {"cursor": 16, "carried": [["d"]]}]
+    assert deal_carried(states, 0, 3) == {"cursor": 16, "carried": [["a"], ["d"]]}
+    assert deal_carried(states, 2, 3) == {"cursor": 16, "carried": [["c"]]}
+    assert deal_carried(states, 0, 1)["carried"] == [["a"], ["b"], ["c"], ["d"]]
+    assert deal_carried([{"cursor": 16}], 0, 2) is None  # not partial rollouts: dropped
