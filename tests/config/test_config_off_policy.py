@@ -30,7 +30,13 @@ ROWS = {
     "partial-with-agents": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
                              "--over-sampling-batch-size", "8", "--use-agentic-rollout",
                              "--agent-command", "true"],
-                            ("--partial-rollout", "--use-agentic-rollout")),
+                            ("--partial-rollout", "--use-agentic-rollout", "agent program's "
+                             "process", "a checkpoint cannot hold")),
+    "partial-with-env": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
+                          "--over-sampling-batch-size", "8", "--env",
+                          "tests.agents.scripted:countdown"],
+                         ("--partial-rollout --env", "a Python object whose state a checkpoint "
+                          "cannot hold", "--load could not continue it exactly")),
     "partial-aborted-zero": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
                               "--over-sampling-batch-size", "8",
                               "--partial-rollout-max-aborted-count", "0"],
