@@ -145,7 +145,8 @@ class Trainer:
         self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
                                                        fsdp=cfg.system.fsdp,
                                                        rank_state=self.collector.state_dict,
-                                                       extra_state=self.critic and self.critic.checkpoint_state)
+                                                       extra_state=self.critic and self.critic.checkpoint_state,
+                                                       async_group=layout and layout.save_group)
         self.control = RunControl(ctx, stop, total_steps=self.total_steps,
                                   exit_duration_in_mins=cfg.run.exit_duration_in_mins,
                                   started=started)
