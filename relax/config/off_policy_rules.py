@@ -14,10 +14,9 @@ _NEEDS = {"tis_clip": "use_tis", "tis_clip_low": "use_tis",
           "mask_offpolicy_in_partial_rollout": "partial_rollout"}
 
 # episode sources whose unfinished episodes a checkpoint cannot hold (docs/configuration.md,
-# "Off-policy"): what lives outside the tokens
+# "Off-policy"): an --env environment is rebuilt by replaying its recorded turns
+# (relax/rollout/partial_episodes.py), an agent program's process is not
 _NOT_CARRIED = {
-    "env": "an --env episode cut between steps lives on in its environment, a Python object "
-           "whose state a checkpoint cannot hold",
     "use_agentic_rollout": "an agent run cut between steps lives on in its agent program's "
                            "process (its pending request and its own state), which a "
                            "checkpoint cannot hold",

@@ -32,11 +32,6 @@ ROWS = {
                              "--agent-command", "true"],
                             ("--partial-rollout", "--use-agentic-rollout", "agent program's "
                              "process", "a checkpoint cannot hold")),
-    "partial-with-env": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
-                          "--over-sampling-batch-size", "8", "--env",
-                          "tests.agents.scripted:countdown"],
-                         ("--partial-rollout --env", "a Python object whose state a checkpoint "
-                          "cannot hold", "--load could not continue it exactly")),
     "partial-aborted-zero": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
                               "--over-sampling-batch-size", "8",
                               "--partial-rollout-max-aborted-count", "0"],
@@ -54,11 +49,15 @@ def test_bad_off_policy_flags_are_one_line(cli, rejected, row):
     rejected(cli(["train", *flags, "--dry-run"]), *needles)
 
 
-def test_partial_rollouts_take_a_filter(cli):
+def test_partial_rollouts_take_a_filter_and_env_episodes(cli):
     cfg = cli(["train", "--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
                "--over-sampling-batch-size", "8", "--n-samples-per-prompt", "2",
                "--dynamic-sampling-filter-path", "nonzero_std", "--dry-run"]).config()
     assert cfg["partial_rollout"] and cfg["dynamic_sampling_filter_path"] == "nonzero_std"
+    cfg = cli(["train", "--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
+               "--over-sampling-batch-size", "8", "--env", "tests.agents.scripted:ragged",
+               "--dry-run"]).config()
+    assert cfg["partial_rollout"] and cfg["env"] == "tests.agents.scripted:ragged"
 
 
 def test_good_off_policy_flags_resolve(cli):
