@@ -123,6 +123,35 @@ def test_two_ranks_share_the_stream_and_carry_groups(tmp_path):
     assert all(math.isfinite(r["train/loss"]) for r in rows)
 
 
+def test_a_filter_that_passes_nothing_drops_every_group_and_skips_the_update(tmp_path,
+                                                                             capsys):
+    none = write_reward(tmp_path, "def none(r, s, y):\n    return False\n", "none.py")
+    flags = _flags(tmp_path, "--dynamic-sampling-filter-path", f"{none}:none",
+                   "--dynamic-sampling-max-rounds", "2")
+    trainer, rows, moved = fit(make_config(*flags, "--num-rollout", "2",
+                                           output_dir=tmp_path / "run"))
+    assert moved == 0.0  # nothing passed: no update
+    assert all(r["rollout/groups_trained"] == 0 and r["rollout/groups_kept"] == 0
+               and r["rollout/groups_generated"] > 0 for r in rows)
+    # a failing group is dropped when it completes: only unfinished groups are carried
+    assert all(not trainer.collector._group_complete(g) for g in trainer.collector.carried)
+    assert "hold 0 of 4 passing groups per rank after" in capsys.readouterr().err
+
+
+@pytest.mark.subprocess
+def test_two_ranks_agree_on_the_filtered_groups_they_train(tmp_path):
+    out = tmp_path / "run"
+    proc = torchrun_relax(*_flags(tmp_path), "--dynamic-sampling-filter-path", "nonzero_std",
+                          "--dynamic-sampling-max-rounds", "2", "--num-rollout", "2",
+                          "--device", "cpu", "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    # summed over the ranks: both trained as many groups, at most their share each
+    assert all(r["rollout/groups_trained"] % 2 == 0 and r["rollout/groups_trained"] <= 4
+               for r in rows)
+    assert all(math.isfinite(r["train/loss"]) for r in rows)
+
+
 def _carried(checkpoint, world):
     return [g for r in range(world)
             for g in sharded_state.read_rank_file(str(checkpoint), r)[1]["carried"]]
