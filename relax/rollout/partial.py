@@ -162,11 +162,7 @@ class PartialRollouts(StreamPosition):
     def _fresh(self, count: int) -> list[list[dict]]:
         """``count`` new groups of this rank: every rank's count is shared (one all-reduce),
         so the ranks take consecutive, disjoint prompts of the stream."""
-        counts = torch.zeros(self.ctx.world_size, dtype=torch.float64, device=self.ctx.device)
-        counts[self.ctx.rank] = count
-        counts = all_reduce(counts, self.ctx.group, dist.ReduceOp.SUM).long().tolist()
-        start = self.cursor + sum(counts[:self.ctx.rank])
-        self.cursor += sum(counts)
+        start, self.cursor = share_stream(self.cursor, count, self.ctx)
         samples = self.source.take(start, count) if count else []
         texts = [format_prompt(self.tokenizer, s.prompt, **self.format) for s in samples]
         if not texts:
@@ -280,6 +276,16 @@ class PartialRollouts(StreamPosition):
     def load_state_dict(self, state: dict) -> None:
         self.cursor = int(state["cursor"])
         self.carried = [[dict(r) for r in g] for g in state.get("carried", [])]
+
+
+def share_stream(cursor: int, count: int, ctx) -> tuple[int, int]:
+    """(this rank's first index, the cursor after this step) when every rank takes ``count``
+    items of a stream at ``cursor``: the counts are shared (one all-reduce), so the ranks take
+    consecutive, disjoint items in rank order."""
+    counts = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+    counts[ctx.rank] = count
+    counts = all_reduce(counts, ctx.group, dist.ReduceOp.SUM).long().tolist()
+    return cursor + sum(counts[:ctx.rank]), cursor + sum(counts)
 
 
 def deal_carried(states: list[dict | None], rank: int, world: int) -> dict | None:

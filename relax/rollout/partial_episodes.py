@@ -28,9 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 import torch
-import torch.distributed as dist
 
-from relax.collectives import all_reduce, raise_together
+from relax.collectives import raise_together
 from relax.errors import InputError, RewardError
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import rollout_generator
@@ -45,6 +44,7 @@ from relax.rollout.episodes import (
     turn_io,
 )
 from relax.rollout.generate import left_pad
+from relax.rollout.partial import share_stream
 from relax.rollout.scoring import warn_some
 from relax.rollout.turn_cache import TurnCache
 from relax.seeding import seed_for
@@ -160,13 +160,9 @@ class PartialEpisodes(EpisodeCollector):
 
     def _fresh(self, count: int) -> list[list[CarriedEpisode]]:
         """``count`` new groups of this rank, reset on the environments no carried episode
-        holds: every rank's count is shared (one all-reduce), so the ranks take consecutive,
-        disjoint seeds of the stream (below HELDOUT_SEED: never the evaluation's)."""
-        counts = torch.zeros(self.ctx.world_size, dtype=torch.float64, device=self.ctx.device)
-        counts[self.ctx.rank] = count
-        counts = all_reduce(counts, self.ctx.group, dist.ReduceOp.SUM).long().tolist()
-        first = self.cursor + sum(counts[:self.ctx.rank])
-        self.cursor += sum(counts)
+        holds: the ranks take consecutive, disjoint seeds of the stream (share_stream; below
+        HELDOUT_SEED: never the evaluation's)."""
+        first, self.cursor = share_stream(self.cursor, count, self.ctx)
         seeds = [seed_for(self.seed, "env", first + g) % HELDOUT_SEED
                  for g in range(count) for _ in range(self.n)]
         held = {id(e.env) for g in self.carried for e in g}
