@@ -80,3 +80,16 @@ def test_two_ranks_play_and_carry_episodes(tmp_path):
     with open(out / "samples.jsonl", encoding="utf-8") as f:
         seeds = [json.loads(line)["label"]["env_seed"] for line in f]
     assert len(set(seeds)) == len(seeds) // 2  # rank 0: two episodes a group, no group twice
+
+
+@pytest.mark.subprocess
+def test_episodes_in_flight_are_dealt_out_and_replayed_on_two_ranks(tmp_path):
+    fit(make_config(*FLAGS, "--num-rollout", "1", "--save", str(tmp_path / "ckpt"),
+                    output_dir=tmp_path / "one"))
+    _, state = sharded_state.read_rank_file(str(tmp_path / "ckpt" / "rollout_000001"), 0)
+    proc = torchrun_relax(*FLAGS, "--num-rollout", "2", "--device", "cpu", "--load",
+                          str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "two"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"the {len(state['carried'])} partial rollout groups in flight are dealt" \
+        in proc.stderr
+    assert read_metrics(tmp_path / "two")[-1]["rollout/partial_offpolicy_tokens"] > 0
