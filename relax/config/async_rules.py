@@ -18,7 +18,6 @@ _REFUSED = {
     "partial_rollout": "partial rollouts stop decoding on the training ranks' count",
     "env": "episodes step environments that live on the training ranks",
     "use_agentic_rollout": "agent programs are served from the training ranks",
-    "async_save": "its background Gloo group spans the whole job",
 }
 
 

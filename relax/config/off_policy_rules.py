@@ -13,6 +13,15 @@ _NEEDS = {"tis_clip": "use_tis", "tis_clip_low": "use_tis",
           "partial_rollout_max_aborted_count": "partial_rollout",
           "mask_offpolicy_in_partial_rollout": "partial_rollout"}
 
+# episode sources whose unfinished episodes a checkpoint cannot hold (docs/configuration.md,
+# "Off-policy"): an --env environment is rebuilt by replaying its recorded turns
+# (relax/rollout/partial_episodes.py), an agent program's process is not
+_NOT_CARRIED = {
+    "use_agentic_rollout": "an agent run cut between steps lives on in its agent program's "
+                           "process (its pending request and its own state), which a "
+                           "checkpoint cannot hold",
+}
+
 
 def check_off_policy(cfg, explicit: set[str]) -> None:
     for dest, switch in _NEEDS.items():
@@ -42,10 +51,11 @@ def _check_partial_rollout(cfg) -> None:
         reject(cfg, ("partial_rollout", "over_sampling_batch_size"), "partial rollouts start "
                "more groups than a step trains on and carry the unfinished ones over; set "
                "--over-sampling-batch-size above --rollout-batch-size, e.g. twice it")
-    for dest in ("dynamic_sampling_filter_path", "env", "use_agentic_rollout"):
+    for dest, why in _NOT_CARRIED.items():
         if value_of(cfg, dest):
-            reject(cfg, ("partial_rollout", dest), "partial rollouts continue single-turn "
-                   "prompt groups without a dynamic-sampling filter; remove one of the two")
+            reject(cfg, ("partial_rollout", dest), f"partial rollouts carry unfinished samples "
+                   f"into later steps and checkpoints, but {why}, so --load could not continue "
+                   "it exactly; remove one of the two")
     if cfg.rollout.partial.max_aborted_count < 1:
         reject(cfg, "partial_rollout_max_aborted_count", "must be >= 1 (how many steps one "
                "response may be carried over before the step waits for it)")

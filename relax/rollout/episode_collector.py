@@ -34,7 +34,11 @@ def build_environments(rollout, batches, ctx) -> list | None:
         return None
     timeout = rollout.episodes.step_timeout
     make = environment_factory(rollout.episodes.env, timeout)
-    count = batches.rollout_batch_size // ctx.world_size * batches.samples_per_prompt
+    # --partial-rollout plays --over-sampling-batch-size groups a step
+    # (relax/rollout/partial_episodes.py)
+    groups = (batches.over_sampling_batch_size if rollout.partial.enabled
+              else batches.rollout_batch_size)
+    count = groups // ctx.world_size * batches.samples_per_prompt
     return start_environments(make, count, name=f"--env {rollout.episodes.env}", timeout_s=timeout)
 
 

@@ -165,7 +165,7 @@ def run_episodes(
     one per episode.
     """
     envs = [env if isinstance(env, GuardedEnv) else GuardedEnv(env) for env in envs]
-    prompts, episodes = _start(envs, seeds, tokenizer=tokenizer, format_prompt=format_prompt,
+    prompts, episodes = start_episodes(envs, seeds, tokenizer=tokenizer, format_prompt=format_prompt,
                                max_turn_tokens=max_turn_tokens, context=context,
                                length_flag=length_flag, stop=stop_at_first_error)
     cache = TurnCache()  # one per call: the weights do not change while episodes play
@@ -196,7 +196,7 @@ def _turn(episodes, live, envs, seeds, turn, *, sample, cache, tokenizer, render
         action = out.response_ids[row][out.response_mask[row]].tolist()
         episodes[i].add(action, trained=True,
                         log_probs=out.log_probs[row][out.response_mask[row]].tolist())
-        error = _step(episodes[i], envs[i], action, ended=not bool(out.truncated[row]),
+        error = play_action(episodes[i], envs[i], action, ended=not bool(out.truncated[row]),
                       tokenizer=tokenizer, render=render, last=turn == max_turns - 1,
                       room=None if context is None else context - max_turn_tokens)
         if error:
@@ -207,7 +207,7 @@ def _turn(episodes, live, envs, seeds, turn, *, sample, cache, tokenizer, render
             cache.release(i)
 
 
-def _start(envs, seeds, *, tokenizer, format_prompt, max_turn_tokens, context, length_flag,
+def start_episodes(envs, seeds, *, tokenizer, format_prompt, max_turn_tokens, context, length_flag,
            stop=False):
     """Reset every environment: the formatted first observations and fresh episodes. An
     environment whose reset fails starts a failed episode (an empty prompt, no turns), or
@@ -235,7 +235,7 @@ def _start(envs, seeds, *, tokenizer, format_prompt, max_turn_tokens, context, l
     return prompts, episodes
 
 
-def _step(e: Episode, env: GuardedEnv, action: list[int], *, ended: bool, tokenizer, render,
+def play_action(e: Episode, env: GuardedEnv, action: list[int], *, ended: bool, tokenizer, render,
           last: bool, room: int | None) -> str | None:
     """Play the model's ``action`` in ``env`` and add the answer to ``e``; ``ended``: the turn
     stopped at EOS, ``room``: the most tokens an episode may hold before one more full turn

@@ -54,20 +54,23 @@ class Scorer:
 
     def score(self, prompts: list[str], responses: list[str], labels: list,
               group_index: torch.Tensor, *, tracker) -> torch.Tensor:
-        """Rewards [B]; a bad reward names its sample (global index over ranks)."""
-        values, error, failures = None, None, []
+        """Rewards [B]; a bad reward names its sample (global index over ranks). No samples
+        (a partial rollout round in which none of this rank's groups completed): no reward
+        call, but the ranks' error agreement all the same."""
+        values, error, failures = [], None, []
         try:
-            values, failures = self._score(prompts, responses, labels, group_index.tolist())
+            if prompts:
+                values, failures = self._score(prompts, responses, labels, group_index.tolist())
         except (RewardError, InputError) as e:  # InputError: a broken --group-rm function
             error = e  # (a signal's Interrupted passes through, as before)
         raise_together(error, self.ctx)
-        if self.judge is not None:  # verdicts without a yes/no word, scored 0
+        if self.judge is not None and prompts:  # verdicts without a yes/no word, scored 0
             tracker.add_ratio("rollout/genrm_unparsed", self.judge.unparsed, len(prompts))
         # --reward-error-policy zero: counted in rollout/reward_errors and printed, never silent
         tracker.add_sum("rollout/reward_errors", len(failures))
         warn_some(failures, self.ctx, "samples", "scored 0 (--reward-error-policy zero)")
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
-        return self.post_process(rewards, group_index)
+        return self.post_process(rewards, group_index) if prompts else rewards
 
     def _score(self, prompts, responses, labels, group_index: list[int]):
         """Rewards [B] and the messages of the samples scored 0 under the error policy."""

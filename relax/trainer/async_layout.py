@@ -31,8 +31,11 @@ ones; every rank first compares the settings both roles share (:func:`check_same
 and a difference ends every rank in one line before any other wait.
 
 Process groups (created by every rank in the same order, as ``new_group`` requires): the
-training ranks' group (the data-parallel group of everything that trains), and the sync
-group of training rank 0 with every rollout rank (weight broadcasts and control headers).
+training ranks' group (the data-parallel group of everything that trains), the sync
+group of training rank 0 with every rollout rank (weight broadcasts and control headers),
+and with ``--async-save`` a Gloo group of the training ranks for the checkpoint writes of the
+background thread (relax/trainer/checkpoint.py: its collectives must not interleave with
+training's; the rollout ranks hold no checkpoint state).
 Batches go point to point from a rollout rank to its training rank over the world group.
 """
 
@@ -111,7 +114,8 @@ class Schedule:
 # travel): compared across all ranks before anything else waits (check_same_settings)
 SHARED = ("fully_async", "world_size", "rollout_num_gpus", "max_staleness",
           "update_weights_interval", "weight_sync_bucket_mb", "num_rollout", "num_epoch",
-          "seed", "rollout_batch_size", "n_samples_per_prompt", "lora_rank", "fsdp")
+          "seed", "rollout_batch_size", "n_samples_per_prompt", "lora_rank", "fsdp",
+          "async_save")
 
 
 def check_same_settings(cfg) -> None:
@@ -146,6 +150,7 @@ class AsyncLayout:
     rank: int  # in the world group
     train_group: object
     sync_group: object  # training rank 0 and the rollout ranks
+    save_group: object = None  # --async-save: the training ranks, Gloo (background writes)
 
     @property
     def is_rollout(self) -> bool:
@@ -164,18 +169,22 @@ class AsyncLayout:
         dist.barrier()
 
 
-def split_roles(ctx: DistContext, trainers: int) -> tuple[AsyncLayout, DistContext]:
+def split_roles(ctx: DistContext, trainers: int, *,
+                async_save: bool = False) -> tuple[AsyncLayout, DistContext]:
     """The layout and the context this rank works in: a training rank's ``DistContext`` is the
-    data-parallel one (rank and world among the training ranks, their group)."""
+    data-parallel one (rank and world among the training ranks, their group). ``async_save``:
+    also the training ranks' Gloo group of ``--async-save`` (every rank creates it)."""
     world = ctx.world_size
     if world < 2 or not 1 <= trainers < world:
         raise ValueError(f"--fully-async needs training and rollout ranks; got {trainers} of "
                          f"{world}")
     train_group = dist.new_group(ranks=list(range(trainers)))
     sync_group = dist.new_group(ranks=[0, *range(trainers, world)])
+    save_group = (dist.new_group(ranks=list(range(trainers)), backend="gloo")
+                  if async_save else None)
     role = TRAIN if ctx.rank < trainers else ROLLOUT
     layout = AsyncLayout(role=role, trainers=trainers, rollouts=world - trainers, rank=ctx.rank,
-                         train_group=train_group, sync_group=sync_group)
+                         train_group=train_group, sync_group=sync_group, save_group=save_group)
     if role == TRAIN:
         return layout, replace(ctx, world_size=trainers, group=train_group)
     return layout, replace(ctx, rank=ctx.rank - trainers, world_size=world - trainers,

@@ -309,7 +309,7 @@ class Checkpointer:
     def __init__(self, save_dir: str | None, ctx: DistContext, policy, *, fsdp: bool,
                  async_save: bool = False, checksums: bool = False,
                  keep_last: int | None = None, save_interval: int | None = None,
-                 rank_state=None, extra_state=None):
+                 rank_state=None, extra_state=None, async_group=None):
         self.save_dir, self.ctx, self.fsdp = save_dir, ctx, fsdp
         # what a checkpoint holds is the policy's to say (relax/trainer/policy.py)
         self.policy = policy
@@ -319,21 +319,24 @@ class Checkpointer:
         # () -> this rank's share of another model's state saved beside the policy's (the
         # critic's, under its own key of the same DCP checkpoint)
         self.extra_state = extra_state
-        # every rank creates it in the same order (new_group is collective)
-        self.async_group = (dist.new_group(backend="gloo")
-                            if save_dir and async_save and ctx.group is not None else None)
+        # the background writes' Gloo group over ctx.group's ranks: given under --fully-async
+        # (the training ranks', which every rank of the job created: split_roles), else
+        # created here by every rank in the same order (new_group is collective)
+        if async_group is None and save_dir and async_save and ctx.group is not None:
+            async_group = dist.new_group(backend="gloo")
+        self.async_group = async_group if save_dir and async_save else None
         self.pending: _Pending | None = None
         self.saved_step: int | None = None  # the newest step saved (or being saved) by this run
         self.final_step: int | None = None  # the step of the final save, once written
 
     @classmethod
     def of(cls, section, ctx: DistContext, policy, *, fsdp: bool, rank_state=None,
-           extra_state=None) -> Checkpointer:
+           extra_state=None, async_group=None) -> Checkpointer:
         """From the configuration's checkpoint section (relax/config/sections.py)."""
         return cls(section.save, ctx, policy, fsdp=fsdp, async_save=section.async_save,
                    checksums=section.checksums, keep_last=section.keep_last,
                    save_interval=section.save_interval, rank_state=rank_state,
-                   extra_state=extra_state)
+                   extra_state=extra_state, async_group=async_group)
 
     def maybe_save(self, step: int, meta, *, last: bool) -> str | None:
         """After rollout step ``step``: the final save when ``last``, an interval checkpoint

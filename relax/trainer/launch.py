@@ -40,7 +40,8 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
         if ctx.world_size > 1:  # nodes launched with other flags would wait on each other
             check_same_settings(cfg)
         if cfg.placement.fully_async:  # rollout ranks serve batches; the others train on them
-            layout, ctx = split_roles(ctx, cfg.world_size)
+            layout, ctx = split_roles(ctx, cfg.world_size,
+                                      async_save=cfg.checkpoint.async_save)
             if layout.is_rollout:
                 serve_rollouts(cfg, ctx, layout, stop)
                 return []

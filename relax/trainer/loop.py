@@ -55,6 +55,7 @@ from relax.rollout.data import PromptSource, check_formatted_lengths, load_sourc
 from relax.rollout.episode_collector import EpisodeCollector, build_environments
 from relax.rollout.filters import load_group_filter
 from relax.rollout.partial import PartialRollouts
+from relax.rollout.partial_episodes import PartialEpisodes
 from relax.rollout.privileged import teacher_samples
 from relax.rollout.sampler import SamplingParams
 from relax.rollout.scoring import Scorer, plugin_tensor
@@ -145,7 +146,8 @@ class Trainer:
         self.checkpointer = checkpoint.Checkpointer.of(cfg.checkpoint, ctx, self.policy,
                                                        fsdp=cfg.system.fsdp,
                                                        rank_state=self.collector.state_dict,
-                                                       extra_state=self.critic and self.critic.checkpoint_state)
+                                                       extra_state=self.critic and self.critic.checkpoint_state,
+                                                       async_group=layout and layout.save_group)
         self.control = RunControl(ctx, stop, total_steps=self.total_steps,
                                   exit_duration_in_mins=cfg.run.exit_duration_in_mins,
                                   started=started)
@@ -263,14 +265,19 @@ class Trainer:
                      sampler=sampler)
         if rollout.episodes.env or rollout.episodes.agentic:
             eos = p.tokenizer.eos_token_id
-            return EpisodeCollector(rollout, batches, self.ctx, envs=envs, context=p.context,
-                                    eos_token_id=p.eos_token_ids[0] if eos is None else eos,
-                                    **parts)
+            parts.update(envs=envs, context=p.context,
+                         eos_token_id=p.eos_token_ids[0] if eos is None else eos)
+            if rollout.partial.enabled:  # --env only (the configuration refuses agents)
+                return PartialEpisodes(rollout, batches, self.ctx, **parts,
+                                       max_aborted=rollout.partial.max_aborted_count,
+                                       mask_offpolicy=rollout.partial.mask_off_policy)
+            return EpisodeCollector(rollout, batches, self.ctx, **parts)
         if self.cfg.rollout.partial.enabled:
             return PartialRollouts(
                 rollout, batches, self.ctx, **parts,
                 max_aborted=self.cfg.rollout.partial.max_aborted_count,
-                mask_offpolicy=self.cfg.rollout.partial.mask_off_policy)
+                mask_offpolicy=self.cfg.rollout.partial.mask_off_policy,
+                group_filter=self.group_filter, filter_timeout=rollout.rewards.timeout)
         collector = PromptCollector(rollout, batches, self.ctx, **parts)
         if self.group_filter is None:
             return collector

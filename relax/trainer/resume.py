@@ -26,6 +26,7 @@ from relax.config import TrainConfig
 from relax.config.files import flatten
 from relax.config.section import to_flat, value_of
 from relax.errors import InputError
+from relax.rollout.partial import deal_carried
 from relax.rundirs import SAVE_MARKER
 from relax.trainer import sharded_state
 from relax.trainer.checkpoint import check_save_dir, latest_checkpoint, read_manifest
@@ -189,12 +190,20 @@ def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> di
     policy.load_checkpoint_state(path)
     saved_world, saved_fsdp = int(meta["world_size"]), bool(meta.get("fsdp"))
     rng, collector = sharded_state.read_rank_file(path, ctx.rank % saved_world)
+    dealt = ""
+    if saved_world != ctx.world_size:
+        # partial rollouts in flight: every saved rank's groups, dealt out over these ranks
+        states = [sharded_state.read_rank_file(path, r)[1] for r in range(saved_world)]
+        collector = deal_carried(states, ctx.rank, ctx.world_size)
+        if collector is not None:
+            dealt = (f"; the {sum(len(s['carried']) for s in states)} partial rollout groups "
+                     "in flight are dealt out over the new ranks")
     if ctx.is_main and saved_world != ctx.world_size:
         print(f"relax train: --load {path}: saved with {saved_world} ranks, resuming with {ctx.world_size}: "
               "weights and optimizer state are restored exactly, but each rank now samples "
               "other prompts with other seeds (RNG states are reused by rank modulo), so the "
-              "run continues correctly but not as an exact continuation", file=sys.stderr,
-              flush=True)
+              f"run continues correctly but not as an exact continuation{dealt}",
+              file=sys.stderr, flush=True)
     elif ctx.is_main and saved_fsdp != fsdp:
         print(f"relax train: --load {path}: saved {'with' if saved_fsdp else 'without'} --fsdp, resuming "
               f"{'with' if fsdp else 'without'}: weights and optimizer state are restored "
@@ -202,6 +211,6 @@ def load_trainer_state(path: str, policy, *, fsdp: bool, ctx: DistContext) -> di
               "the interrupted run only up to float rounding", file=sys.stderr, flush=True)
     sharded_state.set_rng_state(rng)
     progress = dict(meta.get("progress") or {})
-    if saved_world == ctx.world_size and collector is not None:
-        progress["collector"] = collector  # this rank's own (partial rollouts in flight)
+    if collector is not None:
+        progress["collector"] = collector  # partial rollouts in flight, this rank's share
     return progress

@@ -58,8 +58,40 @@ class RankBroken(Countdown):
         return super().step(action)
 
 
+class Ragged(Countdown):
+    """Episodes of 1 to TURNS turns, by seed: a step's episodes end at different turns."""
+
+    def reset(self, seed: int) -> str:
+        text = super().reset(seed)
+        self.left = 1 + seed % TURNS
+        return text
+
+
+class Drifting(Ragged):
+    """Numbers its observations by the instance that made them: a rebuilt environment
+    answers the same seed and actions differently."""
+
+    built = 0
+
+    def __init__(self):
+        Drifting.built += 1
+        self.instance = Drifting.built
+
+    def step(self, action: str):
+        observation, reward, done = super().step(action)
+        return f"{observation}#{self.instance}", reward, done
+
+
 def countdown():
     return Countdown()
+
+
+def ragged():
+    return Ragged()
+
+
+def drifting():
+    return Drifting()
 
 
 def quiet_countdown():

@@ -40,8 +40,6 @@ def test_placement_resolves_the_training_world(cli, world):
      ("--weight-sync-bucket-mb 0",)),
     (1, ["--max-staleness", "2"], ("--max-staleness 2", "without --fully-async")),
     (1, ["--rollout-num-gpus", "2"], ("--rollout-num-gpus 2", "without --fully-async")),
-    (2, ["--fully-async", "--max-staleness", "0", "--async-save", "--save", "SAVE"],
-     ("--fully-async", "--async-save")),
     (2, ["--fully-async", "--max-staleness", "0", "--dynamic-sampling-filter-path",
          "nonzero_std"], ("--fully-async", "--dynamic-sampling-filter-path")),
 ])

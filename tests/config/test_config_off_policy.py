@@ -27,10 +27,11 @@ ROWS = {
     "partial-uncorrected": (["--partial-rollout", "--rollout-batch-size", "4",
                              "--over-sampling-batch-size", "8"],
                             ("--partial-rollout", "--mask-offpolicy-in-partial-rollout")),
-    "partial-with-filter": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
-                             "--over-sampling-batch-size", "8", "--n-samples-per-prompt", "2",
-                             "--dynamic-sampling-filter-path", "nonzero_std"],
-                            ("--partial-rollout", "--dynamic-sampling-filter-path")),
+    "partial-with-agents": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
+                             "--over-sampling-batch-size", "8", "--use-agentic-rollout",
+                             "--agent-command", "true"],
+                            ("--partial-rollout", "--use-agentic-rollout", "agent program's "
+                             "process", "a checkpoint cannot hold")),
     "partial-aborted-zero": (["--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
                               "--over-sampling-batch-size", "8",
                               "--partial-rollout-max-aborted-count", "0"],
@@ -46,6 +47,17 @@ ROWS = {
 def test_bad_off_policy_flags_are_one_line(cli, rejected, row):
     flags, needles = ROWS[row]
     rejected(cli(["train", *flags, "--dry-run"]), *needles)
+
+
+def test_partial_rollouts_take_a_filter_and_env_episodes(cli):
+    cfg = cli(["train", "--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
+               "--over-sampling-batch-size", "8", "--n-samples-per-prompt", "2",
+               "--dynamic-sampling-filter-path", "nonzero_std", "--dry-run"]).config()
+    assert cfg["partial_rollout"] and cfg["dynamic_sampling_filter_path"] == "nonzero_std"
+    cfg = cli(["train", "--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
+               "--over-sampling-batch-size", "8", "--env", "tests.agents.scripted:ragged",
+               "--dry-run"]).config()
+    assert cfg["partial_rollout"] and cfg["env"] == "tests.agents.scripted:ragged"
 
 
 def test_good_off_policy_flags_resolve(cli):

@@ -14,6 +14,7 @@ train, under one torchrun, with a fixed lag. Real Gloo processes, bounded waits.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,6 +133,23 @@ def test_lag_one_trains_on_older_samples_and_resumes_exactly(tmp_path):
     assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
     tail = _run(tmp_path, "resumed", *lag, "--load", str(save), nproc=2)
     _same(tail[1:], first[1:])  # the same seed repeats, and --load continues, exactly
+
+
+def test_async_save_writes_on_the_training_ranks_and_resumes_exactly(tmp_path):
+    """--async-save: two training ranks write the interval checkpoint on their background
+    thread through a Gloo group of their own, which the rollout rank created with them; the
+    run continued from it is the uninterrupted run."""
+    lag = ["--fully-async", "--max-staleness", "1", "--use-tis", "--num-rollout", "3"]
+    whole = _run(tmp_path, "whole", *lag, nproc=3)
+    save = tmp_path / "save"
+    _run(tmp_path, "part", *lag, "--num-rollout", "2", "--save", str(save), "--save-interval",
+         "1", "--async-save", nproc=3)
+    shutil.rmtree(save / "rollout_000002")  # the final save is synchronous: resume step 1's
+    _, state = sharded_state.read_rank_file(str(save / "rollout_000001"), 1)
+    assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
+    tail = _run(tmp_path, "tail", *lag, "--load", str(save), nproc=3)
+    assert [r["rollout/step"] for r in tail] == [2, 3]
+    _same(tail, whole[1:], skip=("async/weight_sync_bytes",))
 
 
 @pytest.mark.parametrize("mode", ["colocated", "async"])

@@ -9,7 +9,10 @@ import math
 import pytest
 import torch
 
+from relax.rollout.partial import deal_carried
 from relax.trainer import sharded_state
+from relax.trainer.distributed import init_distributed
+from relax.trainer.loop import Trainer
 from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, fit, make_config, read_metrics, write_reward
 
@@ -73,6 +76,41 @@ def test_masking_leaves_older_tokens_out_of_the_loss(tmp_path):
     assert torch.equal(r.response_mask | old, r.context_mask)
 
 
+FILTERED = ("rollout/groups_generated", "rollout/groups_kept", "rollout/groups_trained",
+            "rollout/filtered_fraction", "rollout/sampling_rounds")
+
+
+def test_filter_judges_each_group_once_repeats_and_resumes_exactly(tmp_path):
+    """Groups are scored and filtered when they complete: a failing group is dropped, a
+    passing one is trained (the first quota of them) or carried with its verdict."""
+    flags = _flags(tmp_path, "--dynamic-sampling-filter-path", "nonzero_std",
+                   "--dynamic-sampling-max-rounds", "3")
+    keys = (*KEYS, *FILTERED)
+    trainer, full, _ = fit(make_config(*flags, "--num-rollout", "4",
+                                       output_dir=tmp_path / "full"))
+    assert sum(r["rollout/groups_generated"] - r["rollout/groups_kept"] for r in full) > 0
+    assert all(r["rollout/groups_trained"] <= 4 for r in full)
+    assert any(r["rollout/groups_trained"] > 0 for r in full)
+    collector = trainer.collector
+    judged = [g for g in collector.carried if "passed" in g[0]]
+    assert all(g[0]["passed"] for g in judged), "a failing group is never carried"
+    batch = collector.collect(4)  # every trained group passes the filter
+    per_group = batch.rewards.view(-1, 2)
+    assert bool((per_group[:, 0] != per_group[:, 1]).all())
+    _, again, _ = fit(make_config(*flags, "--num-rollout", "4", output_dir=tmp_path / "again"))
+    for got, want in zip(again, full, strict=True):
+        assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys}, nan_ok=True)
+
+    fit(make_config(*flags, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                    "--save-interval", "1", output_dir=tmp_path / "part"))
+    trainer, tail, _ = fit(make_config(*flags, "--num-rollout", "4", "--load",
+                                       str(tmp_path / "ckpt"), output_dir=tmp_path / "part"))
+    assert trainer.start_step == 2
+    for got, want in zip(tail, full[2:], strict=True):
+        assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys},
+                                                          rel=1e-6, abs=1e-9, nan_ok=True)
+
+
 @pytest.mark.subprocess
 def test_two_ranks_share_the_stream_and_carry_groups(tmp_path):
     out = tmp_path / "run"
@@ -83,3 +121,76 @@ def test_two_ranks_share_the_stream_and_carry_groups(tmp_path):
     # both ranks carried groups (the sum over ranks is above one rank's bound of 4)
     assert len(rows) == 3 and all(r["rollout/partial_carried_groups"] > 0 for r in rows)
     assert all(math.isfinite(r["train/loss"]) for r in rows)
+
+
+def test_a_filter_that_passes_nothing_drops_every_group_and_skips_the_update(tmp_path,
+                                                                             capsys):
+    none = write_reward(tmp_path, "def none(r, s, y):\n    return False\n", "none.py")
+    flags = _flags(tmp_path, "--dynamic-sampling-filter-path", f"{none}:none",
+                   "--dynamic-sampling-max-rounds", "2")
+    trainer, rows, moved = fit(make_config(*flags, "--num-rollout", "2",
+                                           output_dir=tmp_path / "run"))
+    assert moved == 0.0  # nothing passed: no update
+    assert all(r["rollout/groups_trained"] == 0 and r["rollout/groups_kept"] == 0
+               and r["rollout/groups_generated"] > 0 for r in rows)
+    # a failing group is dropped when it completes: only unfinished groups are carried
+    assert all(not trainer.collector._group_complete(g) for g in trainer.collector.carried)
+    assert "hold 0 of 4 passing groups per rank after" in capsys.readouterr().err
+
+
+@pytest.mark.subprocess
+def test_two_ranks_agree_on_the_filtered_groups_they_train(tmp_path):
+    out = tmp_path / "run"
+    proc = torchrun_relax(*_flags(tmp_path), "--dynamic-sampling-filter-path", "nonzero_std",
+                          "--dynamic-sampling-max-rounds", "2", "--num-rollout", "2",
+                          "--device", "cpu", "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    # summed over the ranks: both trained as many groups, at most their share each
+    assert all(r["rollout/groups_trained"] % 2 == 0 and r["rollout/groups_trained"] <= 4
+               for r in rows)
+    assert all(math.isfinite(r["train/loss"]) for r in rows)
+
+
+def _carried(checkpoint, world):
+    return [g for r in range(world)
+            for g in sharded_state.read_rank_file(str(checkpoint), r)[1]["carried"]]
+
+
+@pytest.mark.subprocess
+def test_another_world_size_deals_out_the_carried_groups(tmp_path):
+    """2 Gloo ranks save, 1 resumes with every carried group (rank 0's first); that rank
+    saves, and 2 ranks resume and continue the groups it carried."""
+    flags = _flags(tmp_path)
+    two = tmp_path / "two"
+    proc = torchrun_relax(*flags, "--num-rollout", "1", "--device", "cpu", "--save", str(two),
+                          "--output-dir", str(tmp_path / "run2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = _carried(two / "rollout_000001", 2)
+    assert saved, "both ranks carried groups"
+    cfg = make_config(*flags, "--num-rollout", "2", "--load", str(two), "--save",
+                      str(tmp_path / "one"), output_dir=tmp_path / "run1")
+    trainer = Trainer(cfg, init_distributed("cpu"), console=False)
+    try:
+        assert trainer.collector.carried == saved  # all of them, in global order
+        trainer.fit()
+    finally:
+        trainer.close()
+    kept = _carried(tmp_path / "one" / "rollout_000002", 1)
+    assert kept
+    proc = torchrun_relax(*flags, "--num-rollout", "3", "--device", "cpu", "--load",
+                          str(tmp_path / "one"), "--save", str(tmp_path / "again"),
+                          "--output-dir", str(tmp_path / "run3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"the {len(kept)} partial rollout groups in flight are dealt out" in proc.stderr
+    rows = read_metrics(tmp_path / "run3")
+    # the resumed step trained tokens sampled before the checkpoint: the dealt groups
+    assert rows[-1]["rollout/partial_offpolicy_tokens"] > 0
+
+
+def test_deal_carried_is_round_robin_in_global_order():
+    states = [{"cursor": 16, "carried": [["a"], ["b"], ["c"]]}, {"cursor": 16, "carried": [["d"]]}]
+    assert deal_carried(states, 0, 3) == {"cursor": 16, "carried": [["a"], ["d"]]}
+    assert deal_carried(states, 2, 3) == {"cursor": 16, "carried": [["c"]]}
+    assert deal_carried(states, 0, 1)["carried"] == [["a"], ["b"], ["c"], ["d"]]
+    assert deal_carried([{"cursor": 16}], 0, 2) is None  # not partial rollouts: dropped
