@@ -68,7 +68,6 @@ _FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout")
 _REFUSED = {
     "fully_async": "the rollout ranks sample with Relax's engine",
     "partial_rollout": "aborting and continuing vLLM requests is not built",
-    "env": "multi-turn episodes sample with Relax's engine",
     "use_agentic_rollout": "the agent endpoint samples with Relax's engine",
 }
 
@@ -111,13 +110,10 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
 
 def check_eval_backend(cfg, explicit: set[str]) -> None:
     """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
-    settings go; episodes are not served."""
+    settings go."""
     if cfg.rollout.backend.name != "vllm":
         _check_unused_server_flags(cfg, explicit)
         return
-    if cfg.rollout.episodes.env is not None:
-        reject(cfg, ("rollout_backend", "env"), f"not supported together ({_REFUSED['env']}); "
-               "remove one of the two")
     _check_server_flags(cfg)
 
 

@@ -29,12 +29,13 @@ def test_defaults_and_accepted_settings(cli, vllm):
     assert cli([*vllm, "--lora-rank", "4"]).config()["lora_rank"] == 4
     cfg = cli([*vllm, "--fsdp", "--weight-sync-bucket-mb", "8"]).config()
     assert cfg["fsdp"] and cfg["weight_sync_bucket_mb"] == 8
+    # multi-turn episodes: every turn is sampled by the server
+    assert cli([*vllm, "--env", "tests.agents.scripted:countdown"]).config()["env"]
 
 
 @pytest.mark.parametrize("flags, needles", [
     (["--fully-async"], ("--rollout-backend vllm --fully-async",)),
     (["--partial-rollout"], ("--rollout-backend vllm --partial-rollout",)),
-    (["--env", "countdown"], ("--rollout-backend vllm --env countdown",)),
     (["--lora-rank", "1024"], ("--rollout-backend vllm --lora-rank 1024", "up to rank 512")),
     (["--weight-sync-bucket-mb", "0"], ("--weight-sync-bucket-mb 0", "> 0")),
     (["--rollout-temperature", "0.7", "--rollout-top-p", "0.9"],
