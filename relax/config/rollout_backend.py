@@ -68,7 +68,6 @@ _FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout")
 _REFUSED = {
     "fully_async": "the rollout ranks sample with Relax's engine",
     "partial_rollout": "aborting and continuing vLLM requests is not built",
-    "use_agentic_rollout": "the agent endpoint samples with Relax's engine",
 }
 
 

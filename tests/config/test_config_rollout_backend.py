@@ -31,6 +31,9 @@ def test_defaults_and_accepted_settings(cli, vllm):
     assert cfg["fsdp"] and cfg["weight_sync_bucket_mb"] == 8
     # multi-turn episodes: every turn is sampled by the server
     assert cli([*vllm, "--env", "tests.agents.scripted:countdown"]).config()["env"]
+    # agent programs: the endpoint forwards each turn to the server
+    assert cli([*vllm, "--use-agentic-rollout", "--agent-command",
+                "python agent.py"]).config()["use_agentic_rollout"]
 
 
 @pytest.mark.parametrize("flags, needles", [
