@@ -32,7 +32,7 @@ from tests.rollout.test_vllm_server import (
     build_model_dir,
     load,
 )
-from tests.trainer.helpers import fit, make_config, read_metrics
+from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
 
 pytestmark = pytest.mark.subprocess
 
@@ -55,8 +55,10 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm-modes-log") / "server.log"
+    # processed: softmax(z / T) without truncation, so T = 1 and the partial run's T = 1.5
+    # both get the trainer's distribution (relax/config/rollout_backend.py)
     server = VllmServer.start(str(model_dir), log_path=str(log), dtype="float32", seed=0,
-                              logprobs_mode="raw_logprobs", python=str(VLLM_PYTHON))
+                              logprobs_mode="processed_logprobs", python=str(VLLM_PYTHON))
     try:
         server.wait_ready(STARTUP)
         server.client(timeout=300).served_model()
@@ -213,3 +215,69 @@ def test_agent_programs_train_on_vllm(model_dir, server, tmp_path, restore):
     got = samples(tmp_path)
     assert {(s["step"], s["policy_version"]) for s in got} == {(1, 0), (2, 1)}
     assert "user: again" in got[0]["response"]
+
+
+# ---------------------------------------------------------------------- partial rollouts
+def test_a_cut_response_continues_from_its_tokens(client, model_dir):
+    """A decode stopped after its first round of 5 tokens, then continued from prompt + those
+    tokens: greedy, the pieces join into the uncut response token for token with its
+    log-probs; sampled, the joined log-probs are a float64 forward's of the whole response
+    (nothing lost, nothing repeated, the continuation conditioned on every earlier token)."""
+    from relax.rollout.generate import left_pad
+    from relax.rollout.sampler import SamplingParams
+    from relax.rollout.vllm_sampler import VllmSampler
+    from tests.rollout.test_vllm_server import EOS, PAD, PROMPTS
+
+    def joined(temperature, seed):
+        sampler = VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD,
+                              params=SamplingParams(temperature=temperature),
+                              device=torch.device("cpu"), chunk=5)
+        generator = torch.Generator().manual_seed(seed)
+        ids, mask = left_pad(PROMPTS, PAD, "cpu")
+        cut = sampler(ids, mask, 12, generator, stop=lambda finished: True)
+        heads = [r[m].tolist() for r, m in zip(cut.response_ids, cut.response_mask, strict=True)]
+        logps = [r[m].tolist() for r, m in zip(cut.log_probs, cut.response_mask, strict=True)]
+        assert max(len(h) for h in heads) == 5 and bool(cut.truncated.any())
+        rows = [i for i in range(len(PROMPTS)) if cut.truncated[i]]
+        ids, mask = left_pad([PROMPTS[i] + heads[i] for i in rows], PAD, "cpu")
+        rest = sampler(ids, mask, 12, generator,
+                       budgets=torch.tensor([12 - len(heads[i]) for i in rows]),
+                       stop=lambda finished: False)
+        for k, i in enumerate(rows):
+            heads[i] += rest.response_ids[k][rest.response_mask[k]].tolist()
+            logps[i] += rest.log_probs[k][rest.response_mask[k]].tolist()
+        return heads, logps
+
+    heads, logps = joined(0.0, 0)
+    whole = VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD,
+                        params=SamplingParams(temperature=0.0), device=torch.device("cpu"))(
+        *left_pad(PROMPTS, PAD, "cpu"), 12)
+    for i in range(len(PROMPTS)):
+        m = whole.response_mask[i]
+        assert heads[i] == whole.response_ids[i][m].tolist()
+        assert logps[i] == pytest.approx(whole.log_probs[i][m].tolist(), abs=TOL_FP32)
+    heads, logps = joined(1.0, 1)
+    model = load(model_dir)
+    for i in range(len(PROMPTS)):
+        ref = reference_log_probs(model, PROMPTS[i], heads[i], [True] * len(heads[i]))
+        assert logps[i] == pytest.approx(ref, abs=TOL_FP32)
+
+
+def test_partial_rollouts_train_on_vllm(model_dir, server, tmp_path, restore):
+    """Groups cut at a round boundary are carried and continued by the next step's server
+    (after a sync): with the older tokens masked out of the loss, the tokens of each step
+    are the server's under the weights of that step, conditioned on the carried ones, so the
+    mismatch stays at fp32 rounding."""
+    flags = ["--partial-rollout", "--rollout-batch-size", "2", "--over-sampling-batch-size",
+             "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "12",
+             "--rollout-temperature", "1.5", "--mask-offpolicy-in-partial-rollout",
+             "--vllm-partial-chunk-tokens", "3", "--num-rollout", "3",
+             "--custom-rm-path", f"{write_reward(tmp_path)}:parity"]
+    _, _, moved = train(model_dir, server, tmp_path, *flags)
+    assert moved > 1e-4
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+    assert any(r["rollout/partial_carried_groups"] > 0 for r in rows), rows
+    assert any(r["rollout/partial_offpolicy_tokens"] > 0 for r in rows[1:]), rows
