@@ -27,6 +27,7 @@ on the whole row so far, with a seed of its own from ``generator``.
 
 from __future__ import annotations
 
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -127,9 +128,17 @@ class VllmSampler:
 
 
 def _cpu(generator: torch.Generator | None) -> torch.Generator | None:
-    """The seeds are drawn on the CPU; a CUDA run's generator seeds a CPU one the same way."""
+    """The seeds are drawn on the CPU; a CUDA run's generator seeds a CPU one the same way,
+    made once per generator, so that the calls an episode's turns make with one generator
+    draw on along one stream (new seeds each turn) as a CPU run's do."""
     if generator is None or generator.device.type == "cpu":
         return generator
-    cpu = torch.Generator()
-    cpu.manual_seed(generator.initial_seed())
+    cpu = _SHADOWS.get(generator)
+    if cpu is None:
+        cpu = _SHADOWS[generator] = torch.Generator()
+        cpu.manual_seed(generator.initial_seed())
     return cpu
+
+
+# a CUDA generator's CPU stream, while the generator lives (a step's rollout stream)
+_SHADOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -85,6 +85,31 @@ def test_seeds_follow_the_generator_and_budgets_cut_rows():
     assert sorted(m for _, m in seeds(1)) == [2, 6]
 
 
+def test_a_cuda_generator_draws_the_cpu_stream_and_goes_on_between_calls():
+    """A CUDA run's seeds are a CPU run's of the same seed, and the turns of an episode (calls
+    with one generator) get new seeds each, as on the CPU."""
+
+    class CudaGenerator:  # what the sampler reads of a CUDA generator (no GPU here)
+        device = torch.device("cuda")
+
+        def initial_seed(self):
+            return 11
+
+    ids, mask = left_pad([[5], [5]], PAD, "cpu")
+
+    def turns(generator):
+        client = FakeClient({5: [EOS]})
+        sampler = VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD,
+                              params=SamplingParams(), device=torch.device("cpu"))
+        for _ in range(2):
+            sampler(ids, mask, 2, generator)
+        return [c[1]["seed"] for c in client.calls]
+
+    cuda, cpu = turns(CudaGenerator()), turns(torch.Generator().manual_seed(11))
+    assert sorted(cuda[:2]) == sorted(cpu[:2]) and sorted(cuda[2:]) == sorted(cpu[2:])
+    assert set(cuda[:2]) != set(cuda[2:])
+
+
 def test_policy_version_survives_concatenation():
     client = FakeClient({5: [EOS]})
     ids, mask = left_pad([[5]], PAD, "cpu")
