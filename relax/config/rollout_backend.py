@@ -60,16 +60,22 @@ class BackendSection(Section):
         'Seconds one generation or weight-sync request to a vLLM server may take; then the run'
         ' stops naming the server and its log.',
         metavar='SECONDS')
+    vllm_partial_chunk_tokens: int = option(
+        32,
+        'With --partial-rollout: the unfinished responses are decoded in rounds of at most '
+        'this many tokens, and the step stops after the first round at which it holds enough '
+        'complete groups (a rule on token counts, so a seeded run repeats; 1 stops where '
+        "Relax's engine would, at one request per token).",
+        metavar='TOKENS',
+        bound=(lambda v: v >= 1, "must be >= 1 tokens per round, e.g. 32"))
 
 
-_FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout")
+_FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout",
+          "vllm_partial_chunk_tokens")
 
 # what the vLLM backend does not serve yet, with the reason the refusal gives
 _REFUSED = {
     "fully_async": "the rollout ranks sample with Relax's engine",
-    "partial_rollout": "aborting and continuing vLLM requests is not built",
-    "env": "multi-turn episodes sample with Relax's engine",
-    "use_agentic_rollout": "the agent endpoint samples with Relax's engine",
 }
 
 
@@ -96,6 +102,9 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
                "CPU kernels)")
     _check_log_prob_mode(cfg)
     _check_server_flags(cfg)
+    if "vllm_partial_chunk_tokens" in explicit and not cfg.rollout.partial.enabled:
+        reject(cfg, "vllm_partial_chunk_tokens", "has no effect without --partial-rollout; "
+               "add it or remove this flag")
     if cfg.lora.rank > MAX_LORA_RANK:
         reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
                f"{MAX_LORA_RANK}; use a smaller --lora-rank")
@@ -111,13 +120,10 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
 
 def check_eval_backend(cfg, explicit: set[str]) -> None:
     """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
-    settings go; episodes are not served."""
+    settings go."""
     if cfg.rollout.backend.name != "vllm":
         _check_unused_server_flags(cfg, explicit)
         return
-    if cfg.rollout.episodes.env is not None:
-        reject(cfg, ("rollout_backend", "env"), f"not supported together ({_REFUSED['env']}); "
-               "remove one of the two")
     _check_server_flags(cfg)
 
 

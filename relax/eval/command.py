@@ -47,7 +47,8 @@ def run_eval_command(cfg) -> int:
         if device.type == "cpu":  # OMP_NUM_THREADS when set, as relax train does
             torch.set_num_threads(cpu_threads())
         if cfg.rollout.episodes.env:
-            metrics = evaluate_env(cfg, model, tokenizer, device)
+            metrics = evaluate_env(cfg, model, tokenizer, device,
+                                   make_sampler=_vllm_sampler(vllm, model, cfg, tokenizer))
         else:
             metrics = evaluate_sets(cfg, _checked_sets(cfg, model, tokenizer), model,
                                     tokenizer, device,

@@ -32,6 +32,7 @@ from relax.eval.evaluate import (
     eval_sampler,
 )
 from relax.eval.passk import PassAtKSums
+from relax.models import eos_token_ids as find_eos_ids
 from relax.rollout.episodes import HELDOUT_SEED, run_episodes
 
 # per-episode means reported next to pass@k and mean_reward
@@ -40,16 +41,20 @@ EPISODE_MEANS = ("episode_turns", "response_length", "truncated")
 
 def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, episodes: int,
                       max_turns: int, format_prompt, render, name: str = "env",
-                      step: int | None = None, device=None, group=None) -> dict[str, float]:
+                      step: int | None = None, device=None, group=None,
+                      make_sampler=None) -> dict[str, float]:
     """Play ``episodes`` held-out seeds x ``sampling.section.n_samples`` with ``model`` (a plain
     Hugging Face causal LM); ``make_env()`` builds one environment. Returns
     ``eval/<name>/pass@k``, ``mean_reward``, ``episode_turns`` (model turns per episode),
     ``response_length`` (model tokens per episode) and ``truncated`` (share the environment
-    did not end: turn limit, context, or an environment error), identical on every rank."""
+    did not end: turn limit, context, or an environment error), identical on every rank.
+    ``make_sampler(params, eos_token_ids)``: another sampler than the model's own (a vLLM
+    server, relax/eval/command.py)."""
     rank, world = _rank_world(group)
     device = torch.device(device) if device is not None else _model_device(model)
     n = sampling.section.n_samples
-    sampler = eval_sampler(model, tokenizer, sampling, device)
+    sampler = (eval_sampler(model, tokenizer, sampling, device) if make_sampler is None else
+               make_sampler(sampling.params, find_eos_ids(tokenizer, model)))
     generator = eval_generator(sampling, device, name, step, rank)
 
     def sample(ids, mask, max_new_tokens, cache=None):

@@ -122,9 +122,11 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     return metrics
 
 
-def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dict[str, float]:
+def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None,
+                 make_sampler=None) -> dict[str, float]:
     """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/env_eval.py) as
-    ``eval/env/...``; adds ``perf/eval_time`` (seconds)."""
+    ``eval/env/...``; adds ``perf/eval_time`` (seconds). ``make_sampler``: as
+    :func:`evaluate_sets`'."""
     start = time.perf_counter()
     eos = tokenizer.eos_token_id
     format_prompt, render = turn_io(
@@ -136,7 +138,8 @@ def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None) -> dic
                                           timeout),
         EvalSampling.of(cfg),
         episodes=cfg.evaluation.episodes, max_turns=cfg.rollout.episodes.max_turns, format_prompt=format_prompt,
-        render=render, name="env", step=step, device=device, group=group)
+        render=render, name="env", step=step, device=device, group=group,
+        make_sampler=make_sampler)
     metrics["perf/eval_time"] = time.perf_counter() - start
     return metrics
 

@@ -25,7 +25,10 @@ waits until every running agent has one pending or no new one came for ``BATCH_W
 then runs one batched generation for all of them. Each session's KV cache stays between its
 calls (relax/rollout/turn_cache.py): a call prefills only the model's last drawn token and
 the new messages, whichever sessions share its batch; a session's cache is released when its
-agent ends, and all of them when the step ends.
+agent ends, and all of them when the step ends. With ``--rollout-backend vllm`` the batch goes
+to the rank's vLLM server instead (relax/rollout/vllm_sampler.py), each session's context as
+token ids and the reply back as token ids; the server's prefix cache stands in for the KV
+cache.
 
 Contained (docs/reliability.md, section 9): a request body is checked against the Chat
 Completions shape in the handler thread (relax/rollout/chat_schema.py: 400 with the reason,

@@ -13,6 +13,8 @@ stops the run early; the agent endpoint starts with the first step and stops at 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from relax.collectives import raise_together
@@ -77,6 +79,10 @@ class EpisodeCollector(StreamPosition):
         self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(played.turns))
         self.cursor = (step + 1) * self.batch_size
         rollout = played.rollout
+        version = getattr(self.sampler, "version", None)  # a vLLM server's weights (all turns)
+        if version is not None:
+            rollout = dataclasses.replace(rollout, policy_version=torch.full(
+                (len(played.turns),), version, dtype=torch.long, device=self.ctx.device))
         group_index = torch.arange(len(played.turns) // self.n,
                                    device=self.ctx.device).repeat_interleave(self.n)
         rewards = torch.tensor(played.rewards, dtype=torch.float32, device=self.ctx.device)

@@ -59,6 +59,7 @@ class VllmSettings:
     request_timeout: float
     fsdp: bool = False  # --fsdp: the sync gathers the shards (vllm_sync.py ``Shards``)
     bucket_bytes: int = 64 << 20  # --weight-sync-bucket-mb
+    partial_chunk: int = 32  # --vllm-partial-chunk-tokens (vllm_sampler.py)
 
     @classmethod
     def of_train(cls, cfg) -> VllmSettings:
@@ -67,7 +68,8 @@ class VllmSettings:
                    temperature=cfg.rollout.sampling.temperature, interval=cfg.placement.update_weights_interval,
                    startup_timeout=cfg.rollout.backend.vllm_startup_timeout,
                    request_timeout=cfg.rollout.backend.vllm_request_timeout, fsdp=cfg.system.fsdp,
-                   bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20))
+                   bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20),
+                   partial_chunk=cfg.rollout.backend.vllm_partial_chunk_tokens)
 
     @classmethod
     def of_eval(cls, cfg, run_dir: str) -> VllmSettings:
@@ -182,7 +184,8 @@ class VllmBackend:
     def sampler(self, params: SamplingParams, *, eos_token_ids: list[int],
                 pad_token_id: int) -> VllmSampler:
         s = VllmSampler(self.client, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                        params=params, device=self.device, version=self.version)
+                        params=params, device=self.device, version=self.version,
+                        chunk=self.settings.partial_chunk)
         self.samplers.append(s)
         return s
 

@@ -111,7 +111,10 @@ class VllmServer:
                "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--enforce-eager",
                "--seed", str(seed), "--logprobs-mode", logprobs_mode,
                # the model's generation_config.json must not change the requests' sampling
-               "--generation-config", "vllm"]
+               "--generation-config", "vllm",
+               # the turns of an episode or agent session resend their whole context: the
+               # prefix cache keeps its full KV blocks instead of our turn cache
+               "--enable-prefix-caching"]
         if tokenizer:
             cmd += ["--tokenizer", tokenizer]
         if max_model_len:

@@ -29,12 +29,24 @@ def test_defaults_and_accepted_settings(cli, vllm):
     assert cli([*vllm, "--lora-rank", "4"]).config()["lora_rank"] == 4
     cfg = cli([*vllm, "--fsdp", "--weight-sync-bucket-mb", "8"]).config()
     assert cfg["fsdp"] and cfg["weight_sync_bucket_mb"] == 8
+    # multi-turn episodes: every turn is sampled by the server
+    assert cli([*vllm, "--env", "tests.agents.scripted:countdown"]).config()["env"]
+    # partial rollouts: rounds of --vllm-partial-chunk-tokens
+    cfg = cli([*vllm, "--partial-rollout", "--use-tis", "--over-sampling-batch-size", "64",
+               "--vllm-partial-chunk-tokens", "4"]).config()
+    assert cfg["partial_rollout"] and cfg["vllm_partial_chunk_tokens"] == 4
+    # agent programs: the endpoint forwards each turn to the server
+    assert cli([*vllm, "--use-agentic-rollout", "--agent-command",
+                "python agent.py"]).config()["use_agentic_rollout"]
 
 
 @pytest.mark.parametrize("flags, needles", [
     (["--fully-async"], ("--rollout-backend vllm --fully-async",)),
-    (["--partial-rollout"], ("--rollout-backend vllm --partial-rollout",)),
-    (["--env", "countdown"], ("--rollout-backend vllm --env countdown",)),
+    (["--vllm-partial-chunk-tokens", "8"], ("--vllm-partial-chunk-tokens 8",
+                                            "without --partial-rollout")),
+    (["--partial-rollout", "--use-tis", "--over-sampling-batch-size", "64",
+      "--vllm-partial-chunk-tokens", "0"],
+     ("--vllm-partial-chunk-tokens 0", ">= 1 tokens")),
     (["--lora-rank", "1024"], ("--rollout-backend vllm --lora-rank 1024", "up to rank 512")),
     (["--weight-sync-bucket-mb", "0"], ("--weight-sync-bucket-mb 0", "> 0")),
     (["--rollout-temperature", "0.7", "--rollout-top-p", "0.9"],
@@ -55,6 +67,7 @@ def test_vllm_needs_a_model_directory(cli, rejected):
 
 @pytest.mark.parametrize("flags", [["--vllm-url", "http://127.0.0.1:8000"],
                                    ["--vllm-request-timeout", "5"],
+                                   ["--vllm-partial-chunk-tokens", "8"],
                                    ["--update-weights-interval", "2"],
                                    ["--weight-sync-bucket-mb", "8"]])
 def test_backend_flags_need_the_backend(cli, rejected, flags):

@@ -1,7 +1,8 @@
 """``relax eval --rollout-backend vllm``: a real vLLM server on the checkpoint's weights.
 Greedy decoding gives Relax's engine's metrics (fp32: ties between candidates are out of
 reach of the two backends' rounding on this model); the server and its copy of the weights
-are gone afterwards; its flags need the backend; ``--env`` is refused."""
+are gone afterwards; its flags need the backend. ``relax eval --env`` on vLLM:
+tests/trainer/test_vllm_modes.py."""
 
 from __future__ import annotations
 
@@ -36,8 +37,6 @@ def test_greedy_vllm_evaluation_equals_relax_engine(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--vllm-url", "http://127.0.0.1:8000"], "--vllm-url http://127.0.0.1:8000: has no effect"),
-    (["--rollout-backend", "vllm", "--env", "countdown"],
-     "--rollout-backend vllm --env countdown: not supported together"),
     (["--rollout-backend", "vllm", "--vllm-url", "127.0.0.1:8000"], "http(s) URL"),
 ])
 def test_eval_backend_rules_are_one_line(tiny_checkpoint, args, needle):

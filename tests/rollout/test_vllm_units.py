@@ -85,6 +85,31 @@ def test_seeds_follow_the_generator_and_budgets_cut_rows():
     assert sorted(m for _, m in seeds(1)) == [2, 6]
 
 
+def test_a_cuda_generator_draws_the_cpu_stream_and_goes_on_between_calls():
+    """A CUDA run's seeds are a CPU run's of the same seed, and the turns of an episode (calls
+    with one generator) get new seeds each, as on the CPU."""
+
+    class CudaGenerator:  # what the sampler reads of a CUDA generator (no GPU here)
+        device = torch.device("cuda")
+
+        def initial_seed(self):
+            return 11
+
+    ids, mask = left_pad([[5], [5]], PAD, "cpu")
+
+    def turns(generator):
+        client = FakeClient({5: [EOS]})
+        sampler = VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD,
+                              params=SamplingParams(), device=torch.device("cpu"))
+        for _ in range(2):
+            sampler(ids, mask, 2, generator)
+        return [c[1]["seed"] for c in client.calls]
+
+    cuda, cpu = turns(CudaGenerator()), turns(torch.Generator().manual_seed(11))
+    assert sorted(cuda[:2]) == sorted(cpu[:2]) and sorted(cuda[2:]) == sorted(cpu[2:])
+    assert set(cuda[:2]) != set(cuda[2:])
+
+
 def test_policy_version_survives_concatenation():
     client = FakeClient({5: [EOS]})
     ids, mask = left_pad([[5]], PAD, "cpu")
@@ -94,6 +119,58 @@ def test_policy_version_survives_concatenation():
     both = concat_rollouts([s(ids, mask, 2) for s in make], PAD)
     assert both.policy_version.tolist() == [1, 2]
     assert both.select([1]).policy_version.tolist() == [2]
+
+
+class ContinuingClient(FakeClient):
+    """Prompts of one token plus the tokens drawn so far: each answer continues
+    ``script[first token]`` from there, a token at position j having log-prob -0.5 - j."""
+
+    def complete(self, prompt, **kw):
+        with self.lock:
+            self.calls.append((list(prompt), kw))
+        at = len(prompt) - 1
+        tokens = self.script[prompt[0]][at:at + kw["max_tokens"]]
+        return {"token_ids": tokens, "log_probs": [-0.5 - at - i for i in range(len(tokens))],
+                "finish_reason": "stop" if tokens[-1] == EOS else "length"}
+
+
+def test_partial_rounds_stop_on_token_counts_and_continue_from_the_tokens():
+    """stop: rounds of ``chunk`` tokens, the rule asked after each; a carried row continues
+    from its tokens with nothing lost or repeated and its log-probs going on."""
+    script = {5: [7] * 10, 6: [8, 8, EOS], 4: [9] * 5 + [EOS]}
+    ids, mask = left_pad([[5], [6], [4]], PAD, "cpu")
+    asked = []
+
+    def two_done(finished):
+        asked.append(finished.tolist())
+        return int(finished.sum()) >= 2
+
+    def run(seed):
+        client = ContinuingClient(script)
+        sampler = VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD,
+                              params=SamplingParams(), device=torch.device("cpu"), chunk=2)
+        out = sampler(ids, mask, 8, torch.Generator().manual_seed(seed), stop=two_done)
+        return sampler, client, out
+
+    sampler, client, out = run(0)
+    assert asked == [[False, False, False], [False, True, False], [False, True, True]]
+    assert all(kw["max_tokens"] <= 2 for _, kw in client.calls) and len(client.calls) == 8
+    # row 0 was cut after three rounds: its tokens so far, and not ended (carried)
+    assert out.response_ids[0].tolist() == [7] * 6
+    assert out.truncated.tolist() == [True, False, False]
+    assert out.log_probs[0].tolist() == [-0.5 - j for j in range(6)]
+    # each round asked with the row's whole context: prompt + every token drawn so far
+    assert sorted(p for p, _ in client.calls if p[0] == 5) == [[5], [5] + [7] * 2,
+                                                               [5] + [7] * 4]
+    # the same seed draws the same per-round seeds, another seed others
+    assert [kw["seed"] for _, kw in run(0)[1].calls] == [kw["seed"] for _, kw in client.calls]
+    assert [kw["seed"] for _, kw in run(1)[1].calls] != [kw["seed"] for _, kw in client.calls]
+    # the carried row in a later step: its context is prompt + its 6 tokens
+    row = out.response_ids[0][out.response_mask[0]].tolist()
+    ids2, mask2 = left_pad([[5] + row], PAD, "cpu")
+    more = sampler(ids2, mask2, 4, torch.Generator().manual_seed(2), stop=lambda f: False)
+    assert row + more.response_ids[0].tolist() == script[5][:10]
+    assert more.log_probs[0].tolist() == [-0.5 - j for j in range(6, 10)]
 
 
 class RecordingClient:
