@@ -130,13 +130,14 @@ def test_an_upward_import_is_named_with_its_line(tmp_path):
     root = _tree(tmp_path, {
         "relax/__init__.py": "", "relax/errors.py": "",
         "relax/rollout/__init__.py": "",
-        "relax/rollout/scoring.py": "from relax.errors import InputError\n\n\n"
-                                    "def f():\n    from relax.trainer import loop\n",
-        "relax/trainer/__init__.py": "", "relax/trainer/loop.py": "import relax.rollout.scoring\n",
+        "relax/rollout/collectors.py": "from relax.errors import InputError\n\n\n"
+                                       "def f():\n    from relax.trainer import loop\n",
+        "relax/trainer/__init__.py": "",
+        "relax/trainer/loop.py": "import relax.rollout.collectors\n",
     })
     assert upward_imports(root) == [
-        "relax/rollout/scoring.py:5: relax.rollout.scoring imports relax.trainer (rollout/ is "
-        "below trainer/)"]
+        "relax/rollout/collectors.py:5: relax.rollout.collectors imports relax.trainer "
+        "(rollout/ is below trainer/)"]
 
 
 def test_sub_packages_are_checked_where_they_exist(tmp_path):
@@ -144,20 +145,20 @@ def test_sub_packages_are_checked_where_they_exist(tmp_path):
         "relax/__init__.py": "", "relax/models.py": "from relax.rollout import collectors\n",
         "relax/rollout/__init__.py": "", "relax/rollout/collectors.py": "",
         "relax/rollout/generation/__init__.py": "",
-        "relax/rollout/generation/sampler.py": "from ..reward import scoring\n",
+        "relax/rollout/generation/decode.py": "from ..reward import score\n",
         "relax/rollout/reward/__init__.py": "",
-        "relax/rollout/reward/scoring.py": "from relax.rollout.collectors import X\n"
-                                           "from relax.rollout.generation import sampler\n",
+        "relax/rollout/reward/score.py": "from relax.rollout.collectors import X\n"
+                                         "from relax.rollout.generation import decode\n",
         "relax/rollout/vllm/__init__.py": "",
-        "relax/rollout/vllm/vllm_sampler.py": "from relax.rollout.generation import sampler\n",
+        "relax/rollout/vllm/client.py": "from relax.rollout.generation import decode\n",
         "relax/trainer/__init__.py": "", "relax/trainer/loop.py": "",
         "relax/trainer/fully_async/__init__.py": "",
-        "relax/trainer/fully_async/remote_rollout.py": "from relax.trainer.loop import T\n",
+        "relax/trainer/fully_async/remote.py": "from relax.trainer.loop import T\n",
     })
     found = upward_imports(root)
     assert [line.split(": ")[0] for line in found] == [
         "relax/models.py:1",  # the bottom layer reaching rollout/
-        "relax/rollout/generation/sampler.py:1",  # a relative import, upward
-        "relax/rollout/reward/scoring.py:1",  # a sub-package importing the collectors
-        "relax/trainer/fully_async/remote_rollout.py:1",
+        "relax/rollout/generation/decode.py:1",  # a relative import, upward
+        "relax/rollout/reward/score.py:1",  # a sub-package importing the collectors
+        "relax/trainer/fully_async/remote.py:1",
     ]
