@@ -1,8 +1,9 @@
 """User plug-ins: loading and checking them, and calling them with a deadline. The one
-boundary that reward functions (relax/rollout/rewards.py, group_rewards.py), ``--env``
-environments (relax/rollout/envs.py, env_guard.py), agent programs' and reward servers'
-rewards (relax/rollout/agent_procs.py, remote_reward.py), dynamic-sampling filters and the
-post-process / advantage / TIS plug-ins share.
+boundary that reward functions (relax/rollout/rewards.py, relax/rollout/group_rewards.py),
+``--env`` environments (relax/rollout/envs.py, relax/rollout/env_guard.py), the rewards of
+agent programs (relax/rollout/agent_procs.py) and of reward servers
+(relax/rollout/remote_reward.py), dynamic-sampling filters and the post-process / advantage /
+TIS plug-ins share.
 
 Loading: ``module:function`` (an importable module) or ``path/file.py:function``; anything
 the module raises at import, ``SystemExit`` and ``KeyboardInterrupt`` included, a name that
