@@ -1,10 +1,19 @@
-"""User code by path, and calls into it with a deadline: the one boundary that reward
-functions (relax/rollout/rewards.py, group_rewards.py), ``--env`` environments
-(relax/rollout/env_guard.py), filters and post-process / advantage / TIS plug-ins share.
+"""User plug-ins: loading and checking them, and calling them with a deadline. The one
+boundary that reward functions (relax/rollout/rewards.py, relax/rollout/group_rewards.py),
+``--env`` environments (relax/rollout/envs.py, relax/rollout/env_guard.py), the rewards of
+agent programs (relax/rollout/agent_procs.py) and of reward servers
+(relax/rollout/remote_reward.py), dynamic-sampling filters and the post-process / advantage /
+TIS plug-ins share.
 
 Loading: ``module:function`` (an importable module) or ``path/file.py:function``; anything
-the module raises at import, ``SystemExit`` and ``KeyboardInterrupt`` included, is one
-:class:`~relax.errors.InputError` line naming the flag.
+the module raises at import, ``SystemExit`` and ``KeyboardInterrupt`` included, a name that
+is not a function, or a function that cannot take the arguments its flag passes
+(:data:`ARITY`), is one :class:`~relax.errors.InputError` line naming the flag, before any model
+is loaded.
+
+Checking what comes back: :func:`bad_reward` (NaN, an infinity, beyond float32) and
+:func:`real_values` (n real numbers, from a list, tuple, 1-D array or tensor), the checks
+every reward source applies.
 
 Calling: :func:`call_with_deadline` runs the function on a worker thread and waits at most
 the deadline. Python cannot stop a thread, so a call that runs over is *abandoned*: it keeps
@@ -23,6 +32,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import math
+import numbers
 import os
 import queue
 import sys
@@ -155,8 +167,23 @@ def _cuda_device() -> int | None:
     return torch.cuda.current_device()
 
 
+# How many positional arguments each plug-in flag's function is called with (the signatures
+# docs/configuration.md gives): a function that cannot take them is refused when loaded, in
+# one line naming the flag, rather than at its first call, after the model has loaded.
+ARITY = {
+    "--custom-rm-path": 3,  # (prompts, responses, labels), also per group with --group-rm
+    "--dynamic-sampling-filter-path": 3,  # (rewards, responses, label) of one group
+    "--custom-reward-post-process-path": 2,  # (rewards, group_index)
+    "--custom-advantage-function-path": 3,  # (rewards, group_index, mask)
+    "--custom-tis-function-path": 3,  # (trainer_logprobs, sampler_logprobs, mask)
+    "--env": 0,  # the environment factory
+}
+
+
 def load_function(spec: str, flag: str) -> Callable:
-    """Import ``module:function`` or ``path/to/file.py:function``; errors name ``flag``."""
+    """Import ``module:function`` or ``path/to/file.py:function``; errors name ``flag``.
+
+    A flag of :data:`ARITY` also checks that the function can take its arguments."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise InputError(f"{flag} {spec}: expected 'module:function' or 'file.py:function'")
@@ -182,7 +209,78 @@ def load_function(spec: str, flag: str) -> Callable:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise InputError(f"{flag} {spec}: {target} has no function {name!r}")
+    if flag in ARITY:
+        _check_arity(fn, ARITY[flag], f"{flag} {spec}")
     return fn
+
+
+def _check_arity(fn: Callable, arity: int, where: str) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without one: checked by calling
+        return
+    try:
+        signature.bind(*range(arity))
+    except TypeError as e:
+        raise InputError(f"{where}: the function takes {signature}, but is called with "
+                         f"{arity} positional argument{'s' * (arity != 1)} ({e})") from None
+
+
+# Rewards become float32 tensors (relax/rollout/scoring.py): a value finite in float64 but
+# beyond this is Inf there, and would surface as a non-finite loss blaming --lr.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def bad_reward(value: float) -> str | None:
+    """Why ``value`` cannot be a reward (NaN, an infinity, beyond float32), or None."""
+    if math.isfinite(value) and abs(value) <= FLOAT32_MAX:
+        return None
+    if math.isfinite(value):
+        return f"{value:g}, beyond the float32 range of rewards (+-{FLOAT32_MAX:.3g})"
+    return f"{value}"
+
+
+def real_values(values, n: int, name: str, where: str) -> list[float]:
+    """``values`` as n floats, or a RewardError saying what is wrong (not yet the NaN check).
+
+    Accepted: a list or tuple of real numbers (int, float, NumPy scalars; not bool), or a 1-D
+    NumPy array or torch tensor of a real dtype. A dict would iterate its keys and a str its
+    characters, so anything else is refused rather than read. ``name`` names the reward
+    function, ``where`` the samples.
+    """
+    what = f"reward function {name} must return a list of {n} real numbers"
+    kind = type(values).__name__
+    if type(values).__module__ == "torch" and hasattr(values, "tolist"):  # a tensor
+        if values.dim() != 1 or values.dtype.is_complex or str(values.dtype) == "torch.bool":
+            raise RewardError(f"{what}, got a {values.dtype} tensor of shape "
+                              f"{tuple(values.shape)}")
+        values = values.tolist()
+    elif type(values).__module__ == "numpy" and hasattr(values, "ndim"):  # an array
+        if values.ndim != 1 or values.dtype.kind not in "iuf":
+            raise RewardError(f"{what}, got a {values.dtype} array of shape {values.shape}")
+        values = values.tolist()
+    elif not isinstance(values, (list, tuple)):
+        raise RewardError(f"{what}, got {kind}")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise RewardError(f"{what}, got {type(v).__name__} {_short(v)} at index {i} "
+                              f"({where})")
+        try:
+            out.append(float(v))
+        except OverflowError:
+            raise RewardError(f"{what}: value {i} ({_short(v)}) does not fit in a float "
+                              f"({where})") from None
+    if len(out) != n:
+        raise RewardError(f"reward function {name} returned {len(out)} values for {n} "
+                          f"samples ({where})")
+    return out
+
+
+def _short(value) -> str:
+    text = repr(value) if not isinstance(value, int) else str(value) if value.bit_length() < 200 \
+        else f"an integer of {len(str(value))} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def call_plugin(fn: Callable, flag: str, *args, timeout: float | None = None,

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 from relax.errors import InputError
-from relax.rollout.rewards import bad_reward
+from relax.plugins import bad_reward
 
 TAIL_CHARS = 600
 MAX_OUTPUT_BYTES = 1 << 20  # {"reward": number} needs a few bytes

@@ -28,8 +28,7 @@ import numbers
 from collections.abc import Callable
 
 from relax.errors import InputError, error_summary, invalid_text, value_summary
-from relax.plugins import CallRaised, CallTimeout, call_with_deadline
-from relax.rollout.rewards import bad_reward
+from relax.plugins import CallRaised, CallTimeout, bad_reward, call_with_deadline
 
 # The factory's deadline without --env-step-timeout: a factory may load a data set or start a
 # game server, so it gets the time an agent episode gets by default (--agent-timeout).

@@ -16,8 +16,8 @@ member is a broken plug-in, not a bad sample: an :class:`InputError` (exit 2) na
 from __future__ import annotations
 
 from relax.errors import InputError, RewardError
-from relax.plugins import CallRaised, CallTimeout, call_with_deadline
-from relax.rollout.rewards import RewardFn, _as_floats, bad_reward
+from relax.plugins import CallRaised, CallTimeout, bad_reward, call_with_deadline, real_values
+from relax.rollout.rewards import RewardFn
 
 
 def group_spans(group_index: list[int]) -> list[list[int]]:
@@ -38,7 +38,7 @@ def by_prompt_runs(fn: RewardFn, name: str) -> RewardFn:
             while end < len(prompts) and prompts[end] == prompts[start]:
                 end += 1
             args = (prompts[start:end], responses[start:end], labels[start:end])
-            out.extend(_as_floats(fn(*args), end - start, name, f"a group of {end - start}"))
+            out.extend(real_values(fn(*args), end - start, name, f"a group of {end - start}"))
             start = end
         return out
 
@@ -82,7 +82,7 @@ def _score_group(fn, prompts, responses, labels, members, *, name, index_base, t
         return None, (f"--group-rm reward function {name} raised on {where}: "
                       f"{type(e).__name__}{': ' + detail if detail else ''}")
     try:
-        got = _as_floats(got, len(members), name, where)
+        got = real_values(got, len(members), name, where)
     except RewardError as e:
         raise InputError(f"--group-rm: {e}; a group function returns one reward per member "
                          f"of the group it is given ({len(members)} here)") from None

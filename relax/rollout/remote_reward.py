@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 from relax.config.reward_services import MAX_BACKOFF_WAIT
 from relax.errors import InputError, RewardError
+from relax.plugins import bad_reward
 from relax.rollout import http_post
-from relax.rollout.rewards import bad_reward
 from relax.waits import wait_event
 
 MAX_ANSWER_BYTES = 16 << 20  # an answer is a few bytes per sample; more is a wrong endpoint

@@ -11,31 +11,22 @@ NaN/Inf (or a value beyond float32, the rewards' dtype) is an error naming the s
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable
 
 from relax.errors import InputError, RewardError
-from relax.plugins import CallRaised, CallTimeout, call_with_deadline, load_function
+from relax.plugins import (
+    CallRaised,
+    CallTimeout,
+    bad_reward,
+    call_with_deadline,
+    load_function,
+    real_values,
+)
 from relax.rollout.math_reward import math_reward
 from relax.rollout.reasoning_gym_source import make_reward
 from relax.rollout.tasks import get_task
 
 RewardFn = Callable[[list[str], list[str], list], list[float]]
-
-# Rewards become float32 tensors (relax/rollout/scoring.py): a value finite in float64 but
-# beyond this is Inf there, and would surface as a non-finite loss blaming --lr.
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-def bad_reward(value: float) -> str | None:
-    """Why ``value`` cannot be a reward (NaN, an infinity, beyond float32), or None."""
-    if math.isfinite(value) and abs(value) <= FLOAT32_MAX:
-        return None
-    if math.isfinite(value):
-        return f"{value:g}, beyond the float32 range of rewards (+-{FLOAT32_MAX:.3g})"
-    return f"{value}"
-
 
 def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
                     gym_answer: str | None = None) -> tuple[RewardFn, str]:
@@ -60,48 +51,6 @@ def build_reward_fn(custom_rm_path: str | None, rm_type: str | None, *,
 def _describe(i: int, prompts: list[str], index_base: int) -> str:
     head = prompts[i][:60].replace("\n", "\\n")
     return f"sample {index_base + i} (prompt {head!r}{'...' if len(prompts[i]) > 60 else ''})"
-
-
-def _as_floats(values, n: int, name: str, where: str) -> list[float]:
-    """``values`` as n floats, or a RewardError saying what is wrong (not yet the NaN check).
-
-    Accepted: a list or tuple of real numbers (int, float, NumPy scalars; not bool), or a 1-D
-    NumPy array or torch tensor of a real dtype. A dict would iterate its keys and a str its
-    characters, so anything else is refused rather than read.
-    """
-    what = f"reward function {name} must return a list of {n} real numbers"
-    kind = type(values).__name__
-    if type(values).__module__ == "torch" and hasattr(values, "tolist"):  # a tensor
-        if values.dim() != 1 or values.dtype.is_complex or str(values.dtype) == "torch.bool":
-            raise RewardError(f"{what}, got a {values.dtype} tensor of shape "
-                              f"{tuple(values.shape)}")
-        values = values.tolist()
-    elif type(values).__module__ == "numpy" and hasattr(values, "ndim"):  # an array
-        if values.ndim != 1 or values.dtype.kind not in "iuf":
-            raise RewardError(f"{what}, got a {values.dtype} array of shape {values.shape}")
-        values = values.tolist()
-    elif not isinstance(values, (list, tuple)):
-        raise RewardError(f"{what}, got {kind}")
-    out = []
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise RewardError(f"{what}, got {type(v).__name__} {_short(v)} at index {i} "
-                              f"({where})")
-        try:
-            out.append(float(v))
-        except OverflowError:
-            raise RewardError(f"{what}: value {i} ({_short(v)}) does not fit in a float "
-                              f"({where})") from None
-    if len(out) != n:
-        raise RewardError(f"reward function {name} returned {len(out)} values for {n} "
-                          f"samples ({where})")
-    return out
-
-
-def _short(value) -> str:
-    text = repr(value) if not isinstance(value, int) else str(value) if value.bit_length() < 200 \
-        else f"an integer of {len(str(value))} digits"
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def score_with_errors(
@@ -153,7 +102,7 @@ def _score_batch(fn, prompts, responses, labels, *, name, index_base, timeout, p
     where = f"samples {index_base}..{index_base + n - 1}"
     try:
         got = call_with_deadline(fn, (prompts, responses, labels), batch_limit)
-        return _as_floats(got, n, name, where), None
+        return real_values(got, n, name, where), None
     except CallTimeout as e:
         return None, RewardError(
             f"reward function {name} {e.reason()} for a batch of {n} samples ({where}; "
@@ -192,7 +141,7 @@ def _score_one(fn, prompts, responses, labels, i, *, name, index_base, timeout):
     where = _describe(i, prompts, index_base)
     try:
         got = call_with_deadline(fn, one, timeout)
-        (v,) = _as_floats(got, 1, name, f"sample {index_base + i}")
+        (v,) = real_values(got, 1, name, f"sample {index_base + i}")
         problem = bad_reward(v)
         if problem is None:
             return v, None

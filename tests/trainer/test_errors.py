@@ -98,6 +98,20 @@ def test_bad_reward_function(tmp_path, capsys, body, needle):
         assert "raised on sample" in msg and "(prompt '" in msg and "d" in msg.split("prompt")[1]
 
 
+@pytest.mark.parametrize("flag,body", [
+    ("--custom-rm-path", "def f(prompts, responses):\n    return [0.0] * len(prompts)\n"),
+    ("--custom-advantage-function-path", "def f(rewards, group_index):\n    return rewards\n"),
+])
+def test_a_plugin_that_cannot_take_its_arguments_stops_before_the_model(
+        tmp_path, capsys, no_model_load, flag, body):
+    plugin = write_reward(tmp_path, body, "plugin.py")
+    extra = [] if flag == "--custom-rm-path" else ["--custom-rm-path",
+                                                   f"{write_reward(tmp_path)}:parity"]
+    cfg = make_config(flag, f"{plugin}:f", *extra, output_dir=tmp_path / "run")
+    msg = _error(cfg, capsys, 2)
+    assert f"{flag} {plugin}:f: the function takes" in msg and "3 positional arguments" in msg
+
+
 def _digest(folder):
     h = hashlib.sha256()
     for p in sorted(folder.rglob("*")):
