@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from relax.collectives import all_reduce
+from relax.rollout.agreement import Agreement, GroupAgreement
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import StreamPosition, rollout_generator
 from relax.rollout.data import PromptSource, format_prompt
@@ -38,8 +38,10 @@ class PartialRollouts(StreamPosition):
     arguments are :class:`~relax.rollout.collectors.PromptCollector`'s plus ``world``."""
 
     def __init__(self, rollout, batches, ctx, *, seed: int, source: PromptSource, tokenizer,
-                 sampler, scorer, timer, tracker, max_aborted: int, mask_offpolicy: bool):
+                 sampler, scorer, timer, tracker, max_aborted: int, mask_offpolicy: bool,
+                 agree: Agreement | None = None):
         self.ctx, self.source, self.tokenizer = ctx, source, tokenizer
+        self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
         self.seed, self.n = seed, batches.samples_per_prompt
         self.quota = batches.rollout_batch_size // ctx.world_size
@@ -74,7 +76,7 @@ class PartialRollouts(StreamPosition):
         so the ranks take consecutive, disjoint prompts of the stream."""
         counts = torch.zeros(self.ctx.world_size, dtype=torch.float64, device=self.ctx.device)
         counts[self.ctx.rank] = count
-        counts = all_reduce(counts, self.ctx.group, dist.ReduceOp.SUM).long().tolist()
+        counts = self.agree.reduce(counts, dist.ReduceOp.SUM).long().tolist()
         start = self.cursor + sum(counts[:self.ctx.rank])
         self.cursor += sum(counts)
         samples = self.source.take(start, count) if count else []
