@@ -79,7 +79,12 @@ class Lockstep:
         self.slots: list = [None] * count
         self.result: torch.Tensor | None = None
         self.turn = threading.Lock()  # held by the share that computes
-        self.barrier = threading.Barrier(count, action=self._combine, timeout=timeout_s)
+        # the barrier: shares arrived at this agreement, agreements completed, and whether a
+        # share failed (threading.Barrier's abort would also break the agreement just
+        # completed for a share not yet awake)
+        self.cond = threading.Condition()
+        self.arrived = self.generation = 0
+        self.failed = False
         self.pool = (concurrent.futures.ThreadPoolExecutor(count, thread_name_prefix="share")
                      if count > 1 else None)
 
@@ -108,8 +113,14 @@ class Lockstep:
 
     def close(self) -> None:
         if self.pool is not None:
-            self.barrier.abort()
+            self._fail()
             self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _fail(self) -> None:
+        """A share failed: the others raise at their next agreement."""
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
 
     def _play(self, call, threads: int):
         torch.set_num_threads(threads)
@@ -117,7 +128,7 @@ class Lockstep:
             try:
                 return call()
             except BaseException:
-                self.barrier.abort()  # the others stop at their next agreement
+                self._fail()  # the others stop at their next agreement
                 raise
 
     def _reduce(self, index: int, tensor: torch.Tensor, op) -> torch.Tensor:
@@ -126,17 +137,43 @@ class Lockstep:
         self.slots[index] = (tensor.clone(), op)
         self.turn.release()  # the next share computes until its own agreement
         try:
-            self.barrier.wait()
-        except threading.BrokenBarrierError:
-            raise RelaxError(f"{ANOTHER_FAILED} (or a share of this rollout rank waited "
-                             "longer than --distributed-timeout-minutes for the others)") from None
+            self._wait()
         finally:
             self.turn.acquire()
         tensor.copy_(self.result)
         return tensor
 
+    def _wait(self) -> None:
+        """Until every share arrived (the last combines), or a share failed."""
+        with self.cond:
+            generation = self.generation
+            if not self.failed:
+                self.arrived += 1
+                if self.arrived == self.count:
+                    self._complete()
+                    return
+                if not self.cond.wait_for(lambda: self.generation != generation or self.failed,
+                                          self.timeout_s):
+                    self.failed = True
+                    self.cond.notify_all()
+                    raise RelaxError("a share of this rollout rank waited longer than "
+                                     "--distributed-timeout-minutes for the others")
+            if self.generation == generation:  # failed before this agreement completed
+                raise RelaxError(ANOTHER_FAILED)
+
+    def _complete(self) -> None:
+        try:
+            self._combine()
+            self.generation += 1
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            self.arrived = 0
+            self.cond.notify_all()
+
     def _combine(self) -> None:
-        """The barrier's action (run once per agreement, by the last share to arrive)."""
+        """Run once per agreement, by the last share to arrive."""
         ops = {op for _, op in self.slots}
         if len(ops) != 1:
             raise RuntimeError(f"the shares of a rollout rank reduced with different ops {ops}")

@@ -31,8 +31,11 @@ ones; every rank first compares the settings both roles share (:func:`check_same
 and a difference ends every rank in one line before any other wait.
 
 Process groups (created by every rank in the same order, as ``new_group`` requires): the
-training ranks' group (the data-parallel group of everything that trains), and the sync
-group of training rank 0 with every rollout rank (weight broadcasts and control headers).
+training ranks' group (the data-parallel group of everything that trains), the sync
+group of training rank 0 with every rollout rank (weight broadcasts and control headers), and
+the group of the rollout ranks that serve shares, over which the collectors' agreements
+(dynamic sampling's rounds, partial rollouts' prompt counts, failing together) are reduced
+after the shares of each process (relax/rollout/agreement.py).
 Batches go point to point from a rollout rank to its training rank over the world group.
 """
 
@@ -111,7 +114,10 @@ class Schedule:
 # travel): compared across all ranks before anything else waits (check_same_settings)
 SHARED = ("fully_async", "world_size", "rollout_num_gpus", "max_staleness",
           "update_weights_interval", "weight_sync_bucket_mb", "num_rollout", "num_epoch",
-          "seed", "rollout_batch_size", "n_samples_per_prompt", "lora_rank", "fsdp")
+          "seed", "rollout_batch_size", "n_samples_per_prompt", "lora_rank", "fsdp",
+          # what the rollout side's collectors are (relax/rollout/assembly.py)
+          "dynamic_sampling_filter_path", "over_sampling_batch_size",
+          "dynamic_sampling_max_rounds", "partial_rollout", "env", "use_agentic_rollout")
 
 
 def check_same_settings(cfg) -> None:
@@ -146,6 +152,7 @@ class AsyncLayout:
     rank: int  # in the world group
     train_group: object
     sync_group: object  # training rank 0 and the rollout ranks
+    rollout_group: object = None  # the rollout ranks that serve shares (None: one of them)
 
     @property
     def is_rollout(self) -> bool:
@@ -173,9 +180,15 @@ def split_roles(ctx: DistContext, trainers: int) -> tuple[AsyncLayout, DistConte
                          f"{world}")
     train_group = dist.new_group(ranks=list(range(trainers)))
     sync_group = dist.new_group(ranks=[0, *range(trainers, world)])
+    # the collectors' agreements (relax/rollout/agreement.py): rollout ranks past the
+    # training ranks' count serve no share and take no part
+    serving = min(trainers, world - trainers)
+    rollout_group = dist.new_group(ranks=list(range(trainers, trainers + serving))) \
+        if serving > 1 else None
     role = TRAIN if ctx.rank < trainers else ROLLOUT
     layout = AsyncLayout(role=role, trainers=trainers, rollouts=world - trainers, rank=ctx.rank,
-                         train_group=train_group, sync_group=sync_group)
+                         train_group=train_group, sync_group=sync_group,
+                         rollout_group=rollout_group)
     if role == TRAIN:
         return layout, replace(ctx, world_size=trainers, group=train_group)
     return layout, replace(ctx, rank=ctx.rank - trainers, world_size=world - trainers,

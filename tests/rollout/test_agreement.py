@@ -49,23 +49,24 @@ def test_one_share_alone_runs_on_the_calling_thread_without_collectives():
 
 
 def test_a_failing_share_makes_every_share_raise_with_its_own_error_first():
-    lockstep = Lockstep(3, None, torch.device("cpu"), timeout_s=30)
-    seen = []
+    for _ in range(20):  # the failing share may run before the others have woken
+        lockstep = Lockstep(3, None, torch.device("cpu"), timeout_s=30)
+        seen = []
 
-    def play(v):
-        agree = lockstep.share(v)
-        agree.reduce(torch.zeros(1), dist.ReduceOp.SUM)
-        try:
-            agree.raise_together(RewardError("reward of share 1") if v == 1 else None)
-        except RelaxError as e:
-            seen.append((v, str(e)))
-            raise
+        def play(v, lockstep=lockstep, seen=seen):
+            agree = lockstep.share(v)
+            agree.reduce(torch.zeros(1), dist.ReduceOp.SUM)
+            try:
+                agree.raise_together(RewardError("reward of share 1") if v == 1 else None)
+            except RelaxError as e:
+                seen.append((v, str(e)))
+                raise
 
-    with pytest.raises(RewardError, match="reward of share 1"):
-        lockstep.run([lambda v=v: play(v) for v in range(3)])
-    assert sorted(seen) == [(0, "another data-parallel rank failed; see its message"),
-                            (1, "reward of share 1"),
-                            (2, "another data-parallel rank failed; see its message")]
+        with pytest.raises(RewardError, match="reward of share 1"):
+            lockstep.run([lambda v=v: play(v) for v in range(3)])
+        assert sorted(seen) == [(0, "another data-parallel rank failed; see its message"),
+                                (1, "reward of share 1"),
+                                (2, "another data-parallel rank failed; see its message")]
 
 
 def test_a_share_that_crashes_between_agreements_does_not_leave_the_others_waiting():
