@@ -1,6 +1,9 @@
 """Rules of ``--fully-async`` (docs/configuration.md, "Fully asynchronous"): the placement of
 training and rollout ranks in the torchrun job, the staleness bound and what it needs, and the
 modes that do not run on rollout ranks of their own. Torch-free, like the rest of validation.
+
+The rollout side is the colocated loop's assembly (relax/rollout/assembly.py), so dynamic
+sampling, partial rollouts, ``--env`` episodes and agent programs run on the rollout ranks.
 """
 
 from __future__ import annotations
@@ -11,13 +14,8 @@ from relax.config.section import value_of
 _FLAGS = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "max_staleness",
           "update_weights_interval", "weight_sync_bucket_mb")
 
-# switches the rollout ranks cannot serve yet, with what to do instead
+# switches that cannot run with rollout ranks of their own, and why
 _REFUSED = {
-    "dynamic_sampling_filter_path": "dynamic sampling's rounds agree across the training "
-                                    "ranks on every round",
-    "partial_rollout": "partial rollouts stop decoding on the training ranks' count",
-    "env": "episodes step environments that live on the training ranks",
-    "use_agentic_rollout": "agent programs are served from the training ranks",
     "async_save": "its background Gloo group spans the whole job",
 }
 
