@@ -91,3 +91,23 @@ def test_a_rollout_mode_under_fully_async_keeps_the_fixed_lag_promise(tmp_path, 
         assert "carried" in state["rollout"]
     tail = _run(tmp_path, "cut", mode, *lag, "--load", str(save), nproc=trainers + 1)
     _same(tail[1:], first[1:], mode)
+
+
+def test_a_share_that_fails_stops_its_rollout_rank_with_its_own_line(tmp_path):
+    """Two training ranks' shares on one rollout rank: the reward fails on the second call
+    (whichever share makes it), the other share raises with it instead of waiting at their
+    next agreement, and the rollout rank's line is the failure itself."""
+    reward = write_reward(tmp_path, "calls = []\ndef f(p, r, l):\n    calls.append(1)\n"
+                          "    if len(calls) == 2:\n"
+                          "        raise RuntimeError('reward service down')\n"
+                          "    return [0.5] * len(p)\n", name="failing.py")
+    proc = torchrun_relax(*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:f",
+                          "--fully-async", "--max-staleness", "0", "--output-dir",
+                          str(tmp_path / "run"), nproc=3, timeout=120,
+                          hang="a share or a training rank kept waiting after a share failed")
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("relax train: error:")]
+    assert any(x.startswith("relax train: error: [rank 2 rollout] reward function")
+               and "reward service down" in x for x in lines), lines
+    for rank in (0, 1):
+        assert any(f"[rank {rank} training]" in x and "rollout rank 2" in x for x in lines), lines
