@@ -63,6 +63,10 @@ def training_world_size(cfg, world_size: int) -> int:
                f"the job has WORLD_SIZE={world_size} ranks; training ranks (nodes x ranks per "
                "node) plus rollout ranks must add up to it, with at least one of each (e.g. "
                f"torchrun --nproc_per_node {cfg.placement.rollout_num_gpus + 1} for one training rank)")
+    if cfg.placement.rollout_num_gpus > trainers:
+        reject(cfg, "rollout_num_gpus", f"more rollout ranks than the {trainers} training "
+               "ranks: each rollout rank samples whole training ranks' shares, so the others "
+               f"would serve none; use at most {trainers}")
     if trainers % cfg.placement.actor_num_nodes:
         reject(cfg, ("actor_num_nodes", "rollout_num_gpus"), f"{trainers} training ranks do "
                "not split evenly over the actor nodes")

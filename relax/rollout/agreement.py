@@ -95,8 +95,8 @@ class Lockstep:
     def run(self, calls: list[Callable[[], object]]) -> list:
         """``calls[i]()`` as share i, all in lockstep; their results in order. The first
         failure of a share is raised (not the other shares' "another failed")."""
-        if self.pool is None:
-            return [calls[0]()]
+        if self.pool is None:  # one share, or none (a rollout rank past the training ranks')
+            return [call() for call in calls]
         threads = torch.get_num_threads()  # the intra-op threads of the process, not OpenMP's default
         futures = [self.pool.submit(self._play, call, threads) for call in calls]
         outcomes = []

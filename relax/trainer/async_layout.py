@@ -33,7 +33,7 @@ and a difference ends every rank in one line before any other wait.
 Process groups (created by every rank in the same order, as ``new_group`` requires): the
 training ranks' group (the data-parallel group of everything that trains), the sync
 group of training rank 0 with every rollout rank (weight broadcasts and control headers), and
-the group of the rollout ranks that serve shares, over which the collectors' agreements
+the rollout ranks' own group, over which the collectors' agreements
 (dynamic sampling's rounds, partial rollouts' prompt counts, failing together) are reduced
 after the shares of each process (relax/rollout/agreement.py).
 Batches go point to point from a rollout rank to its training rank over the world group.
@@ -152,7 +152,7 @@ class AsyncLayout:
     rank: int  # in the world group
     train_group: object
     sync_group: object  # training rank 0 and the rollout ranks
-    rollout_group: object = None  # the rollout ranks that serve shares (None: one of them)
+    rollout_group: object = None  # the rollout ranks (None: there is one)
 
     @property
     def is_rollout(self) -> bool:
@@ -180,11 +180,10 @@ def split_roles(ctx: DistContext, trainers: int) -> tuple[AsyncLayout, DistConte
                          f"{world}")
     train_group = dist.new_group(ranks=list(range(trainers)))
     sync_group = dist.new_group(ranks=[0, *range(trainers, world)])
-    # the collectors' agreements (relax/rollout/agreement.py): rollout ranks past the
-    # training ranks' count serve no share and take no part
-    serving = min(trainers, world - trainers)
-    rollout_group = dist.new_group(ranks=list(range(trainers, trainers + serving))) \
-        if serving > 1 else None
+    # the collectors' agreements (relax/rollout/agreement.py); every rollout rank serves a
+    # share (validation refuses more rollout ranks than training ranks)
+    rollout_group = dist.new_group(ranks=list(range(trainers, world))) \
+        if world - trainers > 1 else None
     role = TRAIN if ctx.rank < trainers else ROLLOUT
     layout = AsyncLayout(role=role, trainers=trainers, rollouts=world - trainers, rank=ctx.rank,
                          train_group=train_group, sync_group=sync_group,

@@ -42,6 +42,9 @@ def test_placement_resolves_the_training_world(cli, world):
      ("--weight-sync-bucket-mb 0",)),
     (1, ["--max-staleness", "2"], ("--max-staleness 2", "without --fully-async")),
     (1, ["--rollout-num-gpus", "2"], ("--rollout-num-gpus 2", "without --fully-async")),
+    # a rollout rank past the training ranks' count would serve no share
+    (3, ["--fully-async", "--use-tis", "--rollout-num-gpus", "2"],
+     ("--rollout-num-gpus 2", "more rollout ranks than the 1 training ranks", "at most 1")),
     (2, ["--fully-async", "--max-staleness", "0", "--async-save", "--save", "SAVE"],
      ("--fully-async", "--async-save")),
 ])

@@ -46,6 +46,8 @@ def test_one_share_alone_runs_on_the_calling_thread_without_collectives():
     with pytest.raises(RewardError, match="mine"):
         lockstep.share(0).raise_together(RewardError("mine"))
     GroupAgreement(None, torch.device("cpu")).raise_together(None)
+    # a rollout rank past the training ranks' count serves no share
+    assert Lockstep(0, None, torch.device("cpu"), timeout_s=30).run([]) == []
 
 
 def test_a_failing_share_makes_every_share_raise_with_its_own_error_first():
