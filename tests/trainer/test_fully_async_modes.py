@@ -6,7 +6,8 @@ For each mode: ``--max-staleness 0`` gives the colocated run's numbers, and with
 run cut after its first step and continued with ``--load`` (the batch in flight and the
 rollout side's state, e.g. the carried groups, from the checkpoint) repeats the uninterrupted
 run exactly. Dynamic sampling runs two training ranks on one rollout rank, whose two shares
-agree on every round (relax/rollout/agreement.py). Agent programs' calls are batched as they
+agree on every round (relax/rollout/agreement.py), and on two rollout ranks, which agree over
+their own group: the same batches. Agent programs' calls are batched as they
 arrive (relax/rollout/agent_server.py), so their tokens do not repeat bitwise even colocated:
 for them the schedule, the rewards and the turns are compared.
 """
@@ -75,6 +76,10 @@ def test_a_rollout_mode_under_fully_async_keeps_the_fixed_lag_promise(tmp_path, 
     assert all(r["async/staleness"] == 0 for r in lagless)
     if mode == "dynamic-sampling":  # a share short after a round made both sample another
         assert max(r["rollout/sampling_rounds"] for r in lagless) > 1
+        # one rollout rank per training rank: the rounds agreed over the rollout ranks' group
+        spread = _run(tmp_path, "spread", mode, "--fully-async", "--max-staleness", "0",
+                      "--rollout-num-gpus", "2", nproc=4)
+        _same(spread, colocated, mode)
     if mode == "partial":
         assert max(r["rollout/partial_carried_groups"] for r in lagless) > 0
 
@@ -111,3 +116,4 @@ def test_a_share_that_fails_stops_its_rollout_rank_with_its_own_line(tmp_path):
                and "reward service down" in x for x in lines), lines
     for rank in (0, 1):
         assert any(f"[rank {rank} training]" in x and "rollout rank 2" in x for x in lines), lines
+
