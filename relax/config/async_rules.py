@@ -1,6 +1,9 @@
 """Rules of ``--fully-async`` (docs/configuration.md, "Fully asynchronous"): the placement of
-training and rollout ranks in the torchrun job, the staleness bound and what it needs, and the
-modes that do not run on rollout ranks of their own. Torch-free, like the rest of validation.
+training and rollout ranks in the torchrun job, the staleness bound and what it needs.
+Torch-free, like the rest of validation.
+
+The rollout side is the colocated loop's assembly (relax/rollout/assembly.py), so dynamic
+sampling, partial rollouts, ``--env`` episodes and agent programs run on the rollout ranks.
 """
 
 from __future__ import annotations
@@ -10,15 +13,6 @@ from relax.config.section import value_of
 
 _FLAGS = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "max_staleness",
           "update_weights_interval", "weight_sync_bucket_mb")
-
-# switches the rollout ranks cannot serve yet, with what to do instead
-_REFUSED = {
-    "dynamic_sampling_filter_path": "dynamic sampling's rounds agree across the training "
-                                    "ranks on every round",
-    "partial_rollout": "partial rollouts stop decoding on the training ranks' count",
-    "env": "episodes step environments that live on the training ranks",
-    "use_agentic_rollout": "agent programs are served from the training ranks",
-}
 
 
 def check_fully_async(cfg, explicit: set[str]) -> None:
@@ -31,10 +25,6 @@ def check_fully_async(cfg, explicit: set[str]) -> None:
             reject(cfg, dest, "has no effect without --fully-async; add it or remove this flag")
     if not cfg.placement.fully_async:
         return
-    for dest, why in _REFUSED.items():
-        if value_of(cfg, dest):
-            reject(cfg, ("fully_async", dest), f"not with rollout ranks of their own ({why}); "
-                   "remove one of the two")
     for dest in ("actor_num_nodes", "rollout_num_gpus", "update_weights_interval"):
         if value_of(cfg, dest) < 1:
             reject(cfg, dest, "must be >= 1")
@@ -64,6 +54,10 @@ def training_world_size(cfg, world_size: int) -> int:
                f"the job has WORLD_SIZE={world_size} ranks; training ranks (nodes x ranks per "
                "node) plus rollout ranks must add up to it, with at least one of each (e.g. "
                f"torchrun --nproc_per_node {cfg.placement.rollout_num_gpus + 1} for one training rank)")
+    if cfg.placement.rollout_num_gpus > trainers:
+        reject(cfg, "rollout_num_gpus", f"more rollout ranks than the {trainers} training "
+               "ranks: each rollout rank samples whole training ranks' shares, so the others "
+               f"would serve none; use at most {trainers}")
     if trainers % cfg.placement.actor_num_nodes:
         reject(cfg, ("actor_num_nodes", "rollout_num_gpus"), f"{trainers} training ranks do "
                "not split evenly over the actor nodes")

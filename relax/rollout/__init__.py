@@ -1,7 +1,11 @@
 """Rollout: the rollout phase as objects, and what they are built from.
 
-- ``collectors``: ``collect(step) -> StepBatch`` with a ``state_dict``: prompt groups
-  (``PromptCollector``) and dynamic sampling around them (``DynamicSampling``);
+- ``assembly``: the rollout side built from the configuration (the trainer's and the rollout
+  ranks' one assembly); ``agreement``: how a step's shares agree (a process group, or a
+  rollout rank's shares in lockstep);
+- ``collectors``: the ``Collector`` protocol, ``collect(step) -> StepBatch`` with a
+  ``state_dict``: prompt groups (``PromptCollector``) and dynamic sampling around them
+  (``DynamicSampling``); ``partial``: partial rollouts;
 - ``episode_collector``: ``--env`` environments and ``--use-agentic-rollout`` agent programs;
 - ``sampler``: generation with a policy under the run's precision (training and evaluation);
 - ``scoring``: rewards of a step's samples, their failures and post-processing;

@@ -13,18 +13,20 @@ checkpoints save and ``--load`` restores.
   combination with one line (relax/config/validate.py).
 
 Every rank runs the same rounds and returns the same number of groups, so generation stays
-in lockstep and the update sizes agree (reinforce_plus_plus.md §9).
+in lockstep and the update sizes agree (reinforce_plus_plus.md §9). The ranks agree through
+the :class:`~relax.rollout.agreement.Agreement` they are given: the training ranks' group
+when colocated, the shares of the rollout ranks under ``--fully-async``.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 
-from relax.collectives import all_reduce
+from relax.rollout.agreement import Agreement, GroupAgreement
 from relax.rollout.batch import StepBatch, kept_batch
 from relax.rollout.data import PromptSource, format_prompt
 from relax.rollout.filters import kept_groups
@@ -33,11 +35,20 @@ from relax.rollout.privileged import with_privileged
 from relax.seeding import seed_for
 
 
+@runtime_checkable
 class Collector(Protocol):
-    def collect(self, step: int) -> StepBatch: ...
-    def state_dict(self) -> dict: ...
+    """What the loop and the rollout ranks call on every collector (checked for each in
+    tests/rollout/test_assembly.py)."""
+
+    def collect(self, step: int) -> StepBatch:
+        """This share's whole prompt groups of rollout step ``step``, scored."""
+    def position(self) -> dict[str, int]:
+        """Where the next step starts in the data (a checkpoint's manifest records it)."""
+    def state_dict(self) -> dict:
+        """What a checkpoint holds to continue exactly (plain lists and numbers)."""
     def load_state_dict(self, state: dict) -> None: ...
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop what the collector started (an agent endpoint); idempotent."""
 
 
 class StreamPosition:
@@ -78,8 +89,9 @@ class PromptCollector(StreamPosition):
     ``timer`` times the ``generate`` and ``reward`` phases; ``tracker`` collects metrics."""
 
     def __init__(self, rollout, batches, ctx, *, seed: int, source: PromptSource, tokenizer,
-                 sampler, scorer, timer, tracker):
+                 sampler, scorer, timer, tracker, agree: Agreement | None = None):
         self.ctx, self.source, self.tokenizer = ctx, source, tokenizer
+        self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
         self.n, self.batch_size = batches.samples_per_prompt, batches.rollout_batch_size
         self.seed, self.max_response_len = seed, rollout.sampling.max_response_len
@@ -133,6 +145,7 @@ class DynamicSampling:
     def __init__(self, batches, ctx, inner: PromptCollector, group_filter, *, tracker,
                  filter_timeout: float | None = None):
         self.ctx, self.inner, self.group_filter, self.tracker = ctx, inner, group_filter, tracker
+        self.agree = inner.agree  # the shares of a step agree on every round
         self.filter_timeout = filter_timeout  # --reward-timeout: seconds per group
         self.n, self.rounds = batches.samples_per_prompt, batches.max_rounds
         self.count = batches.over_sampling_batch_size
@@ -148,7 +161,7 @@ class DynamicSampling:
                                                  timeout=self.filter_timeout)]
             # every rank runs the same rounds (lockstep generation, equal update sizes)
             short = torch.tensor([float(len(kept) < self.quota)], device=self.ctx.device)
-            if not all_reduce(short, self.ctx.group, dist.ReduceOp.MAX).item():
+            if not self.agree.reduce(short, dist.ReduceOp.MAX).item():
                 break
         return self._kept(parts, kept)
 
@@ -156,7 +169,7 @@ class DynamicSampling:
         """The first passing groups, as many on every rank: the quota, or the fewest any rank
         has when the round bound cut the sampling short."""
         have = torch.tensor([float(min(len(kept), self.quota))], device=self.ctx.device)
-        k = int(all_reduce(have, self.ctx.group, dist.ReduceOp.MIN).item())
+        k = int(self.agree.reduce(have, dist.ReduceOp.MIN).item())
         generated = sum(len(p.prompts) for p in parts) // self.n
         t = self.tracker
         t.add_sum("rollout/groups_generated", generated)

@@ -17,9 +17,9 @@ import dataclasses
 
 import torch
 
-from relax.collectives import raise_together
 from relax.errors import RewardError
 from relax.rollout.agent_server import AgentRunner
+from relax.rollout.agreement import Agreement, GroupAgreement
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import StreamPosition, rollout_generator
 from relax.rollout.env_guard import EnvFailure, start_environments
@@ -53,8 +53,10 @@ class EpisodeCollector(StreamPosition):
     maximum positions (an episode that outgrows it ends)."""
 
     def __init__(self, rollout, batches, ctx, *, seed: int, envs, source, tokenizer, sampler,
-                 scorer, eos_token_id: int, context: int | None, timer, tracker):
+                 scorer, eos_token_id: int, context: int | None, timer, tracker,
+                 agree: Agreement | None = None):
         self.rollout, self.ctx, self.seed, self.envs, self.source = rollout, ctx, seed, envs, source
+        self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         self.tokenizer, self.sampler, self.scorer = tokenizer, sampler, scorer
         self.eos_token_id, self.context = eos_token_id, context
         self.timer, self.tracker = timer, tracker
@@ -119,7 +121,7 @@ class EpisodeCollector(StreamPosition):
         except EnvFailure as e:
             error = RewardError(f"--env {section.episodes.env}: {e} (--reward-error-policy zero scores such "
                                 "episodes 0)")
-        raise_together(error, self.ctx)
+        self.agree.raise_together(error)
         warn_some([f"--env {section.episodes.env}: {e}" for e in played.errors], self.ctx,
                   "episodes",
                   "scored 0 (--reward-error-policy zero)")

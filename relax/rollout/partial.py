@@ -33,7 +33,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from relax.collectives import all_reduce
+from relax.rollout.agreement import Agreement, GroupAgreement
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import StreamPosition, rollout_generator
 from relax.rollout.data import PromptSource, format_prompt
@@ -50,8 +50,10 @@ class PartialRollouts(StreamPosition):
 
     def __init__(self, rollout, batches, ctx, *, seed: int, source: PromptSource, tokenizer,
                  sampler, scorer, timer, tracker, max_aborted: int, mask_offpolicy: bool,
-                 group_filter=None, filter_timeout: float | None = None):
+                 group_filter=None, filter_timeout: float | None = None,
+                 agree: Agreement | None = None):
         self.ctx, self.source, self.tokenizer = ctx, source, tokenizer
+        self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
         self.seed, self.n = seed, batches.samples_per_prompt
         self.quota = batches.rollout_batch_size // ctx.world_size
@@ -156,13 +158,13 @@ class PartialRollouts(StreamPosition):
         groups in flight, so every rank decodes in it): one all-reduce."""
         mins = torch.tensor([-float(min(have, self.quota)), -float(in_flight)],
                             dtype=torch.float64, device=self.ctx.device)
-        mins = all_reduce(mins, self.ctx.group, dist.ReduceOp.MAX).neg().long().tolist()
+        mins = self.agree.reduce(mins, dist.ReduceOp.MAX).neg().long().tolist()
         return mins[0], mins[0] < self.quota and mins[1] > 0
 
     def _fresh(self, count: int) -> list[list[dict]]:
         """``count`` new groups of this rank: every rank's count is shared (one all-reduce),
         so the ranks take consecutive, disjoint prompts of the stream."""
-        start, self.cursor = share_stream(self.cursor, count, self.ctx)
+        start, self.cursor = share_stream(self.cursor, count, self.ctx, self.agree)
         samples = self.source.take(start, count) if count else []
         texts = [format_prompt(self.tokenizer, s.prompt, **self.format) for s in samples]
         if not texts:
@@ -278,13 +280,13 @@ class PartialRollouts(StreamPosition):
         self.carried = [[dict(r) for r in g] for g in state.get("carried", [])]
 
 
-def share_stream(cursor: int, count: int, ctx) -> tuple[int, int]:
+def share_stream(cursor: int, count: int, ctx, agree: Agreement) -> tuple[int, int]:
     """(this rank's first index, the cursor after this step) when every rank takes ``count``
-    items of a stream at ``cursor``: the counts are shared (one all-reduce), so the ranks take
-    consecutive, disjoint items in rank order."""
+    items of a stream at ``cursor``: the counts are shared (one reduction over the shares,
+    relax/rollout/agreement.py), so the ranks take consecutive, disjoint items in rank order."""
     counts = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
     counts[ctx.rank] = count
-    counts = all_reduce(counts, ctx.group, dist.ReduceOp.SUM).long().tolist()
+    counts = agree.reduce(counts, dist.ReduceOp.SUM).long().tolist()
     return cursor + sum(counts[:ctx.rank]), cursor + sum(counts)
 
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from relax.collectives import raise_together
 from relax.errors import InputError, RewardError
 from relax.rollout.batch import StepBatch
 from relax.rollout.collectors import rollout_generator
@@ -110,7 +109,7 @@ class PartialEpisodes(EpisodeCollector):
             except EnvFailure as e:
                 error = RewardError(f"--env {self.rollout.episodes.env}: {e} "
                                     "(--reward-error-policy zero scores such episodes 0)")
-        raise_together(error, self.ctx)  # on every rank
+        self.agree.raise_together(error)  # on every share
         complete = [i for i, g in enumerate(groups) if not any(e.live for e in g)]
         done = set(complete[:self.quota])
         self.carried = [self._carry(g) for i, g in enumerate(groups) if i not in done]
@@ -162,7 +161,7 @@ class PartialEpisodes(EpisodeCollector):
         """``count`` new groups of this rank, reset on the environments no carried episode
         holds: the ranks take consecutive, disjoint seeds of the stream (share_stream; below
         HELDOUT_SEED: never the evaluation's)."""
-        first, self.cursor = share_stream(self.cursor, count, self.ctx)
+        first, self.cursor = share_stream(self.cursor, count, self.ctx, self.agree)
         seeds = [seed_for(self.seed, "env", first + g) % HELDOUT_SEED
                  for g in range(count) for _ in range(self.n)]
         held = {id(e.env) for g in self.carried for e in g}

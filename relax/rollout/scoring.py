@@ -13,9 +13,9 @@ import sys
 
 import torch
 
-from relax.collectives import raise_together
 from relax.errors import InputError, RewardError, error_summary, stops_the_run, value_summary
 from relax.plugins import call_plugin, load_function
+from relax.rollout.agreement import Agreement, GroupAgreement
 from relax.rollout.group_rewards import score_groups
 from relax.rollout.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.remote_reward import RemoteRewardModel
@@ -29,10 +29,12 @@ class Scorer:
     device; ``tracker`` (relax/metrics/tracker.py) counts ``rollout/reward_errors``."""
 
     def __init__(self, rollout, ctx, *, builtin_task: str | None, post_process_path: str | None,
-                 judge=None):
+                 judge=None, agree: Agreement | None = None):
         """``rollout``: the configuration's section (relax/config/sections.py); ``judge``: the
-        GenerativeJudge of ``--rm-type genrm`` (relax/trainer/judge.py loads it)."""
+        GenerativeJudge of ``--rm-type genrm`` (relax/trainer/judge.py loads it); ``agree``:
+        how the shares of a step fail together (relax/rollout/agreement.py)."""
         self.ctx, self.judge = ctx, judge
+        self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         # a built-in task scores with its own reward unless told otherwise
         rm_type = rollout.rewards.rm_type or builtin_task
         self.remote = None
@@ -63,9 +65,11 @@ class Scorer:
                 values, failures = self._score(prompts, responses, labels, group_index.tolist())
         except (RewardError, InputError) as e:  # InputError: a broken --group-rm function
             error = e  # (a signal's Interrupted passes through, as before)
-        raise_together(error, self.ctx)
+        # read before agreeing: another share of a rollout rank may use the judge meanwhile
+        unparsed = self.judge.unparsed if self.judge is not None and error is None else 0
+        self.agree.raise_together(error)
         if self.judge is not None and prompts:  # verdicts without a yes/no word, scored 0
-            tracker.add_ratio("rollout/genrm_unparsed", self.judge.unparsed, len(prompts))
+            tracker.add_ratio("rollout/genrm_unparsed", unparsed, len(prompts))
         # --reward-error-policy zero: counted in rollout/reward_errors and printed, never silent
         tracker.add_sum("rollout/reward_errors", len(failures))
         warn_some(failures, self.ctx, "samples", "scored 0 (--reward-error-policy zero)")

@@ -33,9 +33,12 @@ and a difference ends every rank in one line before any other wait.
 Process groups (created by every rank in the same order, as ``new_group`` requires): the
 training ranks' group (the data-parallel group of everything that trains), the sync
 group of training rank 0 with every rollout rank (weight broadcasts and control headers),
-and with ``--async-save`` a Gloo group of the training ranks for the checkpoint writes of the
+with ``--async-save`` a Gloo group of the training ranks for the checkpoint writes of the
 background thread (relax/trainer/checkpoint.py: its collectives must not interleave with
-training's; the rollout ranks hold no checkpoint state).
+training's; the rollout ranks hold no checkpoint state), and the rollout ranks' own group,
+over which the collectors' agreements (dynamic sampling's rounds, partial rollouts' prompt
+counts, failing together) are reduced after the shares of each process
+(relax/rollout/agreement.py).
 Batches go point to point from a rollout rank to its training rank over the world group.
 """
 
@@ -115,7 +118,10 @@ class Schedule:
 SHARED = ("fully_async", "world_size", "rollout_num_gpus", "max_staleness",
           "update_weights_interval", "weight_sync_bucket_mb", "num_rollout", "num_epoch",
           "seed", "rollout_batch_size", "n_samples_per_prompt", "lora_rank", "fsdp",
-          "async_save")
+          "async_save",
+          # what the rollout side's collectors are (relax/rollout/assembly.py)
+          "dynamic_sampling_filter_path", "over_sampling_batch_size",
+          "dynamic_sampling_max_rounds", "partial_rollout", "env", "use_agentic_rollout")
 
 
 def check_same_settings(cfg) -> None:
@@ -151,6 +157,7 @@ class AsyncLayout:
     train_group: object
     sync_group: object  # training rank 0 and the rollout ranks
     save_group: object = None  # --async-save: the training ranks, Gloo (background writes)
+    rollout_group: object = None  # the rollout ranks (None: there is one)
 
     @property
     def is_rollout(self) -> bool:
@@ -182,9 +189,14 @@ def split_roles(ctx: DistContext, trainers: int, *,
     sync_group = dist.new_group(ranks=[0, *range(trainers, world)])
     save_group = (dist.new_group(ranks=list(range(trainers)), backend="gloo")
                   if async_save else None)
+    # the collectors' agreements (relax/rollout/agreement.py); every rollout rank serves a
+    # share (validation refuses more rollout ranks than training ranks)
+    rollout_group = dist.new_group(ranks=list(range(trainers, world))) \
+        if world - trainers > 1 else None
     role = TRAIN if ctx.rank < trainers else ROLLOUT
     layout = AsyncLayout(role=role, trainers=trainers, rollouts=world - trainers, rank=ctx.rank,
-                         train_group=train_group, sync_group=sync_group, save_group=save_group)
+                         train_group=train_group, sync_group=sync_group, save_group=save_group,
+                         rollout_group=rollout_group)
     if role == TRAIN:
         return layout, replace(ctx, world_size=trainers, group=train_group)
     return layout, replace(ctx, rank=ctx.rank - trainers, world_size=world - trainers,

@@ -75,7 +75,7 @@ class RemoteRollout:
         # a batch of another size (another --rollout-batch-size or --n-samples-per-prompt)
         # is not this run's: sampled again
         stored = {s: int(m["version"]) for s, m in self.pending.items()
-                  if s >= step and len(m["batch"].prompts) == self.rows}
+                  if s >= step and _rows(m) == self.rows}
         self.schedule, kept = self.schedule.resumed(step, stored)
         self._drop_stored(step + kept)
         first = step + kept
@@ -177,7 +177,7 @@ class RemoteRollout:
 
     def _why_not(self, step: int, message: dict) -> str:
         """Why a stored batch does not train as it is (the first of those dropped)."""
-        rows, lag = len(message["batch"].prompts), step - int(message["version"])
+        rows, lag = _rows(message), step - int(message["version"])
         if rows != self.rows:
             return (f"step {step + 1}'s has {rows} rows per training rank, this run's have "
                     f"{self.rows} (another --rollout-batch-size or --n-samples-per-prompt)")
@@ -212,3 +212,9 @@ class RemoteRollout:
         t.add_ratio("async/rollout_idle_fraction", message["idle"], message["cycle"])
         t.add_sum("async/train_samples_per_s", rows / max(cycle, 1e-9))
         t.add_sum("async/rollout_samples_per_s", rows / max(message["cycle"], 1e-9))
+
+
+def _rows(message: dict) -> int:
+    """The rows per training rank of the run that sampled a stored batch (dynamic sampling may
+    have kept fewer; a checkpoint of an earlier version does not say)."""
+    return int(message.get("rows", len(message["batch"].prompts)))

@@ -7,19 +7,26 @@ shares of the training ranks it serves, with the weights the fixed lag prescribe
     for step n from the first to Schedule.end:
         until holding the weights after step Schedule.version(n):
             header <- training rank 0 (weights of a version, or stop); weights <- buckets
-        for each served training rank v: batch = v's collector.collect(n); send it to v
+        the served training ranks' shares in lockstep: batch_v = v's collector.collect(n)
+        send each batch_v to training rank v
     header <- training rank 0: stop (also at any point before: the run ended early)
 
-The collectors are the colocated loop's (relax/rollout/collectors.py), each acting as
-data-parallel rank v of the training ranks: the same prompts and random streams, so the
-batches do not depend on how many rollout ranks there are. Each message carries the step, the
-weights version it was sampled with, the collector's state after it (what a checkpoint
-holds), the collector's metric records and phase times, and this rank's idle and cycle
-seconds for the throughput metrics (relax/trainer/remote_rollout.py).
+The collectors are the colocated loop's, built by the same assembly (relax/rollout/assembly.py:
+prompts, dynamic sampling, partial rollouts, --env environments, agent programs), each acting
+as data-parallel rank v of the training ranks: the same prompts and random streams, so the
+batches do not depend on how many rollout ranks there are. The shares of this rank run on one
+thread each and agree with each other, then with the other rollout ranks
+(relax/rollout/agreement.py: dynamic sampling's rounds, partial rollouts' prompt counts, a
+failure of one share is every share's). Each message carries the step, the weights version it
+was sampled with, the rows per training rank of this configuration, the collector's state
+after it (what a checkpoint holds: the prompt cursor, partial rollouts' carried groups), the
+collector's metric records and phase times, and this rank's idle and cycle seconds for the
+throughput metrics (relax/trainer/remote_rollout.py).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -31,11 +38,15 @@ from relax.cpu_threads import cpu_threads
 from relax.errors import InputError, Interrupted, PeerFailure
 from relax.metrics.tracker import MetricTracker
 from relax.precision import use_bf16
-from relax.rollout.collectors import PromptCollector
-from relax.rollout.data import PromptSource, load_source
-from relax.rollout.sampler import Sampler, SamplingParams
-from relax.rollout.scoring import Scorer
-from relax.rollout.tasks import get_task
+from relax.rollout.agreement import Lockstep
+from relax.rollout.assembly import (
+    build_collector,
+    build_environments,
+    build_scorer,
+    load_inputs,
+    sampling_params,
+)
+from relax.rollout.sampler import Sampler
 from relax.trainer import weight_sync
 from relax.trainer.async_layout import (
     AsyncLayout,
@@ -59,54 +70,59 @@ def build_sampler(cfg, device: torch.device):
     module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, device, seed=cfg.run.seed)
     if cfg.lora.enabled:
         add_configured(module, cfg.lora, cfg.run.seed)
-    r = cfg.rollout.sampling
     sampler = Sampler(module, eos_token_ids=models.eos_token_ids(tokenizer, module),
-                      pad_token_id=tokenizer.pad_token_id,
-                      params=SamplingParams(r.temperature, r.top_p, r.top_k),
+                      pad_token_id=tokenizer.pad_token_id, params=sampling_params(cfg),
                       bf16=use_bf16(cfg.system.bf16, device), device=device)
     return module, sampler, tokenizer
 
 
 class RolloutWorker:
-    """One rollout rank: ``ctx`` is its own (device); ``layout`` says whom it serves."""
+    """One rollout rank: ``ctx`` is its own (device); ``layout`` says whom it serves;
+    ``stop``: a signal stops the building of the environments at once."""
 
-    def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout):
+    def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout, stop):
         self.cfg, self.ctx, self.layout = cfg, ctx, layout
-        self.module, sampler, tokenizer = build_sampler(cfg, ctx.device)
-        # --opd-type self: the batches carry each row's teacher prompt (the training ranks'
-        # update reads it), so the rollout ranks read the privileged key as they do
-        samples = load_source(cfg.rollout.data.prompt_data, "--prompt-data", cfg.rollout,
-                              role="train", privileged_key=cfg.distillation.privileged_info_key) \
-            if cfg.rollout.data.prompt_data else None
-        source = PromptSource(batch_size=cfg.batches.rollout_batch_size, seed=cfg.run.seed,
-                              samples=samples,
-                              task=None if samples is not None else get_task(cfg.rollout.data.builtin_task),
-                              shuffle=cfg.rollout.data.shuffle)
+        self.module, self.sampler, self.tokenizer = build_sampler(cfg, ctx.device)
+        self.inputs = load_inputs(cfg)
         self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
         self.timeout = cfg.run.distributed_timeout_minutes  # every wait on the training side
         self.shares = layout.shares()
+        # the shares agree with each other and with the other serving rollout ranks
+        self.lockstep = Lockstep(len(self.shares), layout.rollout_group, ctx.device,
+                                 timeout_s=self.timeout * 60)
         self.timers = {v: Timer(ctx.device) for v in self.shares}
         self.trackers = {v: MetricTracker() for v in self.shares}
-        self.collectors = {}
+        # a batch's rows per training rank in this run's configuration (dynamic sampling
+        # may train on fewer): what a resumed run compares
+        self.rows = cfg.batches.rollout_batch_size // layout.trainers * cfg.batches.samples_per_prompt
         # --rm-type genrm: one judge per rollout rank, for every share it samples
         judge = build_judge(cfg.rollout.rewards, ctx.device,
                             bf16=use_bf16(cfg.system.bf16, ctx.device))
-        check_judging_lengths(judge, tokenizer, samples,
+        check_judging_lengths(judge, self.tokenizer, self.inputs.samples,
                               apply_chat_template=cfg.rollout.data.apply_chat_template,
                               system_prompt=cfg.rollout.data.system_prompt,
                               max_response=cfg.rollout.sampling.max_response_len)
-        for v in self.shares:
-            # data-parallel rank v of the training ranks, alone in its process
-            share = DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None)
-            scorer = Scorer(cfg.rollout, share, builtin_task=None if samples is not None
-                            else cfg.rollout.data.builtin_task,
-                            post_process_path=cfg.algorithm.reward_post_process_path,
-                            judge=judge)
-            self.collectors[v] = PromptCollector(
-                cfg.rollout, cfg.batches, share, seed=cfg.run.seed, source=source,
-                tokenizer=tokenizer, sampler=sampler, scorer=scorer, timer=self.timers[v],
-                tracker=self.trackers[v])
+        self.collectors = {v: self._collector(i, v, judge, stop)
+                           for i, v in enumerate(self.shares)}
         self.version, self.works = -1, []
+
+    def _collector(self, index: int, v: int, judge, stop):
+        """The colocated loop's collector of data-parallel rank v (relax/rollout/assembly.py),
+        alone in this process but agreeing with the other shares."""
+        cfg, ctx = self.cfg, self.ctx
+        share = DistContext(v, self.layout.trainers, ctx.local_rank, ctx.device, None)
+        agree = self.lockstep.share(index)
+        envs = None
+        if cfg.rollout.episodes.env:  # one environment per episode of this share
+            with stop.at_once("building the --env environments"):
+                envs = build_environments(cfg.rollout, cfg.batches, share)
+        eos = self.tokenizer.eos_token_id
+        return build_collector(
+            cfg, share, agree, self.sampler, inputs=self.inputs, tokenizer=self.tokenizer,
+            scorer=build_scorer(cfg, share, agree, samples=self.inputs.samples, judge=judge),
+            envs=envs, context=getattr(self.module.config, "max_position_embeddings", None),
+            eos_token_id=self.sampler.eos_token_ids[0] if eos is None else eos,
+            timer=self.timers[v], tracker=self.trackers[v])
 
     def serve(self) -> None:
         """The loop of the module docstring; returns when training rank 0 says stop."""
@@ -116,17 +132,26 @@ class RolloutWorker:
             idle = self._weights_for(schedule.version(step))
             if idle is None:
                 return
-            for v in self.shares:
-                batch = self.collectors[v].collect(step)
-                now = time.perf_counter()
+            batches = self.lockstep.run([functools.partial(self.collectors[v].collect, step)
+                                         for v in self.shares])
+            now = time.perf_counter()
+            for v, batch in zip(self.shares, batches, strict=True):
                 message = {"step": step, "version": self.version, "batch": batch.to("cpu"),
-                           "state": self.collectors[v].state_dict(),
+                           "rows": self.rows, "state": self.collectors[v].state_dict(),
                            "records": self.trackers[v].export(), "times": self.timers[v].pop(),
                            "idle": idle, "cycle": now - clock}
                 self.works = [w for w in self.works if not w[0].is_completed()]
                 self.works += send_object(message, v)
             clock = time.perf_counter()
         self._weights_for(None)  # the stop header after the last batch
+
+    def close(self) -> None:
+        """The collectors' own processes (agent endpoints) end with the rank."""
+        try:
+            for collector in self.collectors.values():
+                collector.close()
+        finally:
+            self.lockstep.close()
 
     def _start(self) -> tuple[int, Schedule]:
         """Each served training rank's start, answered (None, or why not: then InputError
@@ -189,7 +214,11 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
     if ctx.device.type == "cpu":  # the host's cores shared between all local processes
         torch.set_num_threads(cpu_threads(
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    RolloutWorker(cfg, ctx, layout).serve()
+    worker = RolloutWorker(cfg, ctx, layout, stop)
+    try:
+        worker.serve()
+    finally:
+        worker.close()
     try:
         layout.finish_together()
     except Exception as e:
