@@ -8,10 +8,10 @@ torch==2.13.0``). Writes its models, data and runs under ``--workdir``::
 
 The same work for both:
 
-* the same tiny Qwen3 saved to a local directory by ``relax.rollout.tiny_model`` (sizes
+* the same tiny Qwen3 saved to a local directory by ``relax.tiny_model`` (sizes
   ``h64``: hidden 64 / 2 layers, ``h256``: hidden 256 / 4 layers), the same character
   tokenizer, the same prompts (a jsonl of ``copy``-task prompts, read in order) and the same
-  reward (``relax.rollout.tasks.CopyTask.reward``);
+  reward (``relax.rollout.prompts.tasks.CopyTask.reward``);
 * per step 8 prompts x 8 samples, at most 32 new tokens, temperature 1, one AdamW step over all
   64 samples, lr constant, clip-grad 1.0, eps-clip 0.2 (TRL: one pass with activation
   checkpointing, its default; Relax: ``--micro-batch-size`` samples per pass, 64 at h64 and 32
@@ -84,8 +84,8 @@ def prompt_steps(a) -> int:
 
 def prepare(workdir: str, size: str, max_steps: int) -> tuple[str, str]:
     """Save the tiny model + tokenizer of ``size`` and ``max_steps`` x 8 copy prompts."""
-    from relax.rollout.tasks import CopyTask
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.rollout.prompts.tasks import CopyTask
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     model_dir = os.path.join(workdir, f"model-{size}")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
@@ -147,7 +147,7 @@ def trl_trainer(model_dir, data, out, *, steps, beta, lr, seed, on_rewards=None,
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from relax.rollout.tasks import CopyTask
+    from relax.rollout.prompts.tasks import CopyTask
 
     with open(data, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]

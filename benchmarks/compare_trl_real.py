@@ -75,7 +75,7 @@ def reward(prompts: list[str], responses: list[str], labels: list[str]) -> list[
     both trainers call it: Relax through ``--custom-rm-path``)."""
     global _GYM_REWARD
     if _GYM_REWARD is None:  # imported on first use: the file is also loaded by Relax
-        from relax.rollout.reasoning_gym_source import make_reward
+        from relax.rollout.prompts.reasoning_gym_source import make_reward
 
         _GYM_REWARD = make_reward("last_number")
     items = [{"answer": str(label), "metadata": {"source_dataset": "basic_arithmetic"}}
@@ -86,7 +86,7 @@ def reward(prompts: list[str], responses: list[str], labels: list[str]) -> list[
 def write_prompts(workdir: str, count: int) -> str:
     """The first ``count`` questions of the report's training source as a jsonl
     (``input``: the question, ``label``: the sum)."""
-    from relax.rollout.reasoning_gym_source import load_samples, parse_spec
+    from relax.rollout.prompts.reasoning_gym_source import load_samples, parse_spec
 
     path = os.path.join(workdir, f"arith-{count}.jsonl")
     if not os.path.isfile(path):
@@ -210,7 +210,7 @@ def hardware_share(a, data, response_length: float) -> float:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from relax.rollout.data import format_prompt
+    from relax.rollout.prompts.data import format_prompt
     from relax.trainer.flops import ModelShape
 
     tokenizer = AutoTokenizer.from_pretrained(a.model)

@@ -3,7 +3,7 @@
 The policy answers reasoning-gym sums (the README's real-model task) as a training step would
 (chat template, ``--reasoning-gym-answer last_number``, sampling at temperature 1); the judge
 -- by default the same model directory, judging its own answers -- scores each answer through
-the judging template with the trainer's own judge (relax/trainer/judge.py: one batched greedy
+the judging template with the trainer's own judge (relax/rollout/reward/judge.py: one batched greedy
 decode per step); the reasoning-gym verifier gives the truth. Prints one JSON object: agreement,
 the confusion counts, the share of answers without a verdict, and seconds per step of the
 policy's generation and of the judge.
@@ -24,11 +24,11 @@ import torch
 
 from relax import models
 from relax.config.sections import DataSection, RewardsSection, RolloutSection
-from relax.rollout.data import format_prompt, load_source
-from relax.rollout.generate import tokenize_prompts
-from relax.rollout.reasoning_gym_source import make_reward
-from relax.rollout.sampler import Sampler, SamplingParams
-from relax.trainer.judge import build_judge
+from relax.rollout.generation.generate import tokenize_prompts
+from relax.rollout.generation.sampler import Sampler, SamplingParams
+from relax.rollout.prompts.data import format_prompt, load_source
+from relax.rollout.prompts.reasoning_gym_source import make_reward
+from relax.rollout.reward.judge import build_judge
 
 SPEC = ("reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=3"
         "&operators=+&allow_parentheses=false&allow_negation=false&size=80")

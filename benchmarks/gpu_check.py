@@ -9,7 +9,7 @@ What it does, in a fresh ``--workdir``:
 
 1. **Model.** A Qwen3 with the published Qwen3-0.6B shape (hidden 1024, 28 layers, 16 query
    and 8 key/value heads of 128, MLP 3072, vocabulary 151,936, tied embeddings, RoPE theta
-   1e6) and random weights (``relax.rollout.tiny_model``, seed 1), with the built-in
+   1e6) and random weights (``relax.tiny_model``, seed 1), with the built-in
    character tokenizer padded to the same vocabulary; nothing is downloaded. Saved in bf16 (the
    file is half the size; Relax loads fp32 master weights from it).
 2. **Training.** ``relax train`` on it: REINFORCE++ (``--normalize-advantages --gamma 1.0
@@ -82,7 +82,7 @@ def sync(device: torch.device) -> None:
 
 def build_model(workdir: str, size: dict) -> str:
     """Save the random model and its tokenizer; returns the directory."""
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     path = os.path.join(workdir, "model")
     start = time.perf_counter()
@@ -164,8 +164,8 @@ def train(args, size: dict, model_dir: str) -> dict:
 def decode_batch(tokenizer, size: dict, device: torch.device):
     """The training step's batch shape: ``prompts`` copy-task prompts, each ``samples`` times,
     left-padded as Relax's rollout pads them."""
-    from relax.rollout.generate import tokenize_prompts
-    from relax.rollout.tasks import CopyTask
+    from relax.rollout.generation.generate import tokenize_prompts
+    from relax.rollout.prompts.tasks import CopyTask
 
     rng, task = random.Random(0), CopyTask()
     texts = [task.sample(rng)[0] for _ in range(size["prompts"])]
@@ -193,7 +193,7 @@ def compare_decode(args, size: dict, model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from relax.precision import autocast
-    from relax.rollout.generate import generate
+    from relax.rollout.generation.generate import generate
 
     device = torch.device(args.device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -246,7 +246,7 @@ def compare_packing(args, size: dict, model_dir: str) -> dict:
     responses of 1..32 tokens; the largest log-prob difference and the largest gradient
     difference relative to the gradient's scale. A ValueError when they are not float rounding
     (the CPU's float64 tests hold them to 1e-10)."""
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
     from relax.trainer.experience import Experience
     from relax.trainer.logprobs import response_log_probs
 

@@ -18,9 +18,9 @@ import time
 import torch
 
 from relax import models
-from relax.rollout.envs import environment_factory
-from relax.rollout.episodes import run_episodes, turn_io
-from relax.rollout.sampler import Sampler, SamplingParams
+from relax.rollout.agents.envs import environment_factory
+from relax.rollout.agents.episodes import run_episodes, turn_io
+from relax.rollout.generation.sampler import Sampler, SamplingParams
 
 
 def play(sampler, make_env, seeds, tok, *, reuse: bool, seed: int, max_turns: int,

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.compare_trl import MODEL_SEED, SIZES  # noqa: E402
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer  # noqa: E402
+from relax.tiny_model import build_tiny_model, build_tokenizer  # noqa: E402
 
 ROWS, PROMPT, NEW = 64, 5, 32  # a rollout of compare_trl.py: 64 samples, <= 5 + 32 tokens
 
@@ -125,7 +125,7 @@ def compiled(model, tok, repeats: int) -> None:
 
 
 def decode(model, tok, repeats: int) -> None:
-    from relax.rollout.generate import generate
+    from relax.rollout.generation.generate import generate
 
     prompts = torch.randint(3, len(tok), (ROWS // 8, PROMPT)).repeat_interleave(8, 0)
     gen = torch.Generator().manual_seed(0)

@@ -69,7 +69,7 @@ def record_trl(a, model_dir, data):
 
 def experience(inputs, ref_log_probs=None):
     """TRL's batch as a Relax ``Experience`` (the same tokens, masks and positions)."""
-    from relax.rollout.generate import Rollout
+    from relax.rollout.generation.generate import Rollout
     from relax.trainer.logprobs import experience_from_rollout
 
     mask = inputs["completion_mask"].bool()

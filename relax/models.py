@@ -3,7 +3,7 @@
 The layer below ``trainer/`` and ``eval/``: both load models through here (``relax train``
 and ``relax eval`` read the same directories the same way). ``--hf-checkpoint DIR``: any
 local Hugging Face causal LM (local files only, nothing is ever downloaded). Without it: the
-built-in tiny Qwen3 and character tokenizer of ``relax.rollout.tiny_model``, whose initial
+built-in tiny Qwen3 and character tokenizer of ``relax.tiny_model``, whose initial
 weights depend only on ``--seed``. Trainable weights are fp32 (AdamW updates of 1e-6 vanish in
 bf16); with ``--bf16`` the frozen reference is stored in bf16 (relax/precision.py).
 """
@@ -15,7 +15,7 @@ import os
 import torch
 
 from relax.errors import InputError
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 
 
 def quiet_transformers() -> None:
@@ -133,7 +133,7 @@ def load_reference(cfg, tokenizer, device: torch.device, *, bf16: bool = False):
 
 
 def load_judge(path: str, device: torch.device, *, bf16: bool, flag: str = "--genrm-model-path"):
-    """A frozen causal LM for judging (relax/rollout/genrm.py), stored in bf16 when the
+    """A frozen causal LM for judging (relax/rollout/reward/genrm.py), stored in bf16 when the
     forward passes run in bf16, like the reference; a load failure names ``flag``."""
     try:
         model = _from_pretrained(path, torch.bfloat16 if bf16 else torch.float32)

@@ -1,8 +1,8 @@
 """User plug-ins: loading and checking them, and calling them with a deadline. The one
-boundary that reward functions (relax/rollout/rewards.py, relax/rollout/group_rewards.py),
-``--env`` environments (relax/rollout/envs.py, relax/rollout/env_guard.py), the rewards of
-agent programs (relax/rollout/agent_procs.py) and of reward servers
-(relax/rollout/remote_reward.py), dynamic-sampling filters and the post-process / advantage /
+boundary that reward functions (relax/rollout/reward/rewards.py, relax/rollout/reward/group_rewards.py),
+``--env`` environments (relax/rollout/agents/envs.py, relax/rollout/agents/env_guard.py), the rewards of
+agent programs (relax/rollout/agents/agent_procs.py) and of reward servers
+(relax/rollout/reward/remote_reward.py), dynamic-sampling filters and the post-process / advantage /
 TIS plug-ins share.
 
 Loading: ``module:function`` (an importable module) or ``path/file.py:function``; anything
@@ -226,7 +226,7 @@ def _check_arity(fn: Callable, arity: int, where: str) -> None:
                          f"{arity} positional argument{'s' * (arity != 1)} ({e})") from None
 
 
-# Rewards become float32 tensors (relax/rollout/scoring.py): a value finite in float64 but
+# Rewards become float32 tensors (relax/rollout/reward/scoring.py): a value finite in float64 but
 # beyond this is Inf there, and would surface as a non-finite loss blaming --lr.
 FLOAT32_MAX = 3.4028234663852886e38
 

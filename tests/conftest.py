@@ -86,7 +86,7 @@ def pytest_runtest_call(item):
 def tiny_model_dir(tmp_path_factory):
     """The built-in tiny model and tokenizer saved as a Hugging Face directory (seed 0), for
     tests that run `relax` on a model directory. Read only: no test may write into it."""
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-model")
     tokenizer = build_tokenizer()

@@ -62,8 +62,8 @@ def test_converts_parquet_and_jsonl(tmp_path, files):
 
 
 def test_output_feeds_relax_data_and_math_reward(tmp_path, files):
-    from relax.rollout.data import load_prompt_data
-    from relax.rollout.math_reward import math_reward
+    from relax.rollout.prompts.data import load_prompt_data
+    from relax.rollout.reward.math_reward import math_reward
 
     train, test = files
     assert run(["--output-dir", str(tmp_path), "--train-file", str(train),

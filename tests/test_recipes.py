@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny Hugging Face model directory (the built-in model, saved) and GSM8K-style data."""
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     root = tmp_path_factory.mktemp("recipe")
     tokenizer = build_tokenizer()

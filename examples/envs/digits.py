@@ -3,7 +3,7 @@
 Each turn the environment shows one digit; a turn whose reply starts with that digit earns
 1 / TURNS, so a perfect episode scores 1. Small enough for the character-level tiny model to
 learn in a CPU minute, and an example of the interface ``--env`` expects
-(relax/rollout/envs.py): ``reset(seed) -> observation`` and
+(relax/rollout/agents/envs.py): ``reset(seed) -> observation`` and
 ``step(action) -> (observation, reward, done)``.
 
     relax train --env examples/envs/digits.py:make_env --num-rollout 30 --max-turns 3

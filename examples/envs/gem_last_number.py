@@ -17,7 +17,7 @@ Needs gem-llm: ``make install`` in a clone of Relax (the ``agents`` extra, then
 
 import re
 
-from relax.rollout.envs import GemEnv
+from relax.rollout.agents.envs import GemEnv
 
 NUMBER = re.compile(r"-?\d+")
 

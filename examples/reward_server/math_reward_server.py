@@ -1,5 +1,5 @@
 """A reward server for ``relax train --rm-type remote_rm --rm-url URL`` that scores with the
-built-in math verifier (relax/rollout/math_reward.py: the last ``\\boxed{}`` or ``####``
+built-in math verifier (relax/rollout/reward/math_reward.py: the last ``\\boxed{}`` or ``####``
 answer against the label).
 
     python examples/reward_server/math_reward_server.py --port 8000 &
@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from relax.rollout.math_reward import math_reward  # noqa: E402  (after the path above)
+from relax.rollout.reward.math_reward import math_reward  # noqa: E402  (after the path above)
 
 MAX_BODY_BYTES = 64 << 20
 REQUEST_TIMEOUT_S = 60.0

@@ -2,7 +2,7 @@
 off-policy sequence mask (reinforce_plus_plus.md §7a).
 
 The sampler's log-prob ``s[i,t]`` is the one the decode drew token ``t`` with (after the
-temperature, before top-p/top-k truncation: relax/rollout/generate.py); the trainer's
+temperature, before top-p/top-k truncation: relax/rollout/generation/generate.py); the trainer's
 ``q[i,t]`` is pi_old of the same token computed by the training forward. ``d = q - s`` is the
 log of the ratio ``r = pi_trainer / pi_sampler``. Every function reads only the positions of
 ``mask`` (values outside may be anything, NaN included) and returns float32 (float64 for

@@ -1,6 +1,6 @@
 """The placement section (``cfg.placement``): ``--fully-async``, where its rollout and training
 ranks run and the staleness between them, and the weight sync to the rollout ranks or vLLM
-servers (Relax/slime's flag names; relax/trainer/async_layout.py). Rules:
+servers (Relax/slime's flag names; relax/trainer/fully_async/async_layout.py). Rules:
 relax/config/async_rules.py. Torch-free."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class PlacementSection(Section):
     fully_async: bool = option(
         False,
         'Sample and score on --rollout-num-gpus ranks of their own while the other ranks '
-        'train, with a fixed lag of --max-staleness steps (relax/trainer/async_layout.py); '
+        'train, with a fixed lag of --max-staleness steps (relax/trainer/fully_async/async_layout.py); '
         'rejected for the REINFORCE++ variants, whose normalization needs a closed synchronous'
         ' global batch (reinforce_plus_plus.md §8).')
     actor_num_nodes: int = option(

@@ -84,7 +84,7 @@ def check_custom_path(cfg, dest: str) -> None:
 
 def check_env_name(cfg) -> None:
     """``--env``: gem:ID / textarena:ID with the library installed, or an importable
-    'module:factory' / 'path/file.py:factory' (nothing is imported: relax/rollout/envs.py)."""
+    'module:factory' / 'path/file.py:factory' (nothing is imported: relax/rollout/agents/envs.py)."""
     prefix, sep, env_id = cfg.rollout.episodes.env.partition(":")
     if sep and prefix in LIBRARIES:
         if not env_id:

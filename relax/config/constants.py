@@ -2,7 +2,7 @@
 that validation (which runs before torch is imported) needs nothing from relax.rollout.
 
 - ``LIBRARIES``: ``--env PREFIX:ID`` prefix -> the module that must be installed
-  (relax/rollout/envs.py builds the environments);
+  (relax/rollout/agents/envs.py builds the environments);
 - ``BUILTIN_FILTER_NAMES``: the short names ``--dynamic-sampling-filter-path`` accepts
   (relax/rollout/filters.py maps each to its function; a test keeps the two equal).
 """

@@ -1,5 +1,5 @@
 """``reasoning-gym:NAME?key=value&...`` specs: recognised, parsed and checked against the
-package's dataset registry without generating anything (relax/rollout/reasoning_gym_source.py
+package's dataset registry without generating anything (relax/rollout/prompts/reasoning_gym_source.py
 loads the datasets and scores them).
 
     spec = parse_spec("reasoning-gym:basic_arithmetic?size=200&min_digits=1", "--prompt-data")

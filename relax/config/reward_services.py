@@ -1,11 +1,11 @@
 """Rewards served outside the reward function: the flags of a remote reward model
 (``--rm-type remote_rm --rm-url``), of group rewards (``--group-rm``), of a generative judge
 (``--rm-type genrm --genrm-model-path``; its template rules, shared with
-relax/rollout/genrm.py) and their rules.
+relax/rollout/reward/genrm.py) and their rules.
 
 The section (``cfg.rollout.rewards``) and its rules; the rules run
 with the rest of validation (relax/config/validate.py) and, like it, never touch the network:
-whether the URL answers is checked when the trainer starts (relax/rollout/remote_reward.py).
+whether the URL answers is checked when the trainer starts (relax/rollout/reward/remote_reward.py).
 Torch-free.
 """
 
@@ -145,7 +145,7 @@ class RewardsSection(Section):
         None,
         'With --rm-type genrm: a Hugging Face causal LM directory whose greedy verdict on each'
         " sample is its reward, decoded on the policy's device under the run's precision "
-        '(relax/rollout/genrm.py).',
+        '(relax/rollout/reward/genrm.py).',
         metavar='DIR')
     genrm_prompt_template: str | None = option(
         None,

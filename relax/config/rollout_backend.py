@@ -3,7 +3,7 @@ vllm``): the flags and their rules (docs/configuration.md, "Rollout backend").
 
 With vLLM the trainer samples through OpenAI-compatible vLLM servers, token ids in and out,
 and pushes its weights to them after every ``--update-weights-interval`` steps
-(relax/rollout/vllm_server.py, vllm_sampler.py; relax/rollout/vllm_sync.py). What the
+(relax/rollout/vllm/vllm_server.py, vllm_sampler.py; relax/rollout/vllm/vllm_sync.py). What the
 backend does not serve yet is refused here with one line naming the combination, before any
 process starts. Torch-free, like the rest of validation; whether a URL answers is checked
 when the trainer starts (before any model loads).
@@ -140,7 +140,7 @@ def _check_server_flags(cfg) -> None:
 
 def _check_log_prob_mode(cfg) -> None:
     """The sampler's log-prob must be softmax(z / T) before top-p / top-k truncation
-    (relax/rollout/generate.py ``sampled_log_probs``). vLLM returns either the raw model's
+    (relax/rollout/generation/generate.py ``sampled_log_probs``). vLLM returns either the raw model's
     (right when T == 1, truncation or not) or the processed distribution after temperature
     *and* truncation (right without truncation): with both T != 1 and truncation neither is."""
     truncated = cfg.rollout.sampling.top_p < 1.0 or cfg.rollout.sampling.top_k > 0

@@ -85,12 +85,12 @@ class SamplingSection(Section):
 @dataclass(frozen=True)
 class EpisodesSection(Section):
     """Multi-turn episodes: an environment (``--env``) or an agent program's tools answer
-    (relax/rollout/envs.py, agent_server.py)."""
+    (relax/rollout/agents/envs.py, agent_server.py)."""
 
     env: str | None = option(
         None,
         'Multi-turn episodes against an environment: gem:ID, textarena:ID (make install brings'
-        " both) or 'module:factory' / 'file.py:factory' (relax/rollout/envs.py); excludes "
+        " both) or 'module:factory' / 'file.py:factory' (relax/rollout/agents/envs.py); excludes "
         'prompt data and the reward flags (the environment scores the episode).',
         default_note='single-turn prompts')
     max_turns: int = option(
@@ -104,7 +104,7 @@ class EpisodesSection(Section):
         "Seconds, in (0, 86400], that one call of an --env environment's code (its factory, "
         'reset or step) may take; the call runs on a worker thread, one that runs over fails '
         'its episode (at start-up: exit 2) and is abandoned, and a fresh environment from the '
-        'factory plays the next episode (relax/rollout/env_guard.py).',
+        'factory plays the next episode (relax/rollout/agents/env_guard.py).',
         flag='env_step_timeout',
         metavar='SECONDS',
         default_note='reset and step unbounded, on the main thread; the factory 600 s',
@@ -113,7 +113,7 @@ class EpisodesSection(Section):
         False,
         'Each episode is a run of --agent-command against an OpenAI-compatible endpoint on '
         '127.0.0.1 that samples from the policy and records the conversation '
-        'token-in/token-out (relax/rollout/agent_server.py).',
+        'token-in/token-out (relax/rollout/agents/agent_server.py).',
         flag='use_agentic_rollout')
     agent_command: str | None = option(
         None,

@@ -6,10 +6,10 @@
     #  "eval/env/response_length": ..., "eval/env/truncated": ...}
 
 Seeds: episode ``i`` starts from ``reset(HELDOUT_SEED + i)``. Training draws its seeds below
-``HELDOUT_SEED`` (relax/rollout/episodes.py), so the two never meet and every run and
+``HELDOUT_SEED`` (relax/rollout/agents/episodes.py), so the two never meet and every run and
 ``relax eval`` of one environment play the same held-out games. Each seed is played
 ``sampling.section.n_samples`` times; an episode passes when its reward (the sum of its step rewards,
-relax/rollout/episodes.py) is >= ``sampling.section.pass_threshold`` (1.0: a won game for gem's and
+relax/rollout/agents/episodes.py) is >= ``sampling.section.pass_threshold`` (1.0: a won game for gem's and
 textarena's games), and pass@k is the unbiased estimate over the plays of a seed, averaged over
 seeds, as for prompts (relax/eval/evaluate.py).
 
@@ -33,7 +33,7 @@ from relax.eval.evaluate import (
 )
 from relax.eval.passk import PassAtKSums
 from relax.models import eos_token_ids as find_eos_ids
-from relax.rollout.episodes import HELDOUT_SEED, run_episodes
+from relax.rollout.agents.episodes import HELDOUT_SEED, run_episodes
 
 # per-episode means reported next to pass@k and mean_reward
 EPISODE_MEANS = ("episode_turns", "response_length", "truncated")

@@ -6,7 +6,7 @@
     #  "eval/gsm8k/mean_reward": ..., "eval/gsm8k/response_length": ...,
     #  "eval/gsm8k/truncated": ...}
 
-Generation is the rollout's own sampler (:class:`relax.rollout.sampler.Sampler`), so an
+Generation is the rollout's own sampler (:class:`relax.rollout.generation.sampler.Sampler`), so an
 evaluated policy samples exactly as it does in training. A response passes when its reward is
 >= ``pass_threshold``; pass@k is the mean over prompts of the per-prompt unbiased estimate
 (:mod:`relax.eval.passk`, whose :class:`~relax.eval.passk.PassAtKSums` holds the sums).
@@ -30,9 +30,9 @@ from relax.config.sections import EvaluationSection
 from relax.eval.passk import PassAtKSums
 from relax.models import eos_token_ids as find_eos_ids
 from relax.precision import use_bf16
-from relax.rollout.generate import tokenize_prompts
-from relax.rollout.rewards import score
-from relax.rollout.sampler import Sampler, SamplingParams
+from relax.rollout.generation.generate import tokenize_prompts
+from relax.rollout.generation.sampler import Sampler, SamplingParams
+from relax.rollout.reward.rewards import score
 from relax.seeding import seed_for
 
 
@@ -121,7 +121,7 @@ def evaluate(
     (over all responses), ``eval/<name>/response_length`` (mean tokens) and
     ``eval/<name>/truncated`` (share without EOS); identical on every rank of ``group``.
     ``make_sampler(params, eos_token_ids)``: another sampler than the model's own (a vLLM
-    server, relax/rollout/vllm_backend.py).
+    server, relax/rollout/vllm/vllm_backend.py).
     """
     if len(prompts) != len(labels):
         raise ValueError(f"evaluate: {len(prompts)} prompts but {len(labels)} labels")

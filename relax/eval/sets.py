@@ -25,16 +25,16 @@ from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
 from relax.errors import InputError
 from relax.eval.env_eval import evaluate_episodes
 from relax.eval.evaluate import EvalSampling, evaluate
-from relax.rollout.data import format_prompt, load_source
-from relax.rollout.env_guard import guarded_factory
-from relax.rollout.envs import environment_factory
-from relax.rollout.episodes import turn_io
-from relax.rollout.group_rewards import by_prompt_runs
-from relax.rollout.reasoning_gym_source import is_reasoning_gym
-from relax.rollout.remote_reward import RemoteRewardModel
-from relax.rollout.rewards import build_reward_fn
-from relax.rollout.samples import PromptSample
-from relax.rollout.tasks import get_task
+from relax.rollout.agents.env_guard import guarded_factory
+from relax.rollout.agents.envs import environment_factory
+from relax.rollout.agents.episodes import turn_io
+from relax.rollout.prompts.data import format_prompt, load_source
+from relax.rollout.prompts.reasoning_gym_source import is_reasoning_gym
+from relax.rollout.prompts.samples import PromptSample
+from relax.rollout.prompts.tasks import get_task
+from relax.rollout.reward.group_rewards import by_prompt_runs
+from relax.rollout.reward.remote_reward import RemoteRewardModel
+from relax.rollout.reward.rewards import build_reward_fn
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class EvalSet:
     reasoning_gym: bool = False
 
     def as_samples(self) -> list:
-        """The set as :class:`relax.rollout.data.PromptSample` s, named for error messages."""
+        """The set as :class:`relax.rollout.prompts.data.PromptSample` s, named for error messages."""
         return [PromptSample(p, y, f"--eval-prompt-data {self.name} prompt {i + 1}")
                 for i, (p, y) in enumerate(zip(self.prompts, self.labels, strict=True))]
 

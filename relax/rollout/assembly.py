@@ -1,6 +1,6 @@
 """The rollout side, built from the configuration: the one assembly of the colocated trainer
 (relax/trainer/build.py) and of the rollout ranks of ``--fully-async``
-(relax/trainer/rollout_worker.py).
+(relax/trainer/fully_async/rollout_worker.py).
 
     inputs    = load_inputs(cfg)                    the prompt stream and the filter, once per
                                                     process, before any model is loaded
@@ -11,7 +11,7 @@
 
 ``share`` is the data-parallel context the collector acts as (rank v of the training ranks:
 its prompts and random streams), ``agree`` how the shares of a step agree
-(relax/rollout/agreement.py): a collector built the same way samples the same batch on a
+(relax/agreement.py): a collector built the same way samples the same batch on a
 training rank and on a rollout rank, whatever the number of rollout ranks.
 """
 
@@ -19,16 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relax.rollout.agreement import Agreement
+from relax.agreement import Agreement
 from relax.rollout.collectors import Collector, DynamicSampling, PromptCollector
-from relax.rollout.data import PromptSource, load_source
 from relax.rollout.episode_collector import EpisodeCollector, build_environments
 from relax.rollout.filters import load_group_filter
+from relax.rollout.generation.sampler import SamplingParams
 from relax.rollout.partial import PartialRollouts
 from relax.rollout.partial_episodes import PartialEpisodes
-from relax.rollout.sampler import SamplingParams
-from relax.rollout.scoring import Scorer
-from relax.rollout.tasks import get_task
+from relax.rollout.prompts.data import PromptSource, load_source
+from relax.rollout.prompts.tasks import get_task
+from relax.rollout.reward.scoring import Scorer
 
 __all__ = ["Inputs", "build_collector", "build_environments", "build_scorer", "load_inputs",
            "sampling_params"]
@@ -78,7 +78,7 @@ def build_collector(cfg, share, agree: Agreement, sampler, *, inputs: Inputs, sc
     """Episodes (--env, --use-agentic-rollout), partial rollouts, or prompt groups, with
     dynamic sampling around prompt groups when a filter is set (partial rollouts filter each
     group once it completes; the configuration refuses a filter with episodes). ``sampler``:
-    relax/rollout/sampler.py's or a vLLM server's; ``context``: the model's maximum positions; ``timer`` / ``tracker``: the
+    relax/rollout/generation/sampler.py's or a vLLM server's; ``context``: the model's maximum positions; ``timer`` / ``tracker``: the
     share's phase times and metrics."""
     rollout, batches = cfg.rollout, cfg.batches
     parts = dict(seed=cfg.run.seed, source=inputs.source, tokenizer=tokenizer, scorer=scorer,

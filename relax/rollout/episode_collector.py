@@ -1,8 +1,8 @@
 """The rollout phase of ``--env`` and ``--use-agentic-rollout``: this rank's episodes of a step.
 
-Both sources turn a step into the same thing, a :class:`~relax.rollout.batch.StepBatch` whose
+Both sources turn a step into the same thing, a :class:`~relax.rollout.generation.batch.StepBatch` whose
 samples are whole episodes (the environment's or the agent's messages as holes of the loss
-mask, relax/rollout/episodes.py), so the training phases are those of single-turn prompts.
+mask, relax/rollout/agents/episodes.py), so the training phases are those of single-turn prompts.
 The difference is how failures count: an environment that raises follows
 ``--reward-error-policy`` (it is the reward's code), an agent program that fails is always
 contained (it is a separate program that may crash or hang for reasons of its own).
@@ -17,15 +17,15 @@ import dataclasses
 
 import torch
 
+from relax.agreement import Agreement, GroupAgreement
 from relax.errors import RewardError
-from relax.rollout.agent_server import AgentRunner
-from relax.rollout.agreement import Agreement, GroupAgreement
-from relax.rollout.batch import StepBatch
+from relax.rollout.agents.agent_server import AgentRunner
+from relax.rollout.agents.env_guard import EnvFailure, start_environments
+from relax.rollout.agents.envs import environment_factory
+from relax.rollout.agents.episodes import HELDOUT_SEED, run_episodes, turn_io
 from relax.rollout.collectors import StreamPosition, rollout_generator
-from relax.rollout.env_guard import EnvFailure, start_environments
-from relax.rollout.envs import environment_factory
-from relax.rollout.episodes import HELDOUT_SEED, run_episodes, turn_io
-from relax.rollout.scoring import warn_some
+from relax.rollout.generation.batch import StepBatch
+from relax.rollout.reward.scoring import warn_some
 from relax.seeding import seed_for
 
 

@@ -33,12 +33,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from relax.rollout.agreement import Agreement, GroupAgreement
-from relax.rollout.batch import StepBatch
+from relax.agreement import Agreement, GroupAgreement
 from relax.rollout.collectors import StreamPosition, rollout_generator
-from relax.rollout.data import PromptSource, format_prompt
 from relax.rollout.filters import kept_groups
-from relax.rollout.generate import Rollout, concat_rollouts, left_pad, tokenize_prompts
+from relax.rollout.generation.batch import StepBatch
+from relax.rollout.generation.generate import Rollout, concat_rollouts, left_pad, tokenize_prompts
+from relax.rollout.prompts.data import PromptSource, format_prompt
 
 ROW_KEYS = ("prompt", "text", "label", "ids", "log_probs", "versions", "eos", "aborted")
 JUDGED = ("reward", "passed")  # a completed group's verdict under a filter, kept while carried
@@ -283,7 +283,7 @@ class PartialRollouts(StreamPosition):
 def share_stream(cursor: int, count: int, ctx, agree: Agreement) -> tuple[int, int]:
     """(this rank's first index, the cursor after this step) when every rank takes ``count``
     items of a stream at ``cursor``: the counts are shared (one reduction over the shares,
-    relax/rollout/agreement.py), so the ranks take consecutive, disjoint items in rank order."""
+    relax/agreement.py), so the ranks take consecutive, disjoint items in rank order."""
     counts = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
     counts[ctx.rank] = count
     counts = agree.reduce(counts, dist.ReduceOp.SUM).long().tolist()

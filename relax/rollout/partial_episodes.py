@@ -5,7 +5,7 @@ a later step, with their environments.
 Each rank plays ``--over-sampling-batch-size / WORLD_SIZE`` groups of ``n`` episodes per step:
 the groups it carried over first, then fresh ones (the next environment seeds of the stream,
 as many on every rank as it has room for). Every turn is one batched generation over the live
-episodes, then one step of each one's environment (relax/rollout/episodes.py). After each turn
+episodes, then one step of each one's environment (relax/rollout/agents/episodes.py). After each turn
 the step stops when the first ``--rollout-batch-size / WORLD_SIZE`` groups are complete (every
 episode ended: by its environment, ``--max-turns``, the context or an error) and every group
 carried ``--partial-rollout-max-aborted-count`` times is complete too; it plays at least one
@@ -30,11 +30,8 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 from relax.errors import InputError, RewardError
-from relax.rollout.batch import StepBatch
-from relax.rollout.collectors import rollout_generator
-from relax.rollout.env_guard import EnvFailure
-from relax.rollout.episode_collector import EpisodeCollector
-from relax.rollout.episodes import (
+from relax.rollout.agents.env_guard import EnvFailure
+from relax.rollout.agents.episodes import (
     HELDOUT_SEED,
     Episode,
     as_rollout,
@@ -42,10 +39,13 @@ from relax.rollout.episodes import (
     start_episodes,
     turn_io,
 )
-from relax.rollout.generate import left_pad
+from relax.rollout.collectors import rollout_generator
+from relax.rollout.episode_collector import EpisodeCollector
+from relax.rollout.generation.batch import StepBatch
+from relax.rollout.generation.generate import left_pad
+from relax.rollout.generation.turn_cache import TurnCache
 from relax.rollout.partial import share_stream
-from relax.rollout.scoring import warn_some
-from relax.rollout.turn_cache import TurnCache
+from relax.rollout.reward.scoring import warn_some
 from relax.seeding import seed_for
 
 

@@ -1,6 +1,6 @@
 """The trainer (reinforce_plus_plus.md §9): rollout, then update, on every rank, or with
 ``--fully-async`` on rollout ranks of their own beside the training ranks
-(relax/trainer/async_layout.py).
+(relax/trainer/fully_async/async_layout.py).
 
 ``train(cfg) -> int`` takes the resolved configuration of ``relax.config.parse_train_config``
 and returns the process exit status (relax/trainer/launch.py). Heavy imports happen inside, so

@@ -8,8 +8,8 @@
     models       the policy (its prompt-length checks), the --use-opd teacher, the
                  --opd-type self teacher, the ppo critic
     rollout      the collector (relax/rollout/assembly.py; --fully-async: the batches of the
-                 rollout ranks, relax/trainer/remote_rollout.py) and the weights' publisher
-                 (relax/trainer/publish.py)
+                 rollout ranks, relax/trainer/fully_async/remote_rollout.py) and the weights' publisher
+                 (relax/trainer/fully_async/publish.py)
     run          checkpointer, run control, the resumed state, the metric sinks; then the
                  publisher starts (the rollout ranks wait for it before anything else)
 """
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from relax import models
+from relax.agreement import GroupAgreement
 from relax.cpu_threads import cpu_threads
 from relax.errors import InputError
 from relax.eval.sets import load_eval_sets
@@ -31,7 +32,6 @@ from relax.metrics.sinks import build_logger
 from relax.metrics.tracker import MetricTracker
 from relax.plugins import load_function
 from relax.precision import use_bf16
-from relax.rollout.agreement import GroupAgreement
 from relax.rollout.assembly import (
     Inputs,
     build_collector,
@@ -40,19 +40,19 @@ from relax.rollout.assembly import (
     load_inputs,
     sampling_params,
 )
-from relax.rollout.data import check_formatted_lengths, report_overlap
-from relax.rollout.privileged import teacher_samples
-from relax.rollout.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.prompts.data import check_formatted_lengths, report_overlap
+from relax.rollout.prompts.privileged import teacher_samples
+from relax.rollout.reward.judge import build_judge, check_judging_lengths
+from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
 from relax.trainer import checkpoint, parts
-from relax.trainer.async_layout import Schedule
 from relax.trainer.critic import Critic
 from relax.trainer.distill import Distillation
-from relax.trainer.judge import build_judge, check_judging_lengths
+from relax.trainer.fully_async.async_layout import Schedule
+from relax.trainer.fully_async.publish import publisher_for
+from relax.trainer.fully_async.remote_rollout import RemoteRollout
 from relax.trainer.off_policy import MismatchMeter, OffPolicy
 from relax.trainer.policy import Policy
-from relax.trainer.publish import publisher_for
-from relax.trainer.remote_rollout import RemoteRollout
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
 from relax.trainer.runtime import Timer

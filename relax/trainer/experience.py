@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from relax.collectives import all_reduce
 from relax.errors import InputError
-from relax.rollout.generate import Rollout
+from relax.rollout.generation.generate import Rollout
 
 
 @dataclass

@@ -15,7 +15,6 @@ import time
 
 from relax.errors import Interrupted, PeerFailure, RelaxError
 from relax.host_memory import set_mmap_threshold
-from relax.trainer.async_layout import check_same_settings, split_roles
 from relax.trainer.distributed import (
     exit_rank,
     finish_together,
@@ -23,8 +22,9 @@ from relax.trainer.distributed import (
     is_peer_failure,
     shutdown_distributed,
 )
+from relax.trainer.fully_async.async_layout import check_same_settings, split_roles
+from relax.trainer.fully_async.rollout_worker import serve_rollouts
 from relax.trainer.loop import Trainer
-from relax.trainer.rollout_worker import serve_rollouts
 from relax.trainer.signals import StopRequest
 
 

@@ -13,7 +13,7 @@ from relax.algorithms import opsm_keep, tis_weights
 from relax.config.sections import OffPolicySection
 from relax.errors import RelaxError
 from relax.plugins import call_plugin, load_function
-from relax.rollout.scoring import plugin_tensor
+from relax.rollout.reward.scoring import plugin_tensor
 
 MISMATCH_METRICS = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max",
                     "rollout/mismatch_k1", "rollout/mismatch_k3",

@@ -20,7 +20,7 @@ import os
 import torch
 
 from relax import models
-from relax.rollout.sampler import Sampler, SamplingParams
+from relax.rollout.generation.sampler import Sampler, SamplingParams
 from relax.trainer import parts, sharded_state
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.logprobs import batched_log_probs

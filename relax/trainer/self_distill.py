@@ -1,6 +1,6 @@
 """On-policy self-distillation, ``--use-opd --opd-type self`` (reinforce_plus_plus.md §7b,
 "Self mode"): the frozen initial model reads the prompt with the row's privileged information
-(relax/rollout/privileged.py) followed by the student's response, and ``C * min(JSD_beta, c)``
+(relax/rollout/prompts/privileged.py) followed by the student's response, and ``C * min(JSD_beta, c)``
 over the full vocabulary is added to the update's loss on every trained token.
 
     opsd = SelfDistillation.build(cfg, ctx, tokenizer=..., student=policy.module, bf16=bf16)
@@ -23,7 +23,7 @@ import torch
 from relax import models
 from relax.algorithms.self_distillation import opsd_token_terms
 from relax.errors import InputError
-from relax.rollout.generate import tokenize_prompts
+from relax.rollout.generation.generate import tokenize_prompts
 from relax.trainer.distill import FLAG, check_vocabulary
 from relax.trainer.experience import Experience
 from relax.trainer.logprobs import (

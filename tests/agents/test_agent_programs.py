@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from relax.config import ConfigError
-from relax.rollout.agent_server import AgentRunner, _Session, _tool_calls
-from relax.rollout.generate import generate
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.agents.agent_server import AgentRunner, _Session, _tool_calls
+from relax.rollout.generation.generate import generate
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
 from tests.distributed_utils import torchrun_relax

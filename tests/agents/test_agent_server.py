@@ -1,4 +1,4 @@
-"""relax/rollout/agent_server.py's endpoint in one process: requests and replies, bad requests,
+"""relax/rollout/agents/agent_server.py's endpoint in one process: requests and replies, bad requests,
 sessions. The agents here are Python functions on threads standing in for agent programs
 (``subprocess.Popen`` is replaced for the test), and the model is a scripted ``sample`` that
 records what it was given, so every reply and every recorded token can be checked exactly.
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relax.rollout.agent_server import AgentRunner, _Session
-from relax.rollout.tiny_model import build_tokenizer
+from relax.rollout.agents.agent_server import AgentRunner, _Session
+from relax.tiny_model import build_tokenizer
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, no proxy
 TOOL_TEXT = '<tool_call>{"name": "calc", "arguments": {"a": 1}}</tool_call>'

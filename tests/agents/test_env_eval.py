@@ -11,8 +11,8 @@ import pytest
 from relax.cli import main
 from relax.config import ConfigError
 from relax.eval.env_eval import evaluate_episodes
-from relax.rollout.episodes import HELDOUT_SEED, TurnRenderer
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.agents.episodes import HELDOUT_SEED, TurnRenderer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from tests.agents import scripted
 from tests.eval.helpers import eval_sampling
 from tests.trainer.helpers import RECIPES, fit, make_config

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from relax.errors import InputError
-from relax.rollout.envs import environment_factory
+from relax.rollout.agents.envs import environment_factory
 
 
 def _binary_search(env, seed: int, fmt: str, low: int, high: int):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from relax.errors import InputError
-from relax.rollout.episodes import TurnRenderer, run_episodes
-from relax.rollout.generate import generate
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.agents.episodes import TurnRenderer, run_episodes
+from relax.rollout.generation.generate import generate
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.logprobs import experience_from_rollout, response_log_probs
 from tests.agents import scripted
 

@@ -21,7 +21,8 @@ def test_config_imports_neither_rollout_nor_torch():
 
 def test_the_rollout_implements_exactly_the_names_config_accepts():
     from relax.config.constants import BUILTIN_FILTER_NAMES, LIBRARIES
-    from relax.rollout import envs, filters
+    from relax.rollout import filters
+    from relax.rollout.agents import envs
 
     assert tuple(filters.BUILTIN_FILTERS) == BUILTIN_FILTER_NAMES
     assert envs.LIBRARIES is LIBRARIES
@@ -29,7 +30,7 @@ def test_the_rollout_implements_exactly_the_names_config_accepts():
 
 def test_the_rollout_reads_reasoning_gym_specs_with_configs_parser():
     from relax.config import gym_spec
-    from relax.rollout import reasoning_gym_source
+    from relax.rollout.prompts import reasoning_gym_source
 
     assert reasoning_gym_source.parse_spec is gym_spec.parse_spec
     assert reasoning_gym_source.ANSWER_FORMATS == gym_spec.ANSWER_FORMATS

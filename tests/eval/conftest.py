@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="package")
 def tiny():
 
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     return build_tiny_model(tokenizer, seed=3), tokenizer
@@ -27,7 +27,7 @@ def tiny_checkpoint(tiny, tmp_path_factory):
 
 
 def copy_prompts(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    from relax.rollout.tasks import get_task
+    from relax.rollout.prompts.tasks import get_task
 
     rng = random.Random(seed)
     pairs = [get_task("copy").sample(rng) for _ in range(n)]

@@ -15,7 +15,7 @@ def evaluate_on_rank(n_prompts: int) -> tuple[dict[str, float], dict[str, float]
     import torch.distributed as dist
 
     from relax.eval.evaluate import evaluate
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
     from tests.eval.conftest import copy_prompts
     from tests.eval.helpers import eval_sampling
 

@@ -13,10 +13,10 @@ import sys
 import pytest
 import torch
 
-from relax.rollout.agent_server import AgentRunner
-from relax.rollout.chat_schema import MAX_BODY_BYTES
-from relax.rollout.generate import generate
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.agents.agent_server import AgentRunner
+from relax.rollout.agents.chat_schema import MAX_BODY_BYTES
+from relax.rollout.generation.generate import generate
+from relax.tiny_model import build_tiny_model, build_tokenizer
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "..", "agents", "agent_program.py")
 

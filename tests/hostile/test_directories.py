@@ -177,7 +177,7 @@ def test_resume_must_continue_this_configuration(tmp_path):
 
 @pytest.mark.subprocess
 def test_resume_with_another_model_is_refused(model_dir, tmp_path):
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     other = tmp_path / "other"
     tokenizer = build_tokenizer()

@@ -17,12 +17,17 @@ import torch
 from relax import plugins
 from relax.errors import InputError, Interrupted
 from relax.plugins import MAX_RUNNING
-from relax.rollout import env_guard
-from relax.rollout.env_guard import EnvFailure, GuardedEnv, guarded_factory, start_environments
-from relax.rollout.envs import environment_factory
-from relax.rollout.episodes import TurnRenderer, run_episodes
-from relax.rollout.generate import generate
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.agents import env_guard
+from relax.rollout.agents.env_guard import (
+    EnvFailure,
+    GuardedEnv,
+    guarded_factory,
+    start_environments,
+)
+from relax.rollout.agents.envs import environment_factory
+from relax.rollout.agents.episodes import TurnRenderer, run_episodes
+from relax.rollout.generation.generate import generate
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.signals import GRACE_S
 from tests.hostile import hostile_envs
 from tests.hostile.helpers import SMALL, env, one_error_line, relax

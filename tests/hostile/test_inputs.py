@@ -50,7 +50,7 @@ def test_lone_surrogates_in_data_eval_data_and_flags(model_dir, tmp_path):
 
 def test_a_huge_line_is_refused_without_reading_it_whole(tmp_path):
     from relax.errors import InputError
-    from relax.rollout.data import _jsonl_rows
+    from relax.rollout.prompts.data import _jsonl_rows
 
     path = write(tmp_path / "big.jsonl", json.dumps(ROW) + "\n" + json.dumps(
         {"input": "x" * 5000, "label": "x"}) + "\n")

@@ -1,7 +1,7 @@
 """A reward server as a hostile peer (docs/reward_services.md, "Failures"): one that drips its
 answer, redirects, cuts its body short or answers a reward beyond float32 -- each a real server
 process on 127.0.0.1 (tests/rollout/reward_servers.py) against the client of
-relax/rollout/remote_reward.py, and the drip against a real ``relax train``; and the example
+relax/rollout/reward/remote_reward.py, and the drip against a real ``relax train``; and the example
 server (examples/reward_server/) against malformed requests and a slow client."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relax.errors import InputError
-from relax.rollout.data import load_prompt_data
+from relax.rollout.prompts.data import load_prompt_data
 from tests.reliability.helpers import SMALL
 from tests.trainer.helpers import make_config, write_jsonl
 

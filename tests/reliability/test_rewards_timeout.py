@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from relax.errors import RewardError
-from relax.rollout.rewards import score, score_with_errors
+from relax.rollout.reward.rewards import score, score_with_errors
 from tests.reliability.helpers import SMALL
 from tests.trainer.helpers import make_config, read_metrics, write_reward
 
@@ -85,7 +85,7 @@ def test_trainer_counts_reward_errors_under_the_zero_policy(tmp_path, capsys):
 
 
 def test_builtin_math_reward_runs_under_the_limit():
-    from relax.rollout.math_reward import math_reward
+    from relax.rollout.reward.math_reward import math_reward
 
     values = score(math_reward, ["q", "q"], ["\\boxed{4}", "#### 5"], ["4", "4"], name="math",
                    timeout=5.0)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from relax.cli import main
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import checkpoint, sharded_state
 from relax.trainer.distributed import DistContext, init_distributed
 from relax.trainer.loop import Trainer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from relax.rollout.agreement import GroupAgreement, Lockstep
+from relax.agreement import GroupAgreement, Lockstep
 
 OPS = (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
 

@@ -1,4 +1,4 @@
-"""relax/rollout/agreement.py: the shares of a step agree, whichever processes play them.
+"""relax/agreement.py: the shares of a step agree, whichever processes play them.
 
 A rollout rank of ``--fully-async`` playing several training ranks' shares in lockstep reduces
 to what the training ranks reduce among themselves; a share that fails makes every share
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from relax.agreement import Agreement, GroupAgreement, Lockstep
 from relax.errors import RelaxError, RewardError
-from relax.rollout.agreement import Agreement, GroupAgreement, Lockstep
 from tests.distributed_utils import run_distributed
 from tests.rollout.agreement_workers import colocated as colocated_worker
 from tests.rollout.agreement_workers import rounds, two_rollout_ranks

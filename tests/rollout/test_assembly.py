@@ -10,13 +10,13 @@ import sys
 import pytest
 import torch
 
-from relax.rollout.agreement import GroupAgreement
+from relax.agreement import GroupAgreement
 from relax.rollout.assembly import build_collector, build_scorer, load_inputs
 from relax.rollout.collectors import Collector, DynamicSampling, PromptCollector
 from relax.rollout.episode_collector import EpisodeCollector
 from relax.rollout.partial import PartialRollouts
 from relax.trainer.distributed import DistContext
-from relax.trainer.remote_rollout import RemoteRollout
+from relax.trainer.fully_async.remote_rollout import RemoteRollout
 from tests.trainer.helpers import RECIPES, make_config
 
 METHODS = ("collect", "position", "state_dict", "load_state_dict", "close")

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from relax.errors import InputError
-from relax.rollout.data import PromptSource, load_prompt_data
-from relax.rollout.tasks import get_task
+from relax.rollout.prompts.data import PromptSource, load_prompt_data
+from relax.rollout.prompts.tasks import get_task
 
 
 def _jsonl(tmp_path, lines):

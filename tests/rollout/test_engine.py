@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-import relax.rollout.generate as generate_module
-from relax.rollout.engine import DecodeEngine, unsupported_reason
-from relax.rollout.generate import generate, tokenize_prompts
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+import relax.rollout.generation.generate as generate_module
+from relax.rollout.generation.engine import DecodeEngine, unsupported_reason
+from relax.rollout.generation.generate import generate, tokenize_prompts
+from relax.tiny_model import build_tiny_model, build_tokenizer
 
 EOS, PAD = 1, 0
 DIMS = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

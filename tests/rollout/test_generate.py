@@ -5,8 +5,8 @@ built-in tokenizer and model."""
 import pytest
 import torch
 
-from relax.rollout.generate import generate, sample_next, tokenize_prompts
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.generation.generate import generate, sample_next, tokenize_prompts
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.logprobs import experience_from_rollout, response_log_probs
 
 EOS, PAD = 1, 0
@@ -79,7 +79,7 @@ def test_sampler_log_probs_are_the_tempered_distribution_before_truncation(
     the untruncated distribution the trainer's log-probs describe, from the decode engine and
     from the model-forward fallback alike (float64 recomputation from a full forward)."""
     if fallback:
-        from relax.rollout import generate as generate_module
+        from relax.rollout.generation import generate as generate_module
 
         monkeypatch.setattr(generate_module, "unsupported_reason", lambda model: "forced")
     temperature = 0.7
@@ -165,7 +165,7 @@ def test_draw_follows_the_distribution_and_never_draws_a_zero():
     """Inverse-CDF draws: empirical frequencies of 200k draws match the probabilities (the
     largest deviation is ~4 binomial standard errors at most), zero-mass entries never appear,
     and a row with one nonzero entry always draws it."""
-    from relax.rollout.generate import draw
+    from relax.rollout.generation.generate import draw
 
     probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
     n = 200_000

@@ -1,5 +1,5 @@
 """``--rm-type genrm``: the verdict parser, the template rules and the judge's batched greedy
-decode on a tiny model built in code (relax/rollout/genrm.py, relax/trainer/judge.py)."""
+decode on a tiny model built in code (relax/rollout/reward/genrm.py, relax/rollout/reward/judge.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from relax.config.reward_services import DEFAULT_TEMPLATE, fill_template, template_problem
 from relax.config.sections import RewardsSection
 from relax.errors import InputError
-from relax.rollout.genrm import GenerativeJudge, parse_verdict
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer.judge import build_judge
+from relax.rollout.reward.genrm import GenerativeJudge, parse_verdict
+from relax.rollout.reward.judge import build_judge
+from relax.tiny_model import build_tiny_model, build_tokenizer
 
 
 @pytest.mark.parametrize("text,reward", [

@@ -1,4 +1,4 @@
-"""``--group-rm``: the reward function sees one whole group per call (relax/rollout/group_rewards.py)."""
+"""``--group-rm``: the reward function sees one whole group per call (relax/rollout/reward/group_rewards.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from relax.config.sections import DataSection, RewardsSection, RolloutSection
 from relax.errors import InputError, RewardError
-from relax.rollout.group_rewards import by_prompt_runs, group_spans, score_groups
-from relax.rollout.scoring import Scorer
+from relax.rollout.reward.group_rewards import by_prompt_runs, group_spans, score_groups
+from relax.rollout.reward.scoring import Scorer
 
 PROMPTS = ["a"] * 3 + ["b"] * 3 + ["c"] * 3
 RESPONSES = ["x", "xxx", "xx", "y", "yy", "yyy", "zz", "z", "zzz"]

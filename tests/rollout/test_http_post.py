@@ -1,4 +1,4 @@
-"""relax/rollout/http_post.py against a server that sends its headers and its body apart, as
+"""relax/http_post.py against a server that sends its headers and its body apart, as
 uvicorn (vLLM) and aiohttp servers do: http.client closes a "Connection: close" connection
 once it has the headers, and the body must still be read (it was EBADF)."""
 
@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from relax.rollout import http_post
+from relax import http_post
 
 
 def _split_answer_server(body: bytes) -> tuple[str, threading.Thread]:

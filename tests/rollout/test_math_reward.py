@@ -2,7 +2,7 @@
 
 import pytest
 
-from relax.rollout.math_reward import (
+from relax.rollout.reward.math_reward import (
     answers_equal,
     extract_answer,
     last_boxed,

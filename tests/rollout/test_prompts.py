@@ -1,7 +1,7 @@
 """Prompt formatting: chat template with a system prompt, plain text otherwise."""
 
-from relax.rollout.data import format_prompt
-from relax.rollout.tiny_model import build_tokenizer
+from relax.rollout.prompts.data import format_prompt
+from relax.tiny_model import build_tokenizer
 
 
 def test_chat_template_and_system_prompt():

@@ -1,4 +1,4 @@
-"""reasoning-gym as a prompt source and reward (relax/rollout/reasoning_gym_source.py): spec
+"""reasoning-gym as a prompt source and reward (relax/rollout/prompts/reasoning_gym_source.py): spec
 parsing and its one-line errors, generation, answer extraction, the verifier reward, overlap
 between training and evaluation prompts. Small generated sizes; no model is downloaded."""
 
@@ -11,8 +11,8 @@ import reasoning_gym  # noqa: F401  (the rl extra; make installs it, so it is ne
 
 from relax.config.sections import DataSection, RewardsSection, RolloutSection  # noqa: E402
 from relax.errors import InputError  # noqa: E402
-from relax.rollout import reasoning_gym_source as gym  # noqa: E402
-from relax.rollout.data import PromptSample, load_source, report_overlap  # noqa: E402
+from relax.rollout.prompts import reasoning_gym_source as gym  # noqa: E402
+from relax.rollout.prompts.data import PromptSample, load_source, report_overlap  # noqa: E402
 
 ARITH = ("reasoning-gym:basic_arithmetic?size=12&min_terms=2&max_terms=2&min_digits=1"
          "&max_digits=2&operators=+,-&allow_parentheses=false&allow_negation=false")

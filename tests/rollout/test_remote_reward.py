@@ -1,4 +1,4 @@
-"""``--rm-type remote_rm``: the client (relax/rollout/remote_reward.py) against real server
+"""``--rm-type remote_rm``: the client (relax/rollout/reward/remote_reward.py) against real server
 processes on 127.0.0.1 -- the example math server, a slow one, one that fails every other
 request, one that answers garbage -- and the start-up check of the URL."""
 
@@ -19,8 +19,8 @@ import torch
 
 from relax.config.sections import DataSection, RewardsSection, RolloutSection
 from relax.errors import InputError, RewardError
-from relax.rollout.remote_reward import RemoteRewardModel
-from relax.rollout.scoring import Scorer
+from relax.rollout.reward.remote_reward import RemoteRewardModel
+from relax.rollout.reward.scoring import Scorer
 
 SERVERS = Path(__file__).with_name("reward_servers.py")
 START_S = 60  # bounded wait for a server to print its URL (a loaded 2-core machine)

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from relax.errors import InputError, RewardError
-from relax.rollout.rewards import build_reward_fn, load_function, score
-from relax.rollout.tasks import TASKS, char_agreement, get_task
+from relax.rollout.prompts.tasks import TASKS, char_agreement, get_task
+from relax.rollout.reward.rewards import build_reward_fn, load_function, score
 
 
 def _write(tmp_path, body: str) -> str:
@@ -22,7 +22,7 @@ def test_load_file_function(tmp_path):
 
 
 def test_load_module_function():
-    fn = load_function("relax.rollout.math_reward:math_reward", "--custom-rm-path")
+    fn = load_function("relax.rollout.reward.math_reward:math_reward", "--custom-rm-path")
     assert fn(["q"], ["\\boxed{2}"], ["2"]) == [1.0]
 
 
@@ -30,7 +30,7 @@ def test_load_module_function():
     "spec,needle",
     [
         ("no_colon", "expected 'module:function'"),
-        ("relax.rollout.math_reward:nope", "has no function 'nope'"),
+        ("relax.rollout.reward.math_reward:nope", "has no function 'nope'"),
         ("surely_missing_module_xyz:f", "cannot import"),
         ("/nonexistent/r.py:f", "does not exist"),
     ],
@@ -72,7 +72,7 @@ def test_bad_reward_names_sample_and_prompt(kind):
 def test_the_reward_bound_is_float32s_largest_value():
     import torch
 
-    from relax.rollout.rewards import bad_reward
+    from relax.rollout.reward.rewards import bad_reward
 
     biggest = float(torch.finfo(torch.float32).max)
     assert bad_reward(biggest) is None and bad_reward(-biggest) is None

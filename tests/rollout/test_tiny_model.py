@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 
 
 def test_padded_vocabulary_encodes_text_as_the_plain_one():

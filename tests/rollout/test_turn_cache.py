@@ -1,4 +1,4 @@
-"""KV reuse across turns (relax/rollout/turn_cache.py): the turns of episodes sampled with
+"""KV reuse across turns (relax/rollout/generation/turn_cache.py): the turns of episodes sampled with
 the kept caches are exactly those of a prefill of the whole conversation (the path before it)
 with the same seed in fp32, over ragged contexts and episodes that end at different turns; an
 ended episode's cache is released and its memory freed."""
@@ -11,11 +11,11 @@ import weakref
 import pytest
 import torch
 
-from relax.rollout.engine import DecodeEngine
-from relax.rollout.episodes import TurnRenderer, run_episodes
-from relax.rollout.generate import generate, left_pad
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-from relax.rollout.turn_cache import TurnCache
+from relax.rollout.agents.episodes import TurnRenderer, run_episodes
+from relax.rollout.generation.engine import DecodeEngine
+from relax.rollout.generation.generate import generate, left_pad
+from relax.rollout.generation.turn_cache import TurnCache
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from tests.rollout.test_engine import CONFIGS, _model
 
 

@@ -11,10 +11,10 @@ import os
 import pytest
 import torch
 
-from relax.rollout.sampler import SamplingParams
-from relax.rollout.vllm_backend import VllmBackend
-from relax.rollout.vllm_server import group_alive
-from relax.rollout.vllm_sync import ADAPTER_PREFIX
+from relax.rollout.generation.sampler import SamplingParams
+from relax.rollout.vllm.vllm_backend import VllmBackend
+from relax.rollout.vllm.vllm_server import group_alive
+from relax.rollout.vllm.vllm_sync import ADAPTER_PREFIX
 from relax.trainer.lora import adapter_disabled, add_lora
 from tests.rollout.test_vllm_server import (
     TOL_FP32,
@@ -84,7 +84,7 @@ def test_the_server_follows_the_adapter_after_an_optimizer_step(tmp_path):
 
 def _sample_adapter(backend, seed: int):
     """The backend's sampler: its client names the adapter served now."""
-    from relax.rollout.generate import left_pad
+    from relax.rollout.generation.generate import left_pad
     from tests.rollout.test_vllm_server import EOS, PAD, PROMPTS
 
     sampler = backend.sampler(SamplingParams(temperature=1.0), eos_token_ids=[EOS],

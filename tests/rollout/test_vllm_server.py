@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from relax.errors import InputError
-from relax.rollout.generate import left_pad
-from relax.rollout.sampler import SamplingParams
-from relax.rollout.vllm_backend import VllmBackend, VllmSettings
-from relax.rollout.vllm_sampler import VllmSampler
-from relax.rollout.vllm_server import VllmServer, group_alive
-from relax.rollout.vllm_sync import DiskSync, write_weights
+from relax.rollout.generation.generate import left_pad
+from relax.rollout.generation.sampler import SamplingParams
+from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.vllm.vllm_sampler import VllmSampler
+from relax.rollout.vllm.vllm_server import VllmServer, group_alive
+from relax.rollout.vllm.vllm_sync import DiskSync, write_weights
 
 pytestmark = pytest.mark.subprocess
 
@@ -43,7 +43,7 @@ STARTUP = 600.0
 
 def build_model_dir(path: Path, seed: int = 0, **overrides) -> Path:
     """The built-in tiny Qwen3 with attention heads vLLM's CPU kernels serve (32 wide)."""
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     shape = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, **overrides)
@@ -207,7 +207,7 @@ def test_a_server_serving_another_model_is_one_line(fp32_server, tmp_path):
 
 
 def test_a_model_vllm_cannot_run_is_one_line_and_leaves_no_process(tmp_path):
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     narrow = tmp_path / "narrow"  # the built-in tiny model: 16-wide attention heads
     tokenizer = build_tokenizer()

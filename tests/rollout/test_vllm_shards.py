@@ -1,4 +1,4 @@
-"""The vLLM weight sync from FSDP2 shards (relax/rollout/vllm_weights.py ``write_sharded``,
+"""The vLLM weight sync from FSDP2 shards (relax/rollout/vllm/vllm_weights.py ``write_sharded``,
 vllm_sync.py ``Shards``), on two spawned Gloo ranks without a server: the directory rank 0
 writes holds exactly the unsharded model's state dict (tied embeddings written untied), in
 Hugging Face's sharded format, and no rank ever held more gathered weights than one bucket.
@@ -42,9 +42,9 @@ def _sync_from_shards(folder: str) -> dict:
     fails on rank 1 only, and what each rank raised (nothing may hang)."""
     import torch.distributed as dist
 
-    from relax.rollout import vllm_weights
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-    from relax.rollout.vllm_sync import DiskSync, Shards
+    from relax.rollout.vllm import vllm_weights
+    from relax.rollout.vllm.vllm_sync import DiskSync, Shards
+    from relax.tiny_model import build_tiny_model, build_tokenizer
     from relax.trainer.distributed import DistContext, wrap_model
 
     rank = dist.get_rank()
@@ -78,7 +78,7 @@ def test_rank_zero_writes_the_unsharded_state_dict_bucket_by_bucket(tmp_path):
     """... and a reload that fails on one rank fails every rank."""
     from safetensors.torch import load_file
 
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     folder = tmp_path / "w"
     results = run_distributed(_sync_from_shards, 2, str(folder), timeout=120)

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from relax.errors import InputError
-from relax.rollout.generate import concat_rollouts, left_pad
-from relax.rollout.sampler import SamplingParams
-from relax.rollout.vllm_backend import VllmBackend, VllmSettings
-from relax.rollout.vllm_sampler import VllmSampler
-from relax.rollout.vllm_server import (
+from relax.rollout.generation.generate import concat_rollouts, left_pad
+from relax.rollout.generation.sampler import SamplingParams
+from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.vllm.vllm_sampler import VllmSampler
+from relax.rollout.vllm.vllm_server import (
     ServerError,
     VllmClient,
     VllmServer,
@@ -28,8 +28,8 @@ from relax.rollout.vllm_server import (
     last_error,
     vllm_python,
 )
-from relax.rollout.vllm_sync import DiskSync, LoraSync
-from relax.rollout.vllm_weights import lora_rank_slot
+from relax.rollout.vllm.vllm_sync import DiskSync, LoraSync
+from relax.rollout.vllm.vllm_weights import lora_rank_slot
 
 EOS, PAD = 1, 0
 
@@ -190,7 +190,7 @@ class RecordingClient:
 
 
 def _model():
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
     return build_tiny_model(build_tokenizer(), seed=0)
 
 

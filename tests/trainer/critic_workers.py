@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from relax.config.critic_fields import CriticSection
 from relax.metrics.tracker import MetricTracker
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import sharded_state
 from relax.trainer.critic import Critic, ValueModel
 from relax.trainer.distributed import DistContext, decoder_blocks, unwrap, wrap_model

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relax.errors import InputError, RelaxError
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import checkpoint, sharded_state
 from relax.trainer.checkpoint import (
     MARKER,

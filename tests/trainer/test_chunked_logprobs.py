@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import logprobs
 from relax.trainer.logprobs import chunked_token_log_probs, response_log_probs
 from relax.trainer.update import micro_batch_loss

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import train
 from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
 

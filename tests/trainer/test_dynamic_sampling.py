@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from relax.errors import RewardError
-from relax.rollout.data import PromptSource
 from relax.rollout.filters import check_reward_nonzero_std, kept_groups
-from relax.rollout.generate import Rollout, concat_rollouts
-from relax.rollout.tasks import get_task
+from relax.rollout.generation.generate import Rollout, concat_rollouts
+from relax.rollout.prompts.data import PromptSource
+from relax.rollout.prompts.tasks import get_task
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
 from tests.algorithms import reference as ref

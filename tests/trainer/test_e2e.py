@@ -63,7 +63,7 @@ def test_micro_batches_and_several_optimizer_steps(tmp_path):
 
 
 def _write_hf_dir(path, seed=11):
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=seed, hidden_size=32, intermediate_size=64,

@@ -138,7 +138,7 @@ def test_non_finite_loss_stops_before_the_step_and_keeps_the_save(tmp_path, caps
 
 
 def test_chat_template_missing(tmp_path, capsys):
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     tok = build_tokenizer()
     build_tiny_model(tok, seed=0, num_hidden_layers=1).save_pretrained(tmp_path / "hf")

@@ -1,4 +1,4 @@
-"""``--fully-async`` (relax/trainer/async_layout.py): rollout ranks sample while training ranks
+"""``--fully-async`` (relax/trainer/fully_async/async_layout.py): rollout ranks sample while training ranks
 train, under one torchrun, with a fixed lag. Real Gloo processes, bounded waits.
 
 - K = 0 gives the colocated loop's numbers (one training rank; two training ranks with DDP
@@ -21,8 +21,9 @@ import sys
 
 import pytest
 
-from relax.trainer import sharded_state, weight_sync
-from relax.trainer.async_layout import Schedule
+from relax.trainer import sharded_state
+from relax.trainer.fully_async import weight_sync
+from relax.trainer.fully_async.async_layout import Schedule
 from tests.distributed_utils import free_port, torchrun_relax
 from tests.reliability.helpers import finish_all, kill_left, start_ranks
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, read_metrics, write_jsonl, write_reward
 

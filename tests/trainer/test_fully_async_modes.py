@@ -6,9 +6,9 @@ For each mode: ``--max-staleness 0`` gives the colocated run's numbers, and with
 run cut after its first step and continued with ``--load`` (the batch in flight and the
 rollout side's state, e.g. the carried groups, from the checkpoint) repeats the uninterrupted
 run exactly. Dynamic sampling runs two training ranks on one rollout rank, whose two shares
-agree on every round (relax/rollout/agreement.py), and on two rollout ranks, which agree over
+agree on every round (relax/agreement.py), and on two rollout ranks, which agree over
 their own group: the same batches. Agent programs' calls are batched as they
-arrive (relax/rollout/agent_server.py), so their tokens do not repeat bitwise even colocated:
+arrive (relax/rollout/agents/agent_server.py), so their tokens do not repeat bitwise even colocated:
 for them the schedule, the rewards and the turns are compared.
 """
 

@@ -147,7 +147,7 @@ def test_skipped_backward_of_zero_advantage_rows_keeps_the_step(two_ranks, fsdp)
 
 
 def test_reference_step_changes_parameters():
-    from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+    from relax.tiny_model import build_tiny_model, build_tokenizer
 
     params, hist = one_step("grpo", False, False, B)
     initial = dict(build_tiny_model(build_tokenizer(), seed=7).named_parameters())

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from relax.metrics.tracker import MetricTracker
-from relax.rollout.batch import StepBatch
-from relax.rollout.generate import Rollout
+from relax.rollout.generation.batch import StepBatch
+from relax.rollout.generation.generate import Rollout
 from relax.trainer.flops import BANDWIDTH_ENV, PEAK_ENV, ModelShape
 from relax.trainer.limits import Limits, over_limit_warning, published
 from relax.trainer.step_metrics import StepMetrics

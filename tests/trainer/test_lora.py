@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from relax.errors import InputError
-from relax.rollout.engine import unsupported_reason
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.generation.engine import unsupported_reason
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import init_distributed, unwrap
 from relax.trainer.loop import Trainer
 from relax.trainer.lora import adapter_disabled, add_lora, hf_target_names, merged_copy

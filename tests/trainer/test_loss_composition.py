@@ -9,7 +9,7 @@ relax's loss, reduction or KL functions), so a wrong sign, weight or denominator
 import pytest
 import torch
 
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.update import micro_batch_loss
 from tests.trainer.workers import B, T, fixed_experience, loss_settings_of
 

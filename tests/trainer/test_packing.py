@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import packing
 from relax.trainer.experience import Experience, budget_groups, micro_batches
 from relax.trainer.logprobs import pack_layout, response_log_probs, token_slots

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relax.cpu_threads import cpu_threads
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import parts
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs, response_log_probs

@@ -1,4 +1,4 @@
-"""relax/trainer/publish.py: where the weights go after a step is an object chosen once, not a
+"""relax/trainer/fully_async/publish.py: where the weights go after a step is an object chosen once, not a
 branch in the loop: nowhere (colocated), the rollout ranks (--fully-async: every step, the
 remote collector knows which versions a batch needs), the vLLM servers (when due, and a
 resumed run's weights before its first step)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-from relax.trainer.publish import Colocated, ToRolloutRanks, ToVllm, publisher_for
+from relax.trainer.fully_async.publish import Colocated, ToRolloutRanks, ToVllm, publisher_for
 
 
 class Recorder:

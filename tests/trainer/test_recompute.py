@@ -8,8 +8,8 @@ import torch
 
 from relax.config.sections import RecomputeSection
 from relax.errors import InputError
-from relax.rollout.generate import generate, tokenize_prompts
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.generation.generate import generate, tokenize_prompts
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.recompute import apply_recompute, recomputing
 from relax.trainer.update import micro_batch_loss

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from relax.rollout.math_reward import math_reward
+from relax.rollout.reward.math_reward import math_reward
 from tests.rollout.test_remote_reward import server, stats
 from tests.trainer.helpers import fit, make_config, read_metrics, write_jsonl, write_reward
 

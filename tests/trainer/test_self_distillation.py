@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from relax.rollout.privileged import TEMPLATE, with_privileged
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.rollout.prompts.privileged import TEMPLATE, with_privileged
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import train
 from relax.trainer.logprobs import response_rows
 from tests.trainer.helpers import fit, make_config, read_metrics, write_jsonl, write_reward
@@ -143,8 +143,8 @@ def test_token_budget_micro_batches_trim_the_teacher_prompt_on_its_own():
 
 
 def test_dynamic_sampling_keeps_each_kept_row_with_its_teacher_prompt():
-    from relax.rollout.batch import StepBatch, kept_batch
-    from relax.rollout.generate import Rollout
+    from relax.rollout.generation.batch import StepBatch, kept_batch
+    from relax.rollout.generation.generate import Rollout
 
     def part(tag):
         r = Rollout(torch.tensor([[4, 5], [6, 7]]), torch.ones(2, 2, dtype=torch.bool),

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
-from relax.rollout.vllm_server import ServerError, group_alive
+from relax.rollout.vllm.vllm_server import ServerError, group_alive
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.teacher_server import ServerTeacher, check_served_vocabulary

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relax.errors import InputError
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext
 from relax.trainer.experience import budget_groups, micro_batches, split_to, trimmed
 from relax.trainer.logprobs import batched_log_probs, response_log_probs

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from relax.config.sections import OffPolicySection
-from relax.rollout.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
 from relax.trainer.logprobs import Experience, batched_log_probs, response_log_probs
 from relax.trainer.off_policy import OffPolicy

