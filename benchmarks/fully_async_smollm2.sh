@@ -15,7 +15,13 @@
 #   MODEL_DIR=models/SmolLM2-135M-Instruct MINUTES=10 SEEDS="1 2" \
 #       bash benchmarks/fully_async_smollm2.sh
 #
-# Results: docs/performance.md ("Fully asynchronous on SmolLM2").
+# WORKLOAD=gtn runs gem's GuessTheNumber-v0-easy episodes instead (the recipe of
+# examples/envs/sweep-smollm2-guess-the-number.sh: 4 games x 8 plays, up to 4 turns of 32
+# tokens, KV reuse across turns, 100 held-out games), GRPO, B with --use-tis:
+#
+#   WORKLOAD=gtn MINUTES=6 SEEDS="1 2" bash benchmarks/fully_async_smollm2.sh
+#
+# Results: docs/performance.md ("Fully asynchronous on SmolLM2", and "... GuessTheNumber").
 set -euo pipefail
 HERE=${HERE:-$(cd "$(dirname "$0")" && pwd)}
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -26,10 +32,27 @@ ROOT=${ROOT:-runs/fully-async}
 export PYTHON MODEL_DIR
 mkdir -p "${ROOT}"
 
+WORKLOAD=${WORKLOAD:-sums}
+GTN=(--env "${HERE}/../examples/envs/gem_last_number.py:guess_the_number_easy" --max-turns 4
+     --apply-chat-template --eval-episodes 100 --eval-temperature 0 --eval-max-response-len 32
+     --advantage-estimator grpo --hf-checkpoint "${MODEL_DIR}" --num-rollout 100
+     --rollout-batch-size 4 --n-samples-per-prompt 8 --micro-batch-size 16
+     --rollout-max-response-len 32 --rollout-temperature 1.0 --lr 2e-5 --eps-clip 0.2
+     --clip-grad 1.0 --log-samples 4 --eval-interval 100)  # the budget ends a run first
+
 run_arm() {  # arm seed threads launcher...
   local arm=$1 seed=$2 threads=$3
   shift 3
   start=$(date +%s)
+  if [[ "${WORKLOAD}" == gtn ]]; then
+    # shellcheck disable=SC2086  # the launcher and ARM_FLAGS are words
+    OMP_NUM_THREADS=${threads} $* -m relax train "${GTN[@]}" --seed "${seed}" \
+      --exit-duration-in-mins "${MINUTES}" ${ARM_FLAGS:+${ARM_FLAGS} --use-tis} \
+      --output-dir "${ROOT}/${arm}-seed${seed}" > "${ROOT}/${arm}-seed${seed}.log" 2>&1
+    echo "${arm} seed ${seed}: $(( $(date +%s) - start )) s ($(git rev-parse --short HEAD))" \
+      | tee -a "${ROOT}/walltimes.txt"
+    return
+  fi
   # shellcheck disable=SC2086  # ARM_FLAGS are words
   OMP_NUM_THREADS=${threads} ALGO=grpo SEED="${seed}" NUM_ROLLOUT=1000 TRAIN_SIZE=4000 \
     EVAL_INTERVAL=1000 LOG_SAMPLES=0 OUTPUT_DIR="${ROOT}/${arm}-seed${seed}" LAUNCHER="$*" \
