@@ -38,7 +38,7 @@ from typing import Protocol
 
 import torch
 
-from relax.collectives import raise_together
+from relax.agreement import GroupAgreement
 from relax.rollout.vllm.vllm_weights import write_adapter, write_sharded, write_weights
 
 __all__ = ["DiskSync", "LoraSync", "Shards", "WeightSync", "write_weights"]
@@ -63,7 +63,7 @@ class Shards:
 
     def agree(self, error: Exception | None = None) -> None:
         """Every rank gets here before any goes on; one rank's failure is every rank's."""
-        raise_together(error, self.ctx)
+        GroupAgreement(self.ctx.group, self.ctx.device).raise_together(error)
 
 
 class DiskSync:
