@@ -85,15 +85,21 @@ class EpisodeCollector(StreamPosition):
         if version is not None:
             rollout = dataclasses.replace(rollout, policy_version=torch.full(
                 (len(played.turns),), version, dtype=torch.long, device=self.ctx.device))
-        group_index = torch.arange(len(played.turns) // self.n,
-                                   device=self.ctx.device).repeat_interleave(self.n)
-        rewards = torch.tensor(played.rewards, dtype=torch.float32, device=self.ctx.device)
+        return self._step_batch(rollout, played.rewards, played.prompts, labels)
+
+    def _step_batch(self, rollout, rewards: list[float], prompts: list[str],
+                    labels: list) -> StepBatch:
+        """Whole groups of ``n`` episodes as the step's batch, their summed rewards through
+        the post-processing plug-in."""
+        device = self.ctx.device
+        group_index = torch.arange(len(rewards) // self.n, device=device).repeat_interleave(self.n)
         # samples.jsonl shows whole episodes: the environment's turns and the EOS that ends
         # each model turn included, the padding not
         transcripts = [self.tokenizer.decode(ids[keep].tolist(), skip_special_tokens=False)
                        for ids, keep in zip(rollout.response_ids, rollout.context_mask,
                                             strict=True)]
-        return StepBatch.of(prompts=played.prompts, labels=labels, group_index=group_index,
+        rewards = torch.tensor(rewards, dtype=torch.float32, device=device)
+        return StepBatch.of(prompts=prompts, labels=labels, group_index=group_index,
                             rollout=rollout, responses=transcripts,
                             rewards=self.scorer.post_process(rewards, group_index))
 

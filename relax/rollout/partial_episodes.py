@@ -35,14 +35,13 @@ from relax.rollout.agents.episodes import (
     HELDOUT_SEED,
     Episode,
     as_rollout,
-    play_action,
+    play_turn,
     start_episodes,
     turn_io,
 )
 from relax.rollout.collectors import rollout_generator
 from relax.rollout.episode_collector import EpisodeCollector
 from relax.rollout.generation.batch import StepBatch
-from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.turn_cache import TurnCache
 from relax.rollout.partial import share_stream
 from relax.rollout.reward.scoring import warn_some
@@ -134,28 +133,17 @@ class PartialEpisodes(EpisodeCollector):
             cache.clear()
 
     def _turn(self, episodes: list[CarriedEpisode], generator, cache: TurnCache) -> None:
-        """One model turn of every live episode (one batched generation), then one step of
-        each one's environment."""
+        """One model turn of every live episode, each environment's answer recorded."""
         section = self.rollout
-        live = [i for i, e in enumerate(episodes) if e.live]
-        ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
-                             self.tokenizer.pad_token_id, self.ctx.device)
-        limit = section.sampling.max_response_len
-        out = self.sampler(ids, mask, limit, generator, cache=cache.rows(live))
-        for row, i in enumerate(live):
-            e, keep = episodes[i], out.response_mask[row]
-            action = out.response_ids[row][keep].tolist()
-            e.add(action, trained=True, log_probs=out.log_probs[row][keep].tolist())
-            error = play_action(e, _Recorder(e), action, ended=not bool(out.truncated[row]),
-                                tokenizer=self.tokenizer, render=self.render,
-                                last=e.turns == section.episodes.max_turns - 1,
-                                room=None if self.context is None else self.context - limit)
-            if error:
-                e.error = f"episode of seed {e.seed}, turn {e.turns}: {error}"
-                if section.rewards.error_policy == "raise":
-                    raise EnvFailure(e.error)
-            if not e.live:
-                cache.release(i)
+        play_turn(episodes, [i for i, e in enumerate(episodes) if e.live],
+                  [_Recorder(e) for e in episodes],
+                  sample=lambda ids, mask, limit, cache: self.sampler(ids, mask, limit, generator,
+                                                                      cache=cache),
+                  cache=cache, tokenizer=self.tokenizer, render=self.render,
+                  max_turns=section.episodes.max_turns,
+                  max_turn_tokens=section.sampling.max_response_len, context=self.context,
+                  device=self.ctx.device, stop=section.rewards.error_policy == "raise",
+                  name=lambda i: f"episode of seed {episodes[i].seed}")
 
     def _fresh(self, count: int) -> list[list[CarriedEpisode]]:
         """``count`` new groups of this rank, reset on the environments no carried episode
@@ -191,7 +179,7 @@ class PartialEpisodes(EpisodeCollector):
         T = rollout.response_ids.shape[1]
         current = torch.zeros((len(episodes), T), dtype=torch.bool)
         for i, e in enumerate(episodes):
-            current[i, :len(e.versions)] = torch.tensor([v == step for v in e.versions])
+            current[i, :len(e.versions)] = torch.tensor(e.versions, dtype=torch.long) == step
         current = current.to(device)
         trained = rollout.response_mask
         self.tracker.add_ratio("rollout/partial_offpolicy_tokens", (trained & ~current).sum(),
@@ -204,15 +192,9 @@ class PartialEpisodes(EpisodeCollector):
                   "episodes", "scored 0 (--reward-error-policy zero)")
         self.tracker.add_ratio("rollout/episode_turns", sum(e.turns for e in episodes),
                                len(episodes))
-        group_index = torch.arange(len(groups), device=device).repeat_interleave(self.n)
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=device)
-        transcripts = [self.tokenizer.decode(ids[keep].tolist(), skip_special_tokens=False)
-                       for ids, keep in zip(rollout.response_ids, rollout.context_mask,
-                                            strict=True)]
         labels = [{"env_seed": e.seed, "turns": e.turns} for e in episodes]
-        return StepBatch.of(prompts=[e.text for e in episodes], labels=labels,
-                            group_index=group_index, rollout=rollout, responses=transcripts,
-                            rewards=self.scorer.post_process(rewards, group_index))
+        return self._step_batch(rollout, [e.reward for e in episodes],
+                                [e.text for e in episodes], labels)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

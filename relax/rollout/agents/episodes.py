@@ -170,14 +170,14 @@ def run_episodes(
                                length_flag=length_flag, stop=stop_at_first_error)
     cache = TurnCache()  # one per call: the weights do not change while episodes play
     try:
-        for turn in range(max_turns):
+        for _ in range(max_turns):
             live = [i for i, e in enumerate(episodes) if e.live]
             if not live:
                 break
-            _turn(episodes, live, envs, seeds, turn, sample=sample, cache=cache,
-                  tokenizer=tokenizer, render=render, max_turns=max_turns,
-                  max_turn_tokens=max_turn_tokens, context=context, device=device,
-                  stop=stop_at_first_error)
+            play_turn(episodes, live, envs, sample=sample, cache=cache, tokenizer=tokenizer,
+                      render=render, max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                      context=context, device=device, stop=stop_at_first_error,
+                      name=lambda i: f"episode {i} (seed {seeds[i]})")
     finally:
         cache.clear()
     return EpisodeRollout(as_rollout(episodes, tokenizer.pad_token_id, device),
@@ -185,25 +185,27 @@ def run_episodes(
                           [e.error for e in episodes if e.error], prompts)
 
 
-def _turn(episodes, live, envs, seeds, turn, *, sample, cache, tokenizer, render, max_turns,
-          max_turn_tokens, context, device, stop):
-    """One model turn of the ``live`` episodes (one batched generation), then one step of
-    each one's environment; ``stop``: the first failure raises."""
+def play_turn(episodes, live, envs, *, sample, cache, tokenizer, render, max_turns,
+              max_turn_tokens, context, device, stop, name):
+    """One model turn of the ``live`` episodes (indices of ``episodes``; one batched
+    generation), then one step of each one's environment ``envs[i]``; an episode's turn
+    ``max_turns`` is its last. ``stop``: the first failure raises; ``name(i)`` names episode
+    ``i`` in its error. Also the partial rollouts' turn (relax/rollout/partial_episodes.py)."""
     ids, mask = left_pad([episodes[i].prompt + episodes[i].ids for i in live],
                          tokenizer.pad_token_id, device)
     out = sample(ids, mask, max_turn_tokens, cache=cache.rows(live))
     for row, i in enumerate(live):
-        action = out.response_ids[row][out.response_mask[row]].tolist()
-        episodes[i].add(action, trained=True,
-                        log_probs=out.log_probs[row][out.response_mask[row]].tolist())
-        error = play_action(episodes[i], envs[i], action, ended=not bool(out.truncated[row]),
-                      tokenizer=tokenizer, render=render, last=turn == max_turns - 1,
-                      room=None if context is None else context - max_turn_tokens)
+        e, keep = episodes[i], out.response_mask[row]
+        action = out.response_ids[row][keep].tolist()
+        e.add(action, trained=True, log_probs=out.log_probs[row][keep].tolist())
+        error = play_action(e, envs[i], action, ended=not bool(out.truncated[row]),
+                            tokenizer=tokenizer, render=render, last=e.turns == max_turns - 1,
+                            room=None if context is None else context - max_turn_tokens)
         if error:
-            episodes[i].error = f"episode {i} (seed {seeds[i]}), turn {turn + 1}: {error}"
+            e.error = f"{name(i)}, turn {e.turns}: {error}"
             if stop:
-                raise EnvFailure(episodes[i].error)
-        if not episodes[i].live:
+                raise EnvFailure(e.error)
+        if not e.live:
             cache.release(i)
 
 
