@@ -31,7 +31,7 @@ from relax.rollout.prompts.tasks import get_task
 from relax.rollout.reward.scoring import Scorer
 
 __all__ = ["Inputs", "build_collector", "build_environments", "build_scorer", "load_inputs",
-           "sampling_params"]
+           "sampling_params", "turn_eos"]
 
 
 @dataclass(frozen=True)
@@ -72,14 +72,22 @@ def sampling_params(cfg) -> SamplingParams:
     return SamplingParams(s.temperature, s.top_p, s.top_k)
 
 
+def turn_eos(tokenizer, eos_token_ids: list[int]) -> int:
+    """The token that ends an episode's model turn: the tokenizer's EOS, else the model's
+    first (``eos_token_ids``, relax/models.py ``eos_token_ids``)."""
+    eos = tokenizer.eos_token_id
+    return eos_token_ids[0] if eos is None else eos
+
+
 def build_collector(cfg, share, agree: Agreement, sampler, *, inputs: Inputs, scorer,
                     tokenizer, envs, context: int | None, eos_token_id: int, timer,
                     tracker) -> Collector:
     """Episodes (--env, --use-agentic-rollout), partial rollouts, or prompt groups, with
     dynamic sampling around prompt groups when a filter is set (partial rollouts filter each
     group once it completes; the configuration refuses a filter with episodes). ``sampler``:
-    relax/rollout/generation/sampler.py's or a vLLM server's; ``context``: the model's maximum positions; ``timer`` / ``tracker``: the
-    share's phase times and metrics."""
+    relax/rollout/generation/sampler.py's or a vLLM server's; ``context``: the model's maximum
+    positions; ``eos_token_id``: :func:`turn_eos`; ``timer`` / ``tracker``: the share's phase
+    times and metrics."""
     rollout, batches = cfg.rollout, cfg.batches
     parts = dict(seed=cfg.run.seed, source=inputs.source, tokenizer=tokenizer, scorer=scorer,
                  timer=timer, tracker=tracker, sampler=sampler, agree=agree)

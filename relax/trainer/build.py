@@ -39,6 +39,7 @@ from relax.rollout.assembly import (
     build_scorer,
     load_inputs,
     sampling_params,
+    turn_eos,
 )
 from relax.rollout.prompts.data import check_formatted_lengths, report_overlap
 from relax.rollout.prompts.privileged import teacher_samples
@@ -238,12 +239,11 @@ def _collector(p: Parts, cfg, ctx, layout, envs):
     params = sampling_params(cfg)
     sampler = (pol.sampler(params) if p.vllm is None else p.vllm.sampler(
         params, eos_token_ids=pol.eos_token_ids, pad_token_id=pol.tokenizer.pad_token_id))
-    eos = pol.tokenizer.eos_token_id
     inputs = Inputs(p.samples, p.source, p.group_filter)
     return build_collector(cfg, ctx, GroupAgreement(ctx.group, ctx.device), sampler,
                            inputs=inputs, scorer=p.scorer, tokenizer=pol.tokenizer, envs=envs,
                            context=pol.context,
-                           eos_token_id=pol.eos_token_ids[0] if eos is None else eos,
+                           eos_token_id=turn_eos(pol.tokenizer, pol.eos_token_ids),
                            timer=p.timer, tracker=p.tracker)
 
 

@@ -45,6 +45,7 @@ from relax.rollout.assembly import (
     build_scorer,
     load_inputs,
     sampling_params,
+    turn_eos,
 )
 from relax.rollout.generation.sampler import Sampler
 from relax.rollout.reward.judge import build_judge, check_judging_lengths
@@ -116,12 +117,11 @@ class RolloutWorker:
         if cfg.rollout.episodes.env:  # one environment per episode of this share
             with stop.at_once("building the --env environments"):
                 envs = build_environments(cfg.rollout, cfg.batches, share)
-        eos = self.tokenizer.eos_token_id
         return build_collector(
             cfg, share, agree, self.sampler, inputs=self.inputs, tokenizer=self.tokenizer,
             scorer=build_scorer(cfg, share, agree, samples=self.inputs.samples, judge=judge),
             envs=envs, context=getattr(self.module.config, "max_position_embeddings", None),
-            eos_token_id=self.sampler.eos_token_ids[0] if eos is None else eos,
+            eos_token_id=turn_eos(self.tokenizer, self.sampler.eos_token_ids),
             timer=self.timers[v], tracker=self.trackers[v])
 
     def serve(self) -> None:
