@@ -21,6 +21,13 @@
 #
 #   WORKLOAD=gtn MINUTES=6 SEEDS="1 2" bash benchmarks/fully_async_smollm2.sh
 #
+# WORKLOAD=longtail runs the sums with responses of up to 256 tokens (a long tail: most answers
+# take 20-60 tokens, some run to the cap), both arms under --fully-async at one thread per
+# process: B samples every group to the end, C adds --partial-rollout
+# --over-sampling-batch-size 8 (starts 8 groups, trains the first 4 complete, carries the rest):
+#
+#   WORKLOAD=longtail MINUTES=10 SEEDS=1 bash benchmarks/fully_async_smollm2.sh
+#
 # Results: docs/performance.md ("Fully asynchronous on SmolLM2", and "... GuessTheNumber").
 set -euo pipefail
 HERE=${HERE:-$(cd "$(dirname "$0")" && pwd)}
@@ -55,6 +62,7 @@ run_arm() {  # arm seed threads launcher...
   fi
   # shellcheck disable=SC2086  # ARM_FLAGS are words
   OMP_NUM_THREADS=${threads} ALGO=grpo SEED="${seed}" NUM_ROLLOUT=1000 TRAIN_SIZE=4000 \
+    MAX_RESPONSE_LEN="${MAX_RESPONSE_LEN:-64}" \
     EVAL_INTERVAL=1000 LOG_SAMPLES=0 OUTPUT_DIR="${ROOT}/${arm}-seed${seed}" LAUNCHER="$*" \
     bash "${HERE}/../examples/reasoning_gym/run-smollm2-reasoning-gym.sh" \
     --exit-duration-in-mins "${MINUTES}" --use-tis ${ARM_FLAGS:-} \
@@ -63,29 +71,49 @@ run_arm() {  # arm seed threads launcher...
     | tee -a "${ROOT}/walltimes.txt"
 }
 
+TORCHRUN="${PYTHON} -m torch.distributed.run --standalone --nproc_per_node 2"
+ASYNC="--fully-async --max-staleness 1"
 for seed in ${SEEDS}; do
+  if [[ "${WORKLOAD}" == longtail ]]; then
+    MAX_RESPONSE_LEN=256 ARM_FLAGS="${ASYNC}" run_arm B "${seed}" 1 "${TORCHRUN}"
+    MAX_RESPONSE_LEN=256 ARM_FLAGS="${ASYNC} --partial-rollout --over-sampling-batch-size 8" \
+      run_arm C "${seed}" 1 "${TORCHRUN}"
+    continue
+  fi
   run_arm A "${seed}" 2 "${PYTHON}"
-  ARM_FLAGS="--fully-async --max-staleness 1" run_arm B "${seed}" 1 \
-    "${PYTHON} -m torch.distributed.run --standalone --nproc_per_node 2"
+  ARM_FLAGS="${ASYNC}" run_arm B "${seed}" 1 "${TORCHRUN}"
 done
 
 "${PYTHON}" - "${ROOT}" ${SEEDS} <<'PY'
-import json, sys
+import json, os, sys
 root, seeds = sys.argv[1], sys.argv[2:]
-print("| arm | seed | steps | training minutes | samples / s | step (s, median) | "
-      "train idle | rollout idle | held-out pass@1 |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for arm in ("A", "B"):
+
+
+def median(rows, key):
+    values = sorted(r[key] for r in rows if key in r)
+    return values[len(values) // 2] if values else float("nan")
+
+
+print("| arm | seed | steps | training minutes | samples / s | step (s) | generate (s) | "
+      "update (s) | response tokens | train idle | rollout idle | held-out |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for arm in ("A", "B", "C"):
     for seed in seeds:
+        if not os.path.exists(f"{root}/{arm}-seed{seed}/metrics.jsonl"):
+            continue
         with open(f"{root}/{arm}-seed{seed}/metrics.jsonl", encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         steps = [r for r in rows if "perf/step_time" in r]
         seconds = sum(r["perf/step_time"] for r in steps)
-        med = sorted(r["perf/step_time"] for r in steps)[len(steps) // 2]
-        idle = [sum(r.get(k, float("nan")) for r in steps[1:]) / max(1, len(steps) - 1)
+        later = steps[1:] or steps  # medians over steps 2 on: step 1 also loads and warms up
+        generate = "async/rollout_generate_time" if arm != "A" else "perf/rollout_time"
+        idle = [sum(r.get(k, float("nan")) for r in later) / len(later)
                 for k in ("async/train_idle_fraction", "async/rollout_idle_fraction")]
-        pass1 = [r[k] for r in rows for k in r if k.startswith("eval/") and k.endswith("pass@1")]
+        heldout = [r[k] for r in rows for k in r
+                   if k.startswith("eval/") and k.endswith("pass@1")]
         print(f"| {arm} | {seed} | {len(steps)} | {seconds / 60:.1f} | "
-              f"{32 * len(steps) / seconds:.2f} | {med:.1f} | {idle[0]:.2f} | {idle[1]:.2f} | "
-              f"{pass1[-1] if pass1 else float('nan'):.3f} |")
+              f"{32 * len(steps) / seconds:.2f} | {median(later, 'perf/step_time'):.1f} | "
+              f"{median(later, generate):.1f} | {median(later, 'perf/update_time'):.1f} | "
+              f"{median(later, 'rollout/response_length'):.0f} | {idle[0]:.2f} | {idle[1]:.2f} | "
+              f"{heldout[-1] if heldout else float('nan'):.3f} |")
 PY
