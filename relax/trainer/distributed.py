@@ -15,6 +15,8 @@ import contextlib
 import datetime
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -68,6 +70,8 @@ def init_distributed(device_choice: str, timeout_minutes: float | None = None) -
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
     _check_launch_env(world_size)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun's workers
+        stop_with_launcher(os.getppid())
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
@@ -75,6 +79,25 @@ def init_distributed(device_choice: str, timeout_minutes: float | None = None) -
             kwargs["timeout"] = datetime.timedelta(minutes=timeout_minutes)
         dist.init_process_group(backend=backend, **kwargs)
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.group.WORLD)
+
+
+def stop_with_launcher(launcher: int, poll_s: float = 1.0) -> threading.Thread:
+    """End this rank when the process that launched it (torchrun's agent, pid ``launcher``)
+    is gone. torchrun stops its workers when it is stopped, but a SIGKILL (a scheduler's,
+    an OOM kill, a timed-out test) cannot be passed on: its workers would live on, waiting in
+    a collective for up to --distributed-timeout-minutes, holding memory and devices. An
+    orphan's parent becomes another process (init or a subreaper), which is what the daemon
+    thread watches for; it says so in one line and ends the process with status 1."""
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(poll_s)
+        print(f"relax: error: rank {os.environ.get('RANK', '?')}: its launcher (pid "
+              f"{launcher}) is gone, so this rank stops too", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="relax-launcher-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def finish_together(ctx) -> None:

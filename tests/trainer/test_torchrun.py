@@ -50,3 +50,57 @@ def test_reward_failure_on_one_rank_stops_both(tmp_path):
     lines = [x for x in proc.stderr.splitlines() if x.startswith("relax train: error:")]
     assert any("[rank 1] reward function" in x and "reward service down" in x for x in lines)
     assert any("[rank 0] another data-parallel rank failed" in x for x in lines)
+
+
+def _alive(pid: int) -> bool:
+    """A process that has not ended (a zombie has: it waits only for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_ranks_stop_when_torchrun_is_killed(tmp_path):
+    """SIGKILL cannot be passed on to torchrun's workers: each rank watches its launcher and
+    stops by itself instead of waiting in a collective for --distributed-timeout-minutes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.distributed_utils import free_port
+
+    reward = write_reward(tmp_path, "import os, time\ndef f(p, r, l):\n"
+                          f"    open({str(tmp_path)!r} + f'/pid{{os.environ[\"RANK\"]}}', 'w')"
+                          ".write(str(os.getpid()))\n"
+                          "    time.sleep(600)\n")
+    with open(tmp_path / "stderr", "w") as err:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "relax",
+             "train", "--num-rollout", "1", "--rollout-batch-size", "2",
+             "--n-samples-per-prompt", "2", "--custom-rm-path", f"{reward}:f", "--device", "cpu",
+             "--output-dir", str(tmp_path / "run")],
+            stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    pids, deadline = [], time.monotonic() + 180
+    try:
+        while len(pids) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+            pids = [int(p.read_text()) for p in tmp_path.glob("pid*") if p.read_text()]
+            time.sleep(0.2)
+        assert len(pids) == 2, (tmp_path / "stderr").read_text()[-3000:]
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)
+        stop = time.monotonic() + 60
+        while any(map(_alive, pids)) and time.monotonic() < stop:
+            time.sleep(0.2)
+        survivors = [p for p in pids if _alive(p)]
+    finally:
+        launcher.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert survivors == [], "ranks outlived their killed launcher"
+    said = (tmp_path / "stderr").read_text()
+    assert said.count("its launcher (pid") == 2 and "this rank stops too" in said, said[-2000:]
