@@ -94,7 +94,7 @@ class _Said:
     def __init__(self, tokenizer, texts):
         self.tokenizer, self.texts, self.device = tokenizer, texts, torch.device("cpu")
 
-    def __call__(self, ids, mask, max_new_tokens):
+    def __call__(self, ids, mask, max_new_tokens, shared=None):
         rows = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in self.texts]
         width = max(len(r) for r in rows)
         out = torch.zeros(len(rows), width, dtype=torch.long)
