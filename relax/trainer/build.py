@@ -138,7 +138,7 @@ def _checked(cfg, ctx, stop, layout):
     # --fully-async: the rollout ranks score (and hold the judge)
     judge = None if layout is not None else build_judge(
         cfg.rollout.rewards, ctx.device, bf16=bf16,
-        share_prefixes=cfg.batches.pass_layout == "shared-prefix")
+        pass_layout=cfg.batches.pass_layout)
     scorer = build_scorer(cfg, ctx, GroupAgreement(ctx.group, ctx.device),
                           samples=inputs.samples, judge=judge)
     if cfg.world_size != ctx.world_size:  # validation's batch rules assumed its own

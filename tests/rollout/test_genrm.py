@@ -142,6 +142,14 @@ def test_a_judge_is_reached_through_its_section_only_with_genrm():
     assert build_judge(RewardsSection(rm_type="math"), torch.device("cpu"), bf16=False) is None
 
 
+@pytest.mark.parametrize("layout,shares", [("shared-prefix", True), ("packed", False),
+                                           ("padded", False)])
+def test_the_pass_layout_switches_the_judges_shared_prefixes(tmp_path, layout, shares):
+    judge = build_judge(_rollout_section(_tiny_judge_dir(tmp_path)), torch.device("cpu"),
+                        bf16=False, pass_layout=layout)
+    assert judge.share_prefixes is shares
+
+
 def test_the_judge_class_needs_no_loader(tmp_path):
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=3, num_hidden_layers=1)
