@@ -11,6 +11,14 @@ policy's generation and of the judge.
     OMP_NUM_THREADS=1 python benchmarks/genrm_agreement.py --model models/SmolLM2-135M-Instruct \\
         --steps 4 --prompts 4 --samples 8
 
+``--ab-sharing`` judges every step's samples twice, A: each judging prompt prefilled whole
+(``--pass-layout packed`` / ``padded``), then B: a question's judging prompts prefilling their
+common beginning once (``shared-prefix``, the default; relax/rollout/generation/shared_prefix.py),
+and reports the medians of each one's process CPU seconds (which other processes' load does
+not stretch, unlike wall seconds) and wall seconds per step, whether their verdicts are equal,
+and the judging prompts' tokens against those the shared prefill computes. The agreement
+counts are B's.
+
 Never run by the test suite.
 """
 
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -26,6 +35,7 @@ from relax import models
 from relax.config.sections import DataSection, RewardsSection, RolloutSection
 from relax.rollout.generation.generate import tokenize_prompts
 from relax.rollout.generation.sampler import Sampler, SamplingParams
+from relax.rollout.generation.shared_prefix import shared_prefixes
 from relax.rollout.prompts.data import format_prompt, load_source
 from relax.rollout.prompts.reasoning_gym_source import make_reward
 from relax.rollout.reward.judge import build_judge
@@ -48,6 +58,8 @@ def _parse_args():
     parser.add_argument("--judge-max-len", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--show", type=int, default=3, help="verdicts to print per step")
+    parser.add_argument("--ab-sharing", action="store_true",
+                        help="judge each step unshared (A) then prefix-shared (B); see above")
     return parser.parse_args()
 
 
@@ -75,6 +87,7 @@ def main() -> None:
     truth_fn = make_reward("last_number")
     counts = {"tp": 0, "fp": 0, "tn": 0, "fn": 0}
     unparsed, gen_s, judge_s = 0, [], []
+    ab = {"A": [], "B": [], "equal": [], "tokens": [], "computed": []}
     generator = torch.Generator().manual_seed(args.seed)
     for step in range(args.steps):
         batch = items[step * args.prompts:(step + 1) * args.prompts]
@@ -88,8 +101,9 @@ def main() -> None:
         gen_s.append(time.perf_counter() - start)
         truth = truth_fn(texts, responses, labels)
         start = time.perf_counter()
-        verdicts = judge(texts, responses, labels)
-        judge_s.append(time.perf_counter() - start)
+        verdicts = (_ab_step(judge, texts, responses, labels, ab) if args.ab_sharing else
+                    judge(texts, responses, labels))
+        judge_s.append(time.perf_counter() - start if not args.ab_sharing else ab["B"][-1][1])
         unparsed += judge.unparsed
         for t, v in zip(truth, verdicts, strict=True):
             key = ("t" if (v >= 0.5) == (t >= 1.0) else "f") + ("p" if v >= 0.5 else "n")
@@ -107,7 +121,41 @@ def main() -> None:
         "judge_s_per_step": sum(judge_s) / len(judge_s),
         "threads": torch.get_num_threads(), "temperature": args.temperature,
         "template": args.template or "default",
+        **(_ab_summary(ab) if args.ab_sharing else {}),
     }))
+
+
+def _ab_step(judge, texts, responses, labels, ab) -> list[float]:
+    """A (unshared) then B (shared) on one step's samples: process CPU and wall seconds,
+    whether the verdicts agree, the prompt tokens and those the shared prefill computes.
+    Returns B's rewards (the default judge's: the step's agreement counts)."""
+    verdicts = {}
+    for name, share in (("A", False), ("B", True)):
+        judge.share_prefixes = share
+        cpu, wall = time.process_time(), time.perf_counter()
+        rewards = judge(texts, responses, labels)
+        ab[name].append((time.process_time() - cpu, time.perf_counter() - wall))
+        verdicts[name] = list(judge.last_verdicts)
+    ab["equal"].append(verdicts["A"] == verdicts["B"])
+    rows = [judge.tokenizer(judge.judging_prompt(p, r, y), add_special_tokens=False)["input_ids"]
+            for p, r, y in zip(texts, responses, labels, strict=True)]
+    shared = shared_prefixes(rows, texts)
+    total = sum(len(r) for r in rows)
+    ab["tokens"].append(total)
+    ab["computed"].append(total - (0 if shared is None else shared.saved_tokens()))
+    return rewards
+
+
+def _ab_summary(ab) -> dict:
+    def median(name, i):
+        return statistics.median(x[i] for x in ab[name])
+
+    return {"ab_cpu_s_unshared": median("A", 0), "ab_cpu_s_shared": median("B", 0),
+            "ab_wall_s_unshared": median("A", 1), "ab_wall_s_shared": median("B", 1),
+            "ab_cpu_s_each": {k: [round(x[0], 2) for x in ab[k]] for k in ("A", "B")},
+            "ab_verdicts_equal": all(ab["equal"]),
+            "judging_prompt_tokens_per_step": statistics.mean(ab["tokens"]),
+            "shared_prefill_tokens_per_step": statistics.mean(ab["computed"])}
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ class BatchSection(Section):
         "a prompt sharing one copy of it (log-probs and gradients equal the padded passes'); "
         'packed: the same, every row with its own prompt; padded: every row padded to the '
         'longest of its micro-batch. Llama and Qwen3 models pack; other models, and rows whose'
-        ' attention has holes, run padded.',
+        ' attention has holes, run padded. With shared-prefix the generative judge\'s'
+        ' (--rm-type genrm) prefill also shares the beginning of a prompt\'s judging prompts.',
         choices=('shared-prefix', 'packed', 'padded'))
     steps_per_rollout: int | None = option(
         None,

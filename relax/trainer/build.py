@@ -136,7 +136,9 @@ def _checked(cfg, ctx, stop, layout):
             envs = build_environments(cfg.rollout, cfg.batches, ctx)
     inputs = load_inputs(cfg)
     # --fully-async: the rollout ranks score (and hold the judge)
-    judge = None if layout is not None else build_judge(cfg.rollout.rewards, ctx.device, bf16=bf16)
+    judge = None if layout is not None else build_judge(
+        cfg.rollout.rewards, ctx.device, bf16=bf16,
+        pass_layout=cfg.batches.pass_layout)
     scorer = build_scorer(cfg, ctx, GroupAgreement(ctx.group, ctx.device),
                           samples=inputs.samples, judge=judge)
     if cfg.world_size != ctx.world_size:  # validation's batch rules assumed its own

@@ -94,7 +94,7 @@ class _Said:
     def __init__(self, tokenizer, texts):
         self.tokenizer, self.texts, self.device = tokenizer, texts, torch.device("cpu")
 
-    def __call__(self, ids, mask, max_new_tokens):
+    def __call__(self, ids, mask, max_new_tokens, shared=None):
         rows = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in self.texts]
         width = max(len(r) for r in rows)
         out = torch.zeros(len(rows), width, dtype=torch.long)
@@ -140,6 +140,14 @@ def test_a_directory_that_is_not_a_loadable_model_names_the_flag(tmp_path):
 
 def test_a_judge_is_reached_through_its_section_only_with_genrm():
     assert build_judge(RewardsSection(rm_type="math"), torch.device("cpu"), bf16=False) is None
+
+
+@pytest.mark.parametrize("layout,shares", [("shared-prefix", True), ("packed", False),
+                                           ("padded", False)])
+def test_the_pass_layout_switches_the_judges_shared_prefixes(tmp_path, layout, shares):
+    judge = build_judge(_rollout_section(_tiny_judge_dir(tmp_path)), torch.device("cpu"),
+                        bf16=False, pass_layout=layout)
+    assert judge.share_prefixes is shares
 
 
 def test_the_judge_class_needs_no_loader(tmp_path):

@@ -106,6 +106,7 @@ def test_relax_train_with_a_generative_judge(tmp_path):
     # the judge's verdicts are 0/1 rewards (or 0 when it wrote no verdict)
     assert all(s["reward"] in (0.0, 1.0) for s in _samples(tmp_path / "run"))
     assert len(trainer.scorer.judge.last_verdicts) == 16  # one batch: the step's 4 x 4 samples
+    assert trainer.scorer.judge.share_prefixes  # the default --pass-layout shared-prefix
 
 
 def test_prompts_the_judge_cannot_hold_with_a_full_response_are_exit_2(tmp_path, capsys):

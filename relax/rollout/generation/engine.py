@@ -17,7 +17,10 @@ Python call per module. This engine computes the same function from the same par
   eighth of the rows still computed), so long length limits cost only what rows use.
 * between the turns of an episode the rows' caches are kept (``retain``, ``chunks``) and the
   next prefill computes only each row's new tokens, the rest copied from ``past``
-  (relax/rollout/generation/turn_cache.py).
+  (relax/rollout/generation/turn_cache.py);
+* rows whose groups share a beginning (``shared``: the judging prompts of one question's
+  samples, relax/rollout/generation/shared_prefix.py) prefill each group's shared tokens once
+  and then, as a next turn does, only each row's own.
 
 The architecture contract it relies on is checked by ``unsupported_reason``; a model that does
 not match (another family, sliding-window layers, an activation other than SiLU, a sharded
@@ -200,12 +203,17 @@ class DecodeEngine:
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-                past=None):
+                past=None, shared=None):
         """Logits [B, V] of the first new token after the left-padded ``prompt_ids`` [B, P].
 
         ``past`` (relax/rollout/generation/turn_cache.py ``Past``): the keys and values of each row's
         first ``past.cached[i]`` real tokens, kept from an earlier call; only the rest of each
-        row is computed (at least one token per row). None computes every row."""
+        row is computed (at least one token per row). ``shared``
+        (relax/rollout/generation/shared_prefix.py ``SharedPrefixes``, not with ``past``): the
+        groups' shared first tokens are prefilled once per group and make the past. None of
+        either computes every row."""
+        if past is not None and shared is not None:
+            raise ValueError("prefill takes a past or shared prefixes, not both")
         B, P = prompt_ids.shape
         device = prompt_ids.device
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, P]
@@ -218,6 +226,8 @@ class DecodeEngine:
         # the rows that left, for ``chunks`` (kept only with ``retain``)
         self.rows, self.retired = torch.arange(B, device=device), []
         L = P + max_new_tokens
+        if shared is not None:
+            past = self._shared_past(prompt_ids, prompt_mask, shared)
         if past is None:
             last = self._prefill_distinct(prompt_ids, prompt_mask, L)
         else:
@@ -263,6 +273,13 @@ class DecodeEngine:
             self.k_cache.append(kc)
             self.v_cache.append(vc)
         return x[inverse, -1]
+
+    def _shared_past(self, ids, mask, shared):
+        """The ``Past`` of ``shared``: its groups' prefixes prefilled as one batch (each
+        distinct one once, at the positions they have in the rows), columns per row."""
+        pre_ids, pre_mask = shared.prefix_batch(ids, mask)
+        self._prefill_distinct(pre_ids, pre_mask, pre_ids.shape[1])
+        return shared.past(self.k_cache, self.v_cache, mask)
 
     def _prefill_new(self, ids, mask, positions, L: int, past) -> torch.Tensor:
         """The columns of each row that ``past`` does not hold, into a cache of ``L`` columns

@@ -163,6 +163,7 @@ def generate(
     budgets: torch.Tensor | None = None,
     stop=None,
     cache=None,
+    shared=None,
 ) -> Rollout:
     """Sample up to ``max_new_tokens`` per row (``budgets`` [B]: fewer for some rows; a row at
     its budget ends as truncated).
@@ -174,27 +175,29 @@ def generate(
     ``inference_mode=False`` runs under plain ``no_grad``: FSDP2 reuses its all-gather buffers
     in later training passes, and inference tensors cannot be updated outside inference mode.
     ``cache`` (relax/rollout/generation/turn_cache.py ``CachedRows``): the rows' KV caches of earlier
-    turns, used for the tokens they cover and replaced by this call's.
+    turns, used for the tokens they cover and replaced by this call's. ``shared``
+    (relax/rollout/generation/shared_prefix.py ``SharedPrefixes``, not with ``cache``): rows
+    whose groups share their first tokens, which are prefilled once per group.
     """
     with torch.no_grad(), torch.inference_mode(inference_mode):
         return _decode(
             model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
             eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, temperature=temperature,
             top_p=top_p, top_k=top_k, generator=generator, sync_group=sync_group,
-            budgets=budgets, stop=stop, cache=cache,
+            budgets=budgets, stop=stop, cache=cache, shared=shared,
         )
 
 
 def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pad_token_id,
             temperature, top_p, top_k, generator, sync_group, budgets=None, stop=None,
-            cache=None) -> Rollout:
+            cache=None, shared=None) -> Rollout:
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     eos = torch.tensor(eos_token_ids, device=device)
     forward, cache = _forward(model, cache)
     # the past is not held here: its tensors are freed once the prefill copied them
-    logits = forward.prefill(prompt_ids, prompt_mask, max_new_tokens,
-                             past=None if cache is None else cache.past(prompt_ids, prompt_mask))
+    past = None if cache is None else cache.past(prompt_ids, prompt_mask)
+    logits = forward.prefill(prompt_ids, prompt_mask, max_new_tokens, past=past, shared=shared)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     ended_eos = torch.zeros(B, dtype=torch.bool, device=device)
     alive = None  # the rows the forward still computes (None: all B)
@@ -239,7 +242,7 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
 
 def _forward(model, cache):
     """The decode's forward (the engine, or the model's own for what the engine does not run:
-    every turn prefilled whole, so no cache) and the cache it uses."""
+    every turn and every shared prefix prefilled whole, so no cache) and the cache it uses."""
     if unsupported_reason(model):
         return _ModelSteps(model), None
     return DecodeEngine(model, retain=cache is not None), cache
@@ -277,7 +280,8 @@ class _ModelSteps:
         self.model = model
         self.cache_arg = cache_argument(model)
 
-    def prefill(self, prompt_ids, prompt_mask, max_new_tokens, past=None):
+    def prefill(self, prompt_ids, prompt_mask, max_new_tokens, past=None, shared=None):
+        """Every row whole: the model's own cache has no columns to copy a past into."""
         self.attn = prompt_mask.long()
         position = (self.attn.cumsum(-1) - 1).clamp(min=0)
         out = self.model(

@@ -49,9 +49,10 @@ class Sampler:
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
                  generator: torch.Generator | None = None, *, budgets=None, stop=None,
-                 cache=None) -> Rollout:
+                 cache=None, shared=None) -> Rollout:
         """``budgets`` / ``stop``: per-row limits and an early end; ``cache``: the rows' KV
-        caches of earlier turns (relax/rollout/generation/generate.py)."""
+        caches of earlier turns; ``shared``: the rows' shared prefixes, prefilled once per
+        group (relax/rollout/generation/generate.py)."""
         was_training = self.model.training
         self.model.eval()
         try:
@@ -61,7 +62,7 @@ class Sampler:
                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                     temperature=self.params.temperature, top_p=self.params.top_p,
                     top_k=self.params.top_k, generator=generator, sync_group=self.sync_group,
-                    budgets=budgets, stop=stop, cache=cache,
+                    budgets=budgets, stop=stop, cache=cache, shared=shared,
                     # a sharded model keeps its gathered buffers for training passes
                     inference_mode=self.sync_group is None,
                 )

@@ -6,7 +6,10 @@ prompt (``--genrm-prompt-template FILE``, else ``DEFAULT_TEMPLATE`` of relax/con
 the policy's device, through the same :class:`~relax.rollout.generation.sampler.Sampler` as the rollout
 (so the lean engine of relax/rollout/generation/engine.py for Llama-family judges), under the run's
 precision (weights stored in bf16 with ``--bf16``, like the reference), greedy, with all of the
-rank's samples of a step in one batched decode.
+rank's samples of a step in one batched decode. The judging prompts of one prompt's samples
+share their beginning (the template's head and the question): with ``share_prefixes`` (``--pass-layout
+shared-prefix``, the default) it is prefilled once per group and each prompt's own tokens on top
+of it (relax/rollout/generation/shared_prefix.py), the verdicts those of a whole prefill.
 
 How it differs from Relax's ``dapo-genrm``: that judge is an SGLang server reached over HTTP;
 here it shares the trainer's device and decode, which costs step time instead of a GPU, and a
@@ -26,6 +29,7 @@ from relax.config.reward_services import fill_template
 from relax.errors import InputError
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import Sampler, SamplingParams
+from relax.rollout.generation.shared_prefix import shared_prefixes
 
 # the first verdict word; "incorrect" is listed before "correct" so it is not read as it
 _VERDICT = re.compile(r"\b(yes|no|incorrect|correct|wrong|right|true|false)\b", re.IGNORECASE)
@@ -48,11 +52,15 @@ class GenerativeJudge:
     The context is checked when the judge is built: the template's own tokens and
     ``--genrm-max-response-len`` must leave room for a sample (:class:`InputError` naming the
     flag, exit 2); relax/rollout/reward/judge.py checks the data's prompts the same way.
+    ``share_prefixes``: the judging prompts of samples of the same prompt are prefilled with
+    their common beginning once (equal logits up to float rounding).
     """
 
     def __init__(self, model, tokenizer, *, eos_token_ids: list[int], template: str,
-                 max_new_tokens: int, bf16: bool, device: torch.device):
+                 max_new_tokens: int, bf16: bool, device: torch.device,
+                 share_prefixes: bool = True):
         self.tokenizer, self.template, self.max_new_tokens = tokenizer, template, max_new_tokens
+        self.share_prefixes = share_prefixes
         self.sampler = Sampler(model, eos_token_ids=eos_token_ids,
                                pad_token_id=tokenizer.pad_token_id,
                                params=SamplingParams(temperature=0.0), bf16=bf16, device=device)
@@ -87,7 +95,9 @@ class GenerativeJudge:
         rows = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         self._fit(rows)
         ids, mask = left_pad(rows, self.tokenizer.pad_token_id, self.sampler.device)
-        rollout = self.sampler(ids, mask, self.max_new_tokens)
+        # the samples of a prompt: their judging prompts' common tokens, found on the tokens
+        shared = shared_prefixes(rows, prompts) if self.share_prefixes else None
+        rollout = self.sampler(ids, mask, self.max_new_tokens, shared=shared)
         self.last_verdicts = self.tokenizer.batch_decode(rollout.response_ids,
                                                          skip_special_tokens=True)
         verdicts = [parse_verdict(v) for v in self.last_verdicts]

@@ -16,8 +16,11 @@ from relax.rollout.reward.genrm import GenerativeJudge
 FLAG = "--genrm-model-path"
 
 
-def build_judge(rewards, device: torch.device, *, bf16: bool) -> GenerativeJudge | None:
-    """The judge of the rewards section (``cfg.rollout.rewards``), or None without one."""
+def build_judge(rewards, device: torch.device, *, bf16: bool,
+                pass_layout: str = "shared-prefix") -> GenerativeJudge | None:
+    """The judge of the rewards section (``cfg.rollout.rewards``), or None without one;
+    with ``pass_layout`` (``--pass-layout``) "shared-prefix" the judging prompts of a prompt's
+    samples prefill their common beginning once, with the others each whole."""
     if rewards.rm_type != "genrm":
         return None
     path = rewards.genrm_model_path
@@ -28,7 +31,7 @@ def build_judge(rewards, device: torch.device, *, bf16: bool) -> GenerativeJudge
                 if rewards.genrm_prompt_template else DEFAULT_TEMPLATE)
     return GenerativeJudge(model, tokenizer, eos_token_ids=models.eos_token_ids(tokenizer, model),
                            template=template, max_new_tokens=rewards.genrm_max_response_len,
-                           bf16=bf16, device=device)
+                           bf16=bf16, device=device, share_prefixes=pass_layout == "shared-prefix")
 
 
 def check_judging_lengths(judge: GenerativeJudge | None, tokenizer, samples, *,

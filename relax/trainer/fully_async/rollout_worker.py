@@ -98,7 +98,8 @@ class RolloutWorker:
         self.rows = cfg.batches.rollout_batch_size // layout.trainers * cfg.batches.samples_per_prompt
         # --rm-type genrm: one judge per rollout rank, for every share it samples
         judge = build_judge(cfg.rollout.rewards, ctx.device,
-                            bf16=use_bf16(cfg.system.bf16, ctx.device))
+                            bf16=use_bf16(cfg.system.bf16, ctx.device),
+                            pass_layout=cfg.batches.pass_layout)
         check_judging_lengths(judge, self.tokenizer, self.inputs.samples,
                               apply_chat_template=cfg.rollout.data.apply_chat_template,
                               system_prompt=cfg.rollout.data.system_prompt,
