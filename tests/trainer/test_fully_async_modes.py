@@ -96,6 +96,8 @@ def test_a_rollout_mode_under_fully_async_keeps_the_fixed_lag_promise(tmp_path, 
     assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
     if mode in ("partial", "partial-env"):  # the rollout side's carried groups travel with it
         assert "carried" in state["rollout"]
+    if mode == "partial-env":  # episodes cut between turns: the resume replays their envs
+        assert any(e["live"] and e["turns"] > 0 for g in state["rollout"]["carried"] for e in g)
     tail = _run(tmp_path, "cut", mode, *lag, "--load", str(save), nproc=trainers + 1)
     _same(tail[1:], first[1:])
 
