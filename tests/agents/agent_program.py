@@ -1,10 +1,12 @@
 """A scripted agent program for the agentic-rollout tests: standard library only, talks to
 RELAX_BASE_URL like any OpenAI client would.
 
-    python agent_program.py MODE      MODE: ok | openai | tool | crash | hang | noreward | rewrite
-                                            | garbage | spawn | snoop | intrude
+    python agent_program.py MODE      MODE: ok | think | openai | tool | crash | hang | noreward
+                                            | rewrite | garbage | spawn | snoop | intrude
 
 ok: two model turns (the prompt, then "again"); writes reward = index % 3 and the replies.
+think: as ok, but thinks before each call for a time drawn from the operating system's
+entropy (0 to 80 ms), different in every run, as a real agent's tools and network are.
 tool: one turn with a tools list, then a tool result message, then a second turn.
 crash: prints to stderr and exits 3. hang: never returns. noreward: exits 0 without output.
 rewrite: changes the history on its second call (not an extension of the conversation).
@@ -18,12 +20,15 @@ intrude: calls its own session, then another episode's, with an id read from its
 
 import json
 import os
+import random
 import sys
 import time
 import urllib.request
 
 
 def chat(messages, **extra):
+    if MODE == "think":
+        time.sleep(random.SystemRandom().uniform(0.0, 0.08))
     if MODE == "openai":  # the official client, as existing agent programs use it
         from openai import OpenAI
 

@@ -38,7 +38,7 @@ def _run(tiny, mode, n=4, timeout_s=60.0, max_turns=4):
     rows = []
     generator = torch.Generator().manual_seed(0)
 
-    def sample(ids, mask, k, cache=None):
+    def sample(ids, mask, k, cache=None, keys=None):
         out = generate(model, ids, mask, max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
                        pad_token_id=tok.pad_token_id, generator=generator, cache=cache)
         rows.extend(tuple(out.response_ids[i][out.response_mask[i]].tolist())
@@ -194,18 +194,32 @@ def test_an_agent_command_that_does_not_start_exits_2(tmp_path):
 
 
 @pytest.mark.subprocess
-def test_two_process_gloo_agents(tmp_path):
-    out = tmp_path / "run"
-    proc = torchrun_relax("--use-agentic-rollout", "--agent-command", command("ok"),
-                          "--num-rollout", "2", "--rollout-batch-size", "2",
-                          "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-                          "--device", "cpu", "--output-dir", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = read_metrics(out)
+def test_two_process_gloo_agents_repeat_every_token(tmp_path):
+    """Two seeded runs of agents that think for a random time before each call (different in
+    each run): the same samples, token for token, and the same metrics but the timings. A
+    time window batched the calls as they came, so the batches, and with one random stream
+    per batch the tokens, changed with the think times."""
+    runs = []
+    for name in ("first", "again"):
+        out = tmp_path / name
+        proc = torchrun_relax("--use-agentic-rollout", "--agent-command", command("think"),
+                              "--num-rollout", "2", "--rollout-batch-size", "2",
+                              "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
+                              "--rollout-temperature", "1.5", "--log-samples", "8", "--seed",
+                              "11", "--device", "cpu", "--output-dir", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append((read_metrics(out), (out / "samples.jsonl").read_text()))
+    (rows, samples), (rows_again, samples_again) = runs
     for step, row in enumerate(rows):
         # every rank ran its own agents; the reward is the global mean over both ranks
-        indices = range(step * 4, (step + 1) * 4)
-        assert row["rollout/raw_reward"] == pytest.approx(sum(i % 3 for i in indices) / 4)
+        indices = range(step * 8, (step + 1) * 8)
+        assert row["rollout/raw_reward"] == pytest.approx(sum(i % 3 for i in indices) / 8)
+    # rank 0's 4 episodes of each step, whole; rank 1's tokens enter the metrics below
+    assert samples == samples_again and samples.count("\n") == 8
+    timings = ("perf/", "rollout/generate_", "rollout/reward_time", "time/")
+    for row, again in zip(rows, rows_again, strict=True):
+        assert {k: v for k, v in row.items() if not k.startswith(timings)} == {
+            k: v for k, v in again.items() if not k.startswith(timings)}
 
 
 @pytest.mark.parametrize("mode", ["ok", "tool"])
@@ -219,7 +233,7 @@ def test_sessions_keep_their_kv_cache_between_calls(tiny, mode, tmp_path, monkey
     generator = torch.Generator().manual_seed(0)
     seen, hits = set(), []
 
-    def sample(ids, mask, k, cache=None):
+    def sample(ids, mask, k, cache=None, keys=None):
         kw = dict(max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
                   pad_token_id=tok.pad_token_id, generator=generator)
         state = generator.get_state()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -77,9 +78,11 @@ class Model:
     def __init__(self, tok, text="ok"):
         self.tok, self.reply = tok, tok(text, add_special_tokens=False)["input_ids"]
         self.calls: list[tuple[list[list[int]], int]] = []
+        self.keys: list[list[tuple[int, int]]] = []  # each call's rows' (index, turn)
 
-    def __call__(self, ids, mask, k, cache=None):
+    def __call__(self, ids, mask, k, cache=None, keys=None):
         self.calls.append(([row[m].tolist() for row, m in zip(ids, mask, strict=True)], k))
+        self.keys.append(keys)
         full = [*self.reply, self.tok.eos_token_id]
         out = full[:k]
         rows = len(ids)
@@ -352,3 +355,61 @@ def test_a_reward_beyond_float32_fails_the_episode(play):
     (failure,) = [f for f in played.failures if f]
     assert "the reward is -1e+300, beyond the float32 range" in failure, failure
     assert played.rewards == [0.0]
+
+
+def _thinking(slow: int):
+    """An agent function: episode ``index`` makes ``3 - index`` calls; before its call of turn
+    ``t`` the agent with index ``(slow + t) % 3`` thinks for 0.3 s, the others call at once."""
+    def agent(env):
+        task = _task(env)
+        url = env["RELAX_BASE_URL"] + "/chat/completions"
+        messages = [{"role": "user", "content": task["prompt"]}]
+        for turn in range(3 - task["index"]):
+            if task["index"] == (slow + turn) % 3:
+                time.sleep(0.3)
+            status, reply = _call(url, {"messages": messages})
+            assert status == 200, reply
+            messages += [reply["choices"][0]["message"], {"role": "user", "content": "more"}]
+        return _reward(env, 1)
+
+    return agent
+
+
+def test_which_calls_share_a_batch_does_not_depend_on_when_they_come(play):
+    """The endpoint waits until every running agent has a call pending or has ended, then
+    answers one call of each in one batch, rows in the agents' order: whichever agent thinks
+    longest, the batches are the same (a time window batched the quick agents' calls without
+    the slow one's, so the batches changed with the think times). Each row carries its
+    episode's index and turn, which name its random stream; an agent that has ended does not
+    hold the others' calls back."""
+    models = [play(_thinking(slow), n=3)[2] for slow in range(3)]
+    for model in models:
+        assert model.keys == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)], [(0, 2)]]
+        assert [len(contexts) for contexts, _ in model.calls] == [3, 2, 1]
+    assert models[0].calls == models[1].calls == models[2].calls
+
+
+def test_an_agent_that_hangs_is_killed_at_its_deadline_and_the_others_go_on(play):
+    """Agent 0 hangs before its first call; agent 1's calls wait for it (a batch waits for
+    every running agent) until agent 0 is killed at its deadline, then are answered. The wait
+    for an answer is not agent 1's own time: it does not fail although its first answer came
+    after its own deadline would have passed. The failure names the program."""
+    def agent(env):
+        task = _task(env)
+        if task["index"] == 0:
+            time.sleep(4.5)  # past the 3 s deadline (agent 1 gets 3 s to make its call)
+            return 0
+        url = env["RELAX_BASE_URL"] + "/chat/completions"
+        messages = [{"role": "user", "content": task["prompt"]}]
+        for _ in range(2):
+            status, reply = _call(url, {"messages": messages})
+            assert status == 200, reply
+            messages += [reply["choices"][0]["message"], {"role": "user", "content": "more"}]
+        return _reward(env, 1)
+
+    played, _, model = play(agent, n=2, timeout_s=3.0)
+    assert played.rewards == [0.0, 1.0] and played.turns == [0, 2]
+    (failure,) = played.failures
+    assert failure.startswith("--agent-command agent --flag: session ")
+    assert failure.endswith("ran past --agent-timeout 3 s and was killed"), failure
+    assert model.keys == [[(1, 0)], [(1, 1)]]

@@ -33,7 +33,7 @@ def run_agents(tiny, mode: str, n: int, tmp_path, monkeypatch, **kw):
     generator = torch.Generator().manual_seed(0)
     batches = []
 
-    def sample(ids, mask, k, cache=None):
+    def sample(ids, mask, k, cache=None, keys=None):
         batches.append(len(ids))
         return generate(model, ids, mask, max_new_tokens=k, eos_token_ids=[tok.eos_token_id],
                         pad_token_id=tok.pad_token_id, generator=generator, cache=cache)

@@ -179,3 +179,33 @@ def test_draw_follows_the_distribution_and_never_draws_a_zero():
     assert draw(last, torch.Generator().manual_seed(0)).tolist() == [4, 4, 4]
     unnormalized = torch.tensor([[0.0, 3.0, 0.0]])
     assert draw(unnormalized.expand(50, -1), None).eq(1).all()
+
+
+def test_rows_with_their_own_streams_draw_the_same_whatever_shares_their_batch(tok, model):
+    """With one generator per row, a row's draws come from its stream only: two rows swapped
+    in the batch, or one alone, sample the same tokens and log-probs (equal-length prompts, so
+    the padding is the same). One generator for the batch draws what it always drew."""
+    from relax.rollout.generation.generate import row_uniforms
+
+    ids, mask = tokenize_prompts(tok, ["ab=", "cd="], "cpu")
+    kw = dict(max_new_tokens=6, eos_token_ids=[EOS], pad_token_id=PAD, temperature=1.5)
+
+    def streams(*seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    both = generate(model, ids, mask, generator=streams(1, 2), **kw)
+    swapped = generate(model, ids.flip(0), mask.flip(0), generator=streams(2, 1), **kw)
+    alone = generate(model, ids[1:], mask[1:], generator=streams(2), **kw)
+    assert torch.equal(both.response_ids, swapped.response_ids.flip(0))
+    assert torch.equal(both.log_probs, swapped.log_probs.flip(0))
+    width = alone.response_ids.shape[1]
+    assert torch.equal(both.response_ids[1, :width], alone.response_ids[0])
+    assert not both.response_mask[1, width:].any()
+    # each row's first uniform is its own stream's first draw
+    assert row_uniforms(streams(1, 2), 2, "cpu").tolist() == [
+        torch.rand(1, dtype=torch.float64, generator=g).item() for g in streams(1, 2)]
+    assert torch.equal(row_uniforms(torch.Generator().manual_seed(7), 3, "cpu"),
+                       torch.rand(3, dtype=torch.float64,
+                                  generator=torch.Generator().manual_seed(7)))
+    with pytest.raises(ValueError, match="1 generators for 2 rows"):
+        row_uniforms(streams(1), 2, "cpu")

@@ -85,6 +85,24 @@ def test_seeds_follow_the_generator_and_budgets_cut_rows():
     assert sorted(m for _, m in seeds(1)) == [2, 6]
 
 
+def test_rows_with_their_own_streams_get_their_own_seeds_in_any_batch():
+    """One generator per row (agent calls): a row's request seed is its stream's first draw,
+    wherever the row sits in the batch and whatever else is in it."""
+    ids, mask = left_pad([[5], [6]], PAD, "cpu")
+
+    def seeds(order):
+        client = FakeClient({5: [EOS], 6: [EOS]})
+        VllmSampler(client, eos_token_ids=[EOS], pad_token_id=PAD, params=SamplingParams(),
+                    device=torch.device("cpu"))(
+            ids[order], mask[order], 2, [torch.Generator().manual_seed(10 + i) for i in order])
+        return {c[0][0]: c[1]["seed"] for c in client.calls}
+
+    want = {5 + i: int(torch.randint(0, 2**31 - 1, (1,),
+                                     generator=torch.Generator().manual_seed(10 + i)))
+            for i in (0, 1)}
+    assert seeds([0, 1]) == seeds([1, 0]) == want
+
+
 def test_a_cuda_generator_draws_the_cpu_stream_and_goes_on_between_calls():
     """A CUDA run's seeds are a CPU run's of the same seed, and the turns of an episode (calls
     with one generator) get new seeds each, as on the CPU."""

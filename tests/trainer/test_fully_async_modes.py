@@ -7,9 +7,11 @@ run cut after its first step and continued with ``--load`` (the batch in flight 
 rollout side's state, e.g. the carried groups, from the checkpoint) repeats the uninterrupted
 run exactly. Dynamic sampling runs two training ranks on one rollout rank, whose two shares
 agree on every round (relax/agreement.py), and on two rollout ranks, which agree over
-their own group: the same batches. Agent programs' calls are batched as they
-arrive (relax/rollout/agents/agent_server.py), so their tokens do not repeat bitwise even colocated:
-for them the schedule, the rewards and the turns are compared.
+their own group: the same batches. Partial rollouts of ``--env`` episodes carry episodes (with
+their environments) between steps, and the checkpoint holds them. The agent programs think for
+a random time before each call (tests/agents/agent_program.py ``think``), different in every
+run: the endpoint's batches wait for every running agent (relax/rollout/agents/agent_server.py),
+so they, and every token, repeat anyway.
 """
 
 from __future__ import annotations
@@ -41,16 +43,17 @@ MODES = {
     "partial": (["--partial-rollout", "--over-sampling-batch-size", "4",
                  "--rollout-max-response-len", "12", "--use-tis"], 1),
     "env": (["--env", "tests.agents.scripted:countdown", "--max-turns", "3"], 1),
-    "agents": (["--use-agentic-rollout", "--agent-command", f"{sys.executable} {AGENT} ok",
+    "partial-env": (["--partial-rollout", "--over-sampling-batch-size", "4", "--use-tis",
+                     "--env", "tests.agents.scripted:countdown", "--max-turns", "3"], 1),
+    "agents": (["--use-agentic-rollout", "--agent-command", f"{sys.executable} {AGENT} think",
                 "--max-turns", "3"], 1),
 }
-# what repeats of an agent run: the rewards (the program's own: index % 3) and the turns
-AGENT_KEYS = ("rollout/raw_reward", "rollout/episode_turns", "rollout/agent_failures")
 
 
 def _run(tmp_path, name, mode, *flags, nproc):
     reward = write_reward(tmp_path, COARSE, name="coarse.py")
-    scored = [] if mode in ("env", "agents") else ["--custom-rm-path", f"{reward}:f"]
+    scored = [] if mode in ("env", "partial-env", "agents") else [
+        "--custom-rm-path", f"{reward}:f"]
     out = tmp_path / name
     proc = torchrun_relax(*RECIPES["grpo"], *STEPS, *scored, *MODES[mode][0], *flags,
                           "--output-dir", str(out), nproc=nproc, timeout=240)
@@ -58,11 +61,10 @@ def _run(tmp_path, name, mode, *flags, nproc):
     return read_metrics(out)
 
 
-def _same(got, want, mode):
+def _same(got, want):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
-        keys = AGENT_KEYS if mode == "agents" else [k for k in w if not k.startswith(SKIP)]
-        for key in keys:
+        for key in [k for k in w if not k.startswith(SKIP)]:
             assert g[key] == pytest.approx(w[key], rel=1e-6, abs=1e-9), (g["rollout/step"], key)
 
 
@@ -72,15 +74,15 @@ def test_a_rollout_mode_under_fully_async_keeps_the_fixed_lag_promise(tmp_path, 
     colocated = _run(tmp_path, "colocated", mode, nproc=trainers)
     lagless = _run(tmp_path, "lagless", mode, "--fully-async", "--max-staleness", "0",
                    nproc=trainers + 1)
-    _same(lagless, colocated, mode)
+    _same(lagless, colocated)
     assert all(r["async/staleness"] == 0 for r in lagless)
     if mode == "dynamic-sampling":  # a share short after a round made both sample another
         assert max(r["rollout/sampling_rounds"] for r in lagless) > 1
         # one rollout rank per training rank: the rounds agreed over the rollout ranks' group
         spread = _run(tmp_path, "spread", mode, "--fully-async", "--max-staleness", "0",
                       "--rollout-num-gpus", "2", nproc=4)
-        _same(spread, colocated, mode)
-    if mode == "partial":
+        _same(spread, colocated)
+    if mode in ("partial", "partial-env"):
         assert max(r["rollout/partial_carried_groups"] for r in lagless) > 0
 
     lag = ["--fully-async", "--max-staleness", "1", "--use-tis"]
@@ -92,10 +94,12 @@ def test_a_rollout_mode_under_fully_async_keeps_the_fixed_lag_promise(tmp_path, 
     assert len(cut) == 1
     _, state = sharded_state.read_rank_file(str(save / "rollout_000001"), 0)
     assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
-    if mode == "partial":  # the rollout side's carried groups travel with it
+    if mode in ("partial", "partial-env"):  # the rollout side's carried groups travel with it
         assert "carried" in state["rollout"]
+    if mode == "partial-env":  # episodes cut between turns: the resume replays their envs
+        assert any(e["live"] and e["turns"] > 0 for g in state["rollout"]["carried"] for e in g)
     tail = _run(tmp_path, "cut", mode, *lag, "--load", str(save), nproc=trainers + 1)
-    _same(tail[1:], first[1:], mode)
+    _same(tail[1:], first[1:])
 
 
 def test_a_share_that_fails_stops_its_rollout_rank_with_its_own_line(tmp_path):

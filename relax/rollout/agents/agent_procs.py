@@ -2,7 +2,8 @@
 process group, a private directory, a deadline, and bounded reads of what it leaves behind.
 
 - **Process group.** The program starts in a new session (its own process group); when its
-  episode ends -- it exited, ran past ``--agent-timeout``, or the step was cut short by an
+  episode ends -- it exited, ran past ``--agent-timeout`` (its own time: not the time its
+  calls wait for their answers), or the step was cut short by an
   error or a signal -- the whole group is killed (SIGKILL), so tool servers or shells it
   started do not outlive it. A child that leaves the group on purpose (``setsid``) is out
   of reach; that needs a container.
@@ -83,6 +84,12 @@ class AgentProcess:
             self.killed = True
             return True
         return False
+
+    def waited(self, seconds: float) -> None:
+        """Leave ``seconds`` the program spent waiting for the endpoint's answer out of its
+        deadline: ``--agent-timeout`` bounds the program's own time, so a slow model or a
+        batch waiting for a slower agent never fails it."""
+        self.deadline += seconds
 
     def end(self) -> None:
         """Kill whatever is left of the run's process group and reap the program."""

@@ -20,9 +20,16 @@ only the new messages are rendered with the chat template (mask 0). Sampling use
 log-probs describe the distribution the tokens came from. Tool calls the model writes as
 ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` come back as ``tool_calls``.
 
-Requests of concurrent episodes are answered in batches: once a request arrives, the server
-waits until every running agent has one pending or no new one came for ``BATCH_WINDOW_S``,
-then runs one batched generation for all of them. Each session's KV cache stays between its
+Requests of concurrent episodes are answered in batches formed by what the agents do, never
+by when: the server waits until every agent of the step that is still running has a call
+pending or has ended (exited, or killed at its deadline), then answers those calls, one each,
+in one batched generation with its rows in the agents' order. Which calls share a batch is
+then the same in every run of a seed, however fast each agent thinks, and each call draws
+from a random stream of its own (``sample``'s ``keys``: the episode's index and the turn), so
+a call's tokens would not depend on the rest of its batch either. The time an agent's call
+waits for its answer (for the other agents, then the decode) does not count toward
+``--agent-timeout``: the deadline bounds the agent's own time, so a slow agent delays the
+others' answers but never makes them fail. Each session's KV cache stays between its
 calls (relax/rollout/generation/turn_cache.py): a call prefills only the model's last drawn token and
 the new messages, whichever sessions share its batch; a session's cache is released when its
 agent ends, and all of them when the step ends. With ``--rollout-backend vllm`` the batch goes
@@ -53,6 +60,7 @@ import shlex
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -69,7 +77,7 @@ from relax.rollout.agents.peer import connection_group
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.turn_cache import TurnCache
 
-BATCH_WINDOW_S = 0.02
+POLL_S = 0.05  # how long the batch loop blocks on the queue before it looks at the agents
 DISCARD_BYTES = 256 << 20  # of a body over the cap: read and dropped before the socket closes
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
@@ -84,6 +92,7 @@ class _Session:
     error: str | None = None  # the conversation can no longer be recorded
     refused: str | None = None  # why the last refused call was refused
     group: int | None = None  # the agent's process group (its pid: a session of its own)
+    index: int = 0  # the episode's sample index: with the turn, its calls' random streams
 
 
 @dataclass
@@ -92,6 +101,7 @@ class _Request:
     body: dict
     done: threading.Event = field(default_factory=threading.Event)
     reply: tuple[int, dict] | None = None
+    arrived: float = field(default_factory=time.monotonic)
 
 
 class _Server(ThreadingHTTPServer):
@@ -183,9 +193,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         request = _Request(session, body)
         self.server.requests.put(request)
-        if not request.done.wait(self.server.timeout_s):
-            self._send(504, _error("the trainer did not answer in time"))
-            return
+        # The batch loop answers every call it takes, and the step's end refuses the rest; the
+        # loop is bounded by the agents' deadlines, so the wait is too. A call may wait a
+        # whole --agent-timeout for another agent (batches wait for every running agent).
+        while not request.done.wait(1.0):
+            if self.server.sessions.get(parts[1]) is not session:
+                self._send(410, _error("the episode has ended"))
+                return
         try:
             self._send(*request.reply)
         except OSError:  # the agent went away while waiting
@@ -194,6 +208,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _error(message: str) -> dict:
     return {"error": {"message": message, "type": "invalid_request_error"}}
+
+
+def _refuse_ended(request: _Request) -> None:
+    request.reply = (410, _error("the episode has ended"))
+    request.done.set()
 
 
 def _tool_calls(text: str) -> list[dict]:
@@ -237,7 +256,6 @@ class AgentRunner:
                                    template=template)
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.sessions, self.server.requests = {}, queue.Queue()
-        self.server.timeout_s = timeout_s
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -249,17 +267,25 @@ class AgentRunner:
     # ------------------------------------------------------------------ one step
     def run(self, inputs: list[dict], sample) -> AgentResults:
         """Start one agent per input, answer their calls with ``sample(ids, mask, k,
-        cache=...)`` (the trainer's batched generation, with the sessions' KV caches), and
-        collect the episodes when all have ended. Every agent's process group is killed when
-        the step ends, however it ends."""
+        cache=..., keys=...)`` (the trainer's batched generation, with the sessions' KV caches
+        and each row's ``(index, turn)``: the input's ``index`` and the episode's turns before
+        the call, which name the row's own random stream), and collect the episodes when all
+        have ended. Every agent's process group is killed when the step ends, however it
+        ends."""
         workspace, runs = AgentWorkspace(), []
         cache = TurnCache()  # one per step: the weights do not change while agents run
+        held: dict[int, deque] = {}  # calls taken from the queue, by agent, not yet answered
         try:
             for payload in inputs:
                 runs.append(self._start(workspace, payload))
+            of_session = {id(r.session): r for r in runs}
             live = list(range(len(runs)))
             while live:
-                self._answer(self._collect(runs, live), sample, cache)
+                batch = self._next_batch(runs, live, held)
+                self._answer(batch, sample, cache)
+                answered = time.monotonic()
+                for request in batch:  # waiting for an answer is not the agent's own time
+                    of_session[id(request.session)].waited(answered - request.arrived)
                 for i in live:
                     if runs[i].finished():
                         cache.release(id(runs[i].session))
@@ -273,7 +299,7 @@ class AgentRunner:
                 self.server.sessions.pop(r.sid, None)
                 r.end()
             workspace.close()
-            self._refuse_stale()
+            self._refuse_stale([r for calls in held.values() for r in calls])
         episodes = [r.session.episode or Episode(self._fallback_prompt(p))
                     for r, p in zip(runs, inputs, strict=True)]
         for e, (reward, failure) in zip(episodes, results, strict=True):
@@ -283,15 +309,16 @@ class AgentRunner:
                             [e.reward for e in episodes], [e.turns for e in episodes],
                             [f for _, f in results if f is not None], prompts)
 
-    def _refuse_stale(self) -> None:
-        """A killed agent's last request must not reach the next step's batch."""
+    def _refuse_stale(self, held: list[_Request]) -> None:
+        """A killed agent's last request must not reach the next step's batch; the calls the
+        step took but did not answer (it ended by an error or a signal) are refused too."""
         while True:
             try:
-                stale = self.server.requests.get_nowait()
+                held.append(self.server.requests.get_nowait())
             except queue.Empty:
-                return
-            stale.reply = (410, _error("the episode has ended"))
-            stale.done.set()
+                break
+        for stale in held:
+            _refuse_ended(stale)
 
     def _fallback_prompt(self, payload: dict) -> list[int]:
         """The prompt of an agent that never called the endpoint: its input, rendered."""
@@ -306,7 +333,7 @@ class AgentRunner:
 
     def _start(self, workspace: AgentWorkspace, payload: dict) -> AgentProcess:
         sid = secrets.token_hex(16)
-        session = _Session()
+        session = _Session(index=int(payload["index"]))
         folder = workspace.private_dir()
         paths = {k: os.path.join(folder, f"{k}.json") for k in ("in", "out")}
         with open(paths["in"], "w", encoding="utf-8") as f:
@@ -327,20 +354,25 @@ class AgentRunner:
         session.group = run.proc.pid  # started in a new session: its own process group
         return run
 
-    def _collect(self, runs: list[AgentProcess], live: list[int]) -> list[_Request]:
-        """The pending requests of one batch (possibly none when agents are still working)."""
-        requests = self.server.requests
-        try:
-            batch = [requests.get(timeout=0.05)]
-        except queue.Empty:
-            return []
-        waiting = sum(1 for i in live if runs[i].running())
-        while len(batch) < waiting:
+    def _next_batch(self, runs: list[AgentProcess], live: list[int],
+                    held: dict[int, deque]) -> list[_Request]:
+        """The next batch: once every agent in ``live`` has a call pending or has ended, the
+        first pending call of each, in the agents' order (empty when all have ended). Which
+        calls share a batch follows from what the agents do, never from when they do it; an
+        agent that neither calls nor exits is killed at its deadline (``finished``), so the
+        wait is bounded. ``held``: the calls taken from the queue, by agent."""
+        owner = {id(runs[i].session): i for i in live}
+        while not all(held.get(i) or runs[i].finished() for i in live):
             try:
-                batch.append(requests.get(timeout=BATCH_WINDOW_S))
+                request = self.server.requests.get(timeout=POLL_S)
             except queue.Empty:
-                break
-        return batch
+                continue
+            i = owner.get(id(request.session))
+            if i is None:  # left over from an agent of this step that has ended
+                _refuse_ended(request)
+                continue
+            held.setdefault(i, deque()).append(request)
+        return [held[i].popleft() for i in live if held.get(i)]
 
     def _result(self, run: AgentProcess) -> tuple[float, str | None]:
         """(reward, failure message or None) of a finished agent."""
@@ -356,7 +388,7 @@ class AgentRunner:
         if session.refused is not None and run.proc.returncode != 0:
             why += f" after the endpoint refused a call ({session.refused})"
         tail = run.tail()
-        return 0.0, (f"agent session {run.sid[:8]} {why}"
+        return 0.0, (f"--agent-command {self.command}: session {run.sid[:8]} {why}"
                      f"{'; output tail: ' + tail if tail else ''}")
 
     # ------------------------------------------------------------------ answering
@@ -381,7 +413,8 @@ class AgentRunner:
         """Sample one turn of at most ``budget`` tokens for each request and answer it."""
         contexts = [r.session.episode.prompt + r.session.episode.ids for r in ready]
         ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, self.device)
-        out = sample(ids, mask, budget, cache=cache.rows([id(r.session) for r in ready]))
+        out = sample(ids, mask, budget, cache=cache.rows([id(r.session) for r in ready]),
+                     keys=[(r.session.index, r.session.episode.turns) for r in ready])
         for row, request in enumerate(ready):
             session, episode = request.session, request.session.episode
             action = out.response_ids[row][out.response_mask[row]].tolist()

@@ -146,6 +146,19 @@ def draw(probs: torch.Tensor, generator=None, uniforms=None) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
+def row_uniforms(generator, rows: int, device) -> torch.Tensor:
+    """One float64 uniform per row [rows]: from one stream for the batch (a ``Generator`` or
+    None), or from each row's own stream (a sequence of ``rows`` generators), so that a row's
+    draws do not depend on which rows share its batch or their order (agent calls batched
+    together, relax/rollout/agents/agent_server.py)."""
+    if not isinstance(generator, (list, tuple)):
+        return torch.rand(rows, dtype=torch.float64, device=device, generator=generator)
+    if len(generator) != rows:
+        raise ValueError(f"{len(generator)} generators for {rows} rows")
+    return torch.cat([torch.rand(1, dtype=torch.float64, device=device, generator=g)
+                      for g in generator])
+
+
 def generate(
     model,
     prompt_ids: torch.Tensor,
@@ -157,7 +170,7 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = -1,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     sync_group=None,
     inference_mode: bool = True,
     budgets: torch.Tensor | None = None,
@@ -177,7 +190,8 @@ def generate(
     ``cache`` (relax/rollout/generation/turn_cache.py ``CachedRows``): the rows' KV caches of earlier
     turns, used for the tokens they cover and replaced by this call's. ``shared``
     (relax/rollout/generation/shared_prefix.py ``SharedPrefixes``, not with ``cache``): rows
-    whose groups share their first tokens, which are prefilled once per group.
+    whose groups share their first tokens, which are prefilled once per group. ``generator``:
+    one random stream for the batch, or a list of one per row (:func:`row_uniforms`).
     """
     with torch.no_grad(), torch.inference_mode(inference_mode):
         return _decode(
@@ -205,7 +219,7 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
     for t in range(max_new_tokens):
         # one uniform per row and step for every row: a row's token never depends on which
         # other rows are still being computed
-        u = torch.rand(B, dtype=torch.float64, device=device, generator=generator)
+        u = row_uniforms(generator, B, device)
         logits = logits.float()  # once: the draw and the sampler's log-prob both read it
         tok = sample_next(
             logits, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -36,7 +36,8 @@ class SamplingParams:
 
 class Sampler:
     """``sampler(ids, mask, max_new_tokens, generator) -> Rollout`` for left-padded prompts
-    ``ids`` / ``mask`` [B, P] (relax/rollout/generation/generate.py)."""
+    ``ids`` / ``mask`` [B, P] (relax/rollout/generation/generate.py); ``generator``: one stream
+    for the batch or a list of one per row (generate.py ``row_uniforms``)."""
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: list[int], pad_token_id: int,
                  params: SamplingParams, bf16: bool, device: torch.device | None = None,
@@ -48,8 +49,8 @@ class Sampler:
         self.sync_group, self.after = sync_group, after
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
-                 generator: torch.Generator | None = None, *, budgets=None, stop=None,
-                 cache=None, shared=None) -> Rollout:
+                 generator: torch.Generator | list[torch.Generator] | None = None, *,
+                 budgets=None, stop=None, cache=None, shared=None) -> Rollout:
         """``budgets`` / ``stop``: per-row limits and an early end; ``cache``: the rows' KV
         caches of earlier turns; ``shared``: the rows' shared prefixes, prefilled once per
         group (relax/rollout/generation/generate.py)."""

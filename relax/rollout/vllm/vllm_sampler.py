@@ -53,9 +53,10 @@ class VllmSampler:
         self.version, self.chunk = version, chunk
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
-                 generator: torch.Generator | None = None, *, budgets=None, stop=None,
-                 cache=None) -> Rollout:
-        """``budgets`` [B]: fewer tokens for some rows. ``cache`` is not needed (vLLM keeps
+                 generator: torch.Generator | list[torch.Generator] | None = None, *,
+                 budgets=None, stop=None, cache=None) -> Rollout:
+        """``generator``: one stream for the batch or a list of one per row (each row's
+        request seeds drawn from its own). ``budgets`` [B]: fewer tokens for some rows. ``cache`` is not needed (vLLM keeps
         its own prefix cache); ``stop(finished [B] bool) -> bool``: end the decode early
         (partial rollouts), asked after every round of ``chunk`` tokens."""
         B = ids.shape[0]
@@ -64,8 +65,8 @@ class VllmSampler:
             min(max_new_tokens, int(b)) for b in budgets.tolist()]
         if stop is not None:
             return self._rollout(ids, mask, self._rounds(prompts, limits, generator, stop))
-        seeds = torch.randint(0, 2**31 - 1, (B,), generator=_cpu(generator)).tolist()
-        return self._rollout(ids, mask, self._complete(prompts, limits, seeds))
+        return self._rollout(ids, mask, self._complete(prompts, limits,
+                                                       _seeds(generator, range(B))))
 
     def _complete(self, prompts: list[list[int]], limits: list[int],
                   seeds: list[int]) -> list[dict]:
@@ -89,13 +90,13 @@ class VllmSampler:
         row ended (EOS or its limit) or ``stop(finished)`` holds after a round."""
         answers = [{"token_ids": [], "log_probs": []} for _ in prompts]
         finished = [limit <= 0 for limit in limits]
-        eos, gen = set(self.eos_token_ids), _cpu(generator)
+        eos = set(self.eos_token_ids)
         while not all(finished):
             live = [i for i, f in enumerate(finished) if not f]
-            seeds = torch.randint(0, 2**31 - 1, (len(live),), generator=gen).tolist()
             parts = self._complete(
                 [prompts[i] + answers[i]["token_ids"] for i in live],
-                [min(self.chunk, limits[i] - len(answers[i]["token_ids"])) for i in live], seeds)
+                [min(self.chunk, limits[i] - len(answers[i]["token_ids"])) for i in live],
+                _seeds(generator, live))
             for i, part in zip(live, parts, strict=True):
                 a = answers[i]
                 a["token_ids"] += part["token_ids"]
@@ -125,6 +126,15 @@ class VllmSampler:
                        log_probs=log_probs.to(d),
                        policy_version=torch.full((B,), self.version, dtype=torch.long,
                                                  device=d))
+
+
+def _seeds(generator, rows) -> list[int]:
+    """A request seed for each of ``rows`` (row indices of the batch): drawn together from one
+    stream, or each from its row's own when ``generator`` is a list of one per row."""
+    rows = list(rows)
+    if not isinstance(generator, (list, tuple)):
+        return torch.randint(0, 2**31 - 1, (len(rows),), generator=_cpu(generator)).tolist()
+    return [int(torch.randint(0, 2**31 - 1, (1,), generator=_cpu(generator[i]))) for i in rows]
 
 
 def _cpu(generator: torch.Generator | None) -> torch.Generator | None:
