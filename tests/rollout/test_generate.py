@@ -209,3 +209,22 @@ def test_rows_with_their_own_streams_draw_the_same_whatever_shares_their_batch(t
                                   generator=torch.Generator().manual_seed(7)))
     with pytest.raises(ValueError, match="1 generators for 2 rows"):
         row_uniforms(streams(1), 2, "cpu")
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("engine", [False, True])
+def test_ranks_asking_for_different_lengths_decode_in_lockstep(engine):
+    """With ``sync_group`` (a sharded model gathers its parameters in every forward call)
+    ranks that ask for 3 and 7 new tokens run the same number of forward calls (the last
+    step is the same on both, else they would wait on each other until the timeout), and
+    each keeps its own limit: its rows are those it draws alone. The engine keeps computing
+    rows that all ended while the other rank decodes."""
+    from tests.distributed_utils import run_distributed
+    from tests.rollout.decode_workers import decode_on_rank
+
+    ranks = run_distributed(decode_on_rank, 2, [3, 7], engine, timeout=120)
+    (calls0, synced0, alone0), (calls1, synced1, alone1) = ranks
+    assert calls0 == calls1  # the short rank went on to the long one's last step
+    assert engine or calls1 > 3
+    assert synced0 == alone0 and synced1 == alone1
+    assert max(len(r) for r in synced0) <= 3 and max(len(r) for r in synced1) <= 7

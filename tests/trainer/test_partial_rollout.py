@@ -152,6 +152,37 @@ def test_two_ranks_agree_on_the_filtered_groups_they_train(tmp_path):
     assert all(math.isfinite(r["train/loss"]) for r in rows)
 
 
+@pytest.mark.subprocess
+@pytest.mark.timeout(600)  # three torchrun runs
+def test_fsdp_ranks_repeat_and_resume_exactly(tmp_path):
+    """--fsdp with a filter and token-budget micro-batches of carried rows: every decode runs
+    the same forward calls on both ranks (the sharded parameters are gathered in each; ranks
+    asking for different lengths: tests/rollout/test_generate.py). A seeded 2-rank run
+    repeats exactly and --load continues exactly."""
+    # about three groups in four fail: dropped groups, and steps short of passing ones
+    few = write_reward(tmp_path, "def few(r, s, y):\n    return sum(map(len, s)) % 4 == 0\n",
+                       "few.py")
+    flags = [*_flags(tmp_path, "--dynamic-sampling-filter-path", f"{few}:few",
+                     "--dynamic-sampling-max-rounds", "3"), "--fsdp", "--use-dynamic-batch-size",
+             "--max-tokens-per-gpu", "48", "--device", "cpu"]
+    keys = (*KEYS, *FILTERED)
+
+    def run(name, *extra):
+        proc = torchrun_relax(*flags, *extra, "--output-dir", str(tmp_path / name),
+                              timeout=300, hang="the FSDP ranks did not finish")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [{k: r[k] for k in keys} for r in read_metrics(tmp_path / name)]
+
+    whole = run("whole", "--num-rollout", "3")
+    assert any(r["rollout/partial_carried_groups"] > 0 for r in whole)
+    save = tmp_path / "ckpt"
+    part = run("part", "--num-rollout", "2", "--save", str(save))
+    assert _carried(save / "rollout_000002", 2), "the checkpoint holds the groups in flight"
+    tail = run("tail", "--num-rollout", "3", "--load", str(save))
+    for got, want in zip(part + tail, whole, strict=True):  # repeats, then continues, exactly
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9, nan_ok=True)
+
+
 def _carried(checkpoint, world):
     return [g for r in range(world)
             for g in sharded_state.read_rank_file(str(checkpoint), r)[1]["carried"]]

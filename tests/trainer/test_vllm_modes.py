@@ -1,8 +1,8 @@
 """The modes beyond single-turn prompts on ``--rollout-backend vllm``, with one real vLLM
 server for the whole module (a start takes 20-40 s here): ``--env`` episodes and
 ``--use-agentic-rollout`` agent programs (every turn sampled by the server, token ids in and
-out), ``relax eval --env``, and partial rollouts (relax/rollout/vllm/vllm_sampler.py, the stop in
-rounds of ``--vllm-partial-chunk-tokens``).
+out), ``relax eval --env``, partial rollouts (relax/rollout/vllm/vllm_sampler.py, the stop in
+rounds of ``--vllm-partial-chunk-tokens``) and partial rollouts of ``--env`` episodes.
 
 The server serves an untied tiny Qwen3 directory that the runs name with ``--vllm-url`` and
 ``--hf-checkpoint``; a run pushes its weights to it, so each test that trains puts the
@@ -281,3 +281,30 @@ def test_partial_rollouts_train_on_vllm(model_dir, server, tmp_path, restore):
         assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
     assert any(r["rollout/partial_carried_groups"] > 0 for r in rows), rows
     assert any(r["rollout/partial_offpolicy_tokens"] > 0 for r in rows[1:]), rows
+
+
+def test_partial_episodes_train_on_vllm(model_dir, server, tmp_path, restore):
+    """--partial-rollout --env: every turn is the server's; episodes cut between their turns
+    are carried with their environments and continued in the next step by the server (after
+    a sync), conditioned on the turns played before the cut. With the older turns masked out
+    of the loss, each step's tokens are the server's under that step's weights, so the
+    mismatch stays at fp32 rounding."""
+    flags = ["--partial-rollout", "--env", "tests.agents.scripted:ragged", "--max-turns", "3",
+             "--rollout-batch-size", "2", "--over-sampling-batch-size", "4",
+             "--n-samples-per-prompt", "2", "--rollout-temperature", "1.5",
+             "--mask-offpolicy-in-partial-rollout", "--num-rollout", "2"]
+    trainer, _, moved = train(model_dir, server, tmp_path, *flags)
+    assert moved > 1e-4
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+    assert all(r["rollout/partial_carried_groups"] > 0 for r in rows), rows
+    # step 2 trained episodes holding turns the server sampled in step 1
+    assert rows[1]["rollout/partial_offpolicy_tokens"] > 0, rows
+    collector = trainer.collector
+    cut = {e.seed: e.turns for g in collector.carried for e in g if e.live and e.turns}
+    assert cut, "episodes cut between their turns are carried"
+    labels = collector.collect(2).labels + collector.collect(3).labels
+    # trained later with the turns they played before the cut and after it
+    assert any(x["turns"] > cut[x["env_seed"]] for x in labels if x["env_seed"] in cut)

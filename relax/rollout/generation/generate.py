@@ -184,7 +184,9 @@ def generate(
     ``stop(finished [B] bool) -> bool``, asked after every decode step, ends the decode early
     (partial rollouts: the rows not finished then are continued later, relax/rollout/partial.py).
     ``sync_group``: with a sharded model (FSDP) every rank must run the same number of forward
-    passes, so the "all rows finished" (or stop) decision is all-reduced over this group.
+    passes, so the "all rows finished" (or stop) decision is all-reduced over this group, and
+    every rank decodes up to the longest ``max_new_tokens`` any rank asks for (its own rows
+    keep their limits as budgets).
     ``inference_mode=False`` runs under plain ``no_grad``: FSDP2 reuses its all-gather buffers
     in later training passes, and inference tensors cannot be updated outside inference mode.
     ``cache`` (relax/rollout/generation/turn_cache.py ``CachedRows``): the rows' KV caches of earlier
@@ -207,6 +209,8 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
             cache=None, shared=None) -> Rollout:
     B = prompt_ids.shape[0]
     device = prompt_ids.device
+    if sync_group is not None:
+        max_new_tokens, budgets = _shared_length(max_new_tokens, budgets, B, sync_group, device)
     eos = torch.tensor(eos_token_ids, device=device)
     forward, cache = _forward(model, cache)
     # the past is not held here: its tensors are freed once the prefill copied them
@@ -243,7 +247,7 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         ended = int(finished.sum())  # the step's one host sync: early stop and dropped rows
         if _done(ended == B or (stop is not None and bool(stop(finished))), sync_group, device):
             break
-        if hasattr(forward, "keep"):
+        if hasattr(forward, "keep") and ended < B:  # (all ended: another rank still decodes)
             alive = _drop_finished(forward, alive, finished, ended)
         logits = forward.step(tok if alive is None else tok[alive])
     response_ids = torch.stack(tokens, dim=1)
@@ -260,6 +264,20 @@ def _forward(model, cache):
     if unsupported_reason(model):
         return _ModelSteps(model), None
     return DecodeEngine(model, retain=cache is not None), cache
+
+
+def _shared_length(max_new_tokens: int, budgets, B: int, sync_group, device):
+    """(the most new tokens any rank of ``sync_group`` asks for, this rank's ``budgets`` [B]).
+    The decode's last token step ends the loop without the agreement of :func:`_done`, so with
+    a sharded model it must be the same step on every rank; ranks can ask for different
+    lengths (partial rollouts continue carried rows with the tokens they have left,
+    relax/rollout/partial.py), so every rank decodes the longest and each row keeps its own
+    limit as its budget."""
+    own = torch.full((B,), max_new_tokens, device=device)
+    budgets = own if budgets is None else torch.minimum(budgets.to(device), own)
+    longest = torch.tensor(max_new_tokens, dtype=torch.int64, device=device)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=sync_group)
+    return int(longest), budgets
 
 
 def _done(done: bool, sync_group, device) -> bool:
