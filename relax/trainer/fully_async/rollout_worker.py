@@ -13,15 +13,14 @@ shares of the training ranks it serves, with the weights the fixed lag prescribe
     header <- training rank 0: stop (also at any point before: the run ended early)
 
 The collectors are the colocated loop's, built by the same assembly (relax/rollout/assembly.py:
-prompts, dynamic sampling, partial rollouts, --env environments, agent programs), sampling
-with Relax's engine on the rank's copy of the policy or, with ``--rollout-backend vllm``,
-through a vLLM server this rank owns (or a ``--vllm-url`` one) that is fed the weights the
-rank receives, each acting
+prompts, dynamic sampling, partial rollouts, --env environments, agent programs), each acting
 as data-parallel rank v of the training ranks: the same prompts and random streams, so the
-batches do not depend on how many rollout ranks there are. The shares of this rank run on one
-thread each and agree with each other, then with the other rollout ranks
-(relax/agreement.py: dynamic sampling's rounds, partial rollouts' prompt counts, a
-failure of one share is every share's). Each message carries the step, the weights version it
+batches do not depend on how many rollout ranks there are. They sample with Relax's engine
+on the rank's copy of the policy or, with ``--rollout-backend vllm``, through a vLLM server
+this rank owns (or a ``--vllm-url`` one), fed every weight version the rank receives. The
+shares of this rank run on one thread each and agree with each other, then with the other
+rollout ranks (relax/agreement.py: dynamic sampling's rounds, partial rollouts' prompt
+counts, a failure of one share is every share's). Each message carries the step, the weights version it
 was sampled with, the rows per training rank of this configuration, the collector's state
 after it (what a checkpoint holds: the prompt cursor, partial rollouts' carried groups), the
 collector's metric records and phase times, and this rank's idle and cycle seconds for the
