@@ -23,7 +23,9 @@ from tests.rollout.test_vllm_server import TOL_FP32, VLLM_PYTHON, build_model_di
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward
 from tests.trainer.test_vllm_train import gone, server_group
 
-pytestmark = pytest.mark.subprocess  # torchrun and a vLLM server (conftest.py)
+# torchrun and a vLLM server (conftest.py); the suite's 300 s per test is tighter than the
+# runs' own bounded waits (900 s), which a loaded machine needs for two ranks and a server
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(900)]
 
 if not VLLM_PYTHON.exists():
     pytest.skip("the vLLM environment is absent: `make vllm` builds it (`make test` does)",
