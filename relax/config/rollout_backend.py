@@ -3,8 +3,9 @@ vllm``): the flags and their rules (docs/configuration.md, "Rollout backend").
 
 With vLLM the trainer samples through OpenAI-compatible vLLM servers, token ids in and out,
 and pushes its weights to them after every ``--update-weights-interval`` steps
-(relax/rollout/vllm/vllm_server.py, vllm_sampler.py; relax/rollout/vllm/vllm_sync.py). What the
-backend does not serve yet is refused here with one line naming the combination, before any
+(relax/rollout/vllm/vllm_server.py, vllm_sampler.py; relax/rollout/vllm/vllm_sync.py); under
+``--fully-async`` the rollout ranks own the servers and push the weights they receive. A
+combination the backend cannot serve is refused here with one line naming it, before any
 process starts. Torch-free, like the rest of validation; whether a URL answers is checked
 when the trainer starts (before any model loads).
 """
@@ -36,7 +37,7 @@ class BackendSection(Section):
     name: str = option(
         'relax',
         'Who samples the rollouts: relax (the built-in decode engine, in the training process)'
-        ' or vllm (vLLM OpenAI servers, one per rank, started from the environment '
+        ' or vllm (vLLM OpenAI servers, one per rank (with --fully-async: per rollout rank), started from the environment '
         f'`{MAKE_TARGET}` builds unless --vllm-url names running ones; the weights reach them after every '
         '--update-weights-interval steps).',
         flag='rollout_backend',
@@ -45,8 +46,8 @@ class BackendSection(Section):
         None,
         'With --rollout-backend vllm: base URLs of vLLM servers already running (started with '
         "VLLM_SERVER_DEV_MODE=1, serving the model, sharing this machine's file system for the"
-        ' weight sync); rank r uses URL r mod their number. Must answer when the command '
-        'starts.',
+        ' weight sync); rank r uses URL r mod their number (with --fully-async: rollout rank r, '
+        'one URL per rollout rank). Must answer when the command starts.',
         nargs='+',
         metavar='URL',
         default_text='Relax starts and owns one server per rank')
@@ -73,12 +74,6 @@ class BackendSection(Section):
 _FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout",
           "vllm_partial_chunk_tokens")
 
-# what the vLLM backend does not serve yet, with the reason the refusal gives
-_REFUSED = {
-    "fully_async": "the rollout ranks sample with Relax's engine",
-}
-
-
 def _check_unused_server_flags(cfg, explicit: set[str]) -> None:
     """A vLLM flag given without ``--rollout-backend vllm`` is a mistake worth one line."""
     for dest in _FLAGS:
@@ -92,16 +87,20 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
     if cfg.rollout.backend.name != "vllm":
         _check_unused_server_flags(cfg, explicit)
         return
-    for dest, why in _REFUSED.items():
-        if value_of(cfg, dest):
-            reject(cfg, ("rollout_backend", dest), f"not supported together ({why}); "
-                   "remove one of the two")
     if cfg.model.hf_checkpoint is None:
         reject(cfg, "rollout_backend", "vLLM serves a model directory: pass --hf-checkpoint "
                "(the built-in tiny model's 16-wide attention heads are too narrow for vLLM's "
                "CPU kernels)")
     _check_log_prob_mode(cfg)
     _check_server_flags(cfg)
+    urls = cfg.rollout.backend.vllm_url
+    if cfg.placement.fully_async and urls and len(urls) < cfg.placement.rollout_num_gpus:
+        # each rollout rank pushes its weights to its server when its schedule says; two
+        # sharing one would reload it under each other's requests
+        reject(cfg, ("vllm_url", "rollout_num_gpus"), f"{len(urls)} server(s) for "
+               f"{cfg.placement.rollout_num_gpus} rollout ranks: with --fully-async each "
+               "rollout rank needs a server of its own (rollout rank i uses URL i); pass one "
+               "URL per rollout rank, or leave out --vllm-url")
     if "vllm_partial_chunk_tokens" in explicit and not cfg.rollout.partial.enabled:
         reject(cfg, "vllm_partial_chunk_tokens", "has no effect without --partial-rollout; "
                "add it or remove this flag")

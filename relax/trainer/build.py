@@ -4,7 +4,8 @@
     checks       model paths, the checkpoint to resume, the data, the reward plug-ins, the
                  environments (--env), the evaluation sets: bad input stops the run here,
                  before any model is loaded (exit 2)
-    backend      --rollout-backend vllm: the server (closed again on any failure below)
+    backend      --rollout-backend vllm: the server (closed again on any failure below; with
+                 --fully-async the rollout ranks' instead, relax/trainer/fully_async/rollout_worker.py)
     models       the policy (its prompt-length checks), the --use-opd teacher, the
                  --opd-type self teacher, the ppo critic
     rollout      the collector (relax/rollout/assembly.py; --fully-async: the batches of the
@@ -166,9 +167,11 @@ def _checked(cfg, ctx, stop, layout):
                                 if cfg.algorithm.custom_advantage_path else None),
               loss_settings=loss, eval_sets=eval_sets, vllm=None)
     # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
-    # here, before any model loads; an owned server is closed on any failure after
+    # here, before any model loads; an owned server is closed on any failure after. Under
+    # --fully-async the rollout ranks own the servers (rollout_worker.py), the training
+    # ranks none
     p.vllm = (VllmBackend.open(VllmSettings.of_train(cfg), ctx.rank, ctx.device, ctx)
-              if cfg.rollout.backend.name == "vllm" else None)
+              if cfg.rollout.backend.name == "vllm" and layout is None else None)
     return p, envs, resume
 
 

@@ -27,6 +27,10 @@ class Timer:
             torch.cuda.synchronize(self.device)  # kernels are asynchronous
         self.totals[name] += time.perf_counter() - start
 
+    def add(self, name: str, seconds: float) -> None:
+        """``seconds`` measured elsewhere, counted under ``name``."""
+        self.totals[name] += seconds
+
     def pop(self) -> dict[str, float]:
         out, self.totals = dict(self.totals), defaultdict(float)
         return out

@@ -1,6 +1,7 @@
-"""--rollout-backend's rules (relax/config/rollout_backend.py): what the vLLM backend does not
-serve is refused with one line naming both flags, the log-prob mode exists for the sampling
-settings, and its flags need the backend."""
+"""--rollout-backend's rules (relax/config/rollout_backend.py): what the vLLM backend cannot
+serve is refused with one line naming the flags, --fully-async gives each rollout rank a
+server, the log-prob mode exists for the sampling settings, and its flags need the
+backend."""
 
 from __future__ import annotations
 
@@ -41,7 +42,6 @@ def test_defaults_and_accepted_settings(cli, vllm):
 
 
 @pytest.mark.parametrize("flags, needles", [
-    (["--fully-async"], ("--rollout-backend vllm --fully-async",)),
     (["--vllm-partial-chunk-tokens", "8"], ("--vllm-partial-chunk-tokens 8",
                                             "without --partial-rollout")),
     (["--partial-rollout", "--use-tis", "--over-sampling-batch-size", "64",
@@ -58,6 +58,20 @@ def test_defaults_and_accepted_settings(cli, vllm):
 ])
 def test_refused_with_one_line(cli, rejected, vllm, flags, needles):
     rejected(cli([*vllm, *flags]), *needles)
+
+
+def test_fully_async_rollout_ranks_each_need_a_server(cli, rejected, vllm, monkeypatch):
+    """--fully-async: the rollout ranks own the servers, one each (owned, or one URL per
+    rollout rank: two ranks sharing one would reload it under each other's requests)."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    lagless = [*vllm, "--fully-async", "--max-staleness", "0", "--rollout-num-gpus", "2"]
+    cfg = cli(lagless).config()
+    assert cfg["fully_async"] and cfg["rollout_backend"] == "vllm" and cfg["world_size"] == 2
+    urls = ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    assert cli([*lagless, "--vllm-url", *urls]).config()["vllm_url"] == urls
+    rejected(cli([*lagless, "--vllm-url", urls[0]]),
+             "--vllm-url http://127.0.0.1:8000", "--rollout-num-gpus 2",
+             "1 server(s) for 2 rollout ranks", "one URL per rollout rank")
 
 
 def test_vllm_needs_a_model_directory(cli, rejected):

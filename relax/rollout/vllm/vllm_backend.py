@@ -10,7 +10,9 @@ by ``--vllm-url``), the sampler the collectors call and the weight sync after up
     backend.close()                                    # an owned server is gone
 
 Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
-``RUN_DIR/vllm-weights-rank<r>/``) or uses ``--vllm-url`` entry r mod their number. An
+``RUN_DIR/vllm-weights-rank<r>/``) or uses ``--vllm-url`` entry r mod their number (under
+``--fully-async`` r is the world rank of a rollout rank, and rollout rank i of the
+rollout ranks uses entry i: ``slot``). An
 owned server starts once the model is loaded, from that model's weights written as ``v0``
 (untied: relax/rollout/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
 FSDP2 rank 0 writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
@@ -103,12 +105,14 @@ class VllmBackend:
                         Shards(ctx, conf.bucket_bytes, reloads))
 
     @classmethod
-    def open(cls, settings: VllmSettings, rank: int, device, ctx=None) -> VllmBackend:
+    def open(cls, settings: VllmSettings, rank: int, device, ctx=None, *,
+             slot: int | None = None) -> VllmBackend:
         """Before any model loads: a ``--vllm-url`` server must answer (else exit 2); for an
         owned server the vLLM environment must exist at a supported version. ``ctx``
-        (``group``, ``device``, ``is_main``): the ranks an FSDP2 model is sharded over."""
+        (``group``, ``device``, ``is_main``): the ranks an FSDP2 model is sharded over;
+        ``slot``: which ``--vllm-url`` entry (mod their number) when not ``rank``'s."""
         if settings.urls:
-            url = settings.urls[rank % len(settings.urls)]
+            url = settings.urls[(rank if slot is None else slot) % len(settings.urls)]
             client = connect(url, "--vllm-url", timeout=settings.request_timeout)
             return cls(settings, rank, device, client, ctx=ctx)
         python = vllm_python()
@@ -194,13 +198,16 @@ class VllmBackend:
         ``--update-weights-interval`` steps)."""
         return version % self.settings.interval == 0
 
-    def push(self, module, version: int, tracker) -> None:
-        """The server samples with ``module``'s weights (``version``) from now on."""
+    def push(self, module, version: int, tracker=None) -> int:
+        """The server samples with ``module``'s weights (``version``) from now on; returns
+        the bytes written (also ``vllm/weight_sync_bytes`` in ``tracker``, if given)."""
         nbytes = self.sync.push(module, version)
         self.version = version
         for s in self.samplers:
             s.version = version
-        tracker.add_max("vllm/weight_sync_bytes", nbytes)
+        if tracker is not None:
+            tracker.add_max("vllm/weight_sync_bytes", nbytes)
+        return nbytes
 
     def close(self) -> None:
         if self.server is not None:

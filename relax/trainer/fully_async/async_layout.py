@@ -121,7 +121,8 @@ SHARED = ("fully_async", "world_size", "rollout_num_gpus", "max_staleness",
           "async_save",
           # what the rollout side's collectors are (relax/rollout/assembly.py)
           "dynamic_sampling_filter_path", "over_sampling_batch_size",
-          "dynamic_sampling_max_rounds", "partial_rollout", "env", "use_agentic_rollout")
+          "dynamic_sampling_max_rounds", "partial_rollout", "env", "use_agentic_rollout",
+          "rollout_backend")
 
 
 def check_same_settings(cfg) -> None:

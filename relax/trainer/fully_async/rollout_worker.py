@@ -7,6 +7,7 @@ shares of the training ranks it serves, with the weights the fixed lag prescribe
     for step n from the first to Schedule.end:
         until holding the weights after step Schedule.version(n):
             header <- training rank 0 (weights of a version, or stop); weights <- buckets
+        --rollout-backend vllm: new weights -> this rank's vLLM server (paused, reloaded)
         the served training ranks' shares in lockstep: batch_v = v's collector.collect(n)
         send each batch_v to training rank v
     header <- training rank 0: stop (also at any point before: the run ended early)
@@ -14,10 +15,12 @@ shares of the training ranks it serves, with the weights the fixed lag prescribe
 The collectors are the colocated loop's, built by the same assembly (relax/rollout/assembly.py:
 prompts, dynamic sampling, partial rollouts, --env environments, agent programs), each acting
 as data-parallel rank v of the training ranks: the same prompts and random streams, so the
-batches do not depend on how many rollout ranks there are. The shares of this rank run on one
-thread each and agree with each other, then with the other rollout ranks
-(relax/agreement.py: dynamic sampling's rounds, partial rollouts' prompt counts, a
-failure of one share is every share's). Each message carries the step, the weights version it
+batches do not depend on how many rollout ranks there are. They sample with Relax's engine
+on the rank's copy of the policy or, with ``--rollout-backend vllm``, through a vLLM server
+this rank owns (or a ``--vllm-url`` one), fed every weight version the rank receives. The
+shares of this rank run on one thread each and agree with each other, then with the other
+rollout ranks (relax/agreement.py: dynamic sampling's rounds, partial rollouts' prompt
+counts, a failure of one share is every share's). Each message carries the step, the weights version it
 was sampled with, the rows per training rank of this configuration, the collector's state
 after it (what a checkpoint holds: the prompt cursor, partial rollouts' carried groups), the
 collector's metric records and phase times, and this rank's idle and cycle seconds for the
@@ -30,6 +33,7 @@ import functools
 import os
 import signal
 import time
+from dataclasses import replace
 
 import torch
 
@@ -49,6 +53,7 @@ from relax.rollout.assembly import (
 )
 from relax.rollout.generation.sampler import Sampler
 from relax.rollout.reward.judge import build_judge, check_judging_lengths
+from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.trainer.distributed import DistContext, is_peer_failure
 from relax.trainer.fully_async import weight_sync
 from relax.trainer.fully_async.async_layout import (
@@ -63,18 +68,33 @@ from relax.trainer.lora import add_configured
 from relax.trainer.runtime import Timer
 
 
-def build_sampler(cfg, device: torch.device):
+def build_sampler(cfg, device: torch.device, vllm: VllmBackend | None = None):
     """The policy as the training ranks build it before training (same weights from the
-    same seed, the same LoRA adapter), for generation only; the tokenizer."""
+    same seed, the same LoRA adapter), for generation only; its sampler (Relax's engine on
+    it, or ``vllm``'s server, started here on its weights); the tokenizer."""
     models.quiet_transformers()
     tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
     module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, device, seed=cfg.run.seed)
-    if cfg.lora.enabled:
-        add_configured(module, cfg.lora, cfg.run.seed)
-    sampler = Sampler(module, eos_token_ids=models.eos_token_ids(tokenizer, module),
-                      pad_token_id=tokenizer.pad_token_id, params=sampling_params(cfg),
-                      bf16=use_bf16(cfg.system.bf16, device), device=device)
+    tuner = add_configured(module, cfg.lora, cfg.run.seed) if cfg.lora.enabled else None
+    eos, bf16 = models.eos_token_ids(tokenizer, module), use_bf16(cfg.system.bf16, device)
+    if vllm is not None:
+        vllm.start(module, bf16=bf16, lora=tuner)
+        return module, vllm.sampler(sampling_params(cfg), eos_token_ids=eos,
+                                    pad_token_id=tokenizer.pad_token_id), tokenizer
+    sampler = Sampler(module, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
+                      params=sampling_params(cfg), bf16=bf16, device=device)
     return module, sampler, tokenizer
+
+
+def open_vllm(cfg, ctx: DistContext, layout: AsyncLayout) -> VllmBackend | None:
+    """``--rollout-backend vllm``: this rollout rank's server, checked before any model loads
+    (relax/rollout/vllm/vllm_backend.py): owned, its log and weights named by the world rank,
+    or ``--vllm-url`` entry i for rollout rank i. The rank holds the whole model (the
+    weights arrive whole), so it writes them alone even when the training ranks use FSDP2."""
+    if cfg.rollout.backend.name != "vllm":
+        return None
+    settings = replace(VllmSettings.of_train(cfg), fsdp=False)
+    return VllmBackend.open(settings, layout.rank, ctx.device, slot=ctx.rank)
 
 
 class RolloutWorker:
@@ -83,7 +103,16 @@ class RolloutWorker:
 
     def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout, stop):
         self.cfg, self.ctx, self.layout = cfg, ctx, layout
-        self.module, self.sampler, self.tokenizer = build_sampler(cfg, ctx.device)
+        self.vllm = open_vllm(cfg, ctx, layout)  # closed again if anything below fails
+        try:
+            self._build(stop)
+        except BaseException:
+            self._close_server()
+            raise
+
+    def _build(self, stop) -> None:
+        cfg, ctx, layout = self.cfg, self.ctx, self.layout
+        self.module, self.sampler, self.tokenizer = build_sampler(cfg, ctx.device, self.vllm)
         self.inputs = load_inputs(cfg)
         self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
         self.timeout = cfg.run.distributed_timeout_minutes  # every wait on the training side
@@ -147,12 +176,20 @@ class RolloutWorker:
         self._weights_for(None)  # the stop header after the last batch
 
     def close(self) -> None:
-        """The collectors' own processes (agent endpoints) end with the rank."""
+        """The collectors' own processes (agent endpoints) and an owned vLLM server end with
+        the rank."""
         try:
             for collector in self.collectors.values():
                 collector.close()
         finally:
-            self.lockstep.close()
+            try:
+                self.lockstep.close()
+            finally:
+                self._close_server()
+
+    def _close_server(self) -> None:
+        if self.vllm is not None:
+            self.vllm.close()
 
     def _start(self) -> tuple[int, Schedule]:
         """Each served training rank's start, answered (None, or why not: then InputError
@@ -201,7 +238,23 @@ class RolloutWorker:
                 self.module, group=self.layout.sync_group, device=self.ctx.device,
                 bucket_bytes=self.bucket_bytes, timeout_minutes=self.timeout))
             self.version = got
+        if self.vllm is not None and self.vllm.version != self.version:
+            self._push_to_server()
         return idle
+
+    def _push_to_server(self) -> None:
+        """The weights just received to this rank's vLLM server (paused around the reload:
+        relax/rollout/vllm/vllm_sync.py), before anything samples with them; its samples
+        record the version. Only the versions a batch needs arrive (the schedule follows
+        --update-weights-interval), so each is pushed; the initial weights, which the server
+        starts with, are not. Recorded for every share: ``vllm/weight_sync_bytes``, and the
+        seconds as ``async/rollout_vllm_sync_time``."""
+        start = time.perf_counter()
+        nbytes = self.vllm.push(self.module, self.version)
+        seconds = time.perf_counter() - start
+        for v in self.shares:
+            self.trackers[v].add_max("vllm/weight_sync_bytes", nbytes)
+            self.timers[v].add("vllm_sync", seconds)
 
     def _guard(self, trainer: int, doing: str, call):
         return naming_the_peer(f"rollout rank {self.layout.rank} {doing}: training rank "
