@@ -29,6 +29,7 @@ through the KV cache).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
@@ -161,16 +162,35 @@ def one_update(model, opt, exp: Experience, s) -> float:
     return time.process_time() - cpu
 
 
-def whole_update(model, exp: Experience, repeats: int, precisions, layout) -> dict:
-    """{"bf16" / "fp32": CPU seconds of each repeat of ``train_on_rollout`` over ``exp``}:
-    the update phase of the TRL-comparison step, loss and optimizer included, the precisions
-    alternating after one warm-up update each."""
+@contextlib.contextmanager
+def fp32_attention(on: bool):
+    """An experiment, not the product's behaviour: a pack's attention (its one SDPA over the
+    segments) on fp32 copies of bf16 queries, keys and values, the output cast back. The CPU's
+    bf16 SDPA forward + backward takes about twice the fp32 one (docs/performance.md, "Where
+    the bf16 update's time goes"); this measures what computing it in fp32 would save."""
+    original = packing._segment_attention
+    if on:
+        def upcast(sdpa, query, key, value, seg):
+            return original(sdpa, query.float(), key.float(), value.float(),
+                            seg).to(query.dtype)
+        packing._segment_attention = upcast
+    try:
+        yield
+    finally:
+        packing._segment_attention = original
+
+
+def whole_update(model, exp: Experience, repeats: int, arms, layout) -> dict:
+    """{arm: CPU seconds of each repeat of ``train_on_rollout`` over ``exp``}: the update
+    phase of the TRL-comparison step, loss and optimizer included; ``arms`` (name, bf16,
+    fp32 attention) alternating after one warm-up update each."""
     update_inputs(exp)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-    out = {name: [] for name, _ in precisions}
+    out = {name: [] for name, _, _ in arms}
     for _ in range(repeats + 1):
-        for name, bf16 in precisions:
-            out[name].append(one_update(model, opt, exp, settings(bf16, layout)))
+        for name, bf16, upcast in arms:
+            with fp32_attention(upcast):
+                out[name].append(one_update(model, opt, exp, settings(bf16, layout)))
     return {name: runs[1:] for name, runs in out.items()}
 
 
@@ -228,6 +248,9 @@ def main() -> None:
                    help="time train_on_rollout over the batch instead (CPU seconds)")
     p.add_argument("--both-precisions", action="store_true",
                    help="with --whole-update: bf16 and fp32 alternating")
+    p.add_argument("--fp32-attention", action="store_true",
+                   help="with --whole-update: also a bf16 arm whose pack attention runs on fp32 "
+                   "copies (an experiment; needs a packed layout)")
     p.add_argument("--layout", default=None,
                    help="with --whole-update: --pass-layout (default: this tree's default)")
     p.add_argument("--profile", metavar="OUT.md",
@@ -252,9 +275,11 @@ def main() -> None:
         profile_updates(model, exp, a.layout, a.profile)
         return
     if a.whole_update:
-        precisions = ((("bf16", True), ("fp32", False)) if a.both_precisions
-                      else (("bf16" if a.bf16 else "fp32", a.bf16),))
-        for name, runs in whole_update(model, exp, a.repeats, precisions, a.layout).items():
+        arms = ((("bf16", True, False), ("fp32", False, False)) if a.both_precisions
+                else (("bf16" if a.bf16 else "fp32", a.bf16, False),))
+        if a.fp32_attention:
+            arms += (("bf16, fp32 attention", True, True),)
+        for name, runs in whole_update(model, exp, a.repeats, arms, a.layout).items():
             print(f"train_on_rollout, {len(exp)} rows, {name}: CPU s "
                   f"{[round(x, 2) for x in runs]}, median {statistics.median(runs):.2f}")
         print(f"load {os.getloadavg()[0]:.2f}")

@@ -114,14 +114,16 @@ def matmul_flops(e) -> float:
 
 
 def classify(events):
-    """{group: [self microseconds, matmul FLOPs]} and {op name: self microseconds} over the
-    events of one profiled update."""
+    """{group: [self microseconds, matmul FLOPs]}, {op name: self microseconds} and
+    {(group, op, shapes, backward): [calls, self microseconds, FLOPs]} of the matrix products,
+    over the events of one profiled update."""
     forward_phase = {}  # sequence number -> label of the forward op that recorded the node
     for e in events:
         if e.sequence_nr >= 0 and not any(a.name.startswith(BACKWARD) for a in _ancestors(e)):
             forward_phase.setdefault(e.sequence_nr, _label(e))
     groups = defaultdict(lambda: [0.0, 0.0])
     ops = defaultdict(float)
+    shapes = defaultdict(lambda: [0, 0.0, 0.0])
     for e in events:
         us = e.self_cpu_time_total
         if us <= 0:
@@ -130,8 +132,12 @@ def classify(events):
         group = _group(e, forward_phase)
         groups[group][0] += us
         if e.name in MATMULS:
-            groups[group][1] += matmul_flops(e)
-    return groups, ops
+            flops = matmul_flops(e)
+            groups[group][1] += flops
+            backward = any(a.name.startswith(BACKWARD) for a in _ancestors(e))
+            row = shapes[(group, e.name, str([s for s in e.input_shapes if s]), backward)]
+            row[0], row[1], row[2] = row[0] + 1, row[1] + us, row[2] + flops
+    return groups, ops, shapes
 
 
 def _group(e, forward_phase) -> str:
@@ -178,13 +184,28 @@ def table(results: dict, top: int = 15) -> str:
         for k in names:
             us, flops = parsed[k][0].get(group, (0.0, 0.0))
             share = us / totals[k]
-            rate = f"{flops / (us * 1e3):.1f}" if flops else ""
+            rate = f"{flops / (share * cpu[k]) / 1e9:.1f}" if flops else ""
             cells.append(f"{share * cpu[k]:.2f} | {share:.1%} | {rate}")
         lines.append(f"| {group} | {' | '.join(cells)} | {what} |")
     lines.append("| **update** | " + " | ".join(
         f"**{cpu[k]:.2f}** | 100% | " for k in names) + " | process CPU s (wall s: "
         + ", ".join(f"{results[k][2]:.1f}" for k in names) + ") |")
     lines += ["", _outside(parsed, totals, cpu), "", _ops(parsed, totals, cpu, top)]
+    for k in names:
+        lines += ["", _shapes(k, parsed[k][2], totals[k], cpu[k])]
+    return "\n".join(lines)
+
+
+def _shapes(name: str, shapes: dict, total: float, cpu: float, top: int = 12) -> str:
+    """The ``top`` matrix-product shapes of one precision by time: calls, CPU s, GFLOP/s (per
+    CPU second: the profiler's time scaled to the update's CPU time)."""
+    lines = [f"| {name}: matmul (group, op, input shapes, in a backward) | calls | CPU s "
+             "| GFLOP/s |", "|---|---:|---:|---:|"]
+    for key in sorted(shapes, key=lambda k: shapes[k][1], reverse=True)[:top]:
+        calls, us, flops = shapes[key]
+        group, op, dims, backward = key
+        lines.append(f"| {group}, `{op}` {dims}{', backward' if backward else ''} | {calls} "
+                     f"| {us / total * cpu:.2f} | {flops / (us / total * cpu) / 1e9:.1f} |")
     return "\n".join(lines)
 
 
@@ -199,7 +220,8 @@ def _outside(parsed, totals, cpu) -> str:
         flops = sum(v[1] for v in groups.values())
         share = mm / totals[k]
         out.append(f"- {k}: matrix products {share * cpu[k]:.2f} s ({share:.0%}, "
-                   f"{flops / 1e9:.0f} GFLOP at {flops / (mm * 1e3):.1f} GFLOP/s), outside "
+                   f"{flops / 1e9:.0f} GFLOP at {flops / (share * cpu[k]) / 1e9:.1f} GFLOP/s "
+                   "of CPU time), outside "
                    f"them {(1 - share) * cpu[k]:.2f} s ({1 - share:.0%})")
     return "\n".join(out)
 
