@@ -220,7 +220,7 @@ def _outside(parsed, totals, cpu) -> str:
         flops = sum(v[1] for v in groups.values())
         share = mm / totals[k]
         out.append(f"- {k}: matrix products {share * cpu[k]:.2f} s ({share:.0%}, "
-                   f"{flops / 1e9:.0f} GFLOP at {flops / (share * cpu[k]) / 1e9:.1f} GFLOP/s "
+                   f"{flops / 1e9:.0f} GFLOP at {flops / max(share * cpu[k], 1e-9) / 1e9:.1f} GFLOP/s "
                    "of CPU time), outside "
                    f"them {(1 - share) * cpu[k]:.2f} s ({1 - share:.0%})")
     return "\n".join(out)
