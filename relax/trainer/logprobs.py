@@ -122,6 +122,21 @@ def _chunk_log_probs(hidden, weight, bias, targets, temperature: float, with_ent
     return _log_probs_from_logits(logits, targets, temperature, with_entropy, entropy_grad)
 
 
+def _autocast_weight(weight: torch.Tensor, device_type: str) -> torch.Tensor:
+    """``weight`` [V, H] in the ambient autocast's matmul dtype, cast once for all chunks.
+
+    Autocast caches its cast of a trainable weight only while its region is open, so each
+    chunk's recompute in the backward cast the whole [V, H] weight again (SmolLM2: 28M
+    elements per chunk; docs/performance.md "Where the bf16 update's time goes"). The forward
+    already used one cast for every chunk (the cache), so the values and the gradient path
+    (one cast node whose bf16 input gradient sums the chunks') are the same; the cast copy
+    lives until the backward (56 MiB for SmolLM2 in bf16) instead of being made again."""
+    if not torch.is_autocast_enabled(device_type):
+        return weight
+    dtype = torch.get_autocast_dtype(device_type)
+    return weight.to(dtype) if weight.is_floating_point() and weight.dtype != dtype else weight
+
+
 def chunked_token_log_probs(hidden, weight, bias, targets, *, temperature: float = 1.0,
                             with_entropy: bool = False, entropy_grad: bool = True,
                             chunk_elements: int = CHUNK_ELEMENTS):
@@ -135,6 +150,7 @@ def chunked_token_log_probs(hidden, weight, bias, targets, *, temperature: float
     """
     rows = max(1, chunk_elements // weight.shape[0])
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    weight = _autocast_weight(weight, hidden.device.type) if grad else weight
     logps, ents = [], []
     for start in range(0, hidden.shape[0], rows):
         args = (hidden[start:start + rows], weight, bias, targets[start:start + rows],

@@ -125,3 +125,22 @@ def test_bf16_gradient_is_close_to_fp32(model):
     cosine = torch.nn.functional.cosine_similarity(fp32, bf16, dim=0)
     assert cosine > 0.99, cosine
     assert abs(bf16.norm() / fp32.norm() - 1) < 0.05
+
+
+def test_head_weight_cast_once_changes_no_bit(model, monkeypatch):
+    """Under bf16 autocast the output layer's weight is cast once for all chunks (not again in
+    each chunk's recompute): log-probs, entropy and every parameter gradient are bitwise those
+    of letting autocast cast it per chunk, over several chunks."""
+    exp = fixed_experience(model)
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 5 * model.config.vocab_size)
+    results = []
+    for per_chunk in (False, True):
+        if per_chunk:
+            monkeypatch.setattr(logprobs, "_autocast_weight", lambda weight, device_type: weight)
+        model.zero_grad(set_to_none=True)
+        logp, ent = response_log_probs(model, exp, temperature=0.9, with_entropy=True, bf16=True)
+        (logp.sum() + 0.5 * ent.sum()).backward()
+        results.append([logp.detach(), ent.detach(), *(p.grad.clone() for p in model.parameters())])
+    assert int(exp.response_mask.sum()) > 10  # several chunks of 5 rows
+    for once, per_chunk in zip(*results, strict=True):
+        assert torch.equal(once, per_chunk)
