@@ -93,3 +93,15 @@ def tiny_model_dir(tmp_path_factory):
     build_tiny_model(tokenizer, seed=0).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler during the test, whatever the runner inherited: a suite
+    started in the background by a shell without job control inherits SIGINT ignored, and
+    the tests that stop on Ctrl-C are about Python's handler."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -100,7 +100,7 @@ def test_each_misbehaviour_fails_its_episode_with_the_reason(tiny, kind, trainer
     assert bool(played.rollout.truncated[0])  # a failed episode is not one the env ended
 
 
-def test_a_keyboard_interrupt_is_the_stop_when_sigint_is_pythons(tiny):
+def test_a_keyboard_interrupt_is_the_stop_when_sigint_is_pythons(tiny, python_sigint):
     # relax eval keeps Python's SIGINT handler: Ctrl-C must stop it, not fail an episode
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt):

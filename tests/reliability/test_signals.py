@@ -59,7 +59,8 @@ def fit_until_interrupted(cfg, match: str) -> Interrupted:
 
 @pytest.mark.parametrize("saving", [[], ["--save-interval", "1", "--async-save"]],
                          ids=["final-only", "async-interval"])
-def test_sigint_in_process_stops_after_the_step_with_a_checkpoint(tmp_path, saving):
+def test_sigint_in_process_stops_after_the_step_with_a_checkpoint(tmp_path, saving,
+                                                                  python_sigint):
     # with --async-save the interval save of step 1 is still being written when the stop
     # asks for the checkpoint of step 1: it is waited for, published, and named
     # the reward interrupts its own process during step 1, like Ctrl-C at the terminal
