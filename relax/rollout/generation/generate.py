@@ -224,15 +224,8 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         # one uniform per row and step for every row: a row's token never depends on which
         # other rows are still being computed
         u = row_uniforms(generator, B, device)
-        logits = logits.float()  # once: the draw and the sampler's log-prob both read it
-        tok = sample_next(
-            logits, temperature=temperature, top_p=top_p, top_k=top_k,
-            uniforms=u if alive is None else u[alive],
-        )
-        lp = sampled_log_probs(logits, tok, temperature)
-        if alive is not None:
-            tok = torch.full_like(u, pad_token_id, dtype=torch.long).index_copy_(0, alive, tok)
-            lp = torch.zeros(B, dtype=lp.dtype, device=device).index_copy_(0, alive, lp)
+        tok, lp = _draw(logits, u, alive, pad_token_id, temperature=temperature, top_p=top_p,
+                        top_k=top_k)
         masks.append(~finished)
         tok = torch.where(finished, torch.full_like(tok, pad_token_id), tok)
         tokens.append(tok)
@@ -256,6 +249,22 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
         cache.store(forward.chunks(), prompt_ids, prompt_mask, response_ids, response_mask)
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~ended_eos,
                    log_probs=torch.stack(log_probs, dim=1))
+
+
+def _draw(logits, u, alive, pad_token_id: int, *, temperature, top_p, top_k):
+    """One decode step's tokens [B] and their sampler log-probs [B] from ``logits`` [A, V] of
+    the ``alive`` rows (None: all B), drawn with the rows' uniforms ``u`` [B]; rows not
+    computed get ``pad_token_id`` and 0."""
+    logits = logits.float()  # once: the draw and the sampler's log-prob both read it
+    tok = sample_next(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                      uniforms=u if alive is None else u[alive])
+    lp = sampled_log_probs(logits, tok, temperature)
+    if alive is not None:
+        B = u.shape[0]
+        tok = torch.full((B,), pad_token_id, dtype=torch.long, device=u.device).index_copy_(
+            0, alive, tok)
+        lp = torch.zeros(B, dtype=lp.dtype, device=u.device).index_copy_(0, alive, lp)
+    return tok, lp
 
 
 def _forward(model, cache):
