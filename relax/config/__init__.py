@@ -40,33 +40,37 @@ __all__ = [
 
 
 def parse_train_config(argv: list[str], environ=None) -> TrainConfig:
-    """Parse (``--config FILE`` first, the flags over it), apply the built-in preset, resolve
-    derived values and validate.
+    """Parse (the ``--config`` files first, in order, the flags over them), apply the built-in
+    preset, resolve derived values and validate.
 
     ``environ`` (default ``os.environ``) supplies ``WORLD_SIZE``. ``--help`` prints and
     raises ``SystemExit(0)`` as argparse does.
     """
     argv = list(argv)
-    path = vars(build_train_parser().parse_strict(argv))["config"]
+    paths = vars(build_train_parser().parse_strict(argv))["config"] or []
     given = explicit_dests(build_train_parser, argv) - {"config"}
-    from_file = _file_settings(path, given) if path is not None else {}
-    # the file's settings as flags before the command line's: the same types, bounds, errors
+    from_files = _file_settings(paths, given)
+    # the files' settings as flags before the command line's: the same types, bounds, errors
     values = vars(build_train_parser().parse_strict(
-        as_argv(from_file, build_train_parser()) + argv))
+        as_argv(from_files, build_train_parser()) + argv))
     del values["config"]
     defaults = flat_defaults(TrainConfig)
-    explicit = given | {dest for dest in from_file if values[dest] != defaults[dest]}
-    preset = preset_values(values, explicit)
+    # A file value is given: the preset never replaces it, so a run's config.json reproduces
+    # the run. For the rules that refuse a flag without effect, a file key equal to its
+    # default counts as absent: config.json lists every field, read or not.
+    explicit = given | {dest for dest in from_files if values[dest] != defaults[dest]}
+    preset = preset_values(values, given | set(from_files))
     cfg = from_flat(TrainConfig, {**values, **(preset or {}),
                                   "builtin_preset_applied": preset is not None})
     return resolve_and_validate(cfg, explicit, world_size_from_env(environ))
 
 
-def _file_settings(path: str, given: set[str]) -> dict:
-    """The settings of a ``--config`` file that the command line does not give; a file key
-    counts as given (for the rules that reject a flag without effect) only when it differs
-    from the default."""
-    settings = unresolved(load_file(path, TrainConfig))
+def _file_settings(paths: list[str], given: set[str]) -> dict:
+    """The settings of the ``--config`` files, merged in order (a later file's key wins),
+    that the command line does not give."""
+    settings: dict = {}
+    for path in paths:
+        settings.update(unresolved(load_file(path, TrainConfig)))
     return {dest: value for dest, value in settings.items() if dest not in given}
 
 

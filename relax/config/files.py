@@ -7,10 +7,12 @@ of a run directory) with the sections as keys, and old flat config.json files re
       sampling: {temperature: 0.7}
     batches: {rollout_batch_size: 16}
 
-Flags given on the command line override the file. A key that is no section or field is one
-line naming the file and the key. A file may also use the flags' flat names
-(``rollout_temperature: 0.7``), which is how config.json was written before sections; both
-forms read back to the same configuration. Torch-free (PyYAML and tomllib only).
+Flags given on the command line override the file; several files merge in order (the later
+wins). A key that is no section or field, a removed flag's key, a key given twice in one mapping
+and a flag set twice (flat and in its section) are each one line naming the file and the key:
+a file is read as written or refused, never half-read. A file may also use the flags' flat
+names (``rollout_temperature: 0.7``), which is how config.json was written before sections;
+both forms read back to the same configuration. Torch-free (PyYAML and tomllib only).
 """
 
 from __future__ import annotations
@@ -20,10 +22,43 @@ import dataclasses
 import json
 import os
 
+from relax.config.flags import REMOVED
 from relax.config.section import dest_of, flat_index, is_section
 from relax.errors import ConfigError
 
 SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+class _Duplicate(Exception):
+    """A key given twice in one mapping (JSON and YAML parsers keep the last one silently;
+    TOML refuses it itself)."""
+
+
+def _unique_pairs(pairs: list) -> dict:
+    """json's ``object_pairs_hook``: the mapping, or :class:`_Duplicate` for a key twice."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _yaml_load(text: str):
+    """``yaml.safe_load`` refusing a key given twice in one mapping."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: list = []
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise _Duplicate(key)
+                seen.append(key)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
 
 
 def _parse(path: str) -> dict:
@@ -40,10 +75,12 @@ def _parse(path: str) -> dict:
             import tomllib
             value = tomllib.loads(raw.decode("utf-8"))
         elif suffix == ".json":
-            value = json.loads(raw.decode("utf-8"))
+            value = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_pairs)
         else:
-            import yaml
-            value = yaml.safe_load(raw.decode("utf-8"))
+            value = _yaml_load(raw.decode("utf-8"))
+    except _Duplicate as e:
+        raise ConfigError(f"--config {path}: key {e.args[0]!r}", "given twice in one mapping; "
+                          "keep one (the parser would silently take the last)") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"--config {path}", f"not UTF-8 text (byte {e.start})") from None
     except Exception as e:  # each library's own syntax error, with its line
@@ -58,8 +95,9 @@ def _parse(path: str) -> dict:
 
 def flatten(values: dict, cls, where: str, strict: bool = True) -> dict:
     """``{dest: value}`` from a mapping by section (nested keys) or by flat name; ``where``
-    names the file in the error of an unknown key (``strict=False``: kept as it is, for
-    saved configurations that hold flags since removed)."""
+    names the file in the error of an unknown or removed key and of a flag set twice (flat
+    and in its section: which one counts would be a guess) (``strict=False``: an unknown key
+    is kept as it is, for saved configurations that hold flags since removed)."""
     flat: dict = {}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     by_dest = {dest_of(f): f for f in fields.values() if not is_section(f)}
@@ -68,27 +106,41 @@ def flatten(values: dict, cls, where: str, strict: bool = True) -> dict:
         if f is not None and is_section(f):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: key {key!r}", "is a section; expected a mapping")
-            flat.update(flatten(value, f.metadata["section"], f"{where}: {key}", strict))
+            found = flatten(value, f.metadata["section"], f"{where}: {key}", strict)
         elif f is not None or key in by_dest:
-            flat[dest_of(f if f is not None else by_dest[key])] = value
+            found = {dest_of(f if f is not None else by_dest[key]): value}
         elif strict or key in flat_index(cls):
-            flat.update(_flat_key(cls, key, value, where))
+            found = _flat_key(cls, key, value, where)
         else:
-            flat[key] = value
+            found = {key: value}
+        _merge(flat, found, where, key)
     return flat
+
+
+def _merge(flat: dict, found: dict, where: str, key: str) -> None:
+    """Add ``found`` to ``flat``, refusing a flag that ``flat`` already sets."""
+    twice = next((dest for dest in found if dest in flat), None)
+    if twice is not None:
+        raise ConfigError(f"{where}: key {key!r}", f"sets --{twice.replace('_', '-')} a second "
+                          "time (flat and in its section, or by field and by flag name); keep "
+                          "one")
+    flat.update(found)
 
 
 def _flat_key(cls, key: str, value, where: str) -> dict:
     """A flat name (``rollout_temperature``) anywhere below ``cls``, else the error line."""
     if key in flat_index(cls):
         return {key: value}
+    flag = "--" + str(key).replace("_", "-")
+    if flag in REMOVED:
+        raise ConfigError(f"{where}: key {key!r}", f"{flag} is {REMOVED[flag]} (the key)")
     raise ConfigError(f"{where}: unknown key {key!r}", "not a section, field or flag name of "
                       "the configuration; see relax train --help (groups are sections)")
 
 
 def load_file(path: str, cls) -> dict:
     """The ``{dest: value}`` a configuration file sets (YAML, TOML or JSON)."""
-    return flatten(_parse(path), cls, path)
+    return flatten(_parse(path), cls, f"--config {path}")
 
 
 # resolved value -> unset, where resolution (relax/config/validate.py resolve_and_validate,

@@ -163,10 +163,12 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
     Namespace, which is how :func:`explicit_dests` sees what the user typed."""
     parser = _build(TrainConfig, prog, TRAIN_DESCRIPTION, suppress_defaults)
     parser.add_argument(
-        "--config", metavar="FILE", type=text, default=argparse.SUPPRESS if suppress_defaults
-        else None, help="Default: none. A .yaml, .toml or .json file with the sections as keys "
-        "(the layout of --dry-run and of a run's config.json, which loads back to the same "
-        "configuration); flags given too override it (relax/config/files.py).")
+        "--config", metavar="FILE", type=text, action="append",
+        default=argparse.SUPPRESS if suppress_defaults else None,
+        help="Default: none. A .yaml, .toml or .json file with the sections as keys (the "
+        "layout of --dry-run and of a run's config.json, which loads back to the same "
+        "configuration); may be given several times: the files merge in order, a later one "
+        "winning, and flags given too override them all (relax/config/files.py).")
     return parser
 
 

@@ -100,3 +100,71 @@ def test_a_value_of_the_wrong_type_is_the_flags_error(tmp_path, text, needle):
     with pytest.raises(ConfigError) as e:
         _parse(["--config", str(path)], tmp_path)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("run.json", '{"algorithm": {"estimator": "sapo", "estimator": "grpo"}}', "'estimator'"),
+    ("run.json", '{"run": {"seed": 1}, "run": {"seed": 2}}', "'run'"),
+    ("run.yaml", "algorithm:\n  estimator: sapo\n  estimator: grpo\n", "'estimator'"),
+    ("run.yaml", "run: {seed: 1}\nrun: {seed: 2}\n", "'run'"),
+])
+def test_a_key_given_twice_is_refused(tmp_path, name, text, needle):
+    # JSON and YAML parsers keep the last of two equal keys silently
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        _parse(["--config", str(path)], tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and str(path) in line and needle in line and "twice" in line, line
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("rollout_temperature: 0.7\nrollout:\n  sampling: {temperature: 0.9}\n",
+     "--rollout-temperature"),
+    ("rollout_temperature: 0.7\nrollout:\n  sampling: {temperature: 0.7}\n",
+     "--rollout-temperature"),
+    ("algorithm: {estimator: sapo, advantage_estimator: grpo}\n", "--advantage-estimator"),
+    ("seed: 3\nrun: {seed: 3}\n", "--seed"),
+])
+def test_a_flag_set_flat_and_in_its_section_is_refused(tmp_path, text, needle):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        _parse(["--config", str(path)], tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and str(path) in line and needle in line, line
+    assert "second time" in line and "keep one" in line, line
+
+
+@pytest.mark.parametrize("text,key", [("colocate: true\n", "colocate"),
+                                      ("placement: {hybrid: false}\n", "hybrid")])
+def test_a_removed_flag_in_a_file_is_refused_naming_the_key(tmp_path, text, key):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        _parse(["--config", str(path)], tmp_path)
+    line = str(e.value)
+    assert str(path) in line and f"key {key!r}: --{key} is removed" in line, line
+
+
+def test_a_file_value_equal_to_the_default_is_not_replaced_by_the_preset(tmp_path):
+    # --lr 1e-6 is the flag's default; the built-in preset's is 0.003
+    path = tmp_path / "run.yaml"
+    path.write_text("optimizer: {lr: 1.0e-6}\nbatches: {rollout_batch_size: 8}\n")
+    cfg = _parse(["--config", str(path)], tmp_path)
+    assert cfg.builtin_preset_applied
+    assert cfg.optimizer.lr == 1e-6 and cfg.batches.rollout_batch_size == 8
+    assert cfg.batches.samples_per_prompt == 8  # the preset's, for what the file leaves out
+
+
+def test_several_files_merge_in_order_and_flags_win(tmp_path):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.toml"
+    first.write_text("algorithm: {estimator: sapo}\nrun: {seed: 3}\n"
+                     "rollout: {sampling: {temperature: 0.7}}\n")
+    second.write_text("[run]\nseed = 5\n[rollout.sampling]\ntop_k = 4\n")
+    cfg = _parse(["--config", str(first), "--config", str(second),
+                  "--rollout-temperature", "0.9"], tmp_path)
+    assert cfg.algorithm.estimator == "sapo"  # only in the first
+    assert cfg.run.seed == 5  # the later file wins
+    assert cfg.rollout.sampling.top_k == 4
+    assert cfg.rollout.sampling.temperature == 0.9  # a flag wins over every file
