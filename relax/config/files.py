@@ -96,8 +96,9 @@ def _parse(path: str) -> dict:
 def flatten(values: dict, cls, where: str, strict: bool = True) -> dict:
     """``{dest: value}`` from a mapping by section (nested keys) or by flat name; ``where``
     names the file in the error of an unknown or removed key and of a flag set twice (flat
-    and in its section: which one counts would be a guess) (``strict=False``: an unknown key
-    is kept as it is, for saved configurations that hold flags since removed)."""
+    and in its section: which one counts would be a guess). ``strict=False`` reads a saved
+    configuration leniently (a checkpoint's manifest): an unknown key is kept as it is, for
+    flags since removed, and of a flag set twice the later key counts."""
     flat: dict = {}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     by_dest = {dest_of(f): f for f in fields.values() if not is_section(f)}
@@ -113,7 +114,10 @@ def flatten(values: dict, cls, where: str, strict: bool = True) -> dict:
             found = _flat_key(cls, key, value, where)
         else:
             found = {key: value}
-        _merge(flat, found, where, key)
+        if strict:
+            _merge(flat, found, where, key)
+        else:
+            flat.update(found)
     return flat
 
 
