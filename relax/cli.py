@@ -26,6 +26,7 @@ from relax.config import (
     write_config,
 )
 from relax.config.flags import OneLineParser
+from relax.config.section import written_dirs
 from relax.errors import InputError
 from relax.plotting import PlotError, parse_plot_args, plot_runs
 from relax.rundirs import claim_eval_dir, claim_train_dirs
@@ -55,7 +56,7 @@ def _run_train(argv: list[str]) -> int:
     # locks them for this process's lifetime) and writes config.json.
     if os.environ.get("RANK", "0") == "0":
         try:
-            claim_train_dirs(cfg)
+            claim_train_dirs(cfg, written_dirs(cfg))
         except InputError as e:
             return _error("relax train", str(e))
         write_config(cfg)

@@ -1,15 +1,17 @@
 """The directories a run writes: claimed before any work, locked for the run's lifetime.
 
 ``relax train`` writes into ``--output-dir`` (config.json, metrics.jsonl, samples.jsonl,
-TensorBoard) and ``--save`` (checkpoints); ``relax eval --output-dir`` writes
-eval_metrics.json. Before anything is written, :func:`claim_train_dirs` / :func:`claim_eval_dir`
-check (docs/reliability.md, "Hostile conditions"):
+TensorBoard), ``--save`` (checkpoints) and ``--critic-save`` (critic.pt): every field declared
+with ``option(writes=KIND)`` (relax/config/section.py ``written_dirs``); ``relax eval
+--output-dir`` writes eval_metrics.json. Before anything is written, :func:`claim_train_dirs` /
+:func:`claim_eval_dir` check (docs/reliability.md, "Hostile conditions"):
 
 - each directory is new, empty, or already marked as Relax's own of the same kind
   (``relax_run.json`` in an output directory, ``relax_save_dir.json`` or a checkpoint manifest
-  in a save directory); anything else -- a model directory, a home directory, a data folder --
-  is refused, so a run never overwrites a file it did not write;
-- ``--output-dir`` and ``--save`` differ from each other and from the model directories;
+  in a save directory, ``relax_critic_dir.json`` in a critic directory); anything else -- a
+  model directory, a home directory, a data folder, another program's critic.pt -- is
+  refused, so a run never overwrites a file it did not write;
+- the directories written differ from each other and from the model directories;
 - a fresh run (no ``--load``) does not continue another run's directory: a save directory
   holding checkpoints or an output directory holding metrics.jsonl is refused with how to
   continue it (``--load``) or start clean;
@@ -36,6 +38,12 @@ from relax.errors import InputError
 OUTPUT_MARKER = "relax_run.json"
 SAVE_DIR_MARKER = "relax_save_dir.json"
 SAVE_MARKER = "relax_save.json"  # a checkpoint's manifest, written by relax/trainer/checkpoint.py
+CRITIC_MARKER = "relax_critic_dir.json"
+# kind (``option(writes=...)``) -> (the markers that make a directory Relax's own of that
+# kind, the first one written by a claim; what such directories are called)
+KINDS = {"output": ((OUTPUT_MARKER,), "run output directories"),
+         "save": ((SAVE_DIR_MARKER, SAVE_MARKER), "save directories"),
+         "critic": ((CRITIC_MARKER,), "critic directories")}
 LOCK = ".relax.lock"
 _HELD: list[int] = []  # lock file descriptors, open until the process exits
 
@@ -133,47 +141,55 @@ def _mark(path: str, marker: str, kind: str) -> None:
             json.dump({"kind": kind, "created": time.time()}, f)
 
 
-def _distinct(cfg) -> None:
+def _distinct(cfg, dirs) -> None:
+    """No two written directories are one, and none is a model directory Relax reads."""
     models = {"--hf-checkpoint": _real(cfg.model.hf_checkpoint),
               "--ref-load": _real(cfg.model.ref_load)}
-    out, save = _real(cfg.run.output_dir), _real(cfg.checkpoint.save)
-    if save is not None and out == save:
-        raise InputError(f"--output-dir {cfg.run.output_dir} and --save {cfg.checkpoint.save}: the same "
-                         "directory; the run's config.json would overwrite the saved model's; "
-                         "give them different directories")
-    for flag, value, real in (("--output-dir", cfg.run.output_dir, out),
-                              ("--save", cfg.checkpoint.save, save)):
+    seen: dict = {}
+    for flag, path, _ in dirs:
+        real = _real(path)
+        if real in seen:
+            other, other_path = seen[real]
+            raise InputError(f"{other} {other_path} and {flag} {path}: the same directory; "
+                             "one run's files would overwrite the other's (config.json, the "
+                             "saved model, critic.pt); give them different directories")
+        seen[real] = (flag, path)
         for model_flag, model in models.items():
-            if real is not None and real == model:
-                raise InputError(f"{flag} {value}: is the {model_flag} model directory; Relax "
+            if real == model:
+                raise InputError(f"{flag} {path}: is the {model_flag} model directory; Relax "
                                  "never writes into the model it reads; choose another path")
 
 
-def claim_train_dirs(cfg) -> None:
-    """All checks of the module docstring for ``relax train``; raises :class:`InputError`."""
-    _distinct(cfg)
-    _check_kind(cfg.run.output_dir, "--output-dir", (OUTPUT_MARKER,), "run output directories")
+def _check_fresh(cfg) -> None:
+    """A fresh run (no ``--load``) continues no earlier run's metrics or checkpoints."""
     fresh = cfg.checkpoint.load is None
     if fresh and os.path.isfile(os.path.join(cfg.run.output_dir, "metrics.jsonl")):
         raise InputError(f"--output-dir {cfg.run.output_dir}: holds metrics.jsonl of an earlier "
                          "run; continue that run with --load SAVE_DIR, or choose a new "
                          "--output-dir")
-    if cfg.checkpoint.save is not None:
-        _check_kind(cfg.checkpoint.save, "--save", (SAVE_DIR_MARKER, SAVE_MARKER),
-                    "save directories")
-        if os.path.isdir(cfg.checkpoint.save) and _has_checkpoints(cfg.checkpoint.save) and (
-                fresh or _real(cfg.checkpoint.load) != _real(cfg.checkpoint.save)):
-            how = (f"continue it with --load {cfg.checkpoint.save}" if fresh else
-                   f"save into --save {cfg.checkpoint.load} to continue the run you load")
-            raise InputError(f"--save {cfg.checkpoint.save}: holds checkpoints of an earlier run; {how}, or "
-                             "choose an empty --save directory")
-    for flag, path, marker, kind in (("--output-dir", cfg.run.output_dir, OUTPUT_MARKER, "output"),
-                                     ("--save", cfg.checkpoint.save, SAVE_DIR_MARKER, "save")):
-        if path is None:
-            continue
+    save = cfg.checkpoint.save
+    if save is not None and os.path.isdir(save) and _has_checkpoints(save) and (
+            fresh or _real(cfg.checkpoint.load) != _real(save)):
+        how = (f"continue it with --load {save}" if fresh else
+               f"save into --save {cfg.checkpoint.load} to continue the run you load")
+        raise InputError(f"--save {save}: holds checkpoints of an earlier run; {how}, or "
+                         "choose an empty --save directory")
+
+
+def claim_train_dirs(cfg, dirs) -> None:
+    """All checks of the module docstring for ``relax train``; ``dirs`` are the
+    ``(--flag, directory, kind)`` the run writes into (relax.config.section.written_dirs).
+    Every check passes before any directory is created, locked or marked. Raises
+    :class:`InputError`."""
+    _distinct(cfg, dirs)
+    for flag, path, kind in dirs:
+        markers, what = KINDS[kind]
+        _check_kind(path, flag, markers, what)
+    _check_fresh(cfg)
+    for flag, path, kind in dirs:
         _make_writable(path, flag)
         _lock(path, flag)
-        _mark(path, marker, kind)
+        _mark(path, KINDS[kind][0][0], kind)
 
 
 def claim_eval_dir(cfg) -> None:

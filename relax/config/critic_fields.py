@@ -31,7 +31,7 @@ class CriticSection(Section):
         "At the end of the run, write the critic's weights to DIR/critic.pt (what "
         '--critic-load reads); the critic is also in every checkpoint of --save; needs '
         '--advantage-estimator ppo.',
-        flag='critic_save')
+        flag='critic_save', writes='critic')
     lr: float | None = option(
         None,
         "The critic's AdamW learning rate (> 0); needs --advantage-estimator ppo.",

@@ -310,7 +310,7 @@ class CheckpointSection(Section):
     save: str | None = option(
         None,
         'Checkpoint directory.',
-        default_note='no checkpoints')
+        default_note='no checkpoints', writes='save')
     load: str | None = option(
         None,
         'Checkpoint directory to resume from.')
@@ -343,7 +343,7 @@ class RunSection(Section):
     output_dir: str | None = option(
         None,
         'Gets config.json and the metrics.',
-        default_text='runs/<estimator>-<YYYYmmdd-HHMMSS>')
+        default_text='runs/<estimator>-<YYYYmmdd-HHMMSS>', writes='output')
     seed: int = option(
         1234,
         'Seed of every RNG.',

@@ -24,7 +24,8 @@ from functools import cache
 def option(default, help: str, *, flag: str | None = None, bound: tuple | None = None,
            choices: tuple | None = None, nargs: str | None = None, metavar: str | None = None,
            default_text: str | None = None, default_note: str | None = None,
-           positional: bool = False, cli: bool = True, group: str | None = None):
+           positional: bool = False, cli: bool = True, group: str | None = None,
+           writes: str | None = None):
     """A configuration field: its default (the only place it is written), the help text of
     its flag, and its bound.
 
@@ -34,12 +35,16 @@ def option(default, help: str, *, flag: str | None = None, bound: tuple | None =
     ``--help`` prefixes ``help`` with the default, written from ``default`` ("Default 8.",
     "Default off."), followed by ``default_note`` in parentheses, or replaced by
     ``default_text`` where the default needs words. ``cli=False``: resolved, not a flag.
+    ``writes``: the flag names a directory Relax writes into, of this kind (``"output"``,
+    ``"save"``, ``"critic"``): relax/rundirs.py claims it before anything is written (new,
+    empty or Relax's own of that kind), found through :func:`written_dirs`.
     ``group`` is accepted for field modules written before sections and ignored: a flag's
     ``--help`` group is its section."""
     del group
     return field(default=default, metadata=dict(
         help=help, dest=flag, bound=bound, choices=choices, nargs=nargs, metavar=metavar,
-        positional=positional, default_text=default_text, default_note=default_note, cli=cli))
+        positional=positional, default_text=default_text, default_note=default_note, cli=cli,
+        writes=writes))
 
 
 def derived(default=None, help: str = ""):
@@ -154,6 +159,14 @@ def from_flat(cls, flat: dict):
 def to_flat(cfg) -> dict:
     """``{dest: value}`` of every leaf of ``cfg``."""
     return {dest_of(f): get_path(cfg, path) for path, f in leaves(type(cfg))}
+
+
+def written_dirs(cfg) -> tuple[tuple[str, str, str], ...]:
+    """``(--flag, directory, kind)`` of every field of ``cfg`` declared with ``writes`` and
+    set: the directories the run will write into, each to be claimed first."""
+    return tuple(("--" + dest_of(f).replace("_", "-"), get_path(cfg, path), f.metadata["writes"])
+                 for path, f in leaves(type(cfg))
+                 if f.metadata.get("writes") and get_path(cfg, path) is not None)
 
 
 def replace_flat(cfg, **flat):
