@@ -33,6 +33,13 @@ def check_critic(cfg, explicit: set[str]) -> None:
     for dest in ("critic_lr_warmup_iters", "num_critic_only_steps"):
         if value_of(cfg, dest) < 0:
             reject(cfg, dest, "must be >= 0 (0: none)")
+    steps = cfg.batches.num_rollout
+    if steps is not None and cfg.critic.num_critic_only_steps >= steps:
+        # the count is of the whole run's rollout steps (a resumed run keeps it), so none
+        # would be left for the policy
+        reject(cfg, ("num_critic_only_steps", "num_rollout"), "every rollout step would train "
+               "only the critic, so the policy would never train; use fewer critic-only steps "
+               "than --num-rollout, or more rollout steps")
     if cfg.critic.load is not None and not any(
             os.path.isfile(os.path.join(cfg.critic.load, name))
             for name in (CRITIC_FILE, CHECKPOINT_METADATA)):

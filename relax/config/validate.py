@@ -216,6 +216,11 @@ def _check_run(cfg: TrainConfig, explicit: set[str]) -> None:
     for dest in ("save_interval", "keep_last", "async_save"):
         if value_of(cfg, dest) not in (None, False) and cfg.checkpoint.save is None:
             reject(cfg, dest, "nothing is saved without --save DIR; add --save")
+    interval, steps = cfg.checkpoint.save_interval, cfg.batches.num_rollout
+    if interval is not None and steps is not None and interval > steps:
+        reject(cfg, ("save_interval", "num_rollout"), "the interval is never reached, so no "
+               "checkpoint but the last one (always written) would be saved; use a "
+               "--save-interval of at most --num-rollout, or leave it out")
     for dest in ("save", "output_dir"):
         value = value_of(cfg, dest)
         if value is not None and os.path.exists(value) and not os.path.isdir(value):

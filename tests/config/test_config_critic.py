@@ -20,6 +20,11 @@ def _rows(tmp_path):
                             ("--critic-lr-warmup-iters -1", ">= 0")),
         "negative-critic-only": ([*PPO, "--num-critic-only-steps", "-1"],
                                  ("--num-critic-only-steps -1", ">= 0")),
+        # settings that leave the policy nothing to do
+        "all-critic-only": ([*PPO, "--num-critic-only-steps", "5", "--num-rollout", "2"],
+                            ("--num-critic-only-steps 5 --num-rollout 2", "never train")),
+        "as-many-critic-only": ([*PPO, "--num-critic-only-steps", "2", "--num-rollout", "2"],
+                                ("--num-critic-only-steps 2 --num-rollout 2", "never train")),
         "no-critic-file": ([*PPO, "--critic-load", str(tmp_path)],
                            ("--critic-load", "no critic.pt and no checkpoint")),
         "lambd-without-ppo": (["--lambd", "0.9"], ("--lambd 0.9", "--advantage-estimator ppo")),
@@ -29,7 +34,8 @@ def _rows(tmp_path):
 
 
 ROW_NAMES = ["lambd-above", "lambd-below", "gamma-above", "gamma-zero", "negative-clip",
-             "zero-lr", "negative-warmup", "negative-critic-only", "no-critic-file",
+             "zero-lr", "negative-warmup", "negative-critic-only", "all-critic-only",
+             "as-many-critic-only", "no-critic-file",
              "lambd-without-ppo", "clip-without-ppo"]
 
 

@@ -57,6 +57,11 @@ def test_chat_template_and_system_prompt(cli, rejected, hf_dir):
 
 def test_run_directories(cli, rejected, tmp_path, prompt_file):
     rejected(cli([*GRPO, "--save-interval", "5"]), "--save-interval 5", "--save")
+    # an interval the run never reaches saves nothing the final checkpoint does not
+    rejected(cli([*GRPO, "--save", str(tmp_path / "ckpt"), "--save-interval", "4",
+                  "--num-rollout", "3"]), "--save-interval 4 --num-rollout 3", "never reached")
+    assert cli([*GRPO, "--save", str(tmp_path / "ckpt"), "--save-interval", "3",
+                "--num-rollout", "3"]).config()["save_interval"] == 3
     rejected(cli([*GRPO, "--output-dir", prompt_file]), "--output-dir")
     rejected(cli([*GRPO, "--save", prompt_file]), "--save")
     cfg = cli([*GRPO, "--save", str(tmp_path / "ckpt"), "--save-interval", "5",
