@@ -4,7 +4,7 @@ When neither ``--hf-checkpoint`` nor ``--prompt-data`` is given, Relax trains th
 built-in tiny model on a built-in task. The default flag values are sized for a real
 model (``--lr 1e-6``, ``--rollout-max-response-len 1024``), which would learn nothing
 on the tiny model in a few CPU minutes, so each key below replaces the flag's default
-unless the user passed that flag explicitly. The values are visible in the
+unless the user gave that flag (on the command line or in a ``--config`` file). The values are visible in the
 ``--dry-run`` JSON and documented in ``docs/configuration.md``.
 
 Keys are config field names (flag name without ``--``, ``-`` -> ``_``). The trainer owner
@@ -35,7 +35,7 @@ def preset_values(values: dict, explicit: set[str]) -> dict | None:
     user model or user data (the preset does not apply).
 
     ``values`` are the parsed flags by field name, ``explicit`` the fields given on the command
-    line. ``--num-steps-per-rollout`` given alone derives the global batch from it, so a preset
+    line or in a ``--config`` file. ``--num-steps-per-rollout`` given alone derives the global batch from it, so a preset
     ``global_batch_size`` must then stay out of the way.
     """
     if values["hf_checkpoint"] is not None or values["prompt_data"] is not None:
