@@ -164,6 +164,16 @@ def test_a_good_served_answer_becomes_the_rollout():
     assert all(math.isfinite(x) for x in r.log_probs.flatten().tolist())
 
 
+@pytest.mark.parametrize("models", [b"<html>Bad Gateway</html>", {"data": []},
+                                    {"data": [{"root": "/m"}]}, {"data": ["m"]}])
+def test_a_models_answer_without_a_model_is_one_line(models):
+    client = VllmClient("http://127.0.0.1:1", timeout=1)
+    client.request = lambda path, body=None, method="POST": models
+    with pytest.raises(ServerError, match=r"^vLLM server http://127.0.0.1:1 serves no model: "
+                                          r"/v1/models answered "):
+        client.served_model()
+
+
 @pytest.fixture(scope="module")
 def untied_model_dir(tmp_path_factory):
     """The tiny model with an output layer of its own (a --vllm-url server cannot reload a
