@@ -11,6 +11,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+from urllib.parse import urlsplit
 
 from relax.config.constants import LIBRARIES
 from relax.config.gym_spec import PREFIX as GYM_PREFIX
@@ -46,6 +47,28 @@ def reject(cfg, dests, reason: str):
     """Raise the one-line error naming ``dests`` (one field name or several) and their values."""
     dests = (dests,) if isinstance(dests, str) else tuple(dests)
     raise ConfigError(head(cfg, *dests), reason)
+
+
+def url_problem(url: str, example: str = "http://127.0.0.1:8000") -> str | None:
+    """Why ``url`` cannot be a server's address, or None. ``urlsplit`` raises on some
+    malformed URLs (``http://[::1``) and reading ``port`` on others (``http://h:99999``): both
+    are asked here, so a URL flag is refused in one line instead of failing at the first
+    request with a traceback."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- reading it raises ValueError for a port that is not one
+    except ValueError as e:
+        return f"not a URL ({e}); give an http(s) URL such as {example}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL with a host (http:// or https://), such as {example}"
+    return None
+
+
+def check_url(cfg, dest: str, url: str | None, example: str = "http://127.0.0.1:8000") -> None:
+    """The URL flag ``dest`` (one of its values: ``url``) must be a server's address."""
+    problem = None if url is None else url_problem(url, example)
+    if problem:
+        reject(cfg, dest, problem)
 
 
 def check_custom_path(cfg, dest: str) -> None:

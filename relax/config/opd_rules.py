@@ -6,9 +6,8 @@ directory is checked here; its vocabulary against the student's when the trainer
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit
 
-from relax.config.checks import reject
+from relax.config.checks import check_url, reject
 from relax.config.gym_spec import is_reasoning_gym
 
 _NEEDS_OPD = ("opd_type", "opd_kl_coef", "opd_teacher_load", "opd_only")
@@ -86,12 +85,7 @@ def _check_server(cfg) -> None:
     if cfg.distillation.teacher_url is not None and cfg.distillation.teacher_load is not None:
         reject(cfg, ("opd_teacher_url", "opd_teacher_load"), "a teacher server is either "
                "named or started from a directory; remove one of the two")
-    url = cfg.distillation.teacher_url
-    if url is not None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            reject(cfg, "opd_teacher_url", f"{url!r} is not an http(s) URL such as "
-                   "http://127.0.0.1:8000")
+    check_url(cfg, "opd_teacher_url", cfg.distillation.teacher_url)
     if not 0 < cfg.distillation.teacher_timeout <= 86400:
         reject(cfg, "opd_teacher_timeout", "must lie in (0, 86400] seconds")
     if cfg.rollout.sampling.temperature != 1.0:

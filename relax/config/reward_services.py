@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 import string
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
-from relax.config.checks import reject
+from relax.config.checks import check_url, reject
 from relax.config.presets import BUILTIN_TASK_NAMES
 from relax.config.section import Section, option, value_of
 
@@ -188,9 +187,7 @@ def _check_remote(cfg) -> None:
     if cfg.rollout.rewards.url is None:
         reject(cfg, "rm_type", "needs --rm-url URL, the address of the reward server (e.g. "
                "http://127.0.0.1:8000/reward)")
-    problem = url_problem(cfg.rollout.rewards.url)
-    if problem:
-        reject(cfg, "rm_url", problem)
+    check_url(cfg, "rm_url", cfg.rollout.rewards.url, "http://127.0.0.1:8000/reward")
     if cfg.rollout.rewards.max_concurrency < 1:
         reject(cfg, "reward_max_concurrency", "must be >= 1 requests in flight")
     if not 1 <= cfg.rollout.rewards.batch_size <= 1 << 16:
@@ -200,18 +197,6 @@ def _check_remote(cfg) -> None:
     if not 0 < cfg.rollout.rewards.retry_backoff <= MAX_BACKOFF_WAIT:
         reject(cfg, "rm_retry_backoff", f"must lie in (0, {MAX_BACKOFF_WAIT:g}] seconds, "
                "e.g. 1")
-
-
-def url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be a reward server's address, or None."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 -- reading it raises ValueError for a port that is not one
-    except ValueError as e:
-        return f"not a URL ({e}); give e.g. http://127.0.0.1:8000/reward"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/reward"
-    return None
 
 
 def _check_group_rm(cfg) -> None:

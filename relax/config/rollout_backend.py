@@ -13,9 +13,8 @@ when the trainer starts (before any model loads).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
-from relax.config.checks import reject
+from relax.config.checks import check_url, reject
 from relax.config.section import Section, option, value_of
 
 BACKENDS = ("relax", "vllm")
@@ -131,10 +130,7 @@ def _check_server_flags(cfg) -> None:
         if not 0 < value_of(cfg, dest) <= 86400:
             reject(cfg, dest, "must lie in (0, 86400] seconds")
     for url in cfg.rollout.backend.vllm_url or ():
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            reject(cfg, "vllm_url", f"{url!r} is not an http(s) URL such as "
-                   "http://127.0.0.1:8000")
+        check_url(cfg, "vllm_url", url)
 
 
 def _check_log_prob_mode(cfg) -> None:

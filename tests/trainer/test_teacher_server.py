@@ -20,11 +20,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relax.rollout.vllm.vllm_server import ServerError, group_alive
+from relax.rollout.vllm.vllm_server import ServerError, VllmClient, group_alive
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.teacher_server import ServerTeacher, check_served_vocabulary
+from tests.rollout.fake_vllm import fake_vllm
 from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
 from tests.trainer.workers import fixed_experience
 
@@ -58,6 +59,89 @@ def test_a_server_with_another_tokenizer_is_one_line():
 
     with pytest.raises(InputError, match=r"^--opd-teacher-url http://127.0.0.1:1: its "
                                          r"tokenizer splits a probe text into other token ids"):
+        check_served_vocabulary(Other(), build_tokenizer())
+
+
+def _scoring(value):
+    """A fake teacher's answer: every token after the first scored ``value(row, j)``."""
+    def answer(body):
+        return {"choices": [{"index": k, "prompt_logprobs": [None] + [
+            {str(t): {"logprob": value(k, j), "rank": 1}} for j, t in enumerate(ids) if j]}
+            for k, ids in enumerate(body["prompt"])]}
+    return answer
+
+
+def _two_rows():
+    """Rows [3, 4 | 5, 6] and [0, 3 | 7, pad]: prompt width 2 (row 1 left-padded), two
+    response columns (row 1's second unattended)."""
+    ids = torch.tensor([[3, 4, 5, 6], [0, 3, 7, 0]])
+    attention = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 0]])
+    return SimpleNamespace(input_ids=ids, attention_mask=attention,
+                           response_mask=attention[:, 2:].bool())
+
+
+def test_a_teachers_log_probs_land_on_the_response_tokens():
+    with fake_vllm(_scoring(lambda k, j: -0.5 * (k + 1) - j)) as url:
+        client = VllmClient(url, timeout=10)
+        client.model = "m"
+        got = ServerTeacher(client).log_probs(_two_rows())
+    assert got.tolist() == [[-2.5, -3.5], [-2.0, 0.0]]  # row 1 attends [3, 7]: token 7 is j 1
+
+
+@pytest.mark.parametrize("answer, needle", [
+    (lambda body: {"object": "error"}, "rows 0..1 of the batch with 2 choice(s) expected"),
+    (lambda body: b"Internal Server Error", "not a JSON object: str 'Internal Server Error'"),
+    (_scoring(lambda k, j: 3.0 if k == 1 else -1.0), "row 1 of the batch with prompt 1: the "
+     "log-prob of token 1 is 3.0; a log-prob is finite and <= 0"),
+    (_scoring(lambda k, j: float("nan")), "row 0 of the batch with prompt 0: the log-prob of "
+     "token 2 is nan"),
+    (_scoring(lambda k, j: -float("inf") if j == 3 else -1.0), "row 0 of the batch with "
+     "prompt 0: the log-prob of token 3 is -inf"),
+])
+def test_a_bad_teacher_answer_is_one_line_naming_the_server_and_the_row(answer, needle):
+    with fake_vllm(answer) as url:
+        client = VllmClient(url, timeout=10)
+        client.model = "m"
+        with pytest.raises(ServerError) as e:
+            ServerTeacher(client).log_probs(_two_rows())
+    line = str(e.value)
+    assert line.startswith(f"vLLM server {url} answered the teacher's /v1/completions for ")
+    assert needle in line and "\n" not in line, line
+
+
+def test_a_run_with_a_teacher_answering_minus_inf_blames_the_teacher_not_lr(
+        tiny_model_dir, tmp_path, capsys):
+    """Before, -inf or NaN from the teacher reached the loss and the run stopped with
+    'non-finite training values ... Try a lower --lr'."""
+    from relax.trainer.launch import train
+
+    student = build_tokenizer()
+    answer = _scoring(lambda k, j: -float("inf"))
+    with fake_vllm(answer, tokenizer=student) as url:
+        cfg = make_config("--hf-checkpoint", str(tiny_model_dir), "--use-opd", "--opd-type",
+                          "server", "--opd-teacher-url", url, "--num-rollout", "1",
+                          "--log-samples", "0", output_dir=tmp_path / "run")
+        status = train(cfg)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("relax train: error: ")]
+    assert status == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"vLLM server {url} answered the teacher's /v1/completions for row " in lines[0]
+    assert "is -inf; a log-prob is finite and <= 0" in lines[0] and "--lr" not in lines[0]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or metrics.read_text() == ""
+
+
+def test_a_tokenize_answer_without_tokens_is_one_line():
+    from relax.errors import InputError
+
+    class Other:  # a server (or a proxy) answering /tokenize with something else
+        url, model = "http://127.0.0.1:1", "m"
+
+        def request(self, path, body):
+            return "<html>Not Found</html>"
+
+    with pytest.raises(InputError, match=r"^--opd-teacher-url http://127.0.0.1:1: /tokenize "
+                                         r"answered str '<html>Not Found</html>', not"):
         check_served_vocabulary(Other(), build_tokenizer())
 
 

@@ -92,6 +92,7 @@ class VllmBackend:
         self.sync = self._disk_sync(ctx)
         self.samplers: list[VllmSampler] = []
         self.version = 0  # the trainer steps behind the server's weights
+        self.vocab_size: int | None = None  # the policy's token ids: [0, vocab_size)
 
     def _disk_sync(self, ctx) -> DiskSync:
         """Rank r's own folder, or under FSDP2 one folder that rank 0 writes for all (with
@@ -123,6 +124,7 @@ class VllmBackend:
         """Owned: write ``module``'s weights (version 0) and serve them; either way the
         server must answer, serve this model and sample a token (else exit 2). ``lora``:
         peft's tuner of a ``--lora-rank`` policy, whose adapter is then loaded by name."""
+        self.vocab_size = getattr(getattr(module, "config", None), "vocab_size", None)
         if lora is not None:
             self.sync = LoraSync(self.client, self.sync.folder, lora)
         if self.client is None:
@@ -189,7 +191,7 @@ class VllmBackend:
                 pad_token_id: int) -> VllmSampler:
         s = VllmSampler(self.client, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                         params=params, device=self.device, version=self.version,
-                        chunk=self.settings.partial_chunk)
+                        chunk=self.settings.partial_chunk, vocab_size=self.vocab_size)
         self.samplers.append(s)
         return s
 

@@ -43,14 +43,16 @@ class VllmSampler:
     """``sampler(ids, mask, max_new_tokens, generator) -> Rollout`` for left-padded prompts
     ``ids`` / ``mask`` [B, P], like :class:`~relax.rollout.generation.sampler.Sampler`; ``version`` is
     the trainer step whose weights the server holds (relax/rollout/vllm/vllm_sync.py sets it) and
-    goes into ``Rollout.policy_version``."""
+    goes into ``Rollout.policy_version``. ``vocab_size``: the policy's embedding rows; a token
+    id the server answers outside them stops the run (vllm_answers.py), as would one past
+    ``max_new_tokens`` or a log-prob that is not finite and <= 0."""
 
     def __init__(self, client, *, eos_token_ids: list[int], pad_token_id: int,
                  params: SamplingParams, device: torch.device, version: int = 0,
-                 chunk: int = 32):
+                 chunk: int = 32, vocab_size: int | None = None):
         self.client, self.params, self.device = client, params, device
         self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
-        self.version, self.chunk = version, chunk
+        self.version, self.chunk, self.vocab_size = version, chunk, vocab_size
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
                  generator: torch.Generator | list[torch.Generator] | None = None, *,
@@ -66,17 +68,19 @@ class VllmSampler:
         if stop is not None:
             return self._rollout(ids, mask, self._rounds(prompts, limits, generator, stop))
         return self._rollout(ids, mask, self._complete(prompts, limits,
-                                                       _seeds(generator, range(B))))
+                                                       _seeds(generator, range(B)), range(B)))
 
     def _complete(self, prompts: list[list[int]], limits: list[int],
-                  seeds: list[int]) -> list[dict]:
-        """One request per row, sent together (the server batches them)."""
+                  seeds: list[int], rows) -> list[dict]:
+        """One request per row (``rows``: their rows in the batch, named by a bad answer's
+        error), sent together (the server batches them)."""
         p = self.params
         with ThreadPoolExecutor(max_workers=max(1, min(len(prompts), MAX_IN_FLIGHT))) as pool:
             futures = [pool.submit(
                 self.client.complete, prompt, max_tokens=limit, temperature=p.temperature,
-                top_p=p.top_p, top_k=p.top_k, seed=seed, stop_token_ids=self.eos_token_ids)
-                for prompt, limit, seed in zip(prompts, limits, seeds, strict=True)]
+                top_p=p.top_p, top_k=p.top_k, seed=seed, stop_token_ids=self.eos_token_ids,
+                vocab_size=self.vocab_size, label=f"sample {row} of the batch")
+                for prompt, limit, seed, row in zip(prompts, limits, seeds, rows, strict=True)]
             try:
                 return [future_result(f) for f in futures]
             except BaseException:
@@ -96,7 +100,7 @@ class VllmSampler:
             parts = self._complete(
                 [prompts[i] + answers[i]["token_ids"] for i in live],
                 [min(self.chunk, limits[i] - len(answers[i]["token_ids"])) for i in live],
-                _seeds(generator, live))
+                _seeds(generator, live), live)
             for i, part in zip(live, parts, strict=True):
                 a = answers[i]
                 a["token_ids"] += part["token_ids"]

