@@ -16,7 +16,8 @@ import torch
 from relax.precision import autocast
 from relax.trainer.distributed import unwrap
 from relax.trainer.experience import Experience, experience_from_rollout, micro_batches  # noqa: F401
-from relax.trainer.packing import PackLayout, build_layout, packed_forward, packing_supported
+from relax.trainer.packing import (PackLayout, build_layout, packed_forward, packing_supported,
+                                   take)
 
 
 def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
@@ -85,8 +86,8 @@ def _hidden_states(model, inner, batch: Experience, T: int,
     try:
         if pack is None:
             return _response_logits(model, batch, T)
-        return packed_forward(model, inner, batch.input_ids, batch.position_ids,
-                              pack)[pack.predict]
+        return take(packed_forward(model, inner, batch.input_ids, batch.position_ids, pack),
+                    pack.predict, 0)
     finally:
         inner.set_output_embeddings(head)
 
@@ -200,8 +201,8 @@ def response_rows(model, batch: Experience, *, layout: str = "shared-prefix") ->
     elif pack is None:
         rows, head = _response_logits(model, batch, T).reshape(B * T, -1), None
     else:
-        rows, head = packed_forward(model, inner, batch.input_ids, batch.position_ids,
-                                    pack)[pack.predict], None
+        rows, head = take(packed_forward(model, inner, batch.input_ids, batch.position_ids,
+                                         pack), pack.predict, 0), None
     return ResponseRows(rows, head, targets, index, (B, T))
 
 

@@ -233,14 +233,29 @@ def block_attention(module, query, key, value, attention_mask, dropout: float = 
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
+def take(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` gathered along ``dim`` at ``index`` (any shape, which replaces ``dim`` in the
+    result), with a gradient that repeats bit for bit.
+
+    Why not ``x[..., index]``: its backward is ``index_put_(accumulate=True)``, whose CPU kernel
+    adds the contributions of a repeated index in parallel, in whatever order the threads get
+    there (PyTorch lists it among the nondeterministic operations). A shared prompt's keys are
+    read by every response of its group and its last position predicts each response's first
+    token, so their gradients changed in the last bits with thread scheduling: seeded runs on a
+    busy machine drifted apart after ~15-20 steps (docs/performance.md, "Packed,
+    prefix-shared passes"). ``index_select`` backpropagates through ``index_add_``, which sums
+    repeated indices one after another in index order on the CPU."""
+    return x.index_select(dim, index.reshape(-1)).unflatten(dim, index.shape)
+
+
 def _segment_attention(sdpa, query, key, value, seg: Segments) -> torch.Tensor:
     """[1, N, Hq, D]: every segment's queries in one SDPA over [G, H, Q | K, D] gathers."""
-    q = query[0][:, seg.query].transpose(0, 1)  # [G, Hq, Q, D]
-    k = key[0][:, seg.key].transpose(0, 1)  # [G, Hkv, K, D]
-    v = value[0][:, seg.key].transpose(0, 1)
+    q = take(query[0], seg.query, 1).transpose(0, 1)  # [G, Hq, Q, D]
+    k = take(key[0], seg.key, 1).transpose(0, 1)  # [G, Hkv, K, D]
+    v = take(value[0], seg.key, 1).transpose(0, 1)
     out = sdpa(q, k, v, attn_mask=seg.mask)  # [G, Hq, Q, D]
     out = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # [G * Q, Hq, D]
-    return out[seg.order][None]
+    return take(out, seg.order, 0)[None]
 
 
 def packing_supported(inner) -> bool:

@@ -328,3 +328,46 @@ def test_a_seeded_run_equals_the_padded_run(tmp_path):
                 continue
             assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
         assert got["perf/update_padding_fraction"] == 0.0
+
+
+def _backward_nodes(root) -> set[str]:
+    seen, stack, names = set(), [root], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("layout", ["shared-prefix", "packed"])
+def test_pack_gathers_backpropagate_in_a_fixed_order(layout):
+    """A shared prompt's keys and last position are read by several responses, so the pack's
+    gathers repeat indices. ``x[index]`` backpropagates through index_put_(accumulate=True),
+    whose CPU kernel adds repeated indices in a thread-dependent order (seeded runs drifted
+    apart on a busy machine); the pack gathers with ``packing.take`` (index_select, summed in
+    index order) instead, so the graph holds no advanced-indexing backward."""
+    model = _tiny()
+    exp = ragged_batch(model.config.vocab_size)
+    lp, _ = response_log_probs(model, exp, layout=layout)
+    assert pack_layout(model, exp, layout) is not None
+    nodes = _backward_nodes(lp.sum().grad_fn)
+    assert "IndexBackward0" not in nodes, sorted(nodes)
+    assert "IndexSelectBackward0" in nodes
+
+
+def test_take_equals_indexing_in_value_and_gradient():
+    """``packing.take`` against plain float64 indexing: the same values, and the gradient of a
+    repeated index is the sum of its reads."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    index = torch.tensor([[0, 2, 2], [6, 0, 0]])
+    w = torch.randn(3, 2, 3, 4, dtype=torch.float64, generator=g)
+    (packing.take(x, index, 1) * w).sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    (x[:, index] * w).sum().backward()
+    assert torch.equal(packing.take(x, index, 1), x[:, index])
+    torch.testing.assert_close(got, x.grad, atol=1e-12, rtol=0)
