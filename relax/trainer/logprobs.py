@@ -16,8 +16,7 @@ import torch
 from relax.precision import autocast
 from relax.trainer.distributed import unwrap
 from relax.trainer.experience import Experience, experience_from_rollout, micro_batches  # noqa: F401
-from relax.trainer.packing import (PackLayout, build_layout, packed_forward, packing_supported,
-                                   take)
+from relax.trainer.packing import PackLayout, build_layout, packed_forward, packing_supported, take
 
 
 def _response_logits(model, batch: Experience, T: int) -> torch.Tensor:
