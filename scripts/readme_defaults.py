@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"README.md: {label}: {want.get(label)} written, {got[label]} measured")
         return 1 if stale else 0
     header = "| recipe | first 5 steps | last 5 steps | wall time |\n|---|---:|---:|---:|"
-    note = (f"(Seed 1234, {THREADS} intra-op threads, commit {commit()}; "
-            "`scripts/readme_defaults.py` wrote this table.)")
+    load = os.getloadavg()[1]  # the 5-minute mean: other work slows the wall times, never the rewards
+    note = (f"(Seed 1234, {THREADS} intra-op threads, commit {commit()}, load average {load:.1f} "
+            f"on {os.cpu_count()} cores; `scripts/readme_defaults.py` wrote this table.)")
     block = f"{BEGIN}\n{header}\n" + "\n".join(rows) + f"\n\n{note}\n{END}"
     README.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text,
                              flags=re.S), encoding="utf-8")
