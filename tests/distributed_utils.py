@@ -87,6 +87,12 @@ def _child(fn: Callable, rank: int, world_size: int, port: int, args: tuple,
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
+        # No rank goes on before every rank's Gloo mesh is up: a rank whose fn returns at
+        # once closes its connections on destroy_process_group, and a peer still inside
+        # init_process_group then fails with "Connection closed by peer" (seen in two
+        # parallel runs of test_run_distributed_propagates_errors, the store already held).
+        store.set(f"joined/{rank}", "1")
+        store.wait([f"joined/{r}" for r in range(world_size)], timeout)
         try:
             value = fn(*args)
             payload = (rank, True, pickle.dumps(value))
