@@ -12,8 +12,10 @@ handle outlives the child.
 
 The ranks meet at a ``TCPStore`` that this process opens on a port the OS picks and holds
 until they are done, never at a port chosen, released and handed on: another process (a
-parallel test, an outgoing connection) may take such a port in between, and the ranks then
-meet a stranger ("Connection closed by peer" in Gloo's rendezvous). torchrun launches use
+parallel test, an outgoing connection) may take such a port in between, and rank 0 then
+fails to bind it or its peers meet a stranger. No rank runs ``fn`` before every rank's
+process group is up (a rank that returned at once closed its connections under a peer still
+connecting: "Connection closed by peer" in Gloo's init). torchrun launches use
 ``--standalone`` for the same reason: its agent hosts the rendezvous on a port of its own.
 Where a child must be told a port up front (two torchrun agents with ``--node_rank``, ranks
 started without torchrun), the port stays reserved for the run (relax/ports.py).
