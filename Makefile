@@ -11,7 +11,8 @@
 # agent programs, shell recipes) for day-to-day work: the math, the units and the
 # in-process training runs. Both run on pytest-xdist workers, one per core (at most 4: a
 # worker may hold two Gloo ranks), since most of the time goes to single-threaded process
-# start-ups; XDIST= runs them in one process.
+# start-ups; XDIST= runs them in one process. Both print the 15 slowest tests
+# (--durations=15), so a test that grows slow shows at once.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -66,10 +67,10 @@ $(VLLM_STAMP): Makefile
 	touch $(VLLM_STAMP)
 
 test: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m "not subprocess" $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(XDIST) -m "not subprocess" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check relax tests benchmarks

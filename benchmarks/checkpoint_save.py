@@ -96,15 +96,20 @@ def worker(model_dir: str, save_dir: str, mode: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _reserve_port() -> socket.socket:
+    """A port held bound (SO_REUSEADDR, not listening) until closed: rank 0's TCPStore binds
+    it too, and no other process is handed it meanwhile (as relax/ports.py; a released port
+    may be taken before rank 0 binds it; kept here since the arms import older trees)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def run_arm(state: str, model_dir: str, mode: str, workdir: str) -> list[dict]:
     save_dir = tempfile.mkdtemp(prefix="ckpt-", dir=workdir)
-    port = str(_free_port())
+    reservation = _reserve_port()
+    port = str(reservation.getsockname()[1])
     procs = []
     for rank in range(2):
         env = {**os.environ, "PYTHONPATH": os.path.abspath(state), "RANK": str(rank),
@@ -119,6 +124,7 @@ def run_arm(state: str, model_dir: str, mode: str, workdir: str) -> list[dict]:
         if p.returncode != 0:
             raise SystemExit(f"a rank of {state} ({mode}) exited with {p.returncode}")
         rows.append(json.loads(out.strip().splitlines()[-1]))
+    reservation.close()
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(save_dir)
                for f in fs)
     shutil.rmtree(save_dir)

@@ -10,6 +10,16 @@ rank with ``dist.get_rank()`` and may use ``dist.group.WORLD``. Its return value
 picklable (tensors are fine); it is sent back as plain pickle bytes so no shared-memory
 handle outlives the child.
 
+The ranks meet at a ``TCPStore`` that this process opens on a port the OS picks and holds
+until they are done, never at a port chosen, released and handed on: another process (a
+parallel test, an outgoing connection) may take such a port in between, and rank 0 then
+fails to bind it or its peers meet a stranger. No rank runs ``fn`` before every rank's
+process group is up (a rank that returned at once closed its connections under a peer still
+connecting: "Connection closed by peer" in Gloo's init). torchrun launches use
+``--standalone`` for the same reason: its agent hosts the rendezvous on a port of its own.
+Where a child must be told a port up front (two torchrun agents with ``--node_rank``, ranks
+started without torchrun), the port stays reserved for the run (relax/ports.py).
+
 A rank that raises makes ``run_distributed`` raise ``DistributedTestError`` carrying every
 rank's traceback; a rank that does not report within ``timeout`` seconds (a hang, a
 deadlocked collective) is killed and reported the same way, so a hang fails the test
@@ -23,7 +33,6 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import subprocess
 import sys
 import time
@@ -36,10 +45,19 @@ class DistributedTestError(AssertionError):
     """A rank raised, died or hung; the message holds each failing rank's report."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(timeout: float = 300.0):
+    """A ``TCPStore`` server on 127.0.0.1 at a port the OS picks (``.port``), for ranks that
+    join it as clients; it listens for as long as the returned object lives."""
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout))
+
+
+# One node: the agent hosts the rendezvous and the ranks' store on ports it binds itself
+# (``--standalone``: c10d rendezvous at localhost:0), on 127.0.0.1 (``--local-addr``).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--local-addr", "127.0.0.1"]
 
 
 def torchrun_relax(*flags: str, timeout: float = 180, nproc: int = 2,
@@ -49,9 +67,7 @@ def torchrun_relax(*flags: str, timeout: float = 180, nproc: int = 2,
     the test with ``hang`` and the ranks' stderr: a hang is a failure, never a stalled suite."""
     import pytest
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "relax", "train", *flags]
+    cmd = [*TORCHRUN, "--nproc_per_node", str(nproc), "-m", "relax", "train", *flags]
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -69,10 +85,16 @@ def _child(fn: Callable, rank: int, world_size: int, port: int, args: tuple,
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(seconds=pg_timeout),
-        )
+        timeout = datetime.timedelta(seconds=pg_timeout)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
+        # No rank goes on before every rank's Gloo mesh is up: a rank whose fn returns at
+        # once closes its connections on destroy_process_group, and a peer still inside
+        # init_process_group then fails with "Connection closed by peer" (seen in two
+        # parallel runs of test_run_distributed_propagates_errors, the store already held).
+        store.set(f"joined/{rank}", "1")
+        store.wait([f"joined/{r}" for r in range(world_size)], timeout)
         try:
             value = fn(*args)
             payload = (rank, True, pickle.dumps(value))
@@ -94,10 +116,11 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
     # Collectives time out a little before the overall deadline, so a desynchronised
     # rank usually reports a traceback rather than just being killed.
     pg_timeout = max(5.0, 0.75 * timeout)
+    store = rendezvous_store(timeout)  # listens until this call returns
+    port = store.port
     procs = [
         ctx.Process(target=_child, args=(fn, rank, world_size, port, args, results, pg_timeout),
                     daemon=True)

@@ -144,16 +144,20 @@ class Child:
 
 
 def start_ranks(args: list[str], env: dict, world: int = 2) -> list[Child]:
-    """``relax train`` as ``world`` Gloo ranks on 127.0.0.1, started without torchrun."""
-    from tests.distributed_utils import free_port
+    """``relax train`` as ``world`` Gloo ranks on 127.0.0.1, started without torchrun. Rank 0
+    hosts the store at ``MASTER_PORT``, which stays reserved for as long as the children are
+    referenced (relax/ports.py): a port released before rank 0 binds it may be taken."""
+    from relax.ports import PortReservation
 
-    port = str(free_port())
+    reservation = PortReservation()
+    port = str(reservation.port)
     children = []
     for rank in range(world):
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": port}
         children.append(Child(args, rank_env))
+        children[-1].reservation = reservation  # released with the last reference to it
     return children
 
 

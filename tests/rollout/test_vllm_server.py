@@ -27,7 +27,9 @@ from relax.rollout.vllm.vllm_sampler import VllmSampler
 from relax.rollout.vllm.vllm_server import VllmServer, group_alive
 from relax.rollout.vllm.vllm_sync import DiskSync, write_weights
 
-pytestmark = pytest.mark.subprocess
+# xdist_group: under `make test`'s workers the module stays on one, so its fp32 server
+# (20-40 s of start-up) starts once
+pytestmark = [pytest.mark.subprocess, pytest.mark.xdist_group("vllm-server")]
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 if not VLLM_PYTHON.exists():

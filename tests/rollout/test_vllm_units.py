@@ -21,6 +21,7 @@ from relax.rollout.generation.sampler import SamplingParams
 from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.vllm.vllm_sampler import VllmSampler
 from relax.rollout.vllm.vllm_server import (
+    PORT_TRIES,
     ServerError,
     VllmClient,
     VllmServer,
@@ -364,3 +365,63 @@ def test_a_reset_from_a_dying_owned_server_names_its_exit_status(tmp_path):
         proc.kill()
         proc.wait()
     assert "exited with status 7 (RuntimeError: engine core died)" in str(e.value)
+
+
+# A stand-in for the vLLM environment's python: the first ``taken`` starts fail as vLLM does
+# when its port is bound by another process; later ones serve /health on the port given.
+PORT_TAKEN_SERVER = """#!{python}
+import http.server, os, sys
+port, starts = int(sys.argv[sys.argv.index("--port") + 1]), "{starts}"
+n = len(open(starts).read()) if os.path.exists(starts) else 0
+open(starts, "a").write("x")
+if n < {taken}:
+    print("OSError: [Errno 98] Address already in use", flush=True)
+    sys.exit(1)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def _port_taken_python(tmp_path, taken: int) -> str:
+    path = tmp_path / "python"
+    path.write_text(PORT_TAKEN_SERVER.format(python=sys.executable, starts=tmp_path / "starts",
+                                             taken=taken))
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.subprocess
+def test_a_server_whose_port_was_taken_starts_again_on_another(tmp_path, capsys):
+    """The port is chosen here, held until the server answers (so no one else is handed it),
+    and should a process still bind it first, the server starts again on a fresh port."""
+    server = VllmServer.start("m", log_path=str(tmp_path / "server.log"), dtype="float32",
+                              seed=0, logprobs_mode="raw_logprobs",
+                              python=_port_taken_python(tmp_path, taken=1))
+    first = server.url
+    try:
+        with socket.socket() as intruder, pytest.raises(OSError, match="in use"):
+            intruder.bind(("127.0.0.1", int(first.rsplit(":", 1)[1])))  # reserved
+        server.wait_ready(timeout=60)
+        assert server.url != first
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+        assert f"vLLM server {first} " in line and "its port was taken before it bound it; " \
+            f"starting it again on port {server.url.rsplit(':', 1)[1]}" in line, line
+    finally:
+        server.close(grace=5)
+
+
+@pytest.mark.subprocess
+def test_a_server_whose_ports_are_always_taken_fails_in_one_line(tmp_path):
+    server = VllmServer.start("m", log_path=str(tmp_path / "server.log"), dtype="float32",
+                              seed=0, logprobs_mode="raw_logprobs",
+                              python=_port_taken_python(tmp_path, taken=99))
+    try:
+        with pytest.raises(InputError, match="exited with status 1 while starting: OSError: "
+                           r"\[Errno 98\] Address already in use"):
+            server.wait_ready(timeout=60)
+    finally:
+        server.close(grace=5)
+    assert (tmp_path / "starts").read_text() == "x" * PORT_TRIES  # its starts, then the line

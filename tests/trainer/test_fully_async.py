@@ -21,10 +21,11 @@ import sys
 
 import pytest
 
+from relax.ports import PortReservation
 from relax.trainer import sharded_state
 from relax.trainer.fully_async import weight_sync
 from relax.trainer.fully_async.async_layout import Schedule
-from tests.distributed_utils import free_port, torchrun_relax
+from tests.distributed_utils import torchrun_relax
 from tests.reliability.helpers import finish_all, kill_left, start_ranks
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward
 
@@ -223,11 +224,20 @@ def test_resume_with_another_staleness_or_interval_continues_the_schedule(tmp_pa
     assert staleness("none", "--max-staleness", "1", steps=2)[1] == []
 
 
+def two_nodes(node_rank: int, port: int) -> list[str]:
+    """torchrun as agent ``node_rank`` of two on 127.0.0.1, one rank each; agent 0 hosts the
+    rendezvous at ``port``, which the test holds reserved until both agents are done (a port
+    released before agent 0 binds it may be taken meanwhile)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            "--node_rank", str(node_rank), "--nproc_per_node", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(port)]
+
+
 @pytest.mark.parametrize("differ", ["staleness", "model"])
 def test_ranks_launched_with_different_settings_stop_at_once_with_one_line(tmp_path, differ):
     """Two torchrun agents (nodes) with different flags: a deadlock would wait
     --distributed-timeout-minutes (10 min); each rank says why at once, exit 2."""
-    reward, port = write_reward(tmp_path), str(free_port())
+    reward, reservation = write_reward(tmp_path), PortReservation()
     flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
              "--fully-async", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
              "--rollout-num-gpus", "1", "--use-tis", "--output-dir", str(tmp_path / "run")]
@@ -237,9 +247,7 @@ def test_ranks_launched_with_different_settings_stop_at_once_with_one_line(tmp_p
         "model": (["--lora-rank", "4", "--lora-target-modules", "q_proj"],
                   ["--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj"])}[differ]
     nodes = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(n),
-         "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
-         "-m", "relax", "train", *flags, *per_node[n]],
+        [*two_nodes(n, reservation.port), "-m", "relax", "train", *flags, *per_node[n]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
     try:
@@ -247,6 +255,7 @@ def test_ranks_launched_with_different_settings_stop_at_once_with_one_line(tmp_p
     finally:
         for node in nodes:
             node.kill()
+        reservation.release()
     why = {"staleness": "the ranks of this job were launched with different --max-staleness: "
                         "1 on rank 0; 2 on rank 1; launch every node with the same flags",
            "model": "rollout rank 1 builds another model than the training ranks (4 trainable "
@@ -328,21 +337,20 @@ def test_a_hung_rollout_rank_ends_the_run_within_the_timeout(tmp_path):
 def test_two_simulated_nodes_on_localhost(tmp_path):
     """The README's two-node layout in miniature: node 0 trains, node 1 samples, each its own
     torchrun agent meeting at 127.0.0.1."""
-    reward, out, port = write_reward(tmp_path), tmp_path / "run", str(free_port())
+    reward, out, reservation = write_reward(tmp_path), tmp_path / "run", PortReservation()
     flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
              "--fully-async", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
              "--rollout-num-gpus", "1", "--max-staleness", "1", "--use-tis",
              "--output-dir", str(out)]
     nodes = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(n),
-         "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
-         "-m", "relax", "train", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
+        [*two_nodes(n, reservation.port), "-m", "relax", "train", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
     try:
         results = [node.communicate(timeout=180) for node in nodes]
     finally:
         for node in nodes:
             node.kill()
+        reservation.release()
     assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:]
     assert [r["async/staleness"] for r in read_metrics(out)] == [0, 1, 1, 1]
 

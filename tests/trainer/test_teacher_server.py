@@ -145,6 +145,10 @@ def test_a_tokenize_answer_without_tokens_is_one_line():
         check_served_vocabulary(Other(), build_tokenizer())
 
 
+# xdist_group: under `make test`'s workers the module stays on one, so the owned teacher
+# server starts once
+pytestmark = pytest.mark.xdist_group("teacher-server")
+
 needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="the vLLM environment is "
                                 "absent: `make vllm` builds it (`make test` does)")
 

@@ -67,10 +67,9 @@ def test_ranks_stop_when_torchrun_is_killed(tmp_path):
     import os
     import signal
     import subprocess
-    import sys
     import time
 
-    from tests.distributed_utils import free_port
+    from tests.distributed_utils import TORCHRUN
 
     reward = write_reward(tmp_path, "import os, time\ndef f(p, r, l):\n"
                           f"    open({str(tmp_path)!r} + f'/pid{{os.environ[\"RANK\"]}}', 'w')"
@@ -78,10 +77,8 @@ def test_ranks_stop_when_torchrun_is_killed(tmp_path):
                           "    time.sleep(600)\n")
     with open(tmp_path / "stderr", "w") as err:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "relax",
-             "train", "--num-rollout", "1", "--rollout-batch-size", "2",
-             "--n-samples-per-prompt", "2", "--custom-rm-path", f"{reward}:f", "--device", "cpu",
+            [*TORCHRUN, "--nproc_per_node", "2", "-m", "relax", "train", "--num-rollout", "1",
+             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--custom-rm-path", f"{reward}:f", "--device", "cpu",
              "--output-dir", str(tmp_path / "run")],
             stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
     pids, deadline = [], time.monotonic() + 180

@@ -34,7 +34,9 @@ from tests.rollout.test_vllm_server import (
 )
 from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
 
-pytestmark = pytest.mark.subprocess
+# xdist_group: under `make test`'s workers the module stays on one, so its server starts
+# once
+pytestmark = [pytest.mark.subprocess, pytest.mark.xdist_group("vllm-modes")]
 
 if not VLLM_PYTHON.exists():
     pytest.skip("the vLLM environment is absent: `make vllm` builds it (`make test` does)",

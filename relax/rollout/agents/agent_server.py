@@ -127,7 +127,10 @@ class AgentRunner:
                                    template=template)
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.sessions, self.server.requests = {}, queue.Queue()
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # close() waits for the serving loop to see the stop, at most one poll interval (0.5 s
+        # by default, paid at the end of every run)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       daemon=True)
         self.thread.start()
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
 

