@@ -102,6 +102,18 @@ def test_a_value_of_the_wrong_type_is_the_flags_error(tmp_path, text, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def _refusal(tmp_path, name: str, text: str) -> str:
+    """The one-line ConfigError of ``--config`` with a file ``name`` holding ``text``, checked
+    to name the file."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        _parse(["--config", str(path)], tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and str(path) in line, line
+    return line
+
+
 @pytest.mark.parametrize("name,text,needle", [
     ("run.json", '{"algorithm": {"estimator": "sapo", "estimator": "grpo"}}', "'estimator'"),
     ("run.json", '{"run": {"seed": 1}, "run": {"seed": 2}}', "'run'"),
@@ -110,12 +122,8 @@ def test_a_value_of_the_wrong_type_is_the_flags_error(tmp_path, text, needle):
 ])
 def test_a_key_given_twice_is_refused(tmp_path, name, text, needle):
     # JSON and YAML parsers keep the last of two equal keys silently
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(ConfigError) as e:
-        _parse(["--config", str(path)], tmp_path)
-    line = str(e.value)
-    assert "\n" not in line and str(path) in line and needle in line and "twice" in line, line
+    line = _refusal(tmp_path, name, text)
+    assert needle in line and "twice" in line, line
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -127,24 +135,15 @@ def test_a_key_given_twice_is_refused(tmp_path, name, text, needle):
     ("seed: 3\nrun: {seed: 3}\n", "--seed"),
 ])
 def test_a_flag_set_flat_and_in_its_section_is_refused(tmp_path, text, needle):
-    path = tmp_path / "run.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as e:
-        _parse(["--config", str(path)], tmp_path)
-    line = str(e.value)
-    assert "\n" not in line and str(path) in line and needle in line, line
-    assert "second time" in line and "keep one" in line, line
+    line = _refusal(tmp_path, "run.yaml", text)
+    assert needle in line and "second time" in line and "keep one" in line, line
 
 
 @pytest.mark.parametrize("text,key", [("colocate: true\n", "colocate"),
                                       ("placement: {hybrid: false}\n", "hybrid")])
 def test_a_removed_flag_in_a_file_is_refused_naming_the_key(tmp_path, text, key):
-    path = tmp_path / "run.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as e:
-        _parse(["--config", str(path)], tmp_path)
-    line = str(e.value)
-    assert str(path) in line and f"key {key!r}: --{key} is removed" in line, line
+    line = _refusal(tmp_path, "run.yaml", text)
+    assert f"key {key!r}: --{key} is removed" in line, line
 
 
 def test_a_file_value_equal_to_the_default_is_not_replaced_by_the_preset(tmp_path):
