@@ -28,8 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import readme_defaults  # noqa: E402  (scripts/ is not a package)
 
-THREADS = {"OMP_NUM_THREADS": "2"}
-THREADS_4 = {"OMP_NUM_THREADS": "4"}  # more threads than the 2 cores: descheduled all the time
+# OpenMP's threads sleep at a barrier instead of spinning (OMP_WAIT_POLICY changes no
+# arithmetic, only how an idle thread waits): with five busy threads on two cores, spinning
+# threads burned the slices their partners needed and the demo pair took 582 s in CI
+THREADS = {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+# more threads than the 2 cores: descheduled all the time
+THREADS_4 = {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"}
 WAIT_S = 1200  # per pair of runs; a hang fails the test with the runs' stderr
 TIMES = ("perf/", "async/rollout_", "async/train_", "async/weight_sync_time",
          "vllm/weight_sync_time")
