@@ -56,7 +56,8 @@ def _run_train(argv: list[str]) -> int:
     # locks them for this process's lifetime) and writes config.json.
     if os.environ.get("RANK", "0") == "0":
         try:
-            claim_train_dirs(cfg, written_dirs(cfg))
+            claim_train_dirs(written_dirs(cfg), load=cfg.checkpoint.load, models={
+                "--hf-checkpoint": cfg.model.hf_checkpoint, "--ref-load": cfg.model.ref_load})
         except InputError as e:
             return _error("relax train", str(e))
         write_config(cfg)
@@ -71,7 +72,7 @@ def _run_eval(argv: list[str]) -> int:
     except ConfigError as e:
         return _error("relax eval", str(e))
     try:
-        claim_eval_dir(cfg)
+        claim_eval_dir(cfg.run.output_dir, cfg.checkpoint)
     except InputError as e:
         return _error("relax eval", str(e))
     from relax.eval.command import run_eval_command  # lazy: torch and transformers

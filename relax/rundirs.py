@@ -141,10 +141,10 @@ def _mark(path: str, marker: str, kind: str) -> None:
             json.dump({"kind": kind, "created": time.time()}, f)
 
 
-def _distinct(cfg, dirs) -> None:
-    """No two written directories are one, and none is a model directory Relax reads."""
-    models = {"--hf-checkpoint": _real(cfg.model.hf_checkpoint),
-              "--ref-load": _real(cfg.model.ref_load)}
+def _distinct(dirs, models: dict[str, str | None]) -> None:
+    """No two written directories are one, and none is a model directory Relax reads
+    (``models``: flag -> directory, e.g. ``--hf-checkpoint``)."""
+    models = {flag: _real(path) for flag, path in models.items()}
     seen: dict = {}
     for flag, path, _ in dirs:
         real = _real(path)
@@ -160,50 +160,54 @@ def _distinct(cfg, dirs) -> None:
                                  "never writes into the model it reads; choose another path")
 
 
-def _check_fresh(cfg) -> None:
+def _check_fresh(dirs, load: str | None) -> None:
     """A fresh run (no ``--load``) continues no earlier run's metrics or checkpoints."""
-    fresh = cfg.checkpoint.load is None
-    if fresh and os.path.isfile(os.path.join(cfg.run.output_dir, "metrics.jsonl")):
-        raise InputError(f"--output-dir {cfg.run.output_dir}: holds metrics.jsonl of an earlier "
+    paths = {flag: path for flag, path, _ in dirs}
+    output_dir, save = paths.get("--output-dir"), paths.get("--save")
+    fresh = load is None
+    if fresh and output_dir is not None and os.path.isfile(
+            os.path.join(output_dir, "metrics.jsonl")):
+        raise InputError(f"--output-dir {output_dir}: holds metrics.jsonl of an earlier "
                          "run; continue that run with --load SAVE_DIR, or choose a new "
                          "--output-dir")
-    save = cfg.checkpoint.save
     if save is not None and os.path.isdir(save) and _has_checkpoints(save) and (
-            fresh or _real(cfg.checkpoint.load) != _real(save)):
+            fresh or _real(load) != _real(save)):
         how = (f"continue it with --load {save}" if fresh else
-               f"save into --save {cfg.checkpoint.load} to continue the run you load")
+               f"save into --save {load} to continue the run you load")
         raise InputError(f"--save {save}: holds checkpoints of an earlier run; {how}, or "
                          "choose an empty --save directory")
 
 
-def claim_train_dirs(cfg, dirs) -> None:
+def claim_train_dirs(dirs, *, models: dict[str, str | None], load: str | None) -> None:
     """All checks of the module docstring for ``relax train``; ``dirs`` are the
-    ``(--flag, directory, kind)`` the run writes into (relax.config.section.written_dirs).
-    Every check passes before any directory is created, locked or marked. Raises
-    :class:`InputError`."""
-    _distinct(cfg, dirs)
+    ``(--flag, directory, kind)`` the run writes into (relax.config.section.written_dirs),
+    ``models`` the model directories it reads (flag -> directory or None), ``load`` its
+    ``--load``. Every check passes before any directory is created, locked or marked.
+    Raises :class:`InputError`."""
+    _distinct(dirs, models)
     for flag, path, kind in dirs:
         markers, what = KINDS[kind]
         _check_kind(path, flag, markers, what)
-    _check_fresh(cfg)
+    _check_fresh(dirs, load)
     for flag, path, kind in dirs:
         _make_writable(path, flag)
         _lock(path, flag)
         _mark(path, KINDS[kind][0][0], kind)
 
 
-def claim_eval_dir(cfg) -> None:
-    """``relax eval --output-dir``: new, empty or an earlier eval's; writable; locked."""
-    if cfg.run.output_dir is None:
+def claim_eval_dir(output_dir: str | None, checkpoint: str) -> None:
+    """``relax eval --output-dir``: new, empty or an earlier eval's; not the ``checkpoint``
+    it evaluates; writable; locked."""
+    if output_dir is None:
         return
-    if _real(cfg.run.output_dir) == _real(cfg.checkpoint):
-        raise InputError(f"--output-dir {cfg.run.output_dir}: is the checkpoint being evaluated; "
+    if _real(output_dir) == _real(checkpoint):
+        raise InputError(f"--output-dir {output_dir}: is the checkpoint being evaluated; "
                          "choose another directory")
-    _check_kind(cfg.run.output_dir, "--output-dir", (OUTPUT_MARKER, "eval_metrics.json"),
+    _check_kind(output_dir, "--output-dir", (OUTPUT_MARKER, "eval_metrics.json"),
                 "output directories")
-    _make_writable(cfg.run.output_dir, "--output-dir")
-    _lock(cfg.run.output_dir, "--output-dir")
-    _mark(cfg.run.output_dir, OUTPUT_MARKER, "eval")
+    _make_writable(output_dir, "--output-dir")
+    _lock(output_dir, "--output-dir")
+    _mark(output_dir, OUTPUT_MARKER, "eval")
 
 
 # fp32 weights + AdamW's two fp32 moments per parameter; the tokenizer and manifest are small

@@ -72,25 +72,28 @@ def run(cfg, *, console: bool = True) -> list[dict[str, float]]:
     finally:
         stop.restore()
     if ctx.is_main and console:
-        _report_end(cfg, len(history), time.perf_counter() - start, ended_early)
+        _report_end(cfg.run.output_dir, cfg.checkpoint.save, len(history),
+                    time.perf_counter() - start, ended_early)
     return history
 
 
-def _report_end(cfg, steps: int, seconds: float, ended_early: str | None) -> None:
-    """The run's last line: steps, time, where the metrics and the model are."""
-    where = f"; model saved to {cfg.checkpoint.save}" if cfg.checkpoint.save else ""
+def _report_end(output_dir: str, save: str | None, steps: int, seconds: float,
+                ended_early: str | None) -> None:
+    """The run's last line: steps, time, where the metrics (``--output-dir``) and the model
+    (``--save``) are."""
+    where = f"; model saved to {save}" if save else ""
     if ended_early:
-        where += f" ({ended_early}; continue with --load {cfg.checkpoint.save})" if cfg.checkpoint.save else \
-            f" ({ended_early})"
+        where += f" ({ended_early}; continue with --load {save})" if save else f" ({ended_early})"
     print(f"relax train: {steps} rollout steps in {seconds:.1f} s; "
-          f"metrics in {os.path.join(cfg.run.output_dir, 'metrics.jsonl')}{where}", file=sys.stderr)
+          f"metrics in {os.path.join(output_dir, 'metrics.jsonl')}{where}", file=sys.stderr)
 
 
-def role_of(cfg, rank: str, world: int) -> str:
-    """``--fully-async``: which side a rank is on, for its error line."""
-    if not cfg.placement.fully_async or not rank.isdigit():
+def role_of(placement, rank: str, world: int) -> str:
+    """``--fully-async`` (the placement section): which side a rank is on, for its error
+    line."""
+    if not placement.fully_async or not rank.isdigit():
         return ""
-    return " rollout" if int(rank) >= world - cfg.placement.rollout_num_gpus else " training"
+    return " rollout" if int(rank) >= world - placement.rollout_num_gpus else " training"
 
 
 def train(cfg) -> int:
@@ -111,7 +114,7 @@ def train(cfg) -> int:
         at_once = isinstance(e, Interrupted) and e.at_once
         rank = os.environ.get("RANK")
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        prefix = f"[rank {rank}{role_of(cfg, rank, world)}] " if rank is not None and world != 1 \
+        prefix = f"[rank {rank}{role_of(cfg.placement, rank, world)}] " if rank is not None and world != 1 \
             else ""
         print(f"relax train: error: {prefix}{e}", file=sys.stderr, flush=True)
         status = e.exit_code
