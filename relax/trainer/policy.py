@@ -21,7 +21,7 @@ import torch
 
 from relax import models
 from relax.rollout.generation.sampler import Sampler, SamplingParams
-from relax.trainer import parts, sharded_state
+from relax.trainer import passes, sharded_state
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.lora import (
@@ -31,6 +31,7 @@ from relax.trainer.lora import (
     merged_copy,
     save_adapter,
 )
+from relax.trainer.optimizer_step import build_optimizer
 from relax.trainer.recompute import apply_recompute
 
 
@@ -57,13 +58,13 @@ class Policy:
             lora = add_configured(module, cfg.lora, cfg.run.seed)
         # before wrap_model: FSDP2 shards the same blocks, its hooks outside the checkpoint
         apply_recompute(module, cfg.recompute)
-        has_reference = parts.needs_reference(cfg.algorithm)
+        has_reference = passes.needs_reference(cfg.algorithm)
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
         # the initial weights are the policy with its adapter switched off
         ref = (models.load_reference(cfg, tokenizer, ctx.device, bf16=bf16)
                if has_reference and not (lora and not cfg.model.ref_load) else None)
         model = wrap_model(module, ctx, fsdp=cfg.system.fsdp)
-        return cls(model=model, optimizer=parts.build_optimizer(model, cfg.optimizer), tokenizer=tokenizer,
+        return cls(model=model, optimizer=build_optimizer(model, cfg.optimizer), tokenizer=tokenizer,
                    eos_token_ids=eos_token_ids, ref=ref, lora=lora, has_reference=has_reference,
                    ctx=ctx, fsdp=cfg.system.fsdp, bf16=bf16, base=cfg.model.hf_checkpoint)
 

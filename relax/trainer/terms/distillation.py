@@ -1,11 +1,11 @@
 """On-policy distillation on the trainer's ranks (reinforce_plus_plus.md §7b): the frozen
 teacher of ``--use-opd``, its log-probs of the student's sampled tokens, and the advantage
-term they give.
+term they give, a training term (relax/trainer/terms/term.py).
 
-    distill = Distillation.build(cfg.distillation, ctx, tokenizer=policy.tokenizer,
-                                 student=policy.module, bf16=bf16)
-    exp.teacher_log_probs = distill.teacher_log_probs(exp, **passes)   # no autograd, once a step
-    exp.advantages = distill.advantages(exp, tracker)                  # A - C * (s - t)
+    term = Distillation.build(cfg.distillation, ctx, tokenizer=policy.tokenizer,
+                              student=policy.module, bf16=bf16)
+    exp.teacher_log_probs = term.teacher_log_probs(exp, **passes)   # before_update, no autograd
+    exp.advantages = term.advantages(exp, tracker)                  # shape_advantages: A - C * (s - t)
 
 The teacher pass is the reference pass of relax/trainer/logprobs.py (``batched_log_probs``):
 the same micro-batches or token budget, the output layer in chunks where the model allows (no
@@ -21,6 +21,7 @@ from relax import models
 from relax.algorithms.distillation import distilled_advantages, opd_metrics
 from relax.errors import InputError
 from relax.trainer.logprobs import batched_log_probs
+from relax.trainer.terms.term import Term
 
 FLAG = "--opd-teacher-load"
 
@@ -45,27 +46,27 @@ def _output_rows(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-class Distillation:
+class Distillation(Term):
     """The teacher (frozen, eval mode) and the term's settings; see the module docstring."""
 
     def __init__(self, teacher: torch.nn.Module | None, *, kl_coef: float, only: bool,
                  bf16: bool, group=None, server=None):
         self.teacher, self.kl_coef, self.only = teacher, kl_coef, only
         self.bf16, self.group = bf16, group
-        self.server = server  # --opd-type server: relax/trainer/teacher_server.py
+        self.server = server  # --opd-type server: relax/trainer/terms/teacher_server.py
 
     @classmethod
     def build(cls, section, ctx, *, tokenizer, student: torch.nn.Module, bf16: bool,
               run_dir: str = ".", seed: int = 0) -> Distillation | None:
         """The teacher of ``--opd-teacher-load`` after its vocabulary is checked against the
         student's (tokenizer first, before any weight is read); None without ``--use-opd`` and
-        with ``--opd-type self`` (relax/trainer/self_distill.py). ``--opd-type server``: the
+        with ``--opd-type self`` (relax/trainer/terms/self_distillation.py). ``--opd-type server``: the
         vLLM teacher (its log in ``run_dir``, ``seed`` its own).
-        ``section``: ``cfg.distillation`` (relax/config/opd_fields.py)."""
+        ``section``: the distillation section."""
         if not section.enabled or section.self_mode:
             return None
         if section.type == "server":
-            from relax.trainer.teacher_server import ServerTeacher  # it imports this module
+            from relax.trainer.terms.teacher_server import ServerTeacher  # it imports this module
 
             server = ServerTeacher.open(section, ctx, tokenizer=tokenizer, bf16=bf16,
                                         run_dir=run_dir, seed=seed)
@@ -95,6 +96,13 @@ class Distillation:
         """An owned teacher server ends with the run."""
         if self.server is not None:
             self.server.close()
+
+    def before_update(self, exp, batch, passes: dict) -> None:
+        exp.teacher_log_probs = self.teacher_log_probs(exp, **passes)
+
+    def shape_advantages(self, exp, estimate, tracker) -> None:
+        """After the estimator and its normalization (§7b)."""
+        exp.advantages = self.advantages(exp, tracker)
 
     def advantages(self, exp, tracker) -> torch.Tensor:
         """``A - C * (log pi_old - log pi_teacher)`` [B, T] on the loss mask (the estimator's
