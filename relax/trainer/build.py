@@ -1,13 +1,17 @@
-"""A training run's parts, built from its configuration: ``build(cfg, ctx) -> Parts``, which the
-:class:`~relax.trainer.loop.Trainer` only runs.
+"""A training run's parts, built from its configuration: ``build(cfg, ctx) -> Parts``, a
+frozen record the :class:`~relax.trainer.loop.Trainer` holds and only runs. The composition
+root of a training rank: the one place that reads the whole configuration and hands each part
+its sections.
 
     checks       model paths, the checkpoint to resume, the data, the reward plug-ins, the
                  environments (--env), the evaluation sets: bad input stops the run here,
                  before any model is loaded (exit 2)
     backend      --rollout-backend vllm: the server (closed again on any failure below; with
                  --fully-async the rollout ranks' instead, relax/trainer/fully_async/rollout_worker.py)
-    models       the policy (its prompt-length checks), the --use-opd teacher, the
-                 --opd-type self teacher, the ppo critic
+    models       the policy (its prompt-length checks) and the training terms
+                 (relax/trainer/terms/): the --use-opd teacher, the --opd-type self teacher,
+                 the ppo critic, the reference pass, the custom advantage plug-in, the
+                 mismatch meter
     rollout      the collector (relax/rollout/assembly.py; --fully-async: the batches of the
                  rollout ranks, relax/trainer/fully_async/remote_rollout.py) and the weights' publisher
                  (relax/trainer/fully_async/publish.py)
@@ -25,7 +29,7 @@ from functools import partial
 
 import torch
 
-from relax import models
+from relax import estimators, models
 from relax.agreement import GroupAgreement
 from relax.cpu_threads import cpu_threads
 from relax.errors import InputError
@@ -129,10 +133,10 @@ class _Draft:
     def close_backend(self) -> None:
         _close(self.terms, self.vllm)
 
-    def parts(self, cfg) -> Parts:
+    def parts(self, *, old_log_probs: bool) -> Parts:
         return Parts(timer=self.timer, tracker=self.tracker, policy=self.policy,
                      terms=tuple(self.terms), loss_settings=self.loss_settings,
-                     old_log_probs=passes.needs_old_log_probs(cfg),
+                     old_log_probs=old_log_probs,
                      step_metrics=self.step_metrics, scorer=self.scorer,
                      eval_sets=self.eval_sets, collector=self.collector,
                      publisher=self.publisher, checkpointer=self.checkpointer,
@@ -166,7 +170,7 @@ def build(cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
     except BaseException:
         p.close_backend()
         raise
-    return p.parts(cfg)
+    return p.parts(old_log_probs=passes.needs_old_log_probs(cfg))
 
 
 def terms_state(terms) -> dict:
@@ -236,7 +240,7 @@ def _models(p: _Draft, cfg, ctx) -> None:
                                    seed=cfg.run.seed,
                                    temperature=cfg.rollout.sampling.temperature))
     # ppo: the value model, --critic-load checked against it before any step (§5c)
-    critic = Critic.build(cfg, ctx, tokenizer=tokenizer, bf16=p.bf16)
+    critic = _critic(p, cfg, ctx) if estimators.facts(cfg.algorithm.estimator).needs_critic else None
     # the loop's order: the reference pass, the critic (its values and targets first), the
     # custom advantages, then the distillation terms on them (§7b), the mismatch meter
     p.terms[:0] = [t for t in (_reference(p.policy, cfg.algorithm), critic, p.custom_advantage)
@@ -244,6 +248,14 @@ def _models(p: _Draft, cfg, ctx) -> None:
     _add(p, MismatchMeter() if cfg.rollout.off_policy.mismatch_metrics else None)
     if p.vllm is not None:
         p.vllm.start(module, bf16=p.bf16, lora=p.policy.lora)
+
+
+def _critic(p: _Draft, cfg, ctx) -> Critic:
+    """ppo's critic on the policy's architecture at its initial weights (or --critic-load)."""
+    lm = models.load_policy(cfg.model.hf_checkpoint, p.policy.tokenizer, ctx.device,
+                            seed=cfg.run.seed)
+    return Critic.build(cfg.critic, ctx, lm, bf16=p.bf16, lora=cfg.lora, recompute=cfg.recompute,
+                        fsdp=cfg.system.fsdp, optimizer=cfg.optimizer, seed=cfg.run.seed)
 
 
 def _add(p: _Draft, term: Term | None) -> None:
@@ -272,8 +284,14 @@ def _policy(p: _Draft, cfg, ctx) -> Policy:
                                          bf16=p.bf16, log_prob_passes=pass_count,
                                          layout=cfg.batches.pass_layout)
     p.step_metrics.padding_note = not cfg.batches.token_budget
-    policy = Policy.build(module, cfg, ctx, tokenizer,
-                          eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=p.bf16)
+    reference = (partial(models.load_reference, cfg, tokenizer, ctx.device, bf16=p.bf16)
+                 if passes.needs_reference(cfg.algorithm) else None)
+    policy = Policy.build(module, ctx, tokenizer,
+                          eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=p.bf16,
+                          lora=cfg.lora, recompute=cfg.recompute, fsdp=cfg.system.fsdp,
+                          optimizer=cfg.optimizer, seed=cfg.run.seed,
+                          base=cfg.model.hf_checkpoint, reference=reference,
+                          ref_load=cfg.model.ref_load)
     if ctx.is_main:
         check_free_space(cfg.checkpoint.save, policy.trainable_count())
     return policy

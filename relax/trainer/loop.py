@@ -8,21 +8,25 @@ sampled on the same ranks (colocated) or on rollout ranks of their own (--fully-
                     rollouts, episodes with --env / --use-agentic-rollout; --fully-async:
                     received from a rollout rank, relax/trainer/fully_async/remote_rollout.py, whose
                     collector the same assembly builds)
-        exp       = log_probs(batch)             pi_old, the reference and the --use-opd teacher,
-                                                 no autograd (policy.py, distill.py)
+        exp       = log_probs(batch)             pi_old (policy.py), then each training term's
+                                                 no-grad pass: the reference, a teacher, the
+                                                 critic's values (terms/)
         exp       = advantages(exp, rewards)     compute_advantages_and_returns over the DP group,
-                                                 then the distillation term (reinforce_plus_plus.md §7b)
-                                                 (ppo: the critic's values first, GAE, §5c; critic.py)
-        history   = update(exp)                  --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
-                                                 (ppo: the critic's steps first)
+                                                 then each term on the advantages: the critic's
+                                                 targets (§5c), a custom plug-in, distillation (§7b)
+        history   = update(exp)                  each term's own optimizer steps (ppo: the
+                                                 critic's), then --num-steps-per-rollout AdamW
+                                                 steps on the loss and its terms (update.py, §7)
         publisher.publish(step + 1)              colocated: nothing; --fully-async: the new
                                                  weights to the rollout ranks; --rollout-backend
                                                  vllm: to the vLLM servers (publish.py)
         end       = control.after_step(step)     the ranks agree: a signal, the wall-clock budget
         evaluate; log; checkpointer.maybe_save; stop here on a signal
 
-The run's parts (policy, collector, publisher, checkpointer, run control, sinks) are built by
-relax/trainer/build.py; the Trainer only runs the loop. Launch, signals and exit codes:
+The run's parts (policy, training terms, collector, publisher, checkpointer, run control,
+sinks) are built once by relax/trainer/build.py into a frozen ``Parts`` the Trainer holds; the
+training terms are relax/trainer/terms/ behind one protocol (terms/term.py), each hook called
+for every configured term in order. The Trainer only runs the loop. Launch, signals and exit codes:
 relax/trainer/launch.py (``relax train`` or ``torchrun
 --nproc_per_node N -m relax train``). How a run ends: relax/trainer/run_control.py.
 

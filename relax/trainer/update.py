@@ -8,10 +8,17 @@ micro-batches and ranks is the whole-batch loss, and ranks sum (not average) the
 all-reduce per optimizer step, which is also where a non-finite loss or gradient norm stops
 training before ``optimizer.step()``.
 
-Rows that cannot move the parameters skip the backward: with no KL loss and no entropy bonus,
-a response whose advantages are all exactly 0 contributes exactly 0 to every policy loss and to
-its gradient (each loss is the advantage times a finite factor), so it needs a forward for the
-step's metrics and nothing more (``inert_rows``). Its share still counts in the denominators.
+The loss is the policy loss and its terms (relax/trainer/terms/term.py, :func:`loss_terms`):
+the sampler corrections weigh the per-token policy loss (TIS, OPSM, §7a), then the entropy
+bonus, the KL loss and the self-distillation JSD (§7, §7b) are added in that order, and the
+metrics vector is the policy loss's own followed by each term's. The optimizer step itself is
+relax/trainer/optimizer_step.py, shared with the critic.
+
+Rows that cannot move the parameters skip the backward: with no term that acts on them (KL
+loss, entropy bonus, JSD), a response whose advantages are all exactly 0 contributes exactly 0
+to every policy loss and to its gradient (each loss is the advantage times a finite factor), so
+it needs a forward for the step's metrics and nothing more (``inert_rows``). Its share still
+counts in the denominators.
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ from functools import partial
 
 import torch
 
-from relax import estimators, models
 from relax.algorithms import clipped_value_loss, gae_returns, token_mean, value_statistics
 from relax.config.critic_rules import CRITIC_FILE
 from relax.errors import InputError, NonFiniteError
@@ -99,24 +98,23 @@ class Critic(Term):
         self.updates = 0  # rollout steps the critic trained on (--num-critic-only-steps)
 
     @classmethod
-    def build(cls, cfg, ctx, *, tokenizer, bf16: bool) -> Critic | None:
-        """The critic of ``--advantage-estimator ppo`` (None for every other estimator)."""
-        if not estimators.facts(cfg.algorithm.estimator).needs_critic:
-            return None
-        section = cfg.critic
-        lm = models.load_policy(cfg.model.hf_checkpoint, tokenizer, ctx.device, seed=cfg.run.seed)
+    def build(cls, section, ctx, lm: torch.nn.Module, *, bf16: bool, lora, recompute,
+              fsdp: bool, optimizer, seed: int) -> Critic:
+        """The critic of ``--advantage-estimator ppo`` (``section``: the critic section) on
+        ``lm``, the policy's architecture as loaded at its initial weights; ``lora``,
+        ``recompute``, ``optimizer``: the policy's sections, ``fsdp`` its sharding."""
         value_model = ValueModel(lm).to(ctx.device)
         if section.load:  # the whole weights; with LoRA they are the frozen backbone
             load_weights(value_model, section.load)
-        lora = _add_adapters(lm, cfg.lora, cfg.run.seed) if cfg.lora.enabled else None
+        adapters = _add_adapters(lm, lora, seed) if lora.enabled else None
         # the policy's activation recompute, before wrap_model as for the policy: a critic
         # of the policy's size needs the same memory
-        apply_recompute(lm, cfg.recompute)
-        model = wrap_model(value_model, ctx, fsdp=cfg.system.fsdp, blocks=decoder_blocks(lm))
-        base_lr = section.lr if section.lr is not None else cfg.optimizer.lr
-        optimizer = build_optimizer(model, cfg.optimizer, lr=base_lr)
-        return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.optimizer.clip_grad,
-                   ctx=ctx, bf16=bf16, fsdp=cfg.system.fsdp, lora=lora)
+        apply_recompute(lm, recompute)
+        model = wrap_model(value_model, ctx, fsdp=fsdp, blocks=decoder_blocks(lm))
+        base_lr = section.lr if section.lr is not None else optimizer.lr
+        return cls(model, build_optimizer(model, optimizer, lr=base_lr), section,
+                   base_lr=base_lr, clip_grad=optimizer.clip_grad, ctx=ctx, bf16=bf16,
+                   fsdp=fsdp, lora=adapters)
 
     # ------------------------------------------------------------------ the term's hooks
     def before_update(self, exp, batch, passes: dict) -> None:
@@ -286,7 +284,7 @@ def _checked(sums: list[float], grad_norm: torch.Tensor) -> tuple[float, float]:
 
 
 def _add_adapters(lm: torch.nn.Module, section, seed: int):
-    """The policy's kind of adapters (``cfg.lora``) on the value model's backbone, their A
+    """The policy's kind of adapters (the LoRA section) on the value model's backbone, their A
     drawn from a stream of the run's seed of their own (not the policy's adapters' draw)."""
     return add_lora(lm, rank=section.rank, alpha=section.alpha, dropout=section.dropout,
                     targets=list(section.target_modules or ALL_LINEAR),
