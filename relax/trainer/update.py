@@ -149,18 +149,17 @@ def _student_pass(model, mb: Experience, s: LossSettings, terms):
     return log_probs, entropy, read
 
 
-def inert_rows(mb: Experience, s: LossSettings,
-               terms: tuple[Term, ...] | None = None) -> torch.Tensor | None:
+def inert_rows(mb: Experience, s: LossSettings) -> torch.Tensor | None:
     """[B] bool: responses whose loss and gradient are exactly zero, or None when no row can be.
 
     Every policy loss is ``-A`` times a finite factor per token (reinforce_plus_plus.md §7: PPO
     clip with dual clip, GSPO, SAPO; §5a, §5b: RLOO's ``log pi``, CISPO's ``sg(w) log pi``); with
     ``A = 0`` on every token of a response its terms are 0 and so is their gradient, whatever
-    the ratio. A KL loss, an entropy bonus or the self-distillation JSD (§7b) adds terms that
-    do not vanish (their ``keeps_zero_advantage_rows``).
+    the ratio. A KL loss or an entropy bonus (§7) adds terms that do not vanish (their
+    ``keeps_zero_advantage_rows``; the run's own terms, such as the self-distillation JSD of
+    §7b, are asked by the update before it asks this).
     """
-    terms = loss_terms(s) if terms is None else terms
-    if any(t.keeps_zero_advantage_rows for t in terms):
+    if any(t.keeps_zero_advantage_rows for t in loss_terms(s)):
         return None
     return (mb.advantages == 0).all(dim=-1)  # NaN compares unequal: such a row stays active
 
@@ -169,10 +168,12 @@ def _split(chunk: Experience, s: LossSettings, terms, sharded: bool):
     """(rows that need a backward, rows that need only a forward) of one optimizer step.
 
     A sharded (FSDP2) model keeps every row active: its ranks must run the same passes, each
-    with its collectives. Otherwise at least one row stays active, because a data-parallel rank
-    must join the step's gradient all-reduce even when its gradient is zero.
+    with its collectives; so does a term that acts on rows whose advantages are 0. Otherwise at
+    least one row stays active, because a data-parallel rank must join the step's gradient
+    all-reduce even when its gradient is zero.
     """
-    inert = None if sharded else inert_rows(chunk, s, terms)
+    keep = sharded or any(t.keeps_zero_advantage_rows for t in terms)
+    inert = None if keep else inert_rows(chunk, s)
     if inert is None or not inert.any():
         return chunk, None
     inert[0] &= not bool(inert.all())  # keep row 0 active when all are inert: its gradient is 0

@@ -46,56 +46,69 @@ def _output_rows(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-class Distillation(Term):
-    """The teacher (frozen, eval mode) and the term's settings; see the module docstring."""
+class LocalTeacher:
+    """A frozen causal LM on this rank, scored with the reference pass's micro-batching."""
 
-    def __init__(self, teacher: torch.nn.Module | None, *, kl_coef: float, only: bool,
-                 bf16: bool, group=None, server=None):
-        self.teacher, self.kl_coef, self.only = teacher, kl_coef, only
-        self.bf16, self.group = bf16, group
-        self.server = server  # --opd-type server: relax/trainer/terms/teacher_server.py
+    def __init__(self, model: torch.nn.Module, *, bf16: bool):
+        self.model, self.bf16 = model, bf16
+
+    @classmethod
+    def load(cls, path: str, ctx, *, tokenizer, student: torch.nn.Module,
+             bf16: bool) -> LocalTeacher:
+        """``--opd-teacher-load`` after its vocabulary is checked against the student's
+        (tokenizer first, before any weight is read)."""
+        check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
+        # a frozen causal LM loaded like the judge: bf16 with --bf16, eval, no gradients
+        model = models.load_judge(path, ctx.device, bf16=bf16, flag=FLAG)
+        if _output_rows(model) < _output_rows(student):
+            raise InputError(f"{FLAG} {path}: the teacher's output layer has "
+                             f"{_output_rows(model)} rows, fewer than the student's "
+                             f"{_output_rows(student)}; it cannot score every token the "
+                             "student may sample")
+        return cls(model, bf16=bf16)
+
+    def log_probs(self, exp, **passes) -> torch.Tensor:
+        return batched_log_probs(self.model, exp, bf16=self.bf16, **passes)
+
+    def close(self) -> None:
+        """Nothing outside the process."""
+
+
+class Distillation(Term):
+    """The teacher (a :class:`LocalTeacher`, or the server of
+    relax/trainer/terms/teacher_server.py) and the term's settings; see the module docstring."""
+
+    def __init__(self, teacher, *, kl_coef: float, only: bool, group=None):
+        self.teacher, self.kl_coef, self.only, self.group = teacher, kl_coef, only, group
 
     @classmethod
     def build(cls, section, ctx, *, tokenizer, student: torch.nn.Module, bf16: bool,
               run_dir: str = ".", seed: int = 0) -> Distillation | None:
-        """The teacher of ``--opd-teacher-load`` after its vocabulary is checked against the
-        student's (tokenizer first, before any weight is read); None without ``--use-opd`` and
-        with ``--opd-type self`` (relax/trainer/terms/self_distillation.py). ``--opd-type server``: the
-        vLLM teacher (its log in ``run_dir``, ``seed`` its own).
-        ``section``: the distillation section."""
+        """The teacher of ``--use-opd`` (``section``: the distillation section): a local one
+        from ``--opd-teacher-load``, or with ``--opd-type server`` the vLLM teacher (its log in
+        ``run_dir``, ``seed`` its own); None without ``--use-opd`` and with ``--opd-type self``
+        (relax/trainer/terms/self_distillation.py)."""
         if not section.enabled or section.self_mode:
             return None
         if section.type == "server":
             from relax.trainer.terms.teacher_server import ServerTeacher  # it imports this module
 
-            server = ServerTeacher.open(section, ctx, tokenizer=tokenizer, bf16=bf16,
-                                        run_dir=run_dir, seed=seed)
-            return cls(None, kl_coef=section.kl_coef, only=section.only, bf16=bf16,
-                       group=ctx.group, server=server)
-        path = section.teacher_load
-        check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
-        # a frozen causal LM loaded like the judge: bf16 with --bf16, eval, no gradients
-        teacher = models.load_judge(path, ctx.device, bf16=bf16, flag=FLAG)
-        if _output_rows(teacher) < _output_rows(student):
-            raise InputError(f"{FLAG} {path}: the teacher's output layer has "
-                             f"{_output_rows(teacher)} rows, fewer than the student's "
-                             f"{_output_rows(student)}; it cannot score every token the "
-                             "student may sample")
-        return cls(teacher, kl_coef=section.kl_coef, only=section.only, bf16=bf16,
-                   group=ctx.group)
+            teacher = ServerTeacher.open(section, ctx, tokenizer=tokenizer, bf16=bf16,
+                                         run_dir=run_dir, seed=seed)
+        else:
+            teacher = LocalTeacher.load(section.teacher_load, ctx, tokenizer=tokenizer,
+                                        student=student, bf16=bf16)
+        return cls(teacher, kl_coef=section.kl_coef, only=section.only, group=ctx.group)
 
     def teacher_log_probs(self, exp, **passes) -> torch.Tensor:
         """log pi_teacher(y_t) [B, T] float32 of ``exp``'s responses, no autograd
         (``passes``: the micro-batching of ``batched_log_probs``; a server gets requests of
         its own size)."""
-        if self.server is not None:
-            return self.server.log_probs(exp)
-        return batched_log_probs(self.teacher, exp, bf16=self.bf16, **passes)
+        return self.teacher.log_probs(exp, **passes)
 
     def close(self) -> None:
         """An owned teacher server ends with the run."""
-        if self.server is not None:
-            self.server.close()
+        self.teacher.close()
 
     def before_update(self, exp, batch, passes: dict) -> None:
         exp.teacher_log_probs = self.teacher_log_probs(exp, **passes)

@@ -99,9 +99,10 @@ class ServerTeacher:
         check_served_vocabulary(client, tokenizer)
         return cls(client)
 
-    def log_probs(self, exp) -> torch.Tensor:
+    def log_probs(self, exp, **_) -> torch.Tensor:
         """log pi_teacher(y_t) [B, T] float32 of every attended response token of ``exp``
-        (0 elsewhere), in requests of at most :data:`REQUEST_TOKENS` tokens."""
+        (0 elsewhere), in requests of at most :data:`REQUEST_TOKENS` tokens (not the
+        trainer's micro-batching, ``_``)."""
         out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
         rows = row_sequences(exp)
         start = 0
