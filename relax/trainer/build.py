@@ -34,7 +34,7 @@ from relax.agreement import GroupAgreement
 from relax.cpu_threads import cpu_threads
 from relax.errors import InputError
 from relax.eval.sets import load_eval_sets
-from relax.metrics.sinks import build_logger
+from relax.metrics.sinks import MetricsLogger, build_logger
 from relax.metrics.tracker import MetricTracker
 from relax.precision import use_bf16
 from relax.rollout.assembly import (
@@ -46,14 +46,16 @@ from relax.rollout.assembly import (
     sampling_params,
     turn_eos,
 )
+from relax.rollout.collectors import Collector
 from relax.rollout.prompts.data import check_formatted_lengths, report_overlap
 from relax.rollout.prompts.privileged import teacher_samples
 from relax.rollout.reward.judge import build_judge, check_judging_lengths
+from relax.rollout.reward.scoring import Scorer
 from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
 from relax.trainer import checkpoint, passes
 from relax.trainer.fully_async.async_layout import Schedule
-from relax.trainer.fully_async.publish import publisher_for
+from relax.trainer.fully_async.publish import Publisher, publisher_for
 from relax.trainer.fully_async.remote_rollout import RemoteRollout
 from relax.trainer.policy import Policy
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
@@ -88,13 +90,13 @@ class Parts:
     loss_settings: LossSettings
     old_log_probs: bool
     step_metrics: StepMetrics
-    scorer: object
+    scorer: Scorer
     eval_sets: list
-    collector: object
-    publisher: object
+    collector: Collector
+    publisher: Publisher
     checkpointer: checkpoint.Checkpointer
     control: RunControl
-    logger: object
+    logger: MetricsLogger
     total_steps: int
     start_step: int
     vllm: VllmBackend | None

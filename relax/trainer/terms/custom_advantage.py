@@ -1,5 +1,7 @@
 """``--custom-advantage-function-path``: a plug-in's advantages replace the estimator's
-(reinforce_plus_plus.md §13), before any distillation term (§7b)."""
+(grpo, gspo, sapo, rloo, cispo; rejected for the REINFORCE++ variants and ppo,
+reinforce_plus_plus.md §3, §4, §5c, §8; docs/configuration.md), before any distillation term
+(§7b)."""
 
 from __future__ import annotations
 

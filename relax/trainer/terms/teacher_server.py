@@ -2,7 +2,7 @@
 (reinforce_plus_plus.md §7b "Teacher"): the server scores the student's sampled tokens as
 prompt log-probs, so the teacher's weights never enter the trainer's memory.
 
-    teacher = ServerTeacher.open(cfg, ctx, tokenizer=policy.tokenizer)  # URL or owned server
+    teacher = ServerTeacher.open(section, ctx, tokenizer=policy.tokenizer)  # URL or owned server
     exp.teacher_log_probs = teacher.log_probs(exp)                      # [B, T], once a step
     teacher.close()                                                     # an owned server ends
 
@@ -73,7 +73,7 @@ class ServerTeacher:
              seed: int = 0) -> ServerTeacher:
         """``--opd-teacher-url`` (it must answer and tokenize like the student), or a server
         started from ``--opd-teacher-load`` (its tokenizer checked first) and waited for.
-        ``section``: ``cfg.distillation``."""
+        ``section``: the distillation section."""
         if section.teacher_url:
             return cls._named(section.teacher_url, section.teacher_timeout, tokenizer)
         path = section.teacher_load
