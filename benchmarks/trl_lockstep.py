@@ -107,8 +107,8 @@ def main(argv=None) -> None:
 
     from relax.algorithms import compute_advantages_and_returns
     from relax.config import parse_train_config
-    from relax.trainer import parts
     from relax.trainer.distributed import DistContext
+    from relax.trainer.optimizer_step import build_optimizer
     from relax.trainer.update import LossSettings, micro_batch_loss, train_on_rollout
 
     model_dir, data = C.prepare(a.workdir, a.size, a.steps)
@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     replicas = []
     for mbs in (B, B // 4, B):
         m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
-        replicas.append((m, parts.build_optimizer(m, cfg.optimizer), mbs))
+        replicas.append((m, build_optimizer(m, cfg.optimizer), mbs))
     print("step | reward | max |A_relax - A_trl| | |relax - trl| | moved: trl, relax | "
           f"|relax mbs {B} - mbs {B // 4}| | |relax on TRL's A - trl|")
     for t, inputs in enumerate(rec["inputs"]):

@@ -15,7 +15,7 @@ formula, which are 0), and the per-token loss is ``min(JSD_beta, c)`` (``c`` the
 token whose divergence exceeds ``c`` adds ``c`` and no gradient.
 
 Pure tensor functions over rows of logits [N, V]; the caller picks the rows (the valid tokens)
-and bounds N (the trainer runs them in chunks, relax/trainer/self_distill.py).
+and bounds N (the trainer runs them in chunks, relax/trainer/terms/self_distillation.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
-"""A training run's parts, built from its configuration: ``build(cfg, ctx) -> Parts``, which the
-:class:`~relax.trainer.loop.Trainer` only runs.
+"""A training run's parts, built from its configuration: ``build(cfg, ctx) -> Parts``, a
+frozen record the :class:`~relax.trainer.loop.Trainer` holds and only runs. The composition
+root of a training rank: the one place that reads the whole configuration and hands each part
+its sections.
 
     checks       model paths, the checkpoint to resume, the data, the reward plug-ins, the
                  environments (--env), the evaluation sets: bad input stops the run here,
                  before any model is loaded (exit 2)
     backend      --rollout-backend vllm: the server (closed again on any failure below; with
                  --fully-async the rollout ranks' instead, relax/trainer/fully_async/rollout_worker.py)
-    models       the policy (its prompt-length checks), the --use-opd teacher, the
-                 --opd-type self teacher, the ppo critic
+    models       the policy (its prompt-length checks) and the training terms
+                 (relax/trainer/terms/): the --use-opd teacher, the --opd-type self teacher,
+                 the ppo critic, the reference pass, the custom advantage plug-in, the
+                 mismatch meter
     rollout      the collector (relax/rollout/assembly.py; --fully-async: the batches of the
                  rollout ranks, relax/trainer/fully_async/remote_rollout.py) and the weights' publisher
                  (relax/trainer/fully_async/publish.py)
@@ -20,18 +24,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
-from relax import models
+from relax import estimators, models
 from relax.agreement import GroupAgreement
 from relax.cpu_threads import cpu_threads
 from relax.errors import InputError
 from relax.eval.sets import load_eval_sets
-from relax.metrics.sinks import build_logger
+from relax.metrics.sinks import MetricsLogger, build_logger
 from relax.metrics.tracker import MetricTracker
-from relax.plugins import load_function
 from relax.precision import use_bf16
 from relax.rollout.assembly import (
     Inputs,
@@ -42,52 +46,85 @@ from relax.rollout.assembly import (
     sampling_params,
     turn_eos,
 )
+from relax.rollout.collectors import Collector
 from relax.rollout.prompts.data import check_formatted_lengths, report_overlap
 from relax.rollout.prompts.privileged import teacher_samples
 from relax.rollout.reward.judge import build_judge, check_judging_lengths
+from relax.rollout.reward.scoring import Scorer
 from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
-from relax.trainer import checkpoint, parts
-from relax.trainer.critic import Critic
-from relax.trainer.distill import Distillation
+from relax.trainer import checkpoint, passes
 from relax.trainer.fully_async.async_layout import Schedule
-from relax.trainer.fully_async.publish import publisher_for
+from relax.trainer.fully_async.publish import Publisher, publisher_for
 from relax.trainer.fully_async.remote_rollout import RemoteRollout
-from relax.trainer.off_policy import MismatchMeter, OffPolicy
 from relax.trainer.policy import Policy
 from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
 from relax.trainer.run_control import RunControl
 from relax.trainer.runtime import Timer
-from relax.trainer.self_distill import SelfDistillation
 from relax.trainer.signals import StopRequest
 from relax.trainer.step_metrics import StepMetrics
+from relax.trainer.terms.critic import Critic
+from relax.trainer.terms.custom_advantage import CustomAdvantage
+from relax.trainer.terms.distillation import Distillation
+from relax.trainer.terms.kl import Reference
+from relax.trainer.terms.off_policy import MismatchMeter, OffPolicy
+from relax.trainer.terms.self_distillation import SelfDistillation
+from relax.trainer.terms.term import Term
 from relax.trainer.update import LossSettings
 
-ADVANTAGE_FLAG = "--custom-advantage-function-path"
 
-
-@dataclass
+@dataclass(frozen=True)
 class Parts:
-    """What the loop runs (relax/trainer/loop.py); ``None`` where the configuration has none."""
+    """What the loop runs (relax/trainer/loop.py), built once by :func:`build`.
+
+    ``terms``: the configured training terms in the order the loop calls them
+    (relax/trainer/terms/term.py): the reference pass, the ppo critic, the custom advantage
+    plug-in, the distillation teacher, self-distillation, the mismatch meter; the loss adds the
+    algorithm's own (entropy, KL loss, TIS, OPSM: ``update.loss_terms``). ``old_log_probs``:
+    whether the rollout step runs the pi_old pass (relax/trainer/passes.py)."""
 
     timer: Timer
     tracker: MetricTracker
-    mismatch: MismatchMeter  # the sampler against the trainer (§7a)
+    policy: Policy
+    terms: tuple[Term, ...]
+    loss_settings: LossSettings
+    old_log_probs: bool
+    step_metrics: StepMetrics
+    scorer: Scorer
+    eval_sets: list
+    collector: Collector
+    publisher: Publisher
+    checkpointer: checkpoint.Checkpointer
+    control: RunControl
+    logger: MetricsLogger
+    total_steps: int
+    start_step: int
+    vllm: VllmBackend | None
+
+    def close_backend(self) -> None:
+        """An owned vLLM server (the sampler's, a teacher's) ends with the run."""
+        _close(self.terms, self.vllm)
+
+
+@dataclass
+class _Draft:
+    """The parts while :func:`build` makes them (``None`` until then)."""
+
+    timer: Timer
+    tracker: MetricTracker
     bf16: bool
     samples: list | None
     source: object
     scorer: object
     group_filter: object | None
-    custom_advantage: object | None
+    custom_advantage: CustomAdvantage | None
     total_steps: int
     loss_settings: LossSettings
     eval_sets: list
     vllm: VllmBackend | None
     policy: Policy | None = None
     step_metrics: StepMetrics | None = None
-    distill: Distillation | None = None
-    opsd: SelfDistillation | None = None
-    critic: Critic | None = None
+    terms: list = field(default_factory=list)  # each added as soon as it is built
     collector: object = None
     publisher: object = None
     checkpointer: object = None
@@ -96,13 +133,26 @@ class Parts:
     start_step: int = 0
 
     def close_backend(self) -> None:
-        """An owned vLLM server (the sampler's, a teacher's) ends with the run."""
-        try:
-            if self.distill is not None:
-                self.distill.close()
-        finally:
-            if self.vllm is not None:
-                self.vllm.close()
+        _close(self.terms, self.vllm)
+
+    def parts(self, *, old_log_probs: bool) -> Parts:
+        return Parts(timer=self.timer, tracker=self.tracker, policy=self.policy,
+                     terms=tuple(self.terms), loss_settings=self.loss_settings,
+                     old_log_probs=old_log_probs,
+                     step_metrics=self.step_metrics, scorer=self.scorer,
+                     eval_sets=self.eval_sets, collector=self.collector,
+                     publisher=self.publisher, checkpointer=self.checkpointer,
+                     control=self.control, logger=self.logger, total_steps=self.total_steps,
+                     start_step=self.start_step, vllm=self.vllm)
+
+
+def _close(terms, vllm) -> None:
+    try:
+        for term in terms:
+            term.close()
+    finally:
+        if vllm is not None:
+            vllm.close()
 
 
 def build(cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
@@ -122,7 +172,12 @@ def build(cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
     except BaseException:
         p.close_backend()
         raise
-    return p
+    return p.parts(old_log_probs=passes.needs_old_log_probs(cfg))
+
+
+def terms_state(terms) -> dict:
+    """The terms' entries of a checkpoint (the critic's), beside the policy's."""
+    return {k: v for term in terms for k, v in term.checkpoint_state().items()}
 
 
 def _checked(cfg, ctx, stop, layout):
@@ -160,12 +215,11 @@ def _checked(cfg, ctx, stop, layout):
                         temperature=cfg.rollout.sampling.temperature, bf16=bf16,
                         max_tokens=b.max_tokens_per_gpu if b.token_budget else None,
                         layout=b.pass_layout, opsd=cfg.distillation.self_mode)
-    p = Parts(timer=Timer(ctx.device), tracker=MetricTracker(ctx.group, ctx.device),
-              mismatch=MismatchMeter(), bf16=bf16, samples=inputs.samples, source=inputs.source,
-              scorer=scorer, group_filter=inputs.group_filter, total_steps=total_steps,
-              custom_advantage=(load_function(cfg.algorithm.custom_advantage_path, ADVANTAGE_FLAG)
-                                if cfg.algorithm.custom_advantage_path else None),
-              loss_settings=loss, eval_sets=eval_sets, vllm=None)
+    p = _Draft(timer=Timer(ctx.device), tracker=MetricTracker(ctx.group, ctx.device),
+               bf16=bf16, samples=inputs.samples, source=inputs.source,
+               scorer=scorer, group_filter=inputs.group_filter, total_steps=total_steps,
+               custom_advantage=CustomAdvantage.load(cfg.algorithm.custom_advantage_path),
+               loss_settings=loss, eval_sets=eval_sets, vllm=None)
     # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
     # here, before any model loads; an owned server is closed on any failure after. Under
     # --fully-async the rollout ranks own the servers (rollout_worker.py), the training
@@ -175,21 +229,49 @@ def _checked(cfg, ctx, stop, layout):
     return p, envs, resume
 
 
-def _models(p: Parts, cfg, ctx) -> None:
+def _models(p: _Draft, cfg, ctx) -> None:
     p.policy = _policy(p, cfg, ctx)
     tokenizer, module = p.policy.tokenizer, p.policy.module
     # --use-opd: the teacher, its vocabulary checked against the student's before any step
-    p.distill = Distillation.build(cfg.distillation, ctx, tokenizer=tokenizer, student=module,
-                                   bf16=p.bf16, run_dir=cfg.run.output_dir, seed=cfg.run.seed)
+    distillation = Distillation.build(cfg.distillation, ctx, tokenizer=tokenizer, student=module,
+                                      bf16=p.bf16, run_dir=cfg.run.output_dir, seed=cfg.run.seed)
+    _add(p, distillation)
     # --opd-type self: the frozen initial model reading the privileged prompts (§7b)
-    p.opsd = SelfDistillation.build(cfg, ctx, tokenizer=tokenizer, student=module, bf16=p.bf16)
+    _add(p, SelfDistillation.build(cfg.distillation, ctx, tokenizer=tokenizer, student=module,
+                                   bf16=p.bf16, initial=cfg.model.hf_checkpoint,
+                                   seed=cfg.run.seed,
+                                   temperature=cfg.rollout.sampling.temperature))
     # ppo: the value model, --critic-load checked against it before any step (§5c)
-    p.critic = Critic.build(cfg, ctx, tokenizer=tokenizer, bf16=p.bf16)
+    critic = _critic(p, cfg, ctx) if estimators.facts(cfg.algorithm.estimator).needs_critic else None
+    # the loop's order: the reference pass, the critic (its values and targets first), the
+    # custom advantages, then the distillation terms on them (§7b), the mismatch meter
+    p.terms[:0] = [t for t in (_reference(p.policy, cfg.algorithm), critic, p.custom_advantage)
+                   if t is not None]
+    _add(p, MismatchMeter() if cfg.rollout.off_policy.mismatch_metrics else None)
     if p.vllm is not None:
         p.vllm.start(module, bf16=p.bf16, lora=p.policy.lora)
 
 
-def _policy(p: Parts, cfg, ctx) -> Policy:
+def _critic(p: _Draft, cfg, ctx) -> Critic:
+    """ppo's critic on the policy's architecture at its initial weights (or --critic-load)."""
+    lm = models.load_policy(cfg.model.hf_checkpoint, p.policy.tokenizer, ctx.device,
+                            seed=cfg.run.seed)
+    return Critic.build(cfg.critic, ctx, lm, bf16=p.bf16, lora=cfg.lora, recompute=cfg.recompute,
+                        fsdp=cfg.system.fsdp, optimizer=cfg.optimizer, seed=cfg.run.seed)
+
+
+def _add(p: _Draft, term: Term | None) -> None:
+    """A built term joins the run's (and is closed with it from now on)."""
+    if term is not None:
+        p.terms.append(term)
+
+
+def _reference(policy: Policy, algorithm) -> Reference | None:
+    """The reference pass when a KL term reads it (§3 shaping, §7 KL loss)."""
+    return Reference(policy) if passes.needs_reference(algorithm) else None
+
+
+def _policy(p: _Draft, cfg, ctx) -> Policy:
     models.quiet_transformers()  # no download/shard progress bars between summary lines
     tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
     if cfg.rollout.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
@@ -199,19 +281,25 @@ def _policy(p: Parts, cfg, ctx) -> Policy:
     module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, ctx.device, seed=cfg.run.seed)
     _check_prompt_lengths(p, cfg, tokenizer, module)
     # the FLOP counts are the model's own (a LoRA adapter's are not model FLOPs)
-    passes = int(parts.needs_old_log_probs(cfg)) + int(parts.needs_reference(cfg.algorithm))
+    pass_count = int(passes.needs_old_log_probs(cfg)) + int(passes.needs_reference(cfg.algorithm))
     p.step_metrics = StepMetrics.measure(module, p.tracker, ctx, peak_tflops=cfg.system.peak_tflops,
-                                         bf16=p.bf16, log_prob_passes=passes,
+                                         bf16=p.bf16, log_prob_passes=pass_count,
                                          layout=cfg.batches.pass_layout)
     p.step_metrics.padding_note = not cfg.batches.token_budget
-    policy = Policy.build(module, cfg, ctx, tokenizer,
-                          eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=p.bf16)
+    reference = (partial(models.load_reference, cfg, tokenizer, ctx.device, bf16=p.bf16)
+                 if passes.needs_reference(cfg.algorithm) else None)
+    policy = Policy.build(module, ctx, tokenizer,
+                          eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=p.bf16,
+                          lora=cfg.lora, recompute=cfg.recompute, fsdp=cfg.system.fsdp,
+                          optimizer=cfg.optimizer, seed=cfg.run.seed,
+                          base=cfg.model.hf_checkpoint, reference=reference,
+                          ref_load=cfg.model.ref_load)
     if ctx.is_main:
         check_free_space(cfg.checkpoint.save, policy.trainable_count())
     return policy
 
 
-def _check_prompt_lengths(p: Parts, cfg, tokenizer, module) -> None:
+def _check_prompt_lengths(p: _Draft, cfg, tokenizer, module) -> None:
     """Training and evaluation prompts must fit the model context with a full response
     (else the prompt's file:line, or its evaluation set and number)."""
     context = getattr(module.config, "max_position_embeddings", None)
@@ -230,7 +318,7 @@ def _check_prompt_lengths(p: Parts, cfg, tokenizer, module) -> None:
                                 length_flag="--eval-max-response-len")
 
 
-def _collector(p: Parts, cfg, ctx, layout, envs):
+def _collector(p: _Draft, cfg, ctx, layout, envs):
     """This rank's collector: the rollout side's assembly on the training rank's own share,
     or (--fully-async) the batches the rollout ranks sample."""
     pol = p.policy
@@ -252,7 +340,7 @@ def _collector(p: Parts, cfg, ctx, layout, envs):
                            timer=p.timer, tracker=p.tracker)
 
 
-def _run(p: Parts, cfg, ctx, stop, started: float, resume, console: bool, layout) -> None:
+def _run(p: _Draft, cfg, ctx, stop, started: float, resume, console: bool, layout) -> None:
     if ctx.device.type == "cpu":
         # the host's cores shared between the local ranks (relax/cpu_threads.py)
         torch.set_num_threads(cpu_threads(
@@ -261,7 +349,7 @@ def _run(p: Parts, cfg, ctx, stop, started: float, resume, console: bool, layout
         checkpoint.remove_stale_temps(cfg.checkpoint.save)
     p.checkpointer = checkpoint.Checkpointer.of(
         cfg.checkpoint, ctx, p.policy, fsdp=cfg.system.fsdp, rank_state=p.collector.state_dict,
-        extra_state=p.critic and p.critic.checkpoint_state,
+        extra_state=partial(terms_state, p.terms),
         async_group=layout and layout.save_group)  # --fully-async --async-save
     p.control = RunControl(ctx, stop, total_steps=p.total_steps,
                            exit_duration_in_mins=cfg.run.exit_duration_in_mins, started=started)
@@ -274,13 +362,13 @@ def _run(p: Parts, cfg, ctx, stop, started: float, resume, console: bool, layout
     )
 
 
-def _resume(p: Parts, cfg, ctx, path: str, step: int) -> None:
+def _resume(p: _Draft, cfg, ctx, path: str, step: int) -> None:
     """The policy's state and this rank's RNG from ``path``; the collector continues where
     the checkpoint left it."""
     progress = load_trainer_state(path, p.policy, fsdp=cfg.system.fsdp, ctx=ctx)
     p.start_step = step
-    if p.critic is not None:
-        p.critic.load(path)
+    for term in p.terms:
+        term.load(path)
     saved = progress.get("data")
     p.collector.load_state_dict(progress.get("collector") or {
         "cursor": (saved or {}).get("cursor", step * cfg.batches.rollout_batch_size)})

@@ -8,21 +8,25 @@ sampled on the same ranks (colocated) or on rollout ranks of their own (--fully-
                     rollouts, episodes with --env / --use-agentic-rollout; --fully-async:
                     received from a rollout rank, relax/trainer/fully_async/remote_rollout.py, whose
                     collector the same assembly builds)
-        exp       = log_probs(batch)             pi_old, the reference and the --use-opd teacher,
-                                                 no autograd (policy.py, distill.py)
+        exp       = log_probs(batch)             pi_old (policy.py), then each training term's
+                                                 no-grad pass: the reference, a teacher, the
+                                                 critic's values (terms/)
         exp       = advantages(exp, rewards)     compute_advantages_and_returns over the DP group,
-                                                 then the distillation term (reinforce_plus_plus.md §7b)
-                                                 (ppo: the critic's values first, GAE, §5c; critic.py)
-        history   = update(exp)                  --num-steps-per-rollout AdamW steps (reinforce_plus_plus.md §7)
-                                                 (ppo: the critic's steps first)
+                                                 then each term on the advantages: the critic's
+                                                 targets (§5c), a custom plug-in, distillation (§7b)
+        history   = update(exp)                  each term's own optimizer steps (ppo: the
+                                                 critic's), then --num-steps-per-rollout AdamW
+                                                 steps on the loss and its terms (update.py, §7)
         publisher.publish(step + 1)              colocated: nothing; --fully-async: the new
                                                  weights to the rollout ranks; --rollout-backend
                                                  vllm: to the vLLM servers (publish.py)
         end       = control.after_step(step)     the ranks agree: a signal, the wall-clock budget
         evaluate; log; checkpointer.maybe_save; stop here on a signal
 
-The run's parts (policy, collector, publisher, checkpointer, run control, sinks) are built by
-relax/trainer/build.py; the Trainer only runs the loop. Launch, signals and exit codes:
+The run's parts (policy, training terms, collector, publisher, checkpointer, run control,
+sinks) are built once by relax/trainer/build.py into a frozen ``Parts`` the Trainer holds; the
+training terms are relax/trainer/terms/ behind one protocol (terms/term.py), each hook called
+for every configured term in order. The Trainer only runs the loop. Launch, signals and exit codes:
 relax/trainer/launch.py (``relax train`` or ``torchrun
 --nproc_per_node N -m relax train``). How a run ends: relax/trainer/run_control.py.
 
@@ -40,37 +44,52 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from relax.algorithms import compute_advantages_and_returns
 from relax.eval.sets import maybe_evaluate
 from relax.metrics.sinks import spread_indices
-from relax.plugins import call_plugin
 from relax.rollout.generation.batch import StepBatch
-from relax.rollout.reward.scoring import plugin_tensor
-from relax.trainer import parts
-from relax.trainer.build import ADVANTAGE_FLAG, build
+from relax.trainer.build import build
 from relax.trainer.experience import experience_from_rollout
 from relax.trainer.fully_async.async_layout import AsyncLayout
 from relax.trainer.signals import StopRequest
+from relax.trainer.terms.critic import Critic
+from relax.trainer.terms.term import Estimate, UpdatePlan
 from relax.trainer.update import train_on_rollout
 
 
 class Trainer:
-    """One run's parts (relax/trainer/build.py: the policy, the collector, the publisher,
-    the checkpointer, the run control, the sinks); ``fit()`` is the loop of the module
-    docstring."""
+    """One run's parts (relax/trainer/build.py: the policy, its training terms, the collector,
+    the publisher, the checkpointer, the run control, the sinks); ``fit()`` is the loop of
+    the module docstring."""
 
     def __init__(self, cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
                  layout: AsyncLayout | None = None):
         self.cfg, self.ctx, self.layout = cfg, ctx, layout  # layout: --fully-async
         self.parts = build(cfg, ctx, console=console, stop=stop, layout=layout)
-        # the parts as the trainer's own names: the phases below and tests read them
-        vars(self).update(vars(self.parts))
+
+    # ------------------------------------------------------------------ the parts, by name
+    policy = property(lambda self: self.parts.policy)
+    terms = property(lambda self: self.parts.terms)
+    collector = property(lambda self: self.parts.collector)
+    publisher = property(lambda self: self.parts.publisher)
+    checkpointer = property(lambda self: self.parts.checkpointer)
+    control = property(lambda self: self.parts.control)
+    logger = property(lambda self: self.parts.logger)
+    tracker = property(lambda self: self.parts.tracker)
+    timer = property(lambda self: self.parts.timer)
+    scorer = property(lambda self: self.parts.scorer)
+    step_metrics = property(lambda self: self.parts.step_metrics)
+    start_step = property(lambda self: self.parts.start_step)
+    total_steps = property(lambda self: self.parts.total_steps)
+
+    @property
+    def critic(self) -> Critic | None:
+        """The ppo critic among the terms (tests and tools read it), else None."""
+        return next((t for t in self.terms if isinstance(t, Critic)), None)
 
     # ------------------------------------------------------------------ phases
     def train_on(self, b: StepBatch) -> None:
-        """pi_old and reference log-probs, advantages, the optimizer steps; nothing when
+        """pi_old and the terms' passes, advantages, the optimizer steps; nothing when
         dynamic sampling kept no group."""
         t = self.timer
         if not len(b.prompts):
@@ -83,6 +102,8 @@ class Trainer:
             self.update(exp)
 
     def log_probs(self, b: StepBatch):
+        """pi_old (when the update cannot use its own, relax/trainer/passes.py), then each
+        term's no-grad pass: the reference, a teacher, the critic's values."""
         exp = experience_from_rollout(b.rollout)
         cfg = self.cfg
         budget = ((cfg.batches.log_probs_max_tokens_per_gpu or cfg.batches.max_tokens_per_gpu)
@@ -90,59 +111,46 @@ class Trainer:
         passes = dict(micro_batch_size=cfg.batches.micro_batch_size,
                       temperature=cfg.rollout.sampling.temperature,
                       max_tokens=budget, group=self.ctx.group, layout=cfg.batches.pass_layout)
-        if parts.needs_old_log_probs(cfg):  # else the update uses its own (parts.py)
+        if self.parts.old_log_probs:
             exp.old_log_probs = self.policy.log_probs(exp, **passes)
-        exp.ref_log_probs = self.policy.ref_log_probs(exp, **passes)
-        if self.distill is not None:
-            exp.teacher_log_probs = self.distill.teacher_log_probs(exp, **passes)
-        if self.opsd is not None:  # the teacher itself runs inside the update's loss
-            self.opsd.attach(exp, b.teacher_prompts, self.policy.tokenizer)
-        if self.critic is not None:  # V_old, before the update (§5c)
-            exp.values = self.critic.values(exp, **passes)
+        for term in self.terms:
+            term.before_update(exp, b, passes)
         return exp
 
     def advantages(self, exp, rewards, group_index):
+        """The estimator over the data-parallel group, then each term on its advantages (the
+        critic's targets, a custom plug-in, distillation: reinforce_plus_plus.md §5c, §7b)."""
         out = compute_advantages_and_returns(
             self.cfg.algorithm, rewards, exp.response_mask, group_index=group_index,
             old_log_probs=exp.old_log_probs, ref_log_probs=exp.ref_log_probs,
             values=exp.values, group=self.ctx.group,
         )
         exp.advantages = out.advantages
-        if self.critic is not None:  # the value targets: the raw GAE plus V_old (§5c)
-            self.critic.targets(exp, out.returns, self.tracker)
-        if self.custom_advantage is not None:
-            exp.advantages = self._custom_advantages(exp.response_mask, rewards, group_index)
-        if self.distill is not None:  # after the estimator and its normalization (§7b)
-            exp.advantages = self.distill.advantages(exp, self.tracker)
-        if self.opsd is not None:
-            exp.advantages = self.opsd.advantages(exp)
+        estimate = Estimate(rewards, group_index, out.returns)
+        for term in self.terms:
+            term.shape_advantages(exp, estimate, self.tracker)
         for name, value in out.metrics.items():
             self.tracker.add_global(name, value)
         return exp
 
-    def _custom_advantages(self, mask, rewards, group_index) -> torch.Tensor:
-        """``--custom-advantage-function-path`` over this rank's rows, checked: [B, T]."""
-        returned = call_plugin(self.custom_advantage, ADVANTAGE_FLAG, rewards, group_index, mask)
-        adv = plugin_tensor(returned, ADVANTAGE_FLAG, "advantages", mask.shape,
-                            device=mask.device)
-        return torch.where(mask, adv, 0.0)
-
     def update(self, exp):
+        """The terms' own optimizer steps (the critic's, §5c), then the policy's (§7) unless
+        a term holds it back (``--num-critic-only-steps``)."""
         cfg, global_batch = self.cfg, self.cfg.batches.global_batch_size
         if len(exp) * self.ctx.world_size < cfg.batches.rollout_batch_size * cfg.batches.samples_per_prompt:
             global_batch = len(exp) * self.ctx.world_size  # dynamic sampling came up short: one step
-        if self.critic is not None and self.critic.step(  # ppo: its own optimizer steps (§5c)
-                exp, self.tracker, self.policy.optimizer, global_batch_size=global_batch,
-                micro_batch_size=cfg.batches.micro_batch_size, max_tokens=self.loss_settings.max_tokens):
-            return  # --num-critic-only-steps: only the critic trains on this step
+        plan = UpdatePlan(global_batch, cfg.batches.micro_batch_size,
+                          self.parts.loss_settings.max_tokens, self.policy.optimizer)
+        waits = [term.train(exp, self.tracker, plan) for term in self.terms]
+        if any(waits):
+            return
         history = train_on_rollout(
-            self.policy.model, self.policy.optimizer, exp, self.loss_settings, self.ctx,
-            global_batch_size=global_batch,
-            micro_batch_size=cfg.batches.micro_batch_size, clip_grad=cfg.optimizer.clip_grad,
-            on_mismatch=self.mismatch.add if cfg.rollout.off_policy.mismatch_metrics else None,
-            opsd=self.opsd,
+            self.policy.model, self.policy.optimizer, exp, self.parts.loss_settings, self.ctx,
+            global_batch_size=global_batch, micro_batch_size=cfg.batches.micro_batch_size,
+            clip_grad=cfg.optimizer.clip_grad, terms=self.terms,
         )
-        self.mismatch.report(self.tracker)
+        for term in self.terms:
+            term.after_update(self.tracker)
         for values in history:
             for name, value in values.items():
                 self.tracker.add_global(name, value)
@@ -153,7 +161,7 @@ class Trainer:
         with self.timer("eval"):
             return maybe_evaluate(self.cfg, step, self.policy.model, self.policy.tokenizer,
                                   self.ctx.device, group=self.ctx.group,
-                                  eval_sets=self.eval_sets, last=last)
+                                  eval_sets=self.parts.eval_sets, last=last)
 
     def log(self, step: int, b: StepBatch, evaluation: dict[str, float]) -> dict[str, float]:
         """The step's metrics row (every rank; rank 0 writes it) and its samples."""
@@ -211,8 +219,8 @@ class Trainer:
         # a resumed run that had no step left still writes its final model
         self.checkpointer.finish(self.start_step + len(history),
                                  lambda: self.manifest(self.start_step + len(history)))
-        if self.critic is not None:
-            self.critic.save_final(self.cfg.critic.save)  # --critic-save DIR
+        for term in self.terms:
+            term.finish()  # the critic: --critic-save DIR
         return history
 
     def close(self) -> None:

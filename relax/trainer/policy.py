@@ -1,7 +1,7 @@
 """The policy bundle: the trained model with its optimizer, its LoRA adapter and its reference,
 behind one object that the loop, the checkpointer and evaluation ask.
 
-    policy = Policy.build(module, cfg, ctx, tokenizer, bf16=False)
+    policy = Policy.build(module, ctx, tokenizer, bf16=False, ...)   # relax/trainer/build.py
     sampler = policy.sampler(SamplingParams(temperature=1.0))   # generate with it
     old = policy.log_probs(exp, **passes)          # pi_old [B, T], no autograd
     ref = policy.ref_log_probs(exp, **passes)      # pi_ref [B, T] or None
@@ -16,12 +16,12 @@ final save writes) is decided here once, so relax/trainer/checkpoint.py has no L
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
-from relax import models
 from relax.rollout.generation.sampler import Sampler, SamplingParams
-from relax.trainer import parts, sharded_state
+from relax.trainer import sharded_state
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.logprobs import batched_log_probs
 from relax.trainer.lora import (
@@ -31,6 +31,7 @@ from relax.trainer.lora import (
     merged_copy,
     save_adapter,
 )
+from relax.trainer.optimizer_step import build_optimizer
 from relax.trainer.recompute import apply_recompute
 
 
@@ -48,24 +49,26 @@ class Policy:
         self.base = base
 
     @classmethod
-    def build(cls, module: torch.nn.Module, cfg, ctx, tokenizer, *, eos_token_ids: list[int],
-              bf16: bool) -> Policy:
-        """Adapter (``--lora-rank``), activation recompute (``--recompute-granularity``),
-        reference, data-parallel wrapping and AdamW around the loaded Hugging Face ``module``."""
-        lora = None
-        if cfg.lora.enabled:
-            lora = add_configured(module, cfg.lora, cfg.run.seed)
+    def build(cls, module: torch.nn.Module, ctx, tokenizer, *, eos_token_ids: list[int],
+              bf16: bool, lora, recompute, fsdp: bool, optimizer, seed: int, base: str | None,
+              reference: Callable[[], torch.nn.Module] | None, ref_load: str | None) -> Policy:
+        """Adapter (``lora``: the LoRA section, its A drawn from ``seed``), activation
+        recompute (the recompute section), reference, data-parallel wrapping (``fsdp``) and
+        AdamW (the optimizer section) around the loaded Hugging Face ``module`` of ``base``
+        (--hf-checkpoint). ``reference``: loads the frozen reference (relax/models.py), None
+        when no KL term reads it; with LoRA and no ``ref_load`` (--ref-load) the policy with
+        its adapter off is the reference instead."""
+        adapters = add_configured(module, lora, seed) if lora.enabled else None
         # before wrap_model: FSDP2 shards the same blocks, its hooks outside the checkpoint
-        apply_recompute(module, cfg.recompute)
-        has_reference = parts.needs_reference(cfg.algorithm)
+        apply_recompute(module, recompute)
+        has_reference = reference is not None
         # the reference is the initial weights (or --ref-load), also when resuming; with LoRA
         # the initial weights are the policy with its adapter switched off
-        ref = (models.load_reference(cfg, tokenizer, ctx.device, bf16=bf16)
-               if has_reference and not (lora and not cfg.model.ref_load) else None)
-        model = wrap_model(module, ctx, fsdp=cfg.system.fsdp)
-        return cls(model=model, optimizer=parts.build_optimizer(model, cfg.optimizer), tokenizer=tokenizer,
-                   eos_token_ids=eos_token_ids, ref=ref, lora=lora, has_reference=has_reference,
-                   ctx=ctx, fsdp=cfg.system.fsdp, bf16=bf16, base=cfg.model.hf_checkpoint)
+        ref = reference() if has_reference and not (adapters and not ref_load) else None
+        model = wrap_model(module, ctx, fsdp=fsdp)
+        return cls(model=model, optimizer=build_optimizer(model, optimizer), tokenizer=tokenizer,
+                   eos_token_ids=eos_token_ids, ref=ref, lora=adapters,
+                   has_reference=has_reference, ctx=ctx, fsdp=fsdp, bf16=bf16, base=base)
 
     @property
     def module(self) -> torch.nn.Module:

@@ -1,4 +1,6 @@
-"""Small run-time helpers of the training loop: seeds, phase timing, memory, metrics rows."""
+"""Small run-time helpers of the training loop: the phase timer (``Timer``), the peak memory
+of the device (``peak_memory_gb``) and the rows of ``metrics.jsonl`` after a step
+(``rows_after``, for a resumed run)."""
 
 from __future__ import annotations
 

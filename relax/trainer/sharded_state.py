@@ -268,7 +268,7 @@ def load_sharded(folder: str, model, optimizer, *, fsdp: bool,
     """Fill this rank's model and optimizer state from the DCP checkpoint in ``folder``
     (any world size it was saved at; a collective over ``group``, the training ranks, when
     distributed); ``trainable_only`` as in :func:`sharded_state`. ``key``: the state was
-    saved under that key beside the policy's (the critic's, relax/trainer/critic.py);
+    saved under that key beside the policy's (the critic's, relax/trainer/terms/critic.py);
     ``extra``: more tensors saved with it, filled in place."""
     target = _target(model, fsdp)
     options = _options(trainable_only)

@@ -11,8 +11,8 @@ from relax.config.critic_fields import CriticSection
 from relax.metrics.tracker import MetricTracker
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import sharded_state
-from relax.trainer.critic import Critic, ValueModel
 from relax.trainer.distributed import DistContext, decoder_blocks, unwrap, wrap_model
+from relax.trainer.terms.critic import Critic, ValueModel
 from tests.trainer.workers import B, fixed_experience
 
 SECTION = CriticSection(value_clip=0.05, load=None, save=None, lr=0.1,

@@ -167,7 +167,7 @@ def test_resuming_ppo_from_a_grpo_checkpoint_is_one_line_exit_2(tmp_path, capsys
 def test_multi_turn_skips_the_environment_tokens(tmp_path, monkeypatch):
     # the environment's tokens are holes of the loss mask: no value, no advantage, no target
     # there, and GAE runs over the model's tokens (reinforce_plus_plus.md §5c)
-    from relax.trainer.critic import Critic
+    from relax.trainer.terms.critic import Critic
 
     seen = []
     original = Critic.targets
@@ -244,8 +244,8 @@ def test_a_lora_critic_trains_adapters_and_head_and_resumes_exactly(tmp_path):
     # --lora-rank: the critic, as the policy, trains LoRA adapters on its frozen backbone, and
     # its new value head whole; its checkpoint holds those only and resumes exactly;
     # --critic-save writes the adapters merged, which a plain critic loads to the same values
-    from relax.trainer.critic import ValueModel
-    from relax.trainer.critic_weights import load_weights
+    from relax.trainer.terms.critic import ValueModel
+    from relax.trainer.terms.critic_weights import load_weights
     from tests.trainer.workers import fixed_experience
 
     common = _ppo(tmp_path, "--lora-rank", "4", "--lora-alpha", "8", "--gamma", "0.9",

@@ -81,7 +81,7 @@ def test_teacher_of_another_vocabulary_is_one_line_exit_2(tmp_path, capsys):
 
 def test_teacher_with_the_same_size_but_other_ids_is_refused():
     from relax.errors import InputError
-    from relax.trainer.distill import check_vocabulary
+    from relax.trainer.terms.distillation import check_vocabulary
 
     student = build_tokenizer()
 
@@ -116,7 +116,7 @@ def test_a_seeded_distillation_run_resumes_exactly(tmp_path):
 
 
 def test_multi_turn_distils_only_the_model_tokens(tmp_path, monkeypatch):
-    from relax.trainer.distill import Distillation
+    from relax.trainer.terms.distillation import Distillation
 
     seen = []
     original = Distillation.advantages

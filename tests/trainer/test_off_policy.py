@@ -10,7 +10,7 @@ import torch
 
 from relax.errors import RelaxError
 from relax.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer.off_policy import MISMATCH_METRICS
+from relax.trainer.terms.off_policy import MISMATCH_METRICS
 from relax.trainer.update import micro_batch_loss
 from tests.trainer.helpers import RECIPES, fit, make_config, write_reward
 from tests.trainer.workers import B, T, fixed_experience, replace_loss, settings

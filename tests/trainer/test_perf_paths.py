@@ -8,7 +8,7 @@ import torch
 
 from relax.cpu_threads import cpu_threads
 from relax.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer import parts
+from relax.trainer import passes
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs, response_log_probs
 from relax.trainer.update import micro_batch_loss, train_on_rollout
@@ -82,16 +82,16 @@ def test_needs_old_log_probs(tmp_path):
     def cfg(*flags):
         return make_config(*flags, output_dir=tmp_path)
 
-    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
-    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
+    assert not passes.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
+    assert not passes.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
                                              "--kl-loss-type", "k3", "--kl-loss-coef", "0.1"))
-    assert parts.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
+    assert passes.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
                                          "--num-steps-per-rollout", "2"))
     # REINFORCE++ k1 shaping reads pi_old in the returns, before any update
-    assert parts.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert passes.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
                                          "--normalize-advantages", "--kl-coef", "0.01",
                                          "--kl-loss-type", "k1"))
-    assert not parts.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert not passes.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
                                              "--normalize-advantages", "--kl-coef", "0"))
 
 

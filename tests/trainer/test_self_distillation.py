@@ -160,7 +160,7 @@ def test_dynamic_sampling_keeps_each_kept_row_with_its_teacher_prompt():
 
 def test_the_output_layers_run_in_chunks_no_larger_than_the_bound(monkeypatch):
     """No [B, T, V] logits: each call of the JSD sees at most chunk_elements // V rows."""
-    from relax.trainer import self_distill
+    from relax.trainer.terms import self_distillation as self_distill
 
     seen = []
     original = self_distill.opsd_token_terms

@@ -24,7 +24,7 @@ from relax.rollout.vllm.vllm_server import ServerError, VllmClient, group_alive
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs
-from relax.trainer.teacher_server import ServerTeacher, check_served_vocabulary
+from relax.trainer.terms.teacher_server import ServerTeacher, check_served_vocabulary
 from tests.rollout.fake_vllm import fake_vllm
 from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
 from tests.trainer.workers import fixed_experience

@@ -13,8 +13,8 @@ from relax.config.sections import OffPolicySection
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
 from relax.trainer.logprobs import Experience, batched_log_probs, response_log_probs
-from relax.trainer.off_policy import OffPolicy
 from relax.trainer.recompute import apply_recompute
+from relax.trainer.terms.off_policy import OffPolicy
 from relax.trainer.update import LossSettings, train_on_rollout
 
 B, P, T = 8, 4, 6
@@ -105,7 +105,7 @@ def attach_self_distillation(exp: Experience, seed: int = 1):
     """--opd-type self on ``exp``: teacher prompts of other lengths than the student's (left
     padding of their own) and the teacher, another tiny model; returns the SelfDistillation
     with small output-layer chunks (several per micro-batch)."""
-    from relax.trainer.self_distill import OpsdSettings, SelfDistillation
+    from relax.trainer.terms.self_distillation import OpsdSettings, SelfDistillation
 
     g = torch.Generator().manual_seed(seed)
     Pt = P + 3
@@ -152,7 +152,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
         exp.rollout_log_probs = exp.old_log_probs + 0.4 * torch.randn(B, T, generator=g) + 0.2
         loss_settings = dataclasses.replace(loss_settings, off_policy=OFF_POLICY)
     loss_settings = dataclasses.replace(loss_settings, layout=layout, opsd=opsd)
-    teacher = attach_self_distillation(exp) if opsd else None
+    terms = (attach_self_distillation(exp),) if opsd else ()
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
     if recompute is not None:
@@ -169,7 +169,7 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     history = train_on_rollout(model, opt, local, loss_settings, ctx,
                                global_batch_size=B, micro_batch_size=micro_batch_size,
                                clip_grad=1e6,  # no clipping: it would hide a 2x scale
-                               opsd=teacher)
+                               terms=terms)
     params = {}
     for name, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p

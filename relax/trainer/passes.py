@@ -1,10 +1,7 @@
-"""What the trainer builds around the models: which passes a configuration needs, the
-optimizer (the CPU threads: relax/cpu_threads.py). Loading the models and tokenizer is relax/models.py (shared with
-``relax eval``)."""
+"""Which no-grad passes over a rollout a configuration needs before the update: the
+reference's (reinforce_plus_plus.md §2, §3, §7) and pi_old's (§7, §7b)."""
 
 from __future__ import annotations
-
-import torch
 
 from relax import estimators
 
@@ -32,10 +29,3 @@ def needs_old_log_probs(cfg) -> bool:
             # the distillation term reads pi_old before any update (§7b); the JSD of
             # --opd-type self reads the update's own forward instead
             or (cfg.distillation.enabled and cfg.distillation.type != "self"))
-
-
-def build_optimizer(model, optimizer) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters, as the optimizer section says."""
-    return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=optimizer.lr,
-        betas=(optimizer.adam_beta1, optimizer.adam_beta2), weight_decay=optimizer.weight_decay)

@@ -3,9 +3,15 @@
 (relax/rollout/prompts/privileged.py) followed by the student's response, and ``C * min(JSD_beta, c)``
 over the full vocabulary is added to the update's loss on every trained token.
 
-    opsd = SelfDistillation.build(cfg, ctx, tokenizer=..., student=policy.module, bf16=bf16)
-    opsd.attach(exp, batch.teacher_prompts)          # the teacher's prompts, once a step
-    terms = opsd.token_terms(student_rows, mb)       # inside the update's loss, per micro-batch
+    term = SelfDistillation.build(section, ctx, tokenizer=..., student=policy.module, ...)
+    term.attach(exp, batch.teacher_prompts, tokenizer)  # the teacher's prompts, once a step
+    jsd = term.token_terms(student_rows, mb)        # inside the update's loss, per micro-batch
+    loss + C * reduce(jsd)                          # its share of the loss (add_loss)
+
+It is a training term (relax/trainer/terms/term.py): ``before_update`` attaches the teacher's
+prompts, ``shape_advantages`` zeroes the estimator's advantage under ``--opd-only``,
+``student_rows`` and ``add_loss`` add the JSD to the update's loss with the metrics
+:data:`METRICS`.
 
 Memory: the teacher runs once per update micro-batch, without autograd, up to its final
 hidden states [b, T, H]; both output layers then run over the valid tokens in chunks of
@@ -24,7 +30,6 @@ from relax import models
 from relax.algorithms.self_distillation import opsd_token_terms
 from relax.errors import InputError
 from relax.rollout.generation.generate import tokenize_prompts
-from relax.trainer.distill import FLAG, check_vocabulary
 from relax.trainer.experience import Experience
 from relax.trainer.logprobs import (
     CHUNK_ELEMENTS,
@@ -33,6 +38,13 @@ from relax.trainer.logprobs import (
     _output_layer,
     chunk_call,
 )
+from relax.trainer.terms.distillation import FLAG, check_vocabulary
+from relax.trainer.terms.term import LossView, Term
+
+# each reduced like the loss: the clipped JSD (before the weight C), the share of tokens the
+# clip bound, the full-vocabulary reverse KL and the teacher's log-prob of the sampled token
+METRICS = ("train/opsd_jsd", "train/opsd_jsd_clipfrac", "train/opsd_reverse_kl",
+           "train/opsd_teacher_logprob")
 
 
 @dataclass(frozen=True)
@@ -85,13 +97,17 @@ def chunked_opsd_terms(s_rows, s_head, t_hidden, t_head, targets, *, beta: float
     return torch.cat(losses), torch.cat(stats)
 
 
-class SelfDistillation:
-    """The frozen teacher and the JSD's settings; see the module docstring."""
+class SelfDistillation(Term):
+    """The frozen teacher and the JSD's settings; see the module docstring (``tokenizer``:
+    the student's, for the teacher's prompts)."""
+
+    metric_names = METRICS
+    keeps_zero_advantage_rows = True  # the JSD does not vanish with the advantage
 
     def __init__(self, teacher: torch.nn.Module, settings: OpsdSettings, *, temperature: float,
-                 only: bool = False):
+                 only: bool = False, tokenizer=None):
         self.teacher, self.settings, self.temperature = teacher, settings, temperature
-        self.only = only
+        self.only, self.tokenizer = only, tokenizer
         self.chunk_elements = CHUNK_ELEMENTS  # logits elements per chunk (tests make it small)
         self.head = _output_layer(teacher)
         if self.head is None:
@@ -100,20 +116,21 @@ class SelfDistillation:
         self.head = self.head[1:]
 
     @classmethod
-    def build(cls, cfg, ctx, *, tokenizer, student, bf16: bool) -> SelfDistillation | None:
-        """The teacher of ``--opd-type self``: ``--opd-teacher-load`` (its vocabulary checked
-        against the student's first), else the initial model (``--hf-checkpoint``, or the
-        built-in model from ``--seed``), frozen, in bf16 under ``--bf16``; None otherwise."""
-        section = cfg.distillation
+    def build(cls, section, ctx, *, tokenizer, student, bf16: bool, initial: str | None,
+              seed: int, temperature: float) -> SelfDistillation | None:
+        """The teacher of ``--opd-type self`` (``section``: the distillation section):
+        ``--opd-teacher-load`` (its vocabulary checked against the student's first), else the
+        ``initial`` model (``--hf-checkpoint``, or the built-in model from ``seed``), frozen,
+        in bf16 under ``--bf16``; None otherwise. ``temperature``: the rollout's."""
         if not section.self_mode:
             return None
-        path = section.teacher_load or cfg.model.hf_checkpoint
+        path = section.teacher_load or initial
         if section.teacher_load is not None:
             check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
         if path is not None:
             teacher = models.load_judge(path, ctx.device, bf16=bf16, flag=FLAG)
         else:  # the built-in model is a pure function of the seed: its initial weights again
-            teacher = models.build_tiny_model(tokenizer, cfg.run.seed).to(
+            teacher = models.build_tiny_model(tokenizer, seed).to(
                 torch.bfloat16 if bf16 else torch.float32).requires_grad_(False)
             teacher = teacher.to(ctx.device).eval()
         if teacher.get_output_embeddings().weight.shape[0] < \
@@ -121,7 +138,25 @@ class SelfDistillation:
             raise InputError(f"{FLAG} {path}: the teacher's output layer has fewer rows than "
                              "the student's; it cannot score every token the student may sample")
         settings = OpsdSettings(section.opsd_beta, section.opsd_jsd_clip, section.kl_coef)
-        return cls(teacher, settings, temperature=cfg.rollout.sampling.temperature, only=section.only)
+        return cls(teacher, settings, temperature=temperature, only=section.only,
+                   tokenizer=tokenizer)
+
+    # ------------------------------------------------------------------ the term's hooks
+    def before_update(self, exp, batch, passes: dict) -> None:
+        self.attach(exp, batch.teacher_prompts, self.tokenizer)
+
+    def shape_advantages(self, exp, estimate, tracker) -> None:
+        exp.advantages = self.advantages(exp)
+
+    def student_rows(self, rows: ResponseRows, mb: Experience):
+        return self.token_terms(rows, mb)
+
+    def add_loss(self, loss, view: LossView, rows):
+        """``loss + C * reduce(min(JSD, c))``; the stats of :data:`METRICS` (the unclipped JSD
+        column of ``token_terms``' statistics is not one)."""
+        jsd, stats = rows
+        stats = [view.reduce(x) for x in (jsd, *stats.unbind(-1)[1:])]
+        return loss + self.settings.coef * stats[0], stats
 
     def advantages(self, exp: Experience) -> torch.Tensor:
         """The estimator's advantage, or 0 with ``--opd-only`` (the JSD is then the whole

@@ -8,7 +8,7 @@ writes (reinforce_plus_plus.md §5c; docs/configuration.md "Critic").
   (its DCP shards under :data:`STATE_KEY`, read whole by every rank), into the value model
   before it is wrapped; a tensor that does not fit is one line naming the flag and the key.
 
-Checkpoints hold the critic's sharded training state instead (relax/trainer/critic.py).
+Checkpoints hold the critic's sharded training state instead (relax/trainer/terms/critic.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The sampler's log-probs in the update (reinforce_plus_plus.md §7a): which log-probs are
-pi_old, the truncated importance weight (``--use-tis``), the off-policy sequence mask
-(``--use-opsm``) and the mismatch metrics. The formulas are relax/algorithms/sampler_mismatch.py.
+pi_old, and three terms (relax/trainer/terms/term.py): the truncated importance weight
+(``--use-tis``), the off-policy sequence mask (``--use-opsm``) and the mismatch metrics
+(``--get-mismatch-metrics``). The formulas are relax/algorithms/sampler_mismatch.py.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from relax.algorithms import opsm_keep, tis_weights
+from relax.algorithms import mismatch_sums, opsm_keep, tis_weights
 from relax.config.sections import OffPolicySection
 from relax.errors import RelaxError
 from relax.plugins import call_plugin, load_function
 from relax.rollout.reward.scoring import plugin_tensor
+from relax.trainer.terms.term import LossView, Term
 
 MISMATCH_METRICS = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max",
                     "rollout/mismatch_k1", "rollout/mismatch_k3",
@@ -37,9 +39,7 @@ class OffPolicy:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        s = self.section
-        return ((("train/tis_weight_mean", "train/tis_clipfrac") if s.use_tis else ())
-                + (("train/opsm_masked_fraction",) if s.use_opsm else ()))
+        return tuple(name for term in corrections(self) for name in term.metric_names)
 
 
 def behaviour_log_probs(trainer_old: torch.Tensor, sampler: torch.Tensor | None,
@@ -53,25 +53,48 @@ def behaviour_log_probs(trainer_old: torch.Tensor, sampler: torch.Tensor | None,
     return sampler
 
 
-def corrected(pg: torch.Tensor, *, log_probs, trainer_old, sampler, advantages, mask,
-              s: OffPolicy, reduce) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The per-token policy loss [B, T] times the TIS weight and the OPSM mask (both constants
-    of the loss), and their metrics reduced like the loss (``reduce``), in the order of
-    ``s.metric_names``."""
-    stats, section = [], s.section
-    if section.use_tis:
-        if s.tis_fn is not None:
-            w, clipped = _plugin_weights(s.tis_fn, trainer_old, sampler, mask)
+class TruncatedImportance(Term):
+    """``--use-tis``: the per-token policy loss times the truncated importance weight of the
+    trainer's pi_old to the sampler's (§7a; a constant of the loss), or of the
+    ``--custom-tis-function-path`` plug-in; metrics ``train/tis_weight_mean`` and
+    ``train/tis_clipfrac``, reduced like the loss."""
+
+    metric_names = ("train/tis_weight_mean", "train/tis_clipfrac")
+
+    def __init__(self, s: OffPolicy):
+        self.section, self.fn = s.section, s.tis_fn
+
+    def correct(self, pg, view: LossView):
+        sampler, mask = view.mb.rollout_log_probs, view.mask
+        if self.fn is not None:
+            w, clipped = _plugin_weights(self.fn, view.trainer_old, sampler, mask)
         else:
-            w, clipped = tis_weights(trainer_old, sampler, mask, clip=section.tis_clip,
-                                     clip_low=section.tis_clip_low)
-        pg = pg * w.to(pg.dtype)
-        stats += [reduce(w), reduce(clipped.float())]
-    if section.use_opsm:
-        keep = opsm_keep(log_probs, sampler, advantages, mask, delta=section.opsm_delta)
-        pg = pg * keep[:, None].to(pg.dtype)
-        stats.append(reduce((~keep)[:, None].expand_as(mask).float()))
-    return pg, stats
+            w, clipped = tis_weights(view.trainer_old, sampler, mask, clip=self.section.tis_clip,
+                                     clip_low=self.section.tis_clip_low)
+        return pg * w.to(pg.dtype), [view.reduce(w), view.reduce(clipped.float())]
+
+
+class SequenceMask(Term):
+    """``--use-opsm``: the per-token policy loss of the responses OPSM drops set to 0 (§7a);
+    metric ``train/opsm_masked_fraction``, reduced like the loss."""
+
+    metric_names = ("train/opsm_masked_fraction",)
+
+    def __init__(self, s: OffPolicy):
+        self.delta = s.section.opsm_delta
+
+    def correct(self, pg, view: LossView):
+        mask = view.mask
+        keep = opsm_keep(view.log_probs, view.mb.rollout_log_probs, view.mb.advantages, mask,
+                         delta=self.delta)
+        return (pg * keep[:, None].to(pg.dtype),
+                [view.reduce((~keep)[:, None].expand_as(mask).float())])
+
+
+def corrections(s: OffPolicy) -> tuple[Term, ...]:
+    """The configured corrections of the policy loss, in the order they multiply it."""
+    return ((TruncatedImportance(s),) if s.section.use_tis else ()) + (
+        (SequenceMask(s),) if s.section.use_opsm else ())
 
 
 def _plugin_weights(fn, trainer_old, sampler, mask) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,13 +109,22 @@ def _plugin_weights(fn, trainer_old, sampler, mask) -> tuple[torch.Tensor, torch
     return torch.where(mask, w, torch.zeros_like(w)).detach(), torch.zeros_like(mask)
 
 
-class MismatchMeter:
-    """``add(sums)`` per micro-batch (:func:`~relax.algorithms.mismatch_sums`), kept on the
-    device; ``report(tracker)`` once per step adds the step's means over every masked token and
-    the maximum to the metrics: one host sync per step, not one per value and micro-batch."""
+class MismatchMeter(Term):
+    """``--get-mismatch-metrics``: the trainer's pi_old against the sampler's log-probs
+    (:func:`~relax.algorithms.mismatch_sums`) of every micro-batch the update runs, kept on
+    the device (``add``); ``report(tracker)`` once per step adds the step's means over every
+    masked token and the maximum to the metrics: one host sync per step, not one per value and
+    micro-batch."""
 
     def __init__(self):
         self.sums: dict[str, torch.Tensor] | None = None
+
+    def observe(self, view: LossView) -> None:
+        if view.mb.rollout_log_probs is not None:  # a sampler that gave no log-probs
+            self.add(mismatch_sums(view.trainer_old, view.mb.rollout_log_probs, view.mask))
+
+    def after_update(self, tracker) -> None:
+        self.report(tracker)
 
     def add(self, sums: dict[str, torch.Tensor]) -> None:
         if self.sums is None:

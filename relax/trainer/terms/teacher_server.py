@@ -2,7 +2,7 @@
 (reinforce_plus_plus.md §7b "Teacher"): the server scores the student's sampled tokens as
 prompt log-probs, so the teacher's weights never enter the trainer's memory.
 
-    teacher = ServerTeacher.open(cfg, ctx, tokenizer=policy.tokenizer)  # URL or owned server
+    teacher = ServerTeacher.open(section, ctx, tokenizer=policy.tokenizer)  # URL or owned server
     exp.teacher_log_probs = teacher.log_probs(exp)                      # [B, T], once a step
     teacher.close()                                                     # an owned server ends
 
@@ -40,7 +40,7 @@ from relax.rollout.vllm.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.trainer.distill import FLAG, check_vocabulary
+from relax.trainer.terms.distillation import FLAG, check_vocabulary
 
 URL_FLAG = "--opd-teacher-url"
 REQUEST_TOKENS = 16384  # tokens per scoring request: a few MiB of JSON per answer
@@ -73,7 +73,7 @@ class ServerTeacher:
              seed: int = 0) -> ServerTeacher:
         """``--opd-teacher-url`` (it must answer and tokenize like the student), or a server
         started from ``--opd-teacher-load`` (its tokenizer checked first) and waited for.
-        ``section``: ``cfg.distillation``."""
+        ``section``: the distillation section."""
         if section.teacher_url:
             return cls._named(section.teacher_url, section.teacher_timeout, tokenizer)
         path = section.teacher_load
@@ -99,9 +99,10 @@ class ServerTeacher:
         check_served_vocabulary(client, tokenizer)
         return cls(client)
 
-    def log_probs(self, exp) -> torch.Tensor:
+    def log_probs(self, exp, **_) -> torch.Tensor:
         """log pi_teacher(y_t) [B, T] float32 of every attended response token of ``exp``
-        (0 elsewhere), in requests of at most :data:`REQUEST_TOKENS` tokens."""
+        (0 elsewhere), in requests of at most :data:`REQUEST_TOKENS` tokens (not the
+        trainer's micro-batching, ``_``)."""
         out = torch.zeros(exp.response_mask.shape, dtype=torch.float32)
         rows = row_sequences(exp)
         start = 0

@@ -2,16 +2,19 @@
 its own AdamW, the values before the update and the clipped value loss trained beside the
 policy.
 
-    critic = Critic.build(cfg, ctx, tokenizer=policy.tokenizer, bf16=bf16)   # None unless ppo
-    exp.values = critic.values(exp, **passes)          # V_old [B, T], no autograd, once a step
-    critic.targets(exp, raw_advantages, tracker)       # exp.returns = A_raw + V_old
-    if critic.step(exp, tracker, policy.optimizer, ...):   # its optimizer steps on the value
-        skip the policy's update                           # loss; True: a critic-only step
+    critic = Critic.build(...)                         # None unless ppo
+    exp.values = critic.values(exp, **passes)          # before_update: V_old [B, T], no autograd
+    critic.targets(exp, raw_advantages, tracker)       # shape_advantages: exp.returns = A_raw + V_old
+    if critic.step(exp, tracker, policy.optimizer, ...):   # train: its optimizer steps on the
+        skip the policy's update                           # value loss; True: a critic-only step
+
+It is a training term (relax/trainer/terms/term.py) whose hooks are these calls, with its
+checkpoint state and ``--critic-save`` (``finish``).
 
 The value model is the policy's architecture with its output layer replaced by a scalar head
 (initialized to zero, so the first values are 0): the backbone starts from the policy's
 initial weights (``--hf-checkpoint`` or the built-in tiny model of ``--seed``) or from
-``--critic-load`` (relax/trainer/critic_weights.py). It is distributed as the policy is:
+``--critic-load`` (relax/trainer/terms/critic_weights.py). It is distributed as the policy is:
 replicated with DDP, or sharded with FSDP2 (``--fsdp``: one unit per decoder block, then the
 root), gradients summed over ranks and each micro-batch loss divided by the global token
 count; sharded ranks run equally many passes. With ``--lora-rank`` it is trained as the
@@ -28,18 +31,16 @@ with or without ``--fsdp``, like the policy's (relax/trainer/sharded_state.py).
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import torch
 
-from relax import estimators, models
 from relax.algorithms import clipped_value_loss, gae_returns, token_mean, value_statistics
-from relax.collectives import all_reduce
 from relax.config.critic_rules import CRITIC_FILE
 from relax.errors import InputError, NonFiniteError
 from relax.precision import autocast
 from relax.seeding import seed_for
 from relax.trainer import sharded_state
-from relax.trainer.critic_weights import STATE_KEY, load_weights, whole_weights, write_weights
 from relax.trainer.distributed import (
     decoder_blocks,
     no_grad_sync,
@@ -49,7 +50,10 @@ from relax.trainer.distributed import (
 )
 from relax.trainer.experience import Experience, micro_batches
 from relax.trainer.lora import ALL_LINEAR, add_lora
+from relax.trainer.optimizer_step import build_optimizer, global_tokens, optimizer_step
 from relax.trainer.recompute import apply_recompute
+from relax.trainer.terms.critic_weights import STATE_KEY, load_weights, whole_weights, write_weights
+from relax.trainer.terms.term import Term, UpdatePlan
 
 
 class ValueModel(torch.nn.Module):
@@ -81,7 +85,7 @@ def _forward(model, mb: Experience, bf16: bool) -> torch.Tensor:
                  response_len=mb.response_mask.shape[1], bf16=bf16)
 
 
-class Critic:
+class Critic(Term):
     """The wrapped value model, its optimizer and its settings; see the module docstring.
     ``lora``: peft's tuner on the value model's backbone, or None."""
 
@@ -94,26 +98,38 @@ class Critic:
         self.updates = 0  # rollout steps the critic trained on (--num-critic-only-steps)
 
     @classmethod
-    def build(cls, cfg, ctx, *, tokenizer, bf16: bool) -> Critic | None:
-        """The critic of ``--advantage-estimator ppo`` (None for every other estimator)."""
-        if not estimators.facts(cfg.algorithm.estimator).needs_critic:
-            return None
-        section = cfg.critic
-        lm = models.load_policy(cfg.model.hf_checkpoint, tokenizer, ctx.device, seed=cfg.run.seed)
+    def build(cls, section, ctx, lm: torch.nn.Module, *, bf16: bool, lora, recompute,
+              fsdp: bool, optimizer, seed: int) -> Critic:
+        """The critic of ``--advantage-estimator ppo`` (``section``: the critic section) on
+        ``lm``, the policy's architecture as loaded at its initial weights; ``lora``,
+        ``recompute``, ``optimizer``: the policy's sections, ``fsdp`` its sharding."""
         value_model = ValueModel(lm).to(ctx.device)
         if section.load:  # the whole weights; with LoRA they are the frozen backbone
             load_weights(value_model, section.load)
-        lora = _add_adapters(lm, cfg.lora, cfg.run.seed) if cfg.lora.enabled else None
+        adapters = _add_adapters(lm, lora, seed) if lora.enabled else None
         # the policy's activation recompute, before wrap_model as for the policy: a critic
         # of the policy's size needs the same memory
-        apply_recompute(lm, cfg.recompute)
-        model = wrap_model(value_model, ctx, fsdp=cfg.system.fsdp, blocks=decoder_blocks(lm))
-        base_lr = section.lr if section.lr is not None else cfg.optimizer.lr
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                      lr=base_lr, betas=(cfg.optimizer.adam_beta1, cfg.optimizer.adam_beta2),
-                                      weight_decay=cfg.optimizer.weight_decay)
-        return cls(model, optimizer, section, base_lr=base_lr, clip_grad=cfg.optimizer.clip_grad,
-                   ctx=ctx, bf16=bf16, fsdp=cfg.system.fsdp, lora=lora)
+        apply_recompute(lm, recompute)
+        model = wrap_model(value_model, ctx, fsdp=fsdp, blocks=decoder_blocks(lm))
+        base_lr = section.lr if section.lr is not None else optimizer.lr
+        return cls(model, build_optimizer(model, optimizer, lr=base_lr), section,
+                   base_lr=base_lr, clip_grad=optimizer.clip_grad, ctx=ctx, bf16=bf16,
+                   fsdp=fsdp, lora=adapters)
+
+    # ------------------------------------------------------------------ the term's hooks
+    def before_update(self, exp, batch, passes: dict) -> None:
+        exp.values = self.values(exp, **passes)  # V_old, before the update (§5c)
+
+    def shape_advantages(self, exp, estimate, tracker) -> None:
+        self.targets(exp, estimate.returns, tracker)  # the raw GAE plus V_old (§5c)
+
+    def train(self, exp, tracker, plan: UpdatePlan) -> bool:
+        return self.step(exp, tracker, plan.policy_optimizer,
+                         global_batch_size=plan.global_batch_size,
+                         micro_batch_size=plan.micro_batch_size, max_tokens=plan.max_tokens)
+
+    def finish(self) -> None:
+        self.save_final(self.section.save)  # --critic-save DIR
 
     # ------------------------------------------------------------------ values and targets
     def values(self, exp: Experience, *, micro_batch_size: int, max_tokens=None, group=None,
@@ -181,12 +197,25 @@ class Critic:
         self.updates += 1
 
     def _optimizer_step(self, chunk: Experience, micro_batch_size: int, max_tokens):
-        group = self.ctx.group
-        num_tokens = all_reduce(chunk.response_mask.sum().to(torch.float64), group)
-        self.optimizer.zero_grad(set_to_none=False)
+        """The policy's optimizer step (relax/trainer/optimizer_step.py) on the token mean of
+        the clipped value loss; returns the step's (value loss, clipped fraction)."""
+        num_tokens = global_tokens(chunk.response_mask, self.ctx.group)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        out = optimizer_step(self.optimizer, params,
+                             partial(self._accumulate, chunk, micro_batch_size, max_tokens,
+                                     num_tokens),
+                             clip_grad=self.clip_grad, group=self.ctx.group, check=_checked)
+        self.optimizer_steps += 1
+        return out
+
+    def _accumulate(self, chunk: Experience, micro_batch_size: int, max_tokens,
+                    num_tokens) -> torch.Tensor:
+        """Backward over the step's micro-batches; this rank's [2] float64 partial sums of
+        the value loss and the clipped fraction."""
         stats = torch.zeros(2, dtype=torch.float64, device=chunk.response_mask.device)
         batches = micro_batches(chunk, size=micro_batch_size, max_tokens=max_tokens,
-                                flag="--max-tokens-per-gpu", group=group, lockstep=self.fsdp)
+                                flag="--max-tokens-per-gpu", group=self.ctx.group,
+                                lockstep=self.fsdp)
         for i, (_, mb) in enumerate(batches):
             with no_grad_sync(self.model, skip=i < len(batches) - 1):
                 values = _forward(self.model, mb, self.bf16)
@@ -198,18 +227,7 @@ class Critic:
             stats += torch.stack([loss.detach().double(),
                                   token_mean(clipped.double(), mb.response_mask,
                                              num_tokens=num_tokens)])
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad)
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
-            grad_norm = grad_norm.full_tensor()
-        loss, clipfrac = all_reduce(stats, group).tolist()
-        if not (torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss))):
-            raise NonFiniteError(f"non-finite critic value loss ({loss}) or gradient norm "
-                                 f"({float(grad_norm)}); stopped before the optimizer step, "
-                                 "nothing was saved. Try a lower --critic-lr or --clip-grad")
-        self.optimizer.step()
-        self.optimizer_steps += 1
-        return loss, clipfrac
+        return stats
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> dict:
@@ -254,8 +272,19 @@ class Critic:
             write_weights(path, weights)
 
 
+def _checked(sums: list[float], grad_norm: torch.Tensor) -> tuple[float, float]:
+    """The step's (value loss, clipped fraction), or a stop before the optimizer's step on a
+    non-finite loss or gradient norm."""
+    loss, clipfrac = sums
+    if not (torch.isfinite(grad_norm) and torch.isfinite(torch.tensor(loss))):
+        raise NonFiniteError(f"non-finite critic value loss ({loss}) or gradient norm "
+                             f"({float(grad_norm)}); stopped before the optimizer step, "
+                             "nothing was saved. Try a lower --critic-lr or --clip-grad")
+    return loss, clipfrac
+
+
 def _add_adapters(lm: torch.nn.Module, section, seed: int):
-    """The policy's kind of adapters (``cfg.lora``) on the value model's backbone, their A
+    """The policy's kind of adapters (the LoRA section) on the value model's backbone, their A
     drawn from a stream of the run's seed of their own (not the policy's adapters' draw)."""
     return add_lora(lm, rank=section.rank, alpha=section.alpha, dropout=section.dropout,
                     targets=list(section.target_modules or ALL_LINEAR),
