@@ -68,6 +68,7 @@ class Trainer:
         self.parts = build(cfg, ctx, console=console, stop=stop, layout=layout)
 
     # ------------------------------------------------------------------ the parts, by name
+    # read-only views of the frozen parts (the phases below, launch.py and tests read them)
     policy = property(lambda self: self.parts.policy)
     terms = property(lambda self: self.parts.terms)
     collector = property(lambda self: self.parts.collector)
