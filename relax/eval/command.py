@@ -5,7 +5,7 @@ print the metrics as JSON.
     relax eval CHECKPOINT_DIR --eval-prompt-data gsm8k data/gsm8k/test.jsonl --rm-type math
 
 With ``--rollout-backend vllm`` a vLLM server samples (started on the checkpoint's weights
-and stopped at the end, or named by ``--vllm-url``; relax/rollout/vllm/vllm_backend.py).
+and stopped at the end, or named by ``--vllm-url``; relax/rollout/backends/vllm/vllm_backend.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from relax.eval.sets import EvalSet, evaluate_env, evaluate_sets, load_eval_sets
 from relax.host_memory import set_mmap_threshold
 from relax.precision import use_bf16
 from relax.rollout.prompts.data import check_formatted_lengths
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 
 
 def run_eval_command(cfg) -> int:

@@ -121,7 +121,7 @@ def evaluate(
     (over all responses), ``eval/<name>/response_length`` (mean tokens) and
     ``eval/<name>/truncated`` (share without EOS); identical on every rank of ``group``.
     ``make_sampler(params, eos_token_ids)``: another sampler than the model's own (a vLLM
-    server, relax/rollout/vllm/vllm_backend.py).
+    server, relax/rollout/backends/vllm/vllm_backend.py).
     """
     if len(prompts) != len(labels):
         raise ValueError(f"evaluate: {len(prompts)} prompts but {len(labels)} labels")

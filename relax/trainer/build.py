@@ -45,7 +45,7 @@ from relax.rollout.assembly import (
 from relax.rollout.prompts.data import check_formatted_lengths, report_overlap
 from relax.rollout.prompts.privileged import teacher_samples
 from relax.rollout.reward.judge import build_judge, check_judging_lengths
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
 from relax.trainer import checkpoint, parts
 from relax.trainer.critic import Critic

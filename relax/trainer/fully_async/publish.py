@@ -1,6 +1,6 @@
 """Where the weights go after each rollout step: nowhere when the trainer samples with its own
 model, to the rollout ranks of ``--fully-async`` (relax/trainer/fully_async/remote_rollout.py), or to the
-vLLM servers of ``--rollout-backend vllm`` (relax/rollout/vllm/vllm_backend.py).
+vLLM servers of ``--rollout-backend vllm`` (relax/rollout/backends/vllm/vllm_backend.py).
 
     publisher = publisher_for(...)      relax/trainer/build.py
     publisher.start(step, resumed=...)  once the run is built: the rollout ranks begin, a

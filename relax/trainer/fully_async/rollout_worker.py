@@ -53,7 +53,7 @@ from relax.rollout.assembly import (
 )
 from relax.rollout.generation.sampler import Sampler
 from relax.rollout.reward.judge import build_judge, check_judging_lengths
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.trainer.distributed import DistContext, is_peer_failure
 from relax.trainer.fully_async import weight_sync
 from relax.trainer.fully_async.async_layout import (
@@ -88,7 +88,7 @@ def build_sampler(cfg, device: torch.device, vllm: VllmBackend | None = None):
 
 def open_vllm(cfg, ctx: DistContext, layout: AsyncLayout) -> VllmBackend | None:
     """``--rollout-backend vllm``: this rollout rank's server, checked before any model loads
-    (relax/rollout/vllm/vllm_backend.py): owned, its log and weights named by the world rank,
+    (relax/rollout/backends/vllm/vllm_backend.py): owned, its log and weights named by the world rank,
     or ``--vllm-url`` entry i for rollout rank i. The rank holds the whole model (the
     weights arrive whole), so it writes them alone even when the training ranks use FSDP2."""
     if cfg.rollout.backend.name != "vllm":
@@ -244,7 +244,7 @@ class RolloutWorker:
 
     def _push_to_server(self) -> None:
         """The weights just received to this rank's vLLM server (paused around the reload:
-        relax/rollout/vllm/vllm_sync.py), before anything samples with them; its samples
+        relax/rollout/backends/vllm/vllm_sync.py), before anything samples with them; its samples
         record the version. Only the versions a batch needs arrive (the schedule follows
         --update-weights-interval), so each is pushed; the initial weights, which the server
         starts with, are not. Recorded for every share: ``vllm/weight_sync_bytes``, and the

@@ -14,7 +14,7 @@ Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
 ``--fully-async`` r is the world rank of a rollout rank, and rollout rank i of the
 rollout ranks uses entry i: ``slot``). An
 owned server starts once the model is loaded, from that model's weights written as ``v0``
-(untied: relax/rollout/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
+(untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
 FSDP2 rank 0 writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
 LoRA run (``lora``: peft's tuner) serves --hf-checkpoint itself with ``--enable-lora`` and
 loads the adapter by name after each update (vllm_sync.py ``LoraSync``).
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from relax.config.rollout_backend import log_probs_mode
 from relax.errors import InputError
 from relax.rollout.generation.sampler import SamplingParams
-from relax.rollout.vllm.vllm_sampler import VllmSampler
-from relax.rollout.vllm.vllm_server import (
+from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
+from relax.rollout.backends.vllm.vllm_server import (
     ServerError,
     VllmClient,
     VllmServer,
@@ -40,8 +40,8 @@ from relax.rollout.vllm.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.rollout.vllm.vllm_sync import DiskSync, LoraSync, Shards
-from relax.rollout.vllm.vllm_weights import lora_rank_slot
+from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync, Shards
+from relax.rollout.backends.vllm.vllm_weights import lora_rank_slot
 
 
 @dataclass(frozen=True)

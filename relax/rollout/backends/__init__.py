@@ -1,0 +1,3 @@
+"""Who samples the rollouts (``--rollout-backend``): vllm/ (vLLM servers fed the trainer's
+weights).
+"""
