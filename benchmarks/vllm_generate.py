@@ -28,10 +28,10 @@ import torch
 
 from relax import models
 from relax.config.sections import DataSection, RolloutSection
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.generation.generate import tokenize_prompts
 from relax.rollout.generation.sampler import Sampler, SamplingParams
 from relax.rollout.prompts.data import format_prompt, load_source
-from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 
 SPEC = ("reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=3"
         "&operators=+&allow_parentheses=false&allow_negation=false&size=64")

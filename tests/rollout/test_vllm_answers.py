@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from relax.rollout.generation.generate import left_pad
-from relax.rollout.generation.sampler import SamplingParams
 from relax.rollout.backends.vllm.vllm_answers import BadAnswer, completion, prompt_log_probs
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
+from relax.rollout.generation.generate import left_pad
+from relax.rollout.generation.sampler import SamplingParams
 from tests.rollout.fake_vllm import fake_vllm, sampled
 
 EOS, PAD, VOCAB = 1, 0, 50

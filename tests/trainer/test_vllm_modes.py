@@ -136,8 +136,8 @@ def test_episode_turns_are_sampled_token_in_token_out_with_the_prefix_cache(clie
     first observation's KV block from vLLM's prefix cache."""
     from relax.models import load_tokenizer
     from relax.rollout.agents.episodes import run_episodes, turn_io
-    from relax.rollout.generation.sampler import SamplingParams
     from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
+    from relax.rollout.generation.sampler import SamplingParams
 
     tokenizer = load_tokenizer(str(model_dir), "--hf-checkpoint")
     eos = tokenizer.eos_token_id
@@ -225,9 +225,9 @@ def test_a_cut_response_continues_from_its_tokens(client, model_dir):
     tokens: greedy, the pieces join into the uncut response token for token with its
     log-probs; sampled, the joined log-probs are a float64 forward's of the whole response
     (nothing lost, nothing repeated, the continuation conditioned on every earlier token)."""
+    from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
     from relax.rollout.generation.generate import left_pad
     from relax.rollout.generation.sampler import SamplingParams
-    from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
     from tests.rollout.test_vllm_server import EOS, PAD, PROMPTS
 
     def joined(temperature, seed):
