@@ -32,9 +32,7 @@ from relax.rollout.prompts.data import format_prompt, load_source
 from relax.rollout.prompts.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.prompts.samples import PromptSample
 from relax.rollout.prompts.tasks import get_task
-from relax.rollout.reward.group_rewards import by_prompt_runs
-from relax.rollout.reward.remote_reward import RemoteRewardModel
-from relax.rollout.reward.rewards import build_reward_fn
+from relax.rollout.reward.sources import reward_source
 
 
 @dataclass(frozen=True)
@@ -51,24 +49,6 @@ class EvalSet:
         """The set as :class:`relax.rollout.prompts.data.PromptSample` s, named for error messages."""
         return [PromptSample(p, y, f"--eval-prompt-data {self.name} prompt {i + 1}")
                 for i, (p, y) in enumerate(zip(self.prompts, self.labels, strict=True))]
-
-
-def _eval_reward_type(cfg) -> str | None:
-    """The run's reward: --rm-type, else the built-in task's (resolution sets ``builtin_task``
-    to None when prompt files are given), else None (the source's own or --custom-rm-path)."""
-    return cfg.rollout.rewards.rm_type or cfg.rollout.data.builtin_task
-
-
-def _eval_reward(cfg, reasoning_gym: bool):
-    """The run's reward function and its name for one evaluation set: the reward server of
-    ``--rm-type remote_rm`` (relax train only), or rewards.py's, called per prompt's samples
-    with ``--group-rm``."""
-    if cfg.rollout.rewards.rm_type == "remote_rm":
-        remote = RemoteRewardModel.of(cfg.rollout.rewards)
-        return remote, remote.name
-    fn, name = build_reward_fn(cfg.rollout.rewards.custom_rm_path, _eval_reward_type(cfg),
-                               gym_answer=cfg.rollout.data.reasoning_gym_answer if reasoning_gym else None)
-    return (by_prompt_runs(fn, name), name) if cfg.rollout.rewards.group_rm else (fn, name)
 
 
 def load_eval_sets(cfg) -> list[EvalSet]:
@@ -104,17 +84,21 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     sampling = EvalSampling.of(cfg)
     metrics: dict[str, float] = {}
     for s in sets:
-        reward_fn, reward_name = _eval_reward(cfg, s.reasoning_gym)
+        # the run's reward (the reward server of --rm-type remote_rm only under relax train);
+        # builtin_task is None when prompt files are given (resolution sets it so)
+        source = reward_source(cfg.rollout.rewards, builtin_task=cfg.rollout.data.builtin_task,
+                               gym_answer=(cfg.rollout.data.reasoning_gym_answer
+                                           if s.reasoning_gym else None))
         texts = [format_prompt(tokenizer, p,
                                apply_chat_template=cfg.rollout.data.apply_chat_template,
                                system_prompt=cfg.rollout.data.system_prompt) for p in s.prompts]
         # relax train's --reward-timeout (relax eval has none: its config holds only the
         # default); a reward server bounds its requests itself
         timeout = (cfg.rollout.rewards.timeout if isinstance(cfg, TrainConfig)
-                   and not isinstance(reward_fn, RemoteRewardModel) else None)
+                   and source.bounded else None)
         metrics.update(evaluate(
-            model, tokenizer, texts, s.labels, reward_fn, sampling, name=s.name, step=step,
-            device=device, group=group, sync_group=sync_group, reward_name=reward_name,
+            model, tokenizer, texts, s.labels, source.batch_fn, sampling, name=s.name,
+            step=step, device=device, group=group, sync_group=sync_group, reward_name=source.name,
             reward_timeout=timeout,
             make_sampler=make_sampler,
         ))
