@@ -20,6 +20,7 @@ import torch
 from relax import models
 from relax.cpu_threads import cpu_threads
 from relax.errors import InputError, RelaxError
+from relax.eval.evaluate import EvalSampling
 from relax.eval.sets import EvalSet, evaluate_env, evaluate_sets, load_eval_sets
 from relax.host_memory import set_mmap_threshold
 from relax.precision import use_bf16
@@ -46,7 +47,9 @@ def run_eval_command(cfg) -> int:
             if device.type == "cpu":  # OMP_NUM_THREADS when set, as relax train does
                 torch.set_num_threads(cpu_threads())
             if cfg.rollout.episodes.env:
-                metrics = evaluate_env(cfg, model, tokenizer, device,
+                metrics = evaluate_env(cfg.rollout, EvalSampling(cfg.evaluation, cfg.run.seed,
+                                                                 cfg.system.bf16),
+                                       model, tokenizer, device,
                                        make_sampler=_sampling(backend, model, cfg.system, tokenizer))
             else:  # the sets are checked before the backend starts (a vLLM server: minutes)
                 sets = load_eval_sets(cfg)

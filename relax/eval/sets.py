@@ -81,7 +81,7 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds).
     ``make_sampler``: relax/eval/evaluate.py ``evaluate``'s."""
     start = time.perf_counter()
-    sampling = EvalSampling.of(cfg)
+    sampling = EvalSampling(cfg.evaluation, cfg.run.seed, cfg.system.bf16)
     metrics: dict[str, float] = {}
     for s in sets:
         # the run's reward (the reward server of --rm-type remote_rm only under relax train);
@@ -106,24 +106,23 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     return metrics
 
 
-def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None,
-                 make_sampler=None) -> dict[str, float]:
-    """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/env_eval.py) as
-    ``eval/env/...``; adds ``perf/eval_time`` (seconds). ``make_sampler``: as
-    :func:`evaluate_sets`'."""
+def evaluate_env(rollout, sampling: EvalSampling, model, tokenizer, device, *, step=None,
+                 group=None, make_sampler=None) -> dict[str, float]:
+    """``--env`` (``rollout``: ``cfg.rollout``, its data and episodes sections):
+    ``--eval-episodes`` held-out episodes (relax/eval/env_eval.py) as ``eval/env/...``;
+    adds ``perf/eval_time`` (seconds). ``make_sampler``: as :func:`evaluate_sets`'."""
     start = time.perf_counter()
     eos = tokenizer.eos_token_id
+    data, env = rollout.data, rollout.episodes
     format_prompt, render = turn_io(
-        tokenizer, apply_chat_template=cfg.rollout.data.apply_chat_template, system_prompt=cfg.rollout.data.system_prompt,
+        tokenizer, apply_chat_template=data.apply_chat_template, system_prompt=data.system_prompt,
         eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
-    timeout = cfg.rollout.episodes.step_timeout
     metrics = evaluate_episodes(
-        model, tokenizer, guarded_factory(environment_factory(cfg.rollout.episodes.env, timeout),
-                                          timeout),
-        EvalSampling.of(cfg),
-        episodes=cfg.evaluation.episodes, max_turns=cfg.rollout.episodes.max_turns, format_prompt=format_prompt,
-        render=render, name="env", step=step, device=device, group=group,
-        make_sampler=make_sampler)
+        model, tokenizer, guarded_factory(environment_factory(env.env, env.step_timeout),
+                                          env.step_timeout),
+        sampling, episodes=sampling.section.episodes, max_turns=env.max_turns,
+        format_prompt=format_prompt, render=render, name="env", step=step, device=device,
+        group=group, make_sampler=make_sampler)
     metrics["perf/eval_time"] = time.perf_counter() - start
     return metrics
 
@@ -140,7 +139,8 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     if not cfg.evaluation.interval or (step % cfg.evaluation.interval and not last):
         return {}
     if cfg.rollout.episodes.env:
-        return evaluate_env(cfg, models.unwrap(model), tokenizer, device, step=step, group=group)
+        return evaluate_env(cfg.rollout, EvalSampling(cfg.evaluation, cfg.run.seed, cfg.system.bf16),
+                            models.unwrap(model), tokenizer, device, step=step, group=group)
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
     return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,
                          sync_group=group if cfg.system.fsdp else None)

@@ -233,9 +233,11 @@ def _collector(p: Parts, cfg, ctx, layout, side):
         # with --save the final checkpoint holds the batches in flight after the last step
         schedule = Schedule(cfg.placement.max_staleness, cfg.placement.update_weights_interval,
                             p.total_steps, carry=cfg.checkpoint.save is not None)
-        return RemoteRollout(cfg, ctx, layout, schedule, policy=pol, source=p.source,
+        return RemoteRollout(cfg.batches, ctx, layout, schedule, policy=pol, source=p.source,
                              tracker=p.tracker,
-                             timeout_minutes=cfg.run.distributed_timeout_minutes)
+                             timeout_minutes=cfg.run.distributed_timeout_minutes,
+                             bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20),
+                             fsdp=cfg.system.fsdp)
     [collector] = side.collectors(cfg, p.backend, tokenizer=pol.tokenizer,
                                   eos_token_ids=pol.eos_token_ids, context=pol.context,
                                   timers=[p.timer], trackers=[p.tracker])

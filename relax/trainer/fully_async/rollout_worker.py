@@ -59,15 +59,17 @@ from relax.trainer.lora import add_configured
 from relax.trainer.runtime import Timer
 
 
-def load_rollout_policy(cfg, device: torch.device, backend: RolloutBackend):
-    """The policy as the training ranks build it before training (same weights from the
-    same seed, the same LoRA adapter), for generation only, with ``backend`` started on it;
-    the module and its tokenizer."""
+def load_rollout_policy(model_dir: str, lora, device: torch.device, backend: RolloutBackend, *,
+                        seed: int, bf16: bool):
+    """The policy of ``model_dir`` (--hf-checkpoint) as the training ranks build it before
+    training (same weights from the same ``seed``, the same adapter of ``lora``, the LoRA
+    section), for generation only, with ``backend`` started on it at ``bf16``; the module
+    and its tokenizer."""
     models.quiet_transformers()
-    tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
-    module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, device, seed=cfg.run.seed)
-    tuner = add_configured(module, cfg.lora, cfg.run.seed) if cfg.lora.enabled else None
-    backend.start(module, bf16=use_bf16(cfg.system.bf16, device), lora=tuner)
+    tokenizer = models.load_tokenizer(model_dir)
+    module = models.load_policy(model_dir, tokenizer, device, seed=seed)
+    tuner = add_configured(module, lora, seed) if lora.enabled else None
+    backend.start(module, bf16=bf16, lora=tuner)
     return module, tokenizer
 
 
@@ -90,7 +92,10 @@ class RolloutWorker:
 
     def _build(self, stop) -> None:
         cfg, ctx, layout = self.cfg, self.ctx, self.layout
-        self.module, self.tokenizer = load_rollout_policy(cfg, ctx.device, self.backend)
+        bf16 = use_bf16(cfg.system.bf16, ctx.device)
+        self.module, self.tokenizer = load_rollout_policy(
+            cfg.model.hf_checkpoint, cfg.lora, ctx.device, self.backend, seed=cfg.run.seed,
+            bf16=bf16)
         self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
         self.timeout = cfg.run.distributed_timeout_minutes  # every wait on the training side
         self.shares = layout.shares()
@@ -108,7 +113,7 @@ class RolloutWorker:
         side = build_rollout_side(
             cfg, [(DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None),
                    self.lockstep.share(i)) for i, v in enumerate(self.shares)],
-            device=ctx.device, bf16=use_bf16(cfg.system.bf16, ctx.device), stop=stop)
+            device=ctx.device, bf16=bf16, stop=stop)
         side.check_lengths(self.tokenizer, cfg.rollout.data, cfg.rollout.sampling.max_response_len)
         self.collectors = dict(zip(self.shares, side.collectors(
             cfg, self.backend, tokenizer=self.tokenizer,
