@@ -31,32 +31,23 @@ def open_backend(cfg, rank: int, device: torch.device, *, shards=None,
         if shards is None:
             return LocalBackend(device)
         return LocalBackend(device, sync_group=shards.group, release=release)
-    settings = VllmSettings(
-        urls=tuple(backend.vllm_url) if backend.vllm_url else None,
-        model_dir=cfg.model.hf_checkpoint, run_dir=cfg.run.output_dir, seed=cfg.run.seed,
-        temperature=cfg.rollout.sampling.temperature,
-        interval=cfg.placement.update_weights_interval,
-        startup_timeout=backend.vllm_startup_timeout,
-        request_timeout=backend.vllm_request_timeout, fsdp=shards is not None,
-        bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20),
-        partial_chunk=backend.vllm_partial_chunk_tokens)
+    settings = VllmSettings.of_train(
+        backend, cfg.placement, model_dir=cfg.model.hf_checkpoint, run_dir=cfg.run.output_dir,
+        seed=cfg.run.seed, temperature=cfg.rollout.sampling.temperature,
+        fsdp=shards is not None)
     return VllmBackend.open(settings, rank, device, shards, slot=slot)
 
 
 def open_eval_backend(cfg, device: torch.device) -> RolloutBackend:
     """``relax eval``'s backend, before the checkpoint loads. vLLM serves the checkpoint's
-    weights (written to ``--output-dir`` or a scratch folder, both removed at close) and
-    syncs nothing; no log-prob is read, so the log-prob mode is the raw one."""
+    weights, written to ``--output-dir`` or a scratch folder (both removed at close)."""
     backend = cfg.rollout.backend
     if backend.name == "relax":
         return LocalBackend(device)
     scratch = None if cfg.run.output_dir else tempfile.mkdtemp(prefix="relax-eval-vllm-")
-    settings = VllmSettings(
-        urls=tuple(backend.vllm_url) if backend.vllm_url else None,
-        model_dir=cfg.checkpoint, run_dir=cfg.run.output_dir or scratch, seed=cfg.run.seed,
-        temperature=1.0, interval=1, startup_timeout=backend.vllm_startup_timeout,
-        request_timeout=backend.vllm_request_timeout, keep_weights=False,
-        scratch=scratch is not None)
+    settings = VllmSettings.of_eval(backend, model_dir=cfg.checkpoint,
+                                    run_dir=cfg.run.output_dir or scratch, seed=cfg.run.seed,
+                                    scratch=scratch is not None)
     try:
         return VllmBackend.open(settings, 0, device)
     except BaseException:

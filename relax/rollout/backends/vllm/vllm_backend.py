@@ -66,6 +66,31 @@ class VllmSettings:
     keep_weights: bool = True  # False (relax eval): the written weights go at close
     scratch: bool = False  # run_dir is the command's scratch folder, removed at close
 
+    @classmethod
+    def of_train(cls, backend, placement, *, model_dir: str, run_dir: str, seed: int,
+                 temperature: float, fsdp: bool) -> VllmSettings:
+        """``relax train``'s: ``backend`` is ``cfg.rollout.backend``, ``placement``
+        ``cfg.placement`` (the sync interval and bucket size)."""
+        return cls(urls=tuple(backend.vllm_url) if backend.vllm_url else None,
+                   model_dir=model_dir, run_dir=run_dir, seed=seed, temperature=temperature,
+                   interval=placement.update_weights_interval,
+                   startup_timeout=backend.vllm_startup_timeout,
+                   request_timeout=backend.vllm_request_timeout, fsdp=fsdp,
+                   bucket_bytes=int(placement.weight_sync_bucket_mb * 2**20),
+                   partial_chunk=backend.vllm_partial_chunk_tokens)
+
+    @classmethod
+    def of_eval(cls, backend, *, model_dir: str, run_dir: str, seed: int,
+                scratch: bool) -> VllmSettings:
+        """``relax eval``'s: the checkpoint's weights, no sync, the weights written removed
+        at close (``scratch``: ``run_dir`` too); no log-prob is read, so the mode is the
+        raw one."""
+        return cls(urls=tuple(backend.vllm_url) if backend.vllm_url else None,
+                   model_dir=model_dir, run_dir=run_dir, seed=seed, temperature=1.0,
+                   interval=1, startup_timeout=backend.vllm_startup_timeout,
+                   request_timeout=backend.vllm_request_timeout, keep_weights=False,
+                   scratch=scratch)
+
 
 class VllmBackend:
     """One rank's vLLM server as a rollout backend (relax/rollout/backends/protocol.py)."""
