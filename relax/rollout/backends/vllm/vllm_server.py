@@ -60,7 +60,7 @@ def vllm_python(flag: str = "--rollout-backend vllm") -> str:
     ``.venv-vllm`` (what ``make vllm`` builds). One line naming ``flag`` and the make target
     when absent."""
     path = os.environ.get("RELAX_VLLM_PYTHON") or str(
-        Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python")
+        Path(__file__).resolve().parents[4] / ".venv-vllm" / "bin" / "python")  # the checkout
     if not os.access(path, os.X_OK):
         raise InputError(f"{flag}: vLLM is not installed (no {path}); run "
                          f"`{MAKE_TARGET}` in the checkout, or set RELAX_VLLM_PYTHON to a "
