@@ -5,7 +5,7 @@ Both sample the same left-padded prompts (a chat-templated reasoning-gym sum eac
 of them) at temperature 1 for up to ``--new-tokens`` tokens, in fp32, with ``--threads``
 intra-op threads (the engine: ``torch.set_num_threads``; the server: ``OMP_NUM_THREADS``,
 threads unbound). The server is Relax's own (started from the model's weights as the trainer
-writes them, relax/rollout/vllm/vllm_backend.py), warmed by one batch; then the two alternate
+writes them, relax/rollout/backends/vllm/vllm_backend.py), warmed by one batch; then the two alternate
 A, B, A, B, ``--repeats`` times each, and the medians are printed as one JSON object with
 every measurement. Tokens are the generated ones inside the response mask (each stops at EOS),
 so tokens per second compares like with like even where the samples differ.
@@ -28,10 +28,10 @@ import torch
 
 from relax import models
 from relax.config.sections import DataSection, RolloutSection
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.generation.generate import tokenize_prompts
 from relax.rollout.generation.sampler import Sampler, SamplingParams
 from relax.rollout.prompts.data import format_prompt, load_source
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
 
 SPEC = ("reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=3"
         "&operators=+&allow_parentheses=false&allow_negation=false&size=64")

@@ -10,7 +10,7 @@ bound port to no one else, while a child whose listener also sets ``SO_REUSEADDR
 under vLLM, torch's ``TCPStore``) binds and listens on it as usual. A process that asks for
 that port number explicitly with ``SO_REUSEADDR`` can still take it, which is why the vLLM
 server also starts again on a fresh port when its own bind fails
-(relax/rollout/vllm/vllm_server.py).
+(relax/rollout/backends/vllm/vllm_server.py).
 
     with PortReservation() as port:       # released when the block ends
         child = start_server(port=port)

@@ -2,7 +2,7 @@
 relax/, at module level or inside a function, read from the source (nothing is imported), is
 checked against the layers below. A test of the checker itself plants an upward import.
 
-The rollout's sub-packages (generation/, prompts/, reward/, agents/, vllm/) and the
+The rollout's sub-packages (generation/, prompts/, reward/, agents/, backends/) and the
 fully-asynchronous package (trainer/fully_async/) are checked where they exist, so the same
 test holds on the flat layout the layout codemod starts from.
 """
@@ -34,7 +34,7 @@ RULES = [
                   "relax.eval", "relax.trainer")],
 ]
 
-# Below everything the rollout side of a step uses (lowest first); vllm/ uses generation/.
+# Below everything the rollout side of a step uses (lowest first); backends/ uses generation/.
 ROLLOUT_ORDER = ["generation", "prompts", "reward", "agents"]
 
 
@@ -54,8 +54,8 @@ def _layout_rules(root: Path) -> list[tuple[str, str, str]]:
         for low in subs:
             for high in subs:
                 above = (low in ranks and high in ranks and ranks[high] > ranks[low]) or \
-                    (low != "vllm" and high == "vllm") or \
-                    (low == "vllm" and high in ranks and high != "generation")
+                    (low != "backends" and high == "backends") or \
+                    (low == "backends" and high in ranks and high != "generation")
                 if above:
                     rules.append((f"relax.rollout.{low}", f"relax.rollout.{high}",
                                   f"rollout/{low}/ is below rollout/{high}/"))
@@ -149,8 +149,9 @@ def test_sub_packages_are_checked_where_they_exist(tmp_path):
         "relax/rollout/reward/__init__.py": "",
         "relax/rollout/reward/score.py": "from relax.rollout.collectors import X\n"
                                          "from relax.rollout.generation import decode\n",
-        "relax/rollout/vllm/__init__.py": "",
-        "relax/rollout/vllm/client.py": "from relax.rollout.generation import decode\n",
+        "relax/rollout/backends/__init__.py": "",
+        "relax/rollout/backends/vllm/__init__.py": "",
+        "relax/rollout/backends/vllm/client.py": "from relax.rollout.generation import decode\n",
         "relax/trainer/__init__.py": "", "relax/trainer/loop.py": "",
         "relax/trainer/fully_async/__init__.py": "",
         "relax/trainer/fully_async/remote.py": "from relax.trainer.loop import T\n",

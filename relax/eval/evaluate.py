@@ -1,7 +1,7 @@
 """Sampling-based evaluation: pass@k (unbiased) and mean reward of a policy on fixed prompts.
 
-    metrics = evaluate(model, tokenizer, prompts, labels, reward_fn, EvalSampling.of(cfg),
-                       name="gsm8k")
+    sampling = EvalSampling(cfg.evaluation, cfg.run.seed, cfg.system.bf16)
+    metrics = evaluate(model, tokenizer, prompts, labels, reward_fn, sampling, name="gsm8k")
     # {"eval/gsm8k/pass@1": ..., "eval/gsm8k/pass@2": ..., "eval/gsm8k/pass@4": ...,
     #  "eval/gsm8k/mean_reward": ..., "eval/gsm8k/response_length": ...,
     #  "eval/gsm8k/truncated": ...}
@@ -39,16 +39,12 @@ from relax.seeding import seed_for
 @dataclass(frozen=True)
 class EvalSampling:
     """The evaluation section (``cfg.evaluation``, resolved: its sampling is set; temperature
-    0 is greedy) with the run's seed and ``--bf16`` (None: on for CUDA, relax/precision.py)."""
+    0 is greedy) with the run's seed (``cfg.run.seed``) and ``--bf16`` (``cfg.system.bf16``;
+    None: on for CUDA, relax/precision.py)."""
 
     section: EvaluationSection
     seed: int = 1234
     bf16: bool | None = None
-
-    @classmethod
-    def of(cls, cfg) -> EvalSampling:
-        """The sampling of ``relax train``'s or ``relax eval``'s configuration."""
-        return cls(cfg.evaluation, cfg.run.seed, cfg.system.bf16)
 
     @property
     def params(self) -> SamplingParams:
@@ -121,7 +117,7 @@ def evaluate(
     (over all responses), ``eval/<name>/response_length`` (mean tokens) and
     ``eval/<name>/truncated`` (share without EOS); identical on every rank of ``group``.
     ``make_sampler(params, eos_token_ids)``: another sampler than the model's own (a vLLM
-    server, relax/rollout/vllm/vllm_backend.py).
+    server, relax/rollout/backends/vllm/vllm_backend.py).
     """
     if len(prompts) != len(labels):
         raise ValueError(f"evaluate: {len(prompts)} prompts but {len(labels)} labels")

@@ -32,9 +32,7 @@ from relax.rollout.prompts.data import format_prompt, load_source
 from relax.rollout.prompts.reasoning_gym_source import is_reasoning_gym
 from relax.rollout.prompts.samples import PromptSample
 from relax.rollout.prompts.tasks import get_task
-from relax.rollout.reward.group_rewards import by_prompt_runs
-from relax.rollout.reward.remote_reward import RemoteRewardModel
-from relax.rollout.reward.rewards import build_reward_fn
+from relax.rollout.reward.sources import reward_source
 
 
 @dataclass(frozen=True)
@@ -51,24 +49,6 @@ class EvalSet:
         """The set as :class:`relax.rollout.prompts.data.PromptSample` s, named for error messages."""
         return [PromptSample(p, y, f"--eval-prompt-data {self.name} prompt {i + 1}")
                 for i, (p, y) in enumerate(zip(self.prompts, self.labels, strict=True))]
-
-
-def _eval_reward_type(cfg) -> str | None:
-    """The run's reward: --rm-type, else the built-in task's (resolution sets ``builtin_task``
-    to None when prompt files are given), else None (the source's own or --custom-rm-path)."""
-    return cfg.rollout.rewards.rm_type or cfg.rollout.data.builtin_task
-
-
-def _eval_reward(cfg, reasoning_gym: bool):
-    """The run's reward function and its name for one evaluation set: the reward server of
-    ``--rm-type remote_rm`` (relax train only), or rewards.py's, called per prompt's samples
-    with ``--group-rm``."""
-    if cfg.rollout.rewards.rm_type == "remote_rm":
-        remote = RemoteRewardModel.of(cfg.rollout.rewards)
-        return remote, remote.name
-    fn, name = build_reward_fn(cfg.rollout.rewards.custom_rm_path, _eval_reward_type(cfg),
-                               gym_answer=cfg.rollout.data.reasoning_gym_answer if reasoning_gym else None)
-    return (by_prompt_runs(fn, name), name) if cfg.rollout.rewards.group_rm else (fn, name)
 
 
 def load_eval_sets(cfg) -> list[EvalSet]:
@@ -101,20 +81,24 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds).
     ``make_sampler``: relax/eval/evaluate.py ``evaluate``'s."""
     start = time.perf_counter()
-    sampling = EvalSampling.of(cfg)
+    sampling = EvalSampling(cfg.evaluation, cfg.run.seed, cfg.system.bf16)
     metrics: dict[str, float] = {}
     for s in sets:
-        reward_fn, reward_name = _eval_reward(cfg, s.reasoning_gym)
+        # the run's reward (the reward server of --rm-type remote_rm only under relax train);
+        # builtin_task is None when prompt files are given (resolution sets it so)
+        source = reward_source(cfg.rollout.rewards, builtin_task=cfg.rollout.data.builtin_task,
+                               gym_answer=(cfg.rollout.data.reasoning_gym_answer
+                                           if s.reasoning_gym else None))
         texts = [format_prompt(tokenizer, p,
                                apply_chat_template=cfg.rollout.data.apply_chat_template,
                                system_prompt=cfg.rollout.data.system_prompt) for p in s.prompts]
         # relax train's --reward-timeout (relax eval has none: its config holds only the
         # default); a reward server bounds its requests itself
         timeout = (cfg.rollout.rewards.timeout if isinstance(cfg, TrainConfig)
-                   and not isinstance(reward_fn, RemoteRewardModel) else None)
+                   and source.bounded else None)
         metrics.update(evaluate(
-            model, tokenizer, texts, s.labels, reward_fn, sampling, name=s.name, step=step,
-            device=device, group=group, sync_group=sync_group, reward_name=reward_name,
+            model, tokenizer, texts, s.labels, source.batch_fn, sampling, name=s.name,
+            step=step, device=device, group=group, sync_group=sync_group, reward_name=source.name,
             reward_timeout=timeout,
             make_sampler=make_sampler,
         ))
@@ -122,24 +106,23 @@ def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=No
     return metrics
 
 
-def evaluate_env(cfg, model, tokenizer, device, *, step=None, group=None,
-                 make_sampler=None) -> dict[str, float]:
-    """``--env``: ``--eval-episodes`` held-out episodes (relax/eval/env_eval.py) as
-    ``eval/env/...``; adds ``perf/eval_time`` (seconds). ``make_sampler``: as
-    :func:`evaluate_sets`'."""
+def evaluate_env(rollout, sampling: EvalSampling, model, tokenizer, device, *, step=None,
+                 group=None, make_sampler=None) -> dict[str, float]:
+    """``--env`` (``rollout``: ``cfg.rollout``, its data and episodes sections):
+    ``--eval-episodes`` held-out episodes (relax/eval/env_eval.py) as ``eval/env/...``;
+    adds ``perf/eval_time`` (seconds). ``make_sampler``: as :func:`evaluate_sets`'."""
     start = time.perf_counter()
     eos = tokenizer.eos_token_id
+    data, env = rollout.data, rollout.episodes
     format_prompt, render = turn_io(
-        tokenizer, apply_chat_template=cfg.rollout.data.apply_chat_template, system_prompt=cfg.rollout.data.system_prompt,
+        tokenizer, apply_chat_template=data.apply_chat_template, system_prompt=data.system_prompt,
         eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
-    timeout = cfg.rollout.episodes.step_timeout
     metrics = evaluate_episodes(
-        model, tokenizer, guarded_factory(environment_factory(cfg.rollout.episodes.env, timeout),
-                                          timeout),
-        EvalSampling.of(cfg),
-        episodes=cfg.evaluation.episodes, max_turns=cfg.rollout.episodes.max_turns, format_prompt=format_prompt,
-        render=render, name="env", step=step, device=device, group=group,
-        make_sampler=make_sampler)
+        model, tokenizer, guarded_factory(environment_factory(env.env, env.step_timeout),
+                                          env.step_timeout),
+        sampling, episodes=sampling.section.episodes, max_turns=env.max_turns,
+        format_prompt=format_prompt, render=render, name="env", step=step, device=device,
+        group=group, make_sampler=make_sampler)
     metrics["perf/eval_time"] = time.perf_counter() - start
     return metrics
 
@@ -156,7 +139,8 @@ def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
     if not cfg.evaluation.interval or (step % cfg.evaluation.interval and not last):
         return {}
     if cfg.rollout.episodes.env:
-        return evaluate_env(cfg, models.unwrap(model), tokenizer, device, step=step, group=group)
+        return evaluate_env(cfg.rollout, EvalSampling(cfg.evaluation, cfg.run.seed, cfg.system.bf16),
+                            models.unwrap(model), tokenizer, device, step=step, group=group)
     sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
     return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,
                          sync_group=group if cfg.system.fsdp else None)

@@ -8,7 +8,8 @@ carried groups (``partial``) -- and ``assembly``, which builds them from the con
 concern, each importing only those before it: ``generation`` (decoding, the Sampler,
 StepBatch), ``prompts`` (prompt data, built-in tasks, reasoning-gym), ``reward`` (reward
 functions, reward servers, the judge, the Scorer), ``agents`` (environments, episodes, agent
-programs); ``vllm`` (the vLLM backend) uses ``generation``. docs/architecture.md draws it.
+programs); ``backends`` (who samples: Relax's engine or vLLM servers, behind one protocol)
+uses ``generation``. docs/architecture.md draws it.
 
 Submodules are imported on use so that ``import relax.rollout.prompts.tasks`` stays light.
 """

@@ -2,17 +2,18 @@
 (relax/trainer/build.py) and of the rollout ranks of ``--fully-async``
 (relax/trainer/fully_async/rollout_worker.py).
 
-    inputs    = load_inputs(cfg)                    the prompt stream and the filter, once per
-                                                    process, before any model is loaded
-    scorer    = build_scorer(cfg, share, agree, judge=judge)
-    envs      = build_environments(cfg.rollout, cfg.batches, share)   --env, one per episode
-    collector = build_collector(cfg, share, agree, sampler, inputs=inputs, scorer=scorer,
-                                envs=envs, ...)
+    side = build_rollout_side(cfg, [(share, agree), ...], device=..., bf16=..., stop=stop)
+        the prompt stream and the filter (load_inputs), the --rm-type genrm judge, and each
+        share's --env environments and scorer: bad input exits 2 here
+    side.check_lengths(tokenizer)              the judging prompts fit the judge
+    collectors = side.collectors(cfg, backend, tokenizer=..., ...)     one per share, all
+        sampling through the rollout backend's one sampler (relax/rollout/backends/)
 
-``share`` is the data-parallel context the collector acts as (rank v of the training ranks:
+``share`` is the data-parallel context a collector acts as (rank v of the training ranks:
 its prompts and random streams), ``agree`` how the shares of a step agree
 (relax/agreement.py): a collector built the same way samples the same batch on a
-training rank and on a rollout rank, whatever the number of rollout ranks.
+training rank and on a rollout rank, whatever the number of rollout ranks. The parts
+(:func:`load_inputs`, :func:`build_scorer`, :func:`build_collector`) are the side's steps.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relax.agreement import Agreement
+from relax.rollout.backends.protocol import RolloutBackend
 from relax.rollout.collectors import Collector, DynamicSampling, PromptCollector
 from relax.rollout.episode_collector import EpisodeCollector, build_environments
 from relax.rollout.filters import load_group_filter
@@ -28,10 +30,11 @@ from relax.rollout.partial import PartialRollouts
 from relax.rollout.partial_episodes import PartialEpisodes
 from relax.rollout.prompts.data import PromptSource, load_source
 from relax.rollout.prompts.tasks import get_task
+from relax.rollout.reward.judge import build_judge, check_judging_lengths
 from relax.rollout.reward.scoring import Scorer
 
-__all__ = ["Inputs", "build_collector", "build_environments", "build_scorer", "load_inputs",
-           "sampling_params", "turn_eos"]
+__all__ = ["Inputs", "RolloutSide", "Share", "build_collector", "build_environments",
+           "build_rollout_side", "build_scorer", "load_inputs", "sampling_params", "turn_eos"]
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,9 @@ def build_scorer(cfg, share, agree: Agreement, *, samples, judge=None) -> Scorer
                   agree=agree)
 
 
-def sampling_params(cfg) -> SamplingParams:
-    s = cfg.rollout.sampling
-    return SamplingParams(s.temperature, s.top_p, s.top_k)
+def sampling_params(sampling) -> SamplingParams:
+    """The rollout's draw (``sampling``: ``cfg.rollout.sampling``)."""
+    return SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k)
 
 
 def turn_eos(tokenizer, eos_token_ids: list[int]) -> int:
@@ -107,3 +110,70 @@ def build_collector(cfg, share, agree: Agreement, sampler, *, inputs: Inputs, sc
         return collector
     return DynamicSampling(batches, share, collector, inputs.group_filter, tracker=tracker,
                            filter_timeout=rollout.rewards.timeout)
+
+
+@dataclass(frozen=True)
+class Share:
+    """One data-parallel share a process samples: its context ``ctx`` (rank v of the
+    training ranks), how it agrees (``agree``), its --env environments (None without) and
+    its ``scorer``."""
+
+    ctx: object
+    agree: Agreement
+    envs: list | None
+    scorer: Scorer
+
+
+@dataclass(frozen=True)
+class RolloutSide:
+    """What a process's collectors are built from: the ``inputs``, the --rm-type genrm
+    ``judge`` (None without; shared by the shares) and the ``shares``."""
+
+    inputs: Inputs
+    judge: object | None
+    shares: list[Share]
+
+    def check_lengths(self, tokenizer, data, max_response: int) -> None:
+        """Every training prompt's judging prompt, as the policy's ``tokenizer`` formats it
+        (``data``: ``cfg.rollout.data``), fits the judge with a full response
+        (relax/rollout/reward/judge.py; exit 2 naming the prompt)."""
+        check_judging_lengths(self.judge, tokenizer, self.inputs.samples,
+                              apply_chat_template=data.apply_chat_template,
+                              system_prompt=data.system_prompt, max_response=max_response)
+
+    def collectors(self, cfg, backend: RolloutBackend, *, tokenizer, eos_token_ids: list[int],
+                   context: int | None, timers: list, trackers: list) -> list[Collector]:
+        """Each share's collector (:func:`build_collector`), in order, sampling through one
+        sampler of the started ``backend`` at the rollout's sampling; ``eos_token_ids``: the
+        policy's (relax/models.py); ``timers`` / ``trackers``: one per share."""
+        sampler = backend.sampler(sampling_params(cfg.rollout.sampling),
+                                  eos_token_ids=eos_token_ids,
+                                  pad_token_id=tokenizer.pad_token_id)
+        return [build_collector(cfg, share.ctx, share.agree, sampler, inputs=self.inputs,
+                                scorer=share.scorer, tokenizer=tokenizer, envs=share.envs,
+                                context=context, eos_token_id=turn_eos(tokenizer, eos_token_ids),
+                                timer=timer, tracker=tracker)
+                for share, timer, tracker in zip(self.shares, timers, trackers, strict=True)]
+
+
+def build_rollout_side(cfg, shares: list[tuple[object, Agreement]], *, device, bf16: bool,
+                       stop, samples_here: bool = True) -> RolloutSide:
+    """The environments of each (share context, agreement) in ``shares`` (--env: one per
+    episode; a signal via ``stop``, relax/trainer/signals.py, ends their building at once),
+    the inputs, the judge on ``device`` and each share's scorer, in that order. ``samples_here``
+    False (a --fully-async training rank): the rollout ranks sample, build the
+    environments and hold the judge; the scorer is still built, so that a bad reward
+    plug-in or an unreachable --rm-url stops the training ranks too before any model
+    loads."""
+    envs = [None] * len(shares)
+    if cfg.rollout.episodes.env and samples_here:
+        # a factory may take up to its deadline (600 s by default): a signal stops it at once
+        with stop.at_once("building the --env environments"):
+            envs = [build_environments(cfg.rollout, cfg.batches, ctx) for ctx, _ in shares]
+    inputs = load_inputs(cfg)
+    judge = build_judge(cfg.rollout.rewards, device, bf16=bf16,
+                        pass_layout=cfg.batches.pass_layout) if samples_here else None
+    return RolloutSide(inputs, judge, [
+        Share(ctx, agree, share_envs,
+              build_scorer(cfg, ctx, agree, samples=inputs.samples, judge=judge))
+        for (ctx, agree), share_envs in zip(shares, envs, strict=True)])

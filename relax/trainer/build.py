@@ -37,23 +37,18 @@ from relax.eval.sets import load_eval_sets
 from relax.metrics.sinks import MetricsLogger, build_logger
 from relax.metrics.tracker import MetricTracker
 from relax.precision import use_bf16
-from relax.rollout.assembly import (
-    Inputs,
-    build_collector,
-    build_environments,
-    build_scorer,
-    load_inputs,
-    sampling_params,
-    turn_eos,
-)
+from relax.rollout.assembly import build_rollout_side
+from relax.rollout.backends.local import LocalBackend
+from relax.rollout.backends.open import open_backend
+from relax.rollout.backends.protocol import RolloutBackend
 from relax.rollout.collectors import Collector
 from relax.rollout.prompts.data import check_formatted_lengths, report_overlap
 from relax.rollout.prompts.privileged import teacher_samples
-from relax.rollout.reward.judge import build_judge, check_judging_lengths
+from relax.rollout.reward.judge import check_judging_lengths
 from relax.rollout.reward.scoring import Scorer
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rundirs import check_free_space
 from relax.trainer import checkpoint, passes
+from relax.trainer.distributed import reshard
 from relax.trainer.fully_async.async_layout import Schedule
 from relax.trainer.fully_async.publish import Publisher, publisher_for
 from relax.trainer.fully_async.remote_rollout import RemoteRollout
@@ -99,11 +94,11 @@ class Parts:
     logger: MetricsLogger
     total_steps: int
     start_step: int
-    vllm: VllmBackend | None
+    backend: RolloutBackend
 
     def close_backend(self) -> None:
-        """An owned vLLM server (the sampler's, a teacher's) ends with the run."""
-        _close(self.terms, self.vllm)
+        """A teacher's server and an owned vLLM server end with the run."""
+        _close(self.terms, self.backend)
 
 
 @dataclass
@@ -121,7 +116,7 @@ class _Draft:
     total_steps: int
     loss_settings: LossSettings
     eval_sets: list
-    vllm: VllmBackend | None
+    backend: RolloutBackend
     policy: Policy | None = None
     step_metrics: StepMetrics | None = None
     terms: list = field(default_factory=list)  # each added as soon as it is built
@@ -133,7 +128,7 @@ class _Draft:
     start_step: int = 0
 
     def close_backend(self) -> None:
-        _close(self.terms, self.vllm)
+        _close(self.terms, self.backend)
 
     def parts(self, *, old_log_probs: bool) -> Parts:
         return Parts(timer=self.timer, tracker=self.tracker, policy=self.policy,
@@ -143,16 +138,17 @@ class _Draft:
                      eval_sets=self.eval_sets, collector=self.collector,
                      publisher=self.publisher, checkpointer=self.checkpointer,
                      control=self.control, logger=self.logger, total_steps=self.total_steps,
-                     start_step=self.start_step, vllm=self.vllm)
+                     start_step=self.start_step, backend=self.backend)
 
 
-def _close(terms, vllm) -> None:
+def _close(terms, backend: RolloutBackend) -> None:
+    """The terms' servers (a distillation teacher's) and what the rollout backend started
+    (an owned vLLM server) end with the run."""
     try:
         for term in terms:
             term.close()
     finally:
-        if vllm is not None:
-            vllm.close()
+        backend.close()
 
 
 def build(cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
@@ -160,12 +156,12 @@ def build(cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
     """Every part of a run, in the module docstring's order (``layout``: --fully-async)."""
     started = time.monotonic()  # --exit-duration-in-mins counts from here
     stop = stop or StopRequest()
-    p, envs, resume = _checked(cfg, ctx, stop, layout)
+    p, side, resume = _checked(cfg, ctx, stop, layout)
     try:
         _models(p, cfg, ctx)
-        p.step_metrics.remote_generation = layout is not None or p.vllm is not None
-        p.collector = _collector(p, cfg, ctx, layout, envs)
-        p.publisher = publisher_for(p.collector, p.vllm, layout=layout, policy=p.policy,
+        p.step_metrics.remote_generation = layout is not None or p.backend.remote
+        p.collector = _collector(p, cfg, ctx, layout, side)
+        p.publisher = publisher_for(p.collector, p.backend, layout=layout, policy=p.policy,
                                     timer=p.timer, tracker=p.tracker)
         _run(p, cfg, ctx, stop, started, resume, console, layout)
         p.publisher.start(p.start_step, resumed=resume is not None)
@@ -185,18 +181,12 @@ def _checked(cfg, ctx, stop, layout):
     bf16 = use_bf16(cfg.system.bf16, ctx.device)
     models.check_model_paths(cfg)
     resume = find_resume(cfg, report=ctx.is_main)
-    envs = None
-    if cfg.rollout.episodes.env and layout is None:  # --fully-async: on the rollout ranks
-        # a factory may take up to its deadline (600 s by default): a signal stops it at once
-        with stop.at_once("building the --env environments"):
-            envs = build_environments(cfg.rollout, cfg.batches, ctx)
-    inputs = load_inputs(cfg)
-    # --fully-async: the rollout ranks score (and hold the judge)
-    judge = None if layout is not None else build_judge(
-        cfg.rollout.rewards, ctx.device, bf16=bf16,
-        pass_layout=cfg.batches.pass_layout)
-    scorer = build_scorer(cfg, ctx, GroupAgreement(ctx.group, ctx.device),
-                          samples=inputs.samples, judge=judge)
+    # this rank's share of the rollout side (--fully-async: the rollout ranks build the
+    # environments and score with the judge)
+    side = build_rollout_side(cfg, [(ctx, GroupAgreement(ctx.group, ctx.device))],
+                              device=ctx.device, bf16=bf16, stop=stop,
+                              samples_here=layout is None)
+    inputs = side.inputs
     if cfg.world_size != ctx.world_size:  # validation's batch rules assumed its own
         raise InputError(f"the configuration was resolved for WORLD_SIZE={cfg.world_size} but "
                          f"this run has {ctx.world_size} data-parallel ranks; parse the "
@@ -217,16 +207,22 @@ def _checked(cfg, ctx, stop, layout):
                         layout=b.pass_layout, opsd=cfg.distillation.self_mode)
     p = _Draft(timer=Timer(ctx.device), tracker=MetricTracker(ctx.group, ctx.device),
                bf16=bf16, samples=inputs.samples, source=inputs.source,
-               scorer=scorer, group_filter=inputs.group_filter, total_steps=total_steps,
+               scorer=side.shares[0].scorer, group_filter=inputs.group_filter,
+               total_steps=total_steps,
                custom_advantage=CustomAdvantage.load(cfg.algorithm.custom_advantage_path),
-               loss_settings=loss, eval_sets=eval_sets, vllm=None)
-    # --rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
-    # here, before any model loads; an owned server is closed on any failure after. Under
-    # --fully-async the rollout ranks own the servers (rollout_worker.py), the training
-    # ranks none
-    p.vllm = (VllmBackend.open(VllmSettings.of_train(cfg), ctx.rank, ctx.device, ctx)
-              if cfg.rollout.backend.name == "vllm" and layout is None else None)
-    return p, envs, resume
+               loss_settings=loss, eval_sets=eval_sets, backend=_backend(cfg, ctx, layout))
+    return p, side, resume
+
+
+def _backend(cfg, ctx, layout) -> RolloutBackend:
+    """--rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
+    here, before any model loads; an owned server is closed on any failure after. Under
+    --fully-async the rollout ranks sample (rollout_worker.py): a training rank's backend is
+    its own engine, never asked for a sampler."""
+    if layout is not None:
+        return LocalBackend(ctx.device)
+    return open_backend(cfg, ctx.rank, ctx.device, shards=ctx if cfg.system.fsdp else None,
+                        release=reshard)
 
 
 def _models(p: _Draft, cfg, ctx) -> None:
@@ -248,8 +244,7 @@ def _models(p: _Draft, cfg, ctx) -> None:
     p.terms[:0] = [t for t in (_reference(p.policy, cfg.algorithm), critic, p.custom_advantage)
                    if t is not None]
     _add(p, MismatchMeter() if cfg.rollout.off_policy.mismatch_metrics else None)
-    if p.vllm is not None:
-        p.vllm.start(module, bf16=p.bf16, lora=p.policy.lora)
+    p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
 
 
 def _critic(p: _Draft, cfg, ctx) -> Critic:
@@ -318,26 +313,24 @@ def _check_prompt_lengths(p: _Draft, cfg, tokenizer, module) -> None:
                                 length_flag="--eval-max-response-len")
 
 
-def _collector(p: _Draft, cfg, ctx, layout, envs):
+def _collector(p: _Draft, cfg, ctx, layout, side):
     """This rank's collector: the rollout side's assembly on the training rank's own share,
-    or (--fully-async) the batches the rollout ranks sample."""
+    sampling through the rank's backend, or (--fully-async) the batches the rollout ranks
+    sample."""
     pol = p.policy
     if layout is not None:
         # with --save the final checkpoint holds the batches in flight after the last step
         schedule = Schedule(cfg.placement.max_staleness, cfg.placement.update_weights_interval,
                             p.total_steps, carry=cfg.checkpoint.save is not None)
-        return RemoteRollout(cfg, ctx, layout, schedule, policy=pol, source=p.source,
+        return RemoteRollout(cfg.batches, ctx, layout, schedule, policy=pol, source=p.source,
                              tracker=p.tracker,
-                             timeout_minutes=cfg.run.distributed_timeout_minutes)
-    params = sampling_params(cfg)
-    sampler = (pol.sampler(params) if p.vllm is None else p.vllm.sampler(
-        params, eos_token_ids=pol.eos_token_ids, pad_token_id=pol.tokenizer.pad_token_id))
-    inputs = Inputs(p.samples, p.source, p.group_filter)
-    return build_collector(cfg, ctx, GroupAgreement(ctx.group, ctx.device), sampler,
-                           inputs=inputs, scorer=p.scorer, tokenizer=pol.tokenizer, envs=envs,
-                           context=pol.context,
-                           eos_token_id=turn_eos(pol.tokenizer, pol.eos_token_ids),
-                           timer=p.timer, tracker=p.tracker)
+                             timeout_minutes=cfg.run.distributed_timeout_minutes,
+                             bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20),
+                             fsdp=cfg.system.fsdp)
+    [collector] = side.collectors(cfg, p.backend, tokenizer=pol.tokenizer,
+                                  eos_token_ids=pol.eos_token_ids, context=pol.context,
+                                  timers=[p.timer], trackers=[p.tracker])
+    return collector
 
 
 def _run(p: _Draft, cfg, ctx, stop, started: float, resume, console: bool, layout) -> None:

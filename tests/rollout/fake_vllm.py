@@ -1,5 +1,5 @@
 """A fake vLLM server in this process, on 127.0.0.1, for tests of what Relax does with a
-server's answers (relax/rollout/vllm/vllm_answers.py): it answers the routes Relax calls the
+server's answers (relax/rollout/backends/vllm/vllm_answers.py): it answers the routes Relax calls the
 way vLLM 0.32 does, except ``/v1/completions``, whose answer the test gives.
 
     with fake_vllm(lambda body: {...}, model_dir=path) as url:   # --vllm-url url

@@ -1,5 +1,5 @@
 """A vLLM server's answers are checked before anything uses them
-(relax/rollout/vllm/vllm_answers.py): the pure checkers on each malformed shape, then the
+(relax/rollout/backends/vllm/vllm_answers.py): the pure checkers on each malformed shape, then the
 client and the sampler against a fake server on 127.0.0.1 answering them, which must end in
 one line naming the URL, the sample and what came back, before a Rollout is made."""
 
@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
+from relax.rollout.backends.vllm.vllm_answers import BadAnswer, completion, prompt_log_probs
+from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
+from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams
-from relax.rollout.vllm.vllm_answers import BadAnswer, completion, prompt_log_probs
-from relax.rollout.vllm.vllm_sampler import VllmSampler
-from relax.rollout.vllm.vllm_server import ServerError, VllmClient
 from tests.rollout.fake_vllm import fake_vllm, sampled
 
 EOS, PAD, VOCAB = 1, 0, 50

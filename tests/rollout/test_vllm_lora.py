@@ -11,10 +11,10 @@ import os
 import pytest
 import torch
 
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend
+from relax.rollout.backends.vllm.vllm_server import group_alive
+from relax.rollout.backends.vllm.vllm_sync import ADAPTER_PREFIX
 from relax.rollout.generation.sampler import SamplingParams
-from relax.rollout.vllm.vllm_backend import VllmBackend
-from relax.rollout.vllm.vllm_server import group_alive
-from relax.rollout.vllm.vllm_sync import ADAPTER_PREFIX
 from relax.trainer.lora import adapter_disabled, add_lora
 from tests.rollout.test_vllm_server import (
     TOL_FP32,

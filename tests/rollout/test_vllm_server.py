@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from relax.errors import InputError
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
+from relax.rollout.backends.vllm.vllm_server import VllmServer, group_alive
+from relax.rollout.backends.vllm.vllm_sync import DiskSync, write_weights
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
-from relax.rollout.vllm.vllm_sampler import VllmSampler
-from relax.rollout.vllm.vllm_server import VllmServer, group_alive
-from relax.rollout.vllm.vllm_sync import DiskSync, write_weights
 
 # xdist_group: under `make test`'s workers the module stays on one, so its fp32 server
 # (20-40 s of start-up) starts once

@@ -1,4 +1,4 @@
-"""The vLLM weight sync from FSDP2 shards (relax/rollout/vllm/vllm_weights.py ``write_sharded``,
+"""The vLLM weight sync from FSDP2 shards (relax/rollout/backends/vllm/vllm_weights.py ``write_sharded``,
 vllm_sync.py ``Shards``), on two spawned Gloo ranks without a server: the directory rank 0
 writes holds exactly the unsharded model's state dict (tied embeddings written untied), in
 Hugging Face's sharded format, and no rank ever held more gathered weights than one bucket.
@@ -42,8 +42,8 @@ def _sync_from_shards(folder: str) -> dict:
     fails on rank 1 only, and what each rank raised (nothing may hang)."""
     import torch.distributed as dist
 
-    from relax.rollout.vllm import vllm_weights
-    from relax.rollout.vllm.vllm_sync import DiskSync, Shards
+    from relax.rollout.backends.vllm import vllm_weights
+    from relax.rollout.backends.vllm.vllm_sync import DiskSync, Shards
     from relax.tiny_model import build_tiny_model, build_tokenizer
     from relax.trainer.distributed import DistContext, wrap_model
 

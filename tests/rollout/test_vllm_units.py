@@ -16,11 +16,9 @@ import pytest
 import torch
 
 from relax.errors import InputError
-from relax.rollout.generation.generate import concat_rollouts, left_pad
-from relax.rollout.generation.sampler import SamplingParams
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
-from relax.rollout.vllm.vllm_sampler import VllmSampler
-from relax.rollout.vllm.vllm_server import (
+from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
+from relax.rollout.backends.vllm.vllm_server import (
     PORT_TRIES,
     ServerError,
     VllmClient,
@@ -29,8 +27,10 @@ from relax.rollout.vllm.vllm_server import (
     last_error,
     vllm_python,
 )
-from relax.rollout.vllm.vllm_sync import DiskSync, LoraSync
-from relax.rollout.vllm.vllm_weights import lora_rank_slot
+from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync
+from relax.rollout.backends.vllm.vllm_weights import lora_rank_slot
+from relax.rollout.generation.generate import concat_rollouts, left_pad
+from relax.rollout.generation.sampler import SamplingParams
 
 EOS, PAD = 1, 0
 

@@ -1,13 +1,14 @@
 """relax/trainer/fully_async/publish.py: where the weights go after a step is an object chosen once, not a
-branch in the loop: nowhere (colocated), the rollout ranks (--fully-async: every step, the
-remote collector knows which versions a batch needs), the vLLM servers (when due, and a
-resumed run's weights before its first step)."""
+branch in the loop: the rollout ranks (--fully-async: every step, the remote collector knows
+which versions a batch needs), or the rank's rollout backend: nowhere for Relax's engine,
+the vLLM servers when due, and a resumed run's weights before its first step."""
 
 from __future__ import annotations
 
 import contextlib
 
-from relax.trainer.fully_async.publish import Colocated, ToRolloutRanks, ToVllm, publisher_for
+from relax.rollout.backends.local import LocalBackend
+from relax.trainer.fully_async.publish import ToBackend, ToRolloutRanks, publisher_for
 
 
 class Recorder:
@@ -34,10 +35,11 @@ class Recorder:
 
 def test_each_placement_gets_its_publisher():
     r = Recorder()
-    assert isinstance(publisher_for(r, None, layout=None, policy=r, timer=r, tracker=r),
-                      Colocated)
-    assert isinstance(publisher_for(r, r, layout=None, policy=r, timer=r, tracker=r), ToVllm)
-    assert isinstance(publisher_for(r, None, layout="async", policy=r, timer=r, tracker=r),
+    local = LocalBackend("cpu")
+    assert isinstance(publisher_for(r, local, layout=None, policy=r, timer=r, tracker=r),
+                      ToBackend)
+    assert isinstance(publisher_for(r, r, layout=None, policy=r, timer=r, tracker=r), ToBackend)
+    assert isinstance(publisher_for(r, local, layout="async", policy=r, timer=r, tracker=r),
                       ToRolloutRanks)
 
 
@@ -51,12 +53,14 @@ def test_the_rollout_ranks_start_and_get_every_version_the_collector_asks_for():
 
 def test_vllm_servers_get_the_weights_when_due_and_a_resumed_runs_at_start():
     r = Recorder(due_every=2)
-    p = ToVllm(r, r, r, r)
+    p = ToBackend(r, r, r, r)
     p.start(0, resumed=False)
     p.publish(1)
     assert r.calls == []
     p.publish(2)
     p.start(5, resumed=True)
     assert r.calls == [("time", "weight_sync"), ("push", "module", 2), ("push", "module", 5)]
-    Colocated().start(1, resumed=True)
-    Colocated().publish(1)
+    local = ToBackend(LocalBackend("cpu"), r, r, r)  # the sampler reads the trained module
+    local.start(1, resumed=True)
+    local.publish(1)
+    assert r.calls[3:] == []

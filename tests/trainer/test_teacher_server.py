@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relax.rollout.vllm.vllm_server import ServerError, VllmClient, group_alive
+from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient, group_alive
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext
 from relax.trainer.logprobs import batched_log_probs

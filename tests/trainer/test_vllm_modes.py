@@ -1,7 +1,7 @@
 """The modes beyond single-turn prompts on ``--rollout-backend vllm``, with one real vLLM
 server for the whole module (a start takes 20-40 s here): ``--env`` episodes and
 ``--use-agentic-rollout`` agent programs (every turn sampled by the server, token ids in and
-out), ``relax eval --env``, partial rollouts (relax/rollout/vllm/vllm_sampler.py, the stop in
+out), ``relax eval --env``, partial rollouts (relax/rollout/backends/vllm/vllm_sampler.py, the stop in
 rounds of ``--vllm-partial-chunk-tokens``) and partial rollouts of ``--env`` episodes.
 
 The server serves an untied tiny Qwen3 directory that the runs name with ``--vllm-url`` and
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax.rollout.vllm.vllm_server import VllmServer
-from relax.rollout.vllm.vllm_sync import DiskSync
+from relax.rollout.backends.vllm.vllm_server import VllmServer
+from relax.rollout.backends.vllm.vllm_sync import DiskSync
 from tests.rollout.test_vllm_server import (
     STARTUP,
     TOL_FP32,
@@ -136,8 +136,8 @@ def test_episode_turns_are_sampled_token_in_token_out_with_the_prefix_cache(clie
     first observation's KV block from vLLM's prefix cache."""
     from relax.models import load_tokenizer
     from relax.rollout.agents.episodes import run_episodes, turn_io
+    from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
     from relax.rollout.generation.sampler import SamplingParams
-    from relax.rollout.vllm.vllm_sampler import VllmSampler
 
     tokenizer = load_tokenizer(str(model_dir), "--hf-checkpoint")
     eos = tokenizer.eos_token_id
@@ -225,9 +225,9 @@ def test_a_cut_response_continues_from_its_tokens(client, model_dir):
     tokens: greedy, the pieces join into the uncut response token for token with its
     log-probs; sampled, the joined log-probs are a float64 forward's of the whole response
     (nothing lost, nothing repeated, the continuation conditioned on every earlier token)."""
+    from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
     from relax.rollout.generation.generate import left_pad
     from relax.rollout.generation.sampler import SamplingParams
-    from relax.rollout.vllm.vllm_sampler import VllmSampler
     from tests.rollout.test_vllm_server import EOS, PAD, PROMPTS
 
     def joined(temperature, seed):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.rollout.vllm.vllm_server import group_alive
+from relax.rollout.backends.vllm.vllm_server import group_alive
 from tests.distributed_utils import torchrun_relax
 from tests.reliability.helpers import (
     finish,

@@ -33,7 +33,7 @@ others' answers but never makes them fail. Each session's KV cache stays between
 calls (relax/rollout/generation/turn_cache.py): a call prefills only the model's last drawn token and
 the new messages, whichever sessions share its batch; a session's cache is released when its
 agent ends, and all of them when the step ends. With ``--rollout-backend vllm`` the batch goes
-to the rank's vLLM server instead (relax/rollout/vllm/vllm_sampler.py), each session's context as
+to the rank's vLLM server instead (relax/rollout/backends/vllm/vllm_sampler.py), each session's context as
 token ids and the reply back as token ids; the server's prefix cache stands in for the KV
 cache.
 

@@ -1,6 +1,6 @@
-"""A rollout's rewards: the reward function over this rank's samples (or over each group with
-``--group-rm``, relax/rollout/reward/group_rewards.py; or the reward server of ``--rm-type remote_rm``,
-relax/rollout/reward/remote_reward.py), its failures counted and agreed between ranks, and
+"""A rollout's rewards: the source the rewards section names (relax/rollout/reward/sources.py:
+the judge, the reward server, or a reward function, per sample or per group) over this
+rank's samples, its failures counted and agreed between ranks, and
 ``--custom-reward-post-process-path`` over the result.
 
 Prompt rollouts call :meth:`Scorer.score`; episode rollouts have their rewards from the
@@ -17,9 +17,7 @@ from relax.agreement import Agreement, GroupAgreement
 from relax.errors import InputError, RewardError, error_summary, stops_the_run, value_summary
 from relax.plugins import call_plugin, load_function
 from relax.rollout.prompts.reasoning_gym_source import is_reasoning_gym
-from relax.rollout.reward.group_rewards import score_groups
-from relax.rollout.reward.remote_reward import RemoteRewardModel
-from relax.rollout.reward.rewards import build_reward_fn, score_with_errors
+from relax.rollout.reward.sources import reward_source
 
 POST_PROCESS_FLAG = "--custom-reward-post-process-path"
 
@@ -35,21 +33,11 @@ class Scorer:
         how the shares of a step fail together (relax/agreement.py)."""
         self.ctx, self.judge = ctx, judge
         self.agree = agree or GroupAgreement(ctx.group, ctx.device)
-        # a built-in task scores with its own reward unless told otherwise
-        rm_type = rollout.rewards.rm_type or builtin_task
-        self.remote = None
-        if judge is not None:
-            self.reward_fn, self.reward_name = judge, f"--genrm-model-path {rollout.rewards.genrm_model_path}"
-        elif rm_type == "remote_rm":
-            self.remote = RemoteRewardModel.of(rollout.rewards)
-            self.remote.check_reachable()  # before any model is loaded: exit 2 naming --rm-url
-            self.reward_fn, self.reward_name = self.remote, self.remote.name
-        else:
-            self.reward_fn, self.reward_name = build_reward_fn(
-                rollout.rewards.custom_rm_path, rm_type,
-                gym_answer=(rollout.data.reasoning_gym_answer if is_reasoning_gym(rollout.data.prompt_data)
-                            else None))
-        self.group_rm = rollout.rewards.group_rm
+        # before any model is loaded: an unreachable --rm-url exits 2 naming it
+        self.source = reward_source(
+            rollout.rewards, builtin_task=builtin_task, judge=judge, check=True,
+            gym_answer=(rollout.data.reasoning_gym_answer
+                        if is_reasoning_gym(rollout.data.prompt_data) else None))
         self.timeout, self.error_policy = rollout.rewards.timeout, rollout.rewards.error_policy
         self.post_process_fn = (load_function(post_process_path, POST_PROCESS_FLAG)
                                 if post_process_path else None)
@@ -62,7 +50,9 @@ class Scorer:
         values, error, failures = [], None, []
         try:
             if prompts:
-                values, failures = self._score(prompts, responses, labels, group_index.tolist())
+                values, failures = self.source.score(
+                    prompts, responses, labels, group_index.tolist(), rank=self.ctx.rank,
+                    timeout=self.timeout, policy=self.error_policy)
         except (RewardError, InputError) as e:  # InputError: a broken --group-rm function
             error = e  # (a signal's Interrupted passes through, as before)
         # read before agreeing: another share of a rollout rank may use the judge meanwhile
@@ -75,35 +65,6 @@ class Scorer:
         warn_some(failures, self.ctx, "samples", "scored 0 (--reward-error-policy zero)")
         rewards = torch.tensor(values, dtype=torch.float32, device=self.ctx.device)
         return self.post_process(rewards, group_index) if prompts else rewards
-
-    def _score(self, prompts, responses, labels, group_index: list[int]):
-        """Rewards [B] and the messages of the samples scored 0 under the error policy."""
-        index_base = self.ctx.rank * len(prompts)
-        if self.judge is not None:  # the trainer's own model code, bounded by its token limit
-            return self.judge(prompts, responses, labels), []
-        if self.remote is not None:
-            return self._score_remote(prompts, responses, labels, group_index, index_base)
-        if self.group_rm:
-            return score_groups(self.reward_fn, prompts, responses, labels, group_index,
-                                name=self.reward_name, index_base=index_base,
-                                timeout=self.timeout, policy=self.error_policy)
-        return score_with_errors(self.reward_fn, prompts, responses, labels,
-                                 name=self.reward_name, index_base=index_base,
-                                 timeout=self.timeout, policy=self.error_policy)
-
-    def _score_remote(self, prompts, responses, labels, group_index, index_base):
-        """The server's rewards; its metadata names each sample and its group over all ranks
-        (this rank's groups are numbered after the lower ranks')."""
-        groups_before = self.ctx.rank * (max(group_index) + 1 if group_index else 0)
-        metadata = [{"index": index_base + i, "group_index": groups_before + g}
-                    for i, g in enumerate(group_index)]
-        values, errors = self.remote.score(prompts, responses, labels, metadata=metadata,
-                                           index_base=index_base)
-        failures = [e for e in errors if e is not None]
-        if failures and self.error_policy == "raise":
-            more = f" (and {len(failures) - 1} more samples failed)" if len(failures) > 1 else ""
-            raise RewardError(failures[0] + more)
-        return [0.0 if e is not None else v for v, e in zip(values, errors, strict=True)], failures
 
     def post_process(self, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
         """``--custom-reward-post-process-path`` over rewards [B], checked; else unchanged."""

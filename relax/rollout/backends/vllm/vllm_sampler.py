@@ -42,7 +42,7 @@ MAX_IN_FLIGHT = 64  # requests per rank at once; the server's scheduler batches 
 class VllmSampler:
     """``sampler(ids, mask, max_new_tokens, generator) -> Rollout`` for left-padded prompts
     ``ids`` / ``mask`` [B, P], like :class:`~relax.rollout.generation.sampler.Sampler`; ``version`` is
-    the trainer step whose weights the server holds (relax/rollout/vllm/vllm_sync.py sets it) and
+    the trainer step whose weights the server holds (relax/rollout/backends/vllm/vllm_sync.py sets it) and
     goes into ``Rollout.policy_version``. ``vocab_size``: the policy's embedding rows; a token
     id the server answers outside them stops the run (vllm_answers.py), as would one past
     ``max_new_tokens`` or a log-prob that is not finite and <= 0."""

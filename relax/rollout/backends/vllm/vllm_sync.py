@@ -5,7 +5,7 @@ interface so other transports can be added beside the ones built here.
     nbytes = sync.push(module, version)        # the server samples with these weights from now
 
 :class:`DiskSync` is prime-rl's filesystem mode: the trainer writes the model as a Hugging
-Face safetensors directory (relax/rollout/vllm/vllm_weights.py), the server is paused
+Face safetensors directory (relax/rollout/backends/vllm/vllm_weights.py), the server is paused
 (``/pause?mode=wait``: requests in flight finish with the old weights, so no response mixes
 two versions), reloads the directory (``/collective_rpc`` calling the model runner's
 ``reload_weights`` with ``weights_path``; ``load_weights`` directly is broken on the CPU
@@ -39,7 +39,7 @@ from typing import Protocol
 import torch
 
 from relax.agreement import GroupAgreement
-from relax.rollout.vllm.vllm_weights import write_adapter, write_sharded, write_weights
+from relax.rollout.backends.vllm.vllm_weights import write_adapter, write_sharded, write_weights
 
 __all__ = ["DiskSync", "LoraSync", "Shards", "WeightSync", "write_weights"]
 

