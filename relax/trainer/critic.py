@@ -34,7 +34,7 @@ import torch
 from relax import estimators, models
 from relax.algorithms import clipped_value_loss, gae_returns, token_mean, value_statistics
 from relax.collectives import all_reduce
-from relax.config.critic_rules import CRITIC_FILE
+from relax.config.sections.critic import CRITIC_FILE
 from relax.errors import InputError, NonFiniteError
 from relax.precision import autocast
 from relax.seeding import seed_for

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from relax.config.rollout_backend import log_probs_mode
+from relax.config.sections.backend import log_probs_mode
 from relax.errors import InputError
 from relax.rollout.generation.sampler import SamplingParams
 from relax.rollout.vllm.vllm_sampler import VllmSampler
