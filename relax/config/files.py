@@ -25,6 +25,7 @@ import os
 from relax.config.flags import REMOVED
 from relax.config.schema import TrainConfig
 from relax.config.section import dest_of, flat_index, followers, is_section
+from relax.config.sections.batches import EPOCHS_WHEN_UNSET
 from relax.errors import ConfigError
 
 SUFFIXES = (".yaml", ".yml", ".toml", ".json")
@@ -152,7 +153,7 @@ def load_file(path: str, cls) -> dict:
 # derives it from another field (``option(follows=...)``): a saved config.json then validates
 # as its input did and resolves to itself
 _FOLLOWS = followers(TrainConfig)
-_RESOLVED_DEFAULTS = {"num_epoch": 1, "get_mismatch_metrics": True, "builtin_task": None}
+_RESOLVED_DEFAULTS = {"num_epoch": EPOCHS_WHEN_UNSET, "get_mismatch_metrics": True, "builtin_task": None}
 _DERIVED = ("world_size", "builtin_preset_applied")
 
 

@@ -134,6 +134,12 @@ def flat_index(cls) -> dict[str, tuple[str, ...]]:
     return index
 
 
+def default_of(cls, name: str):
+    """The default of field ``name`` of the section ``cls``: what a settings object built from
+    a section uses as its own default, so that the default is written once (in ``option()``)."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
 def flat_defaults(cls) -> dict:
     """dest -> default of every leaf of ``cls``."""
     return {dest_of(f): f.default for _, f in leaves(cls)}

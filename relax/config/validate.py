@@ -122,7 +122,8 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
         **batches.resolved_batches(cfg, world_size),
         **evaluation.resolved_train_eval(cfg),
         eps_clip_high=cfg.algorithm.eps_clip if cfg.algorithm.eps_clip_high is None else cfg.algorithm.eps_clip_high,
-        num_epoch=1 if cfg.batches.num_epoch is None else cfg.batches.num_epoch,
+        num_epoch=(batches.EPOCHS_WHEN_UNSET if cfg.batches.num_epoch is None
+                   else cfg.batches.num_epoch),
         # the built-in task is not used with --prompt-data; keep the JSON honest
         builtin_task=(None if cfg.rollout.data.prompt_data is not None or cfg.rollout.episodes.env is not None
                       else cfg.rollout.data.builtin_task),

@@ -17,6 +17,7 @@ from relax.config.section import Needs, Section, option, reject, replace_flat, v
 
 MAX_SAMPLES_PER_STEP = 1 << 20  # samples (or episodes) one rollout step or round generates
 MAX_ROUNDS = 1000  # --dynamic-sampling-max-rounds
+EPOCHS_WHEN_UNSET = 1  # --num-epoch resolved when neither it nor --num-rollout is given
 
 NEEDS_TOKEN_BUDGET = Needs(lambda cfg: cfg.batches.token_budget, "has no effect without "
                            "--use-dynamic-batch-size; add it or remove the budget",
@@ -91,7 +92,7 @@ class BatchSection(Section):
     num_epoch: int | None = option(
         None,
         'Passes over --prompt-data when --num-rollout is not given.',
-        default_text='1',
+        default_text=str(EPOCHS_WHEN_UNSET),
         bound=(lambda v: v is None or v >= 1, "must be >= 1 passes over --prompt-data"))
     filter_path: str | None = option(
         None,
