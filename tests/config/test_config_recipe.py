@@ -6,6 +6,7 @@ rules live in the module named for it under relax/config/sections/, what a field
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
@@ -86,3 +87,14 @@ def test_eval_flags_are_fields_of_the_eval_command():
     index = flat_index(EvalConfig)
     assert len(set(EVAL_FLAGS)) == len(EVAL_FLAGS)
     assert all(dest in index for dest in EVAL_FLAGS)
+
+
+def test_the_names_that_differ_from_their_flags_are_one_table():
+    """docs/configuration.md lists every field named unlike its flag, and only those."""
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = re.split(r"\n##+ ", text.split("### Field names that differ from their flags")[1])[0]
+    listed = set(re.findall(r"^\| `cfg\.([\w.]+)` \| `(--[a-z0-9-]+)` \|$", table, re.M))
+    renamed = {(".".join(path), "--" + dest_of(f).replace("_", "-"))
+               for path, f in leaves(TrainConfig)
+               if f.metadata["cli"] and dest_of(f) != f.name}
+    assert listed == renamed
