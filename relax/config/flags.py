@@ -5,8 +5,9 @@ section (``rollout.sampling``), described by the section's docstring.
 
 The parsers only parse and type-check; every rule lives with its section
 (relax/config/sections/), run in order by :mod:`relax.config.validate` and
-:mod:`relax.config.eval_command`. Their errors (unknown flag, bad number, bad choice) are raised as :class:`~relax.errors.ConfigError` so that the command
-line prints one line and exits 2, exactly like a rejected configuration.
+:mod:`relax.config.eval_command`. Their errors (unknown flag, bad number, bad choice) are
+raised as :class:`~relax.errors.ConfigError` so that the command line prints one line and
+exits 2, exactly like a rejected configuration.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The machinery of the configuration's sections: a field declared once (:func:`option`: its
-flag, default, help and bound) and the tree walks the parser, validation, the JSON file and the
-``--config`` file loader share.
+flag, default, help, bound and :class:`Needs`), the tree walks the parser, validation, the JSON
+file and the ``--config`` file loader share, and the one-line error of every rule
+(:func:`reject`). The sections themselves, with their rules: relax/config/sections/.
 
 The configuration is a tree of frozen dataclasses (torchtitan's JobConfig is the model)::
 
@@ -9,8 +10,8 @@ The configuration is a tree of frozen dataclasses (torchtitan's JobConfig is the
     cfg.batches.samples_per_prompt        # --n-samples-per-prompt
 
 A leaf field's flag is ``--`` + its *dest* (``option(flag=...)``, else the field's own name)
-with ``-`` for ``_``: the Relax/Megatron flag names are the interface, the section paths are
-the code's names. Lists become tuples, so a section is immutable all the way down. Nothing
+with ``-`` for ``_``: the Relax/Megatron flag names are the interface; the fields named unlike
+their flag are listed in docs/configuration.md. Lists become tuples, so a section is immutable all the way down. Nothing
 here imports torch.
 """
 

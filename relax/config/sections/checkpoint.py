@@ -1,4 +1,5 @@
-"""The checkpoint section (``cfg.checkpoint``): where and when checkpoints are written and read (docs/reliability.md), and its rules. Torch-free."""
+"""The checkpoint section (``cfg.checkpoint``): where and when checkpoints are written and read
+(docs/reliability.md), and its rules. Torch-free."""
 
 from __future__ import annotations
 

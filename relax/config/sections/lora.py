@@ -1,4 +1,5 @@
-"""The LoRA section (``cfg.lora``): low-rank adapters (peft) instead of full fine-tuning, and its rules. Torch-free."""
+"""The LoRA section (``cfg.lora``): low-rank adapters (peft) instead of full fine-tuning, and its
+rules. Torch-free."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The recompute section (``cfg.recompute``): activation recompute of the policy's training forward (relax/trainer/recompute.py), and its rules. Torch-free."""
+"""The recompute section (``cfg.recompute``): activation recompute of the policy's training forward
+(relax/trainer/recompute.py), and its rules. Torch-free."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The run section (``cfg.run``): the run's outputs, seed, logging and wall-clock budget, and its rules. Torch-free."""
+"""The run section (``cfg.run``): the run's outputs, seed, logging and wall-clock budget, and its
+rules. Torch-free."""
 
 from __future__ import annotations
 
