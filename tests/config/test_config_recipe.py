@@ -10,7 +10,15 @@ import re
 from pathlib import Path
 
 from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
-from relax.config.section import Needs, Section, dest_of, flat_index, is_section, leaves
+from relax.config.section import (
+    Needs,
+    Section,
+    default_of,
+    dest_of,
+    flat_index,
+    is_section,
+    leaves,
+)
 from relax.config.validate import CROSS_RULES, Rule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +106,13 @@ def test_the_names_that_differ_from_their_flags_are_one_table():
                for path, f in leaves(TrainConfig)
                if f.metadata["cli"] and dest_of(f) != f.name}
     assert listed == renamed
+
+
+def test_a_settings_object_takes_its_default_from_the_section():
+    """``default_of`` is how a settings object built from a section writes its default
+    (recipe step 1: a default is written once, in ``option()``)."""
+    for path, cls in _sections(TrainConfig):
+        built = cls()
+        for f in dataclasses.fields(cls):
+            if not is_section(f):
+                assert default_of(cls, f.name) == getattr(built, f.name), (path, f.name)
