@@ -37,7 +37,7 @@ from relax.algorithms.normalization import (
 )
 from relax.algorithms.value import gae_advantages, terminal_rewards
 from relax.collectives import all_reduce
-from relax.config.algorithm import AlgorithmSection
+from relax.config.sections.algorithm import AlgorithmSection
 from relax.estimators import FACTS, EstimatorFacts, facts
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 
-from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS, resolve_eval_command
+from relax.config.eval_command import resolve_eval_command
 from relax.config.files import as_argv, load_file, unresolved
 from relax.config.flags import build_eval_parser, build_train_parser, explicit_dests
 from relax.config.presets import BUILTIN_PRESET, BUILTIN_TASK_NAMES, preset_values
 from relax.config.schema import EvalConfig, TrainConfig
 from relax.config.section import flat_defaults, from_flat, replace_flat
+from relax.config.sections.evaluation import BUILTIN_EVAL_PROMPTS
 from relax.config.validate import resolve_and_validate, world_size_from_env
 from relax.errors import ConfigError
 from relax.estimators import ESTIMATOR_NAMES

@@ -1,5 +1,6 @@
-"""Helpers the ``relax train`` and ``relax eval`` rules share: the one-line message head, path
-checks that run no user code, reasoning-gym specs and ``--eval-prompt-data`` pairs.
+"""Checks the ``relax train`` and ``relax eval`` rules share: URLs, paths checked without
+running user code, ``--env`` names, reasoning-gym specs and ``--eval-prompt-data`` pairs (the
+one-line error itself: :func:`relax.config.section.reject`).
 
 Every function reads a config (:mod:`relax.config.schema`) and raises
 :class:`~relax.errors.ConfigError`; none changes it.
@@ -16,37 +17,10 @@ from urllib.parse import urlsplit
 from relax.config.constants import LIBRARIES
 from relax.config.gym_spec import PREFIX as GYM_PREFIX
 from relax.config.gym_spec import is_reasoning_gym, parse_spec
-from relax.config.section import value_of
+from relax.config.section import reject, value_of
 from relax.errors import ConfigError, InputError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-def _fmt(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return " ".join(map(str, value))
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-def flag_of(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def head(cfg, *dests: str) -> str:
-    """``--flag VALUE`` for each field (bare ``--flag`` for switches)."""
-    parts = []
-    for dest in dests:
-        value = value_of(cfg, dest)
-        parts.append(flag_of(dest) if isinstance(value, bool) else f"{flag_of(dest)} {_fmt(value)}")
-    return " ".join(parts)
-
-
-def reject(cfg, dests, reason: str):
-    """Raise the one-line error naming ``dests`` (one field name or several) and their values."""
-    dests = (dests,) if isinstance(dests, str) else tuple(dests)
-    raise ConfigError(head(cfg, *dests), reason)
 
 
 def url_problem(url: str, example: str = "http://127.0.0.1:8000") -> str | None:
@@ -105,10 +79,10 @@ def check_custom_path(cfg, dest: str) -> None:
                "use 'path/file.py:function'")
 
 
-def check_env_name(cfg) -> None:
+def check_env_name(cfg) -> None:  # a config or its episodes section
     """``--env``: gem:ID / textarena:ID with the library installed, or an importable
     'module:factory' / 'path/file.py:factory' (nothing is imported: relax/rollout/agents/envs.py)."""
-    prefix, sep, env_id = cfg.rollout.episodes.env.partition(":")
+    prefix, sep, env_id = value_of(cfg, "env").partition(":")
     if sep and prefix in LIBRARIES:
         if not env_id:
             reject(cfg, "env", f"expected {prefix}:ENVIRONMENT_ID")
@@ -117,7 +91,7 @@ def check_env_name(cfg) -> None:
                    "a clone brings it (the README shows the commands by hand), or use a "
                    "'module:factory' environment")
         return
-    where, _, factory = cfg.rollout.episodes.env.rpartition(":")
+    where, _, factory = value_of(cfg, "env").rpartition(":")
     if not where or not factory.isidentifier():
         reject(cfg, "env", "expected gem:ID, textarena:ID, 'module:factory' or "
                "'path/file.py:factory'")
@@ -176,3 +150,17 @@ def eval_pairs(cfg) -> list[list[str]] | None:
             reject(cfg, "eval_prompt_data", f"{path}: no such file; give a .jsonl or .parquet "
                    "prompt file, or reasoning-gym:NAME")
     return pairs
+
+
+def check_dir(cfg, dest: str, what: str) -> None:
+    """The directory flag ``dest``, when set, names an existing directory (``what`` it holds)."""
+    value = value_of(cfg, dest)
+    if value is not None and not os.path.isdir(value):
+        reject(cfg, dest, f"no such directory; point it at {what}")
+
+
+def check_not_a_file(cfg, dest: str) -> None:
+    """A directory the run will write into is not an existing file."""
+    value = value_of(cfg, dest)
+    if value is not None and os.path.exists(value) and not os.path.isdir(value):
+        reject(cfg, dest, "exists and is not a directory; choose another path")

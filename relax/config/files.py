@@ -23,7 +23,9 @@ import json
 import os
 
 from relax.config.flags import REMOVED
-from relax.config.section import dest_of, flat_index, is_section
+from relax.config.schema import TrainConfig
+from relax.config.section import dest_of, flat_index, followers, is_section
+from relax.config.sections.batches import EPOCHS_WHEN_UNSET
 from relax.errors import ConfigError
 
 SUFFIXES = (".yaml", ".yml", ".toml", ".json")
@@ -147,13 +149,11 @@ def load_file(path: str, cls) -> dict:
     return flatten(_parse(path), cls, f"--config {path}")
 
 
-# resolved value -> unset, where resolution (relax/config/validate.py resolve_and_validate,
-# eval_flags.resolved_train_eval) derives it from another field: a saved config.json then
-# validates as its input did and resolves to itself
-_FOLLOWS = {"eval_temperature": "rollout_temperature", "eval_top_p": "rollout_top_p",
-            "eval_top_k": "rollout_top_k", "eval_max_response_len": "rollout_max_response_len",
-            "eps_clip_high": "eps_clip"}
-_RESOLVED_DEFAULTS = {"num_epoch": 1, "get_mismatch_metrics": True, "builtin_task": None}
+# resolved value -> unset, where resolution (relax/config/validate.py resolve_and_validate)
+# derives it from another field (``option(follows=...)``): a saved config.json then validates
+# as its input did and resolves to itself
+_FOLLOWS = followers(TrainConfig)
+_RESOLVED_DEFAULTS = {"num_epoch": EPOCHS_WHEN_UNSET, "get_mismatch_metrics": True, "builtin_task": None}
 _DERIVED = ("world_size", "builtin_preset_applied")
 
 

@@ -3,10 +3,11 @@
 from the field, "Default X." written from the field's default); ``--help`` has one group per
 section (``rollout.sampling``), described by the section's docstring.
 
-The parsers only parse and type-check; every cross-flag rule lives in
-:mod:`relax.config.validate` and :mod:`relax.config.eval_flags`. Their errors (unknown flag,
-bad number, bad choice) are raised as :class:`~relax.errors.ConfigError` so that the command
-line prints one line and exits 2, exactly like a rejected configuration.
+The parsers only parse and type-check; every rule lives with its section
+(relax/config/sections/), run in order by :mod:`relax.config.validate` and
+:mod:`relax.config.eval_command`. Their errors (unknown flag, bad number, bad choice) are
+raised as :class:`~relax.errors.ConfigError` so that the command line prints one line and
+exits 2, exactly like a rejected configuration.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import dataclasses
 import difflib
 import math
 
-from relax.config.fields import help_text
-from relax.config.rollout_backend import EVAL_HELP
 from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
-from relax.config.section import dest_of, leaves
+from relax.config.section import dest_of, help_text, leaves
+from relax.config.sections.backend import EVAL_HELP
 from relax.errors import ConfigError, invalid_text
 
 TRAIN_DESCRIPTION = (

@@ -4,7 +4,8 @@
     cfg.rollout.sampling.temperature   # --rollout-temperature
     cfg.checkpoint.save_interval       # --save-interval
 
-Each leaf field declares its flag, default, help and bound once (relax/config/section.py);
+Each leaf field declares its flag, default, help, bound and needs once, in its section's
+module (relax/config/sections/; the machinery: relax/config/section.py);
 the parsers (relax/config/flags.py), ``--help`` grouped by section, the dry run and
 ``config.json`` (by section), the ``--config`` file loader (relax/config/files.py) and
 docs/configuration.md's check are built from them. A config is built once, after the built-in
@@ -17,23 +18,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from relax.config.algorithm import AlgorithmSection
-from relax.config.async_fields import PlacementSection
-from relax.config.critic_fields import CriticSection
-from relax.config.opd_fields import DistillationSection
-from relax.config.rollout_sections import RolloutSection
-from relax.config.run_sections import (
+from relax.config.section import derived, option, section
+from relax.config.sections import (
+    AlgorithmSection,
     BatchSection,
     CheckpointSection,
+    CriticSection,
+    DistillationSection,
     EvaluationSection,
     LoraSection,
     ModelSection,
     OptimizerSection,
+    PlacementSection,
     RecomputeSection,
+    RolloutSection,
     RunSection,
     SystemSection,
 )
-from relax.config.section import derived, option, section
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     """``relax eval CHECKPOINT`` settings: the sections ``relax train`` has, of which only the
-    flags of :data:`EVAL_FLAGS` are on its command line (rules: relax/config/eval_flags.py)."""
+    flags of :data:`EVAL_FLAGS` are on its command line (rules: relax/config/eval_command.py)."""
 
     checkpoint: str = option(
         "", "A --save directory of relax train (its final model), a directory written by "
@@ -82,7 +83,8 @@ class EvalConfig:
         return dataclasses.asdict(self)
 
 
-# ``relax eval``'s flags (dests), in the order of its --help
+# ``relax eval``'s flags (dests), in the order of its --help: the one table of which fields the
+# eval command has (every field is a flag of relax train)
 EVAL_FLAGS: tuple[str, ...] = (
     "checkpoint", "eval_prompt_data", "n_samples_per_eval_prompt", "eval_temperature",
     "eval_top_p", "eval_top_k", "eval_max_response_len", "eval_batch_size",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from relax import models
 from relax.config import TrainConfig
-from relax.config.eval_flags import BUILTIN_EVAL_PROMPTS
+from relax.config.sections.evaluation import BUILTIN_EVAL_PROMPTS
 from relax.errors import InputError
 from relax.eval.env_eval import evaluate_episodes
 from relax.eval.evaluate import EvalSampling, evaluate

@@ -85,7 +85,7 @@ class PromptCollector(StreamPosition):
     """This rank's share of ``--rollout-batch-size`` prompts per step, ``n`` samples each,
     generated with ``sampler`` and scored by ``scorer`` (relax/rollout/reward/scoring.py).
 
-    ``rollout`` / ``batches``: the configuration's sections (relax/config/sections.py);
+    ``rollout`` / ``batches``: the configuration's sections (relax/config/sections/);
     ``timer`` times the ``generate`` and ``reward`` phases; ``tracker`` collects metrics."""
 
     def __init__(self, rollout, batches, ctx, *, seed: int, source: PromptSource, tokenizer,

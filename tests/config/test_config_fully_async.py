@@ -1,6 +1,6 @@
-"""--fully-async's rules (relax/config/async_rules.py): the placement must add up to the job's
-WORLD_SIZE, the staleness needs a correction, what rollout ranks cannot serve is refused
-with one line naming both flags, and the rollout side's modes compose with it."""
+"""--fully-async's rules (relax/config/sections/placement.py): the placement must add up to
+the job's WORLD_SIZE, the staleness needs a correction, what rollout ranks cannot serve is
+refused with one line naming both flags, and the rollout side's modes compose with it."""
 
 from __future__ import annotations
 

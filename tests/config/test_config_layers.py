@@ -11,7 +11,7 @@ import pytest
 
 @pytest.mark.subprocess
 def test_config_imports_neither_rollout_nor_torch():
-    code = ("import sys, relax.config, relax.config.validate, relax.config.eval_flags; "
+    code = ("import sys, relax.config, relax.config.validate, relax.config.eval_command; "
             "print(sorted(m for m in sys.modules if m.startswith('relax.rollout') "
             "or m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

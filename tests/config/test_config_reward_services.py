@@ -1,4 +1,4 @@
-"""The remote reward model's and --group-rm's flags (relax/config/reward_services.py): each bad
+"""The remote reward model's and --group-rm's flags (relax/config/sections/rewards.py): each bad
 value is exit 2 with one line naming the flag; --dry-run never touches the network."""
 
 from __future__ import annotations

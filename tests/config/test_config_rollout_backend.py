@@ -1,4 +1,4 @@
-"""--rollout-backend's rules (relax/config/rollout_backend.py): what the vLLM backend cannot
+"""--rollout-backend's rules (relax/config/sections/backend.py): what the vLLM backend cannot
 serve is refused with one line naming the flags, --fully-async gives each rollout rank a
 server, the log-prob mode exists for the sampling settings, and its flags need the
 backend."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.config.rollout_backend import log_probs_mode
+from relax.config.sections.backend import log_probs_mode
 
 BASE = ["train", "--dry-run", "--num-rollout", "2"]
 

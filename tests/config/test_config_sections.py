@@ -10,10 +10,17 @@ import json
 import pytest
 
 from relax.config import config_to_json, parse_eval_config, parse_train_config
-from relax.config.fields import default_words, help_text
 from relax.config.flags import build_eval_parser, build_train_parser
 from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
-from relax.config.section import Section, flat_index, leaves, to_flat, value_of
+from relax.config.section import (
+    Section,
+    default_words,
+    flat_index,
+    help_text,
+    leaves,
+    to_flat,
+    value_of,
+)
 from relax.config.sections import EvaluationSection, RolloutSection, SamplingSection
 
 MANY_FLAGS = [

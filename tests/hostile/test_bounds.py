@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from relax.config import ConfigError, parse_eval_config
-from relax.config.bounds import MAX_ROUNDS, MAX_SAMPLES_PER_STEP, MAX_TURNS
 from relax.config.gym_spec import MAX_SIZE
+from relax.config.sections.batches import MAX_ROUNDS, MAX_SAMPLES_PER_STEP
+from relax.config.sections.episodes import MAX_TURNS
 from tests.hostile.helpers import one_error_line, relax
 from tests.trainer.helpers import make_config
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relax.config.reward_services import DEFAULT_TEMPLATE, fill_template, template_problem
+from relax.config.judge_template import DEFAULT_TEMPLATE, fill_template, template_problem
 from relax.config.sections import RewardsSection
 from relax.errors import InputError
 from relax.rollout.reward.genrm import GenerativeJudge, parse_verdict

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from relax.config.critic_fields import CriticSection
+from relax.config.sections.critic import CriticSection
 from relax.metrics.tracker import MetricTracker
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer import sharded_state

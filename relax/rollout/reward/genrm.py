@@ -1,7 +1,7 @@
 """A generative judge as the reward: ``--rm-type genrm --genrm-model-path DIR``.
 
 A second causal LM (any Hugging Face model directory) reads each sample through a judging
-prompt (``--genrm-prompt-template FILE``, else ``DEFAULT_TEMPLATE`` of relax/config/reward_services.py) and writes a verdict;
+prompt (``--genrm-prompt-template FILE``, else ``DEFAULT_TEMPLATE`` of relax/config/judge_template.py) and writes a verdict;
 :func:`parse_verdict` turns it into the reward. It runs colocated, in the trainer's process on
 the policy's device, through the same :class:`~relax.rollout.generation.sampler.Sampler` as the rollout
 (so the lean engine of relax/rollout/generation/engine.py for Llama-family judges), under the run's
@@ -15,7 +15,7 @@ How it differs from Relax's ``dapo-genrm``: that judge is an SGLang server reach
 here it shares the trainer's device and decode, which costs step time instead of a GPU, and a
 served judge is ``--rm-type remote_rm`` (relax/rollout/reward/remote_reward.py).
 Torch is used only through the sampler; the template rules are torch-free
-(relax/config/reward_services.py checks a template file with :func:`template_problem`).
+(relax/config/judge_template.py checks a template file with :func:`template_problem`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from relax.config.reward_services import fill_template
+from relax.config.judge_template import fill_template
 from relax.errors import InputError
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import Sampler, SamplingParams

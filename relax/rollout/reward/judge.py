@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from relax import models
-from relax.config.reward_services import DEFAULT_TEMPLATE, read_template
+from relax.config.judge_template import DEFAULT_TEMPLATE, read_template
 from relax.errors import InputError
 from relax.rollout.prompts.data import format_prompt
 from relax.rollout.reward.genrm import GenerativeJudge

@@ -30,7 +30,7 @@ import threading
 from urllib.parse import urlsplit
 
 from relax import http_post
-from relax.config.reward_services import MAX_BACKOFF_WAIT
+from relax.config.sections.rewards import MAX_BACKOFF_WAIT
 from relax.errors import InputError, RewardError
 from relax.plugins import bad_reward
 from relax.waits import wait_event

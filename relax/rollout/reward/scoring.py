@@ -28,7 +28,7 @@ class Scorer:
 
     def __init__(self, rollout, ctx, *, builtin_task: str | None, post_process_path: str | None,
                  judge=None, agree: Agreement | None = None):
-        """``rollout``: the configuration's section (relax/config/sections.py); ``judge``: the
+        """``rollout``: the configuration's section (relax/config/sections/); ``judge``: the
         GenerativeJudge of ``--rm-type genrm`` (relax/rollout/reward/judge.py loads it); ``agree``:
         how the shares of a step fail together (relax/agreement.py)."""
         self.ctx, self.judge = ctx, judge

@@ -36,7 +36,7 @@ from functools import partial
 import torch
 
 from relax.algorithms import clipped_value_loss, gae_returns, token_mean, value_statistics
-from relax.config.critic_rules import CRITIC_FILE
+from relax.config.sections.critic import CRITIC_FILE
 from relax.errors import InputError, NonFiniteError
 from relax.precision import autocast
 from relax.seeding import seed_for

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from relax.config.critic_rules import CRITIC_FILE
+from relax.config.sections.critic import CRITIC_FILE
 from relax.errors import InputError
 from relax.trainer import sharded_state
 from relax.trainer.distributed import unwrap

@@ -29,7 +29,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from relax.config.rollout_backend import log_probs_mode
+from relax.config.sections.backend import log_probs_mode
 from relax.errors import InputError
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import (

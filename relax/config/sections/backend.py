@@ -1,5 +1,5 @@
-"""The rollout backend: Relax's own decode engine, or vLLM servers (``--rollout-backend
-vllm``): the flags and their rules (docs/configuration.md, "Rollout backend").
+"""The backend section (``cfg.rollout.backend``): Relax's own decode engine, or vLLM servers
+(``--rollout-backend vllm``): the flags and their rules (docs/configuration.md, "Rollout backend").
 
 With vLLM the trainer samples through OpenAI-compatible vLLM servers, token ids in and out,
 and pushes its weights to them after every ``--update-weights-interval`` steps
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relax.config.checks import check_url, reject
-from relax.config.section import Section, option, value_of
+from relax.config.checks import check_url
+from relax.config.section import Needs, Section, option, reject
 
 BACKENDS = ("relax", "vllm")
 MAKE_TARGET = "make vllm"
@@ -26,6 +26,13 @@ EVAL_HELP = {
                        "(a vLLM OpenAI server on the checkpoint's weights, started from the "
                        f"environment `{MAKE_TARGET}` builds unless --vllm-url names running ones).",
 }
+
+
+# a vLLM flag given without --rollout-backend vllm is a mistake worth one line (in relax eval too)
+NEEDS_VLLM = Needs(lambda cfg: cfg.rollout.backend.name == "vllm",
+                   "has no effect without --rollout-backend vllm; add it or remove this flag",
+                   commands=("train", "eval"))
+_SECONDS = (lambda v: 0 < v <= 86400, "must lie in (0, 86400] seconds")
 
 
 @dataclass(frozen=True)
@@ -49,17 +56,22 @@ class BackendSection(Section):
         'one URL per rollout rank). Must answer when the command starts.',
         nargs='+',
         metavar='URL',
-        default_text='Relax starts and owns one server per rank')
+        default_text='Relax starts and owns one server per rank',
+        requires=NEEDS_VLLM)
     vllm_startup_timeout: float = option(
         600.0,
         'Seconds a server Relax starts may take to answer (its model loaded); then the run '
         "stops with the server's log named.",
-        metavar='SECONDS')
+        metavar='SECONDS',
+        bound=_SECONDS,
+        requires=NEEDS_VLLM)
     vllm_request_timeout: float = option(
         600.0,
         'Seconds one generation or weight-sync request to a vLLM server may take; then the run'
         ' stops naming the server and its log.',
-        metavar='SECONDS')
+        metavar='SECONDS',
+        bound=_SECONDS,
+        requires=NEEDS_VLLM)
     vllm_partial_chunk_tokens: int = option(
         32,
         'With --partial-rollout: the unfinished responses are decoded in rounds of at most '
@@ -67,31 +79,29 @@ class BackendSection(Section):
         'complete groups (a rule on token counts, so a seeded run repeats; 1 stops where '
         "Relax's engine would, at one request per token).",
         metavar='TOKENS',
-        bound=(lambda v: v >= 1, "must be >= 1 tokens per round, e.g. 32"))
+        bound=(lambda v: v >= 1, "must be >= 1 tokens per round, e.g. 32"),
+        requires=(NEEDS_VLLM, Needs(lambda cfg: cfg.rollout.partial.enabled,
+                                    "has no effect without --partial-rollout; add it or remove "
+                                    "this flag")))
+
+    def check(self) -> None:
+        if self.name == "vllm":
+            for url in self.vllm_url or ():
+                check_url(self, "vllm_url", url)
 
 
-_FLAGS = ("vllm_url", "vllm_startup_timeout", "vllm_request_timeout",
-          "vllm_partial_chunk_tokens")
+# ------------------------------------------------------------------ rules across sections
 
-def _check_unused_server_flags(cfg, explicit: set[str]) -> None:
-    """A vLLM flag given without ``--rollout-backend vllm`` is a mistake worth one line."""
-    for dest in _FLAGS:
-        if dest in explicit:
-            reject(cfg, dest, "has no effect without --rollout-backend vllm; add it or "
-                   "remove this flag")
-
-
-def check_rollout_backend(cfg, explicit: set[str]) -> None:
-    """One line for the first broken rule of the backend flags."""
+def check_vllm_backend(cfg, explicit: set[str]) -> None:
+    """Sections rollout.backend, model, rollout.sampling, placement, lora, rollout.off_policy:
+    what the vLLM backend cannot serve, one line for the first."""
     if cfg.rollout.backend.name != "vllm":
-        _check_unused_server_flags(cfg, explicit)
         return
     if cfg.model.hf_checkpoint is None:
         reject(cfg, "rollout_backend", "vLLM serves a model directory: pass --hf-checkpoint "
                "(the built-in tiny model's 16-wide attention heads are too narrow for vLLM's "
                "CPU kernels)")
     _check_log_prob_mode(cfg)
-    _check_server_flags(cfg)
     urls = cfg.rollout.backend.vllm_url
     if cfg.placement.fully_async and urls and len(urls) < cfg.placement.rollout_num_gpus:
         # each rollout rank pushes its weights to its server when its schedule says; two
@@ -100,37 +110,13 @@ def check_rollout_backend(cfg, explicit: set[str]) -> None:
                f"{cfg.placement.rollout_num_gpus} rollout ranks: with --fully-async each "
                "rollout rank needs a server of its own (rollout rank i uses URL i); pass one "
                "URL per rollout rank, or leave out --vllm-url")
-    if "vllm_partial_chunk_tokens" in explicit and not cfg.rollout.partial.enabled:
-        reject(cfg, "vllm_partial_chunk_tokens", "has no effect without --partial-rollout; "
-               "add it or remove this flag")
     if cfg.lora.rank > MAX_LORA_RANK:
         reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
                f"{MAX_LORA_RANK}; use a smaller --lora-rank")
-    if cfg.placement.weight_sync_bucket_mb <= 0:
-        reject(cfg, "weight_sync_bucket_mb", "must be > 0, e.g. 64")
-    if cfg.placement.update_weights_interval < 1:
-        reject(cfg, "update_weights_interval", "must be >= 1")
     if cfg.placement.update_weights_interval > 1 and not (cfg.rollout.off_policy.use_tis or cfg.rollout.off_policy.use_rollout_logprobs):
         reject(cfg, "update_weights_interval", "vLLM then samples with weights up to I - 1 "
                "steps old, which needs an importance correction: add --use-tis (or "
                "--use-rollout-logprobs), or set --update-weights-interval 1")
-
-
-def check_eval_backend(cfg, explicit: set[str]) -> None:
-    """``relax eval --rollout-backend vllm``: log-probs are not read, so any sampling
-    settings go."""
-    if cfg.rollout.backend.name != "vllm":
-        _check_unused_server_flags(cfg, explicit)
-        return
-    _check_server_flags(cfg)
-
-
-def _check_server_flags(cfg) -> None:
-    for dest in ("vllm_startup_timeout", "vllm_request_timeout"):
-        if not 0 < value_of(cfg, dest) <= 86400:
-            reject(cfg, dest, "must lie in (0, 86400] seconds")
-    for url in cfg.rollout.backend.vllm_url or ():
-        check_url(cfg, "vllm_url", url)
 
 
 def _check_log_prob_mode(cfg) -> None:
