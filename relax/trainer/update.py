@@ -30,7 +30,8 @@ from functools import partial
 import torch
 
 from relax.algorithms import compute_policy_loss, response_mean, token_mean
-from relax.config.sections import AlgorithmSection
+from relax.config.section import default_of
+from relax.config.sections import AlgorithmSection, BatchSection
 from relax.errors import NonFiniteError
 from relax.precision import autocast
 from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
@@ -59,7 +60,7 @@ class LossSettings:
     temperature: float = 1.0
     bf16: bool = False
     max_tokens: int | None = None
-    layout: str = "shared-prefix"
+    layout: str = default_of(BatchSection, "pass_layout")  # --pass-layout
     opsd: bool = False
 
     @property

@@ -29,7 +29,9 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from relax.config.sections.backend import log_probs_mode
+from relax.config.section import default_of
+from relax.config.sections.backend import BackendSection, log_probs_mode
+from relax.config.sections.placement import PlacementSection
 from relax.errors import InputError
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import (
@@ -61,8 +63,10 @@ class VllmSettings:
     startup_timeout: float
     request_timeout: float
     fsdp: bool = False  # --fsdp: the sync gathers the shards (vllm_sync.py ``Shards``)
-    bucket_bytes: int = 64 << 20  # --weight-sync-bucket-mb
-    partial_chunk: int = 32  # --vllm-partial-chunk-tokens (vllm_sampler.py)
+    # --weight-sync-bucket-mb and --vllm-partial-chunk-tokens (vllm_sampler.py): the
+    # sections' defaults, written once there
+    bucket_bytes: int = int(default_of(PlacementSection, "weight_sync_bucket_mb") * 2**20)
+    partial_chunk: int = default_of(BackendSection, "vllm_partial_chunk_tokens")
     keep_weights: bool = True  # False (relax eval): the written weights go at close
     scratch: bool = False  # run_dir is the command's scratch folder, removed at close
 
