@@ -49,8 +49,8 @@ $(STAMP): pyproject.toml Makefile
 # are removed. `make test` depends on it, so CI builds it once per fresh checkout: measured
 # here 299 s from an empty pip cache (--no-cache-dir) and 88 s with pip's wheel cache warm,
 # a 3.4 GB environment; the stamp makes re-runs free. Its tests add about 12 minutes of
-# server start-ups and runs on one busy 2-core worker (tests/rollout/test_vllm_server.py 4 min,
-# tests/trainer/test_vllm_train.py 7.5 min, tests/eval/test_eval_vllm.py 1 min), less on xdist.
+# server start-ups and runs on one busy 2-core worker (tests/rollout/backends/vllm/test_vllm_server.py 4 min,
+# tests/rollout/backends/vllm/test_vllm_train.py 7.5 min, tests/rollout/backends/vllm/test_eval_vllm.py 1 min), less on xdist.
 vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): Makefile

@@ -55,8 +55,8 @@ def worker(model_dir: str, save_dir: str, mode: str) -> None:
     import torch.distributed as dist
 
     from relax.models import load_policy, load_tokenizer
-    from relax.trainer import checkpoint
     from relax.trainer.distributed import init_distributed, wrap_model
+    from relax.trainer.state import checkpoint
 
     ctx = init_distributed("cpu", 10)
     torch.set_num_threads(1)
@@ -75,7 +75,7 @@ def worker(model_dir: str, save_dir: str, mode: str) -> None:
     start = time.perf_counter()
     returned = None
     if hasattr(checkpoint, "Checkpointer"):
-        from relax.trainer.policy import Policy
+        from relax.trainer.policy.bundle import Policy
 
         policy = Policy(model=model, optimizer=optimizer, tokenizer=tokenizer, ctx=ctx, fsdp=True)
         saver = checkpoint.Checkpointer(save_dir, ctx, policy, fsdp=True,

@@ -211,7 +211,7 @@ def hardware_share(a, data, response_length: float) -> float:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from relax.rollout.prompts.data import format_prompt
-    from relax.trainer.flops import ModelShape
+    from relax.trainer.perf.flops import ModelShape
 
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     with open(data, encoding="utf-8") as f:

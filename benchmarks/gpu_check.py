@@ -242,13 +242,13 @@ def compare_decode(args, size: dict, model_dir: str) -> dict:
 
 def compare_packing(args, size: dict, model_dir: str) -> dict:
     """The packed, prefix-shared passes on the device against the padded ones
-    (relax/trainer/packing.py): a small Qwen3 in fp32, four prompts of up to 24 tokens x four
+    (relax/trainer/policy/packing.py): a small Qwen3 in fp32, four prompts of up to 24 tokens x four
     responses of 1..32 tokens; the largest log-prob difference and the largest gradient
     difference relative to the gradient's scale. A ValueError when they are not float rounding
     (the CPU's float64 tests hold them to 1e-10)."""
     from relax.tiny_model import build_tiny_model, build_tokenizer
-    from relax.trainer.experience import Experience
-    from relax.trainer.logprobs import response_log_probs
+    from relax.trainer.policy.experience import Experience
+    from relax.trainer.policy.logprobs import response_log_probs
 
     device = torch.device(args.device)
     model = build_tiny_model(build_tokenizer(), seed=2, hidden_size=256, intermediate_size=512,

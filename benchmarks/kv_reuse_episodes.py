@@ -2,7 +2,7 @@
 (A, the path before KV reuse) and with each episode's KV cache kept between turns (B): the
 generation time of each and how many episodes came out token for token the same.
 
-Not part of the test suite (tests/rollout/test_turn_cache.py proves the ids equal on a tiny
+Not part of the test suite (tests/rollout/generation/test_turn_cache.py proves the ids equal on a tiny
 model). On a real model the two paths sum the same floats in another order, so a draw that
 falls within rounding of a boundary between two tokens can differ; this counts how often::
 

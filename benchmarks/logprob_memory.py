@@ -30,8 +30,8 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
 def measure(args) -> dict:
     import torch
 
-    from relax.trainer import logprobs
-    from relax.trainer.logprobs import Experience, response_log_probs
+    from relax.trainer.policy import logprobs
+    from relax.trainer.policy.logprobs import Experience, response_log_probs
 
     torch.set_num_threads(args.threads)
     if args.model:

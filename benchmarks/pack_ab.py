@@ -17,7 +17,7 @@ responses at step 1 (same seed, generation unchanged); a later step follows floa
 the update. The load average (1 min) is recorded before and after each run.
 
 The matrix-product limit of a step: its model FLOPs with each group's prompt counted once
-(B's ``perf/mfu`` counts them so, relax/trainer/flops.py) over the peak FLOP/s, the same
+(B's ``perf/mfu`` counts them so, relax/trainer/perf/flops.py) over the peak FLOP/s, the same
 figure for both arms (``RELAX_PEAK_TFLOPS`` is measured once here, best of 5 1024^3 matmuls on
 ``--threads`` threads, and given to every run, so both divide by the same peak):
 ``limit_s = perf/mfu(B) x perf/step_time(B)``; each arm's fraction = ``limit_s / step_time``.
@@ -43,7 +43,7 @@ def peak_tflops(threads: int, bf16: bool) -> float:
     import torch
 
     torch.set_num_threads(threads)
-    from relax.trainer.flops import measure_peak_flops
+    from relax.trainer.perf.flops import measure_peak_flops
 
     os.environ.pop("RELAX_PEAK_TFLOPS", None)
     return max(measure_peak_flops(torch.device("cpu"), bf16) for _ in range(3)) / 1e12

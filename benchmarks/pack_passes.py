@@ -41,11 +41,11 @@ from profile_step import GIB_PER_KB, status_kb  # benchmarks/, on the path as th
 from relax.config.sections import AlgorithmSection
 from relax.models import load_policy, load_tokenizer
 from relax.precision import autocast
-from relax.trainer.experience import Experience
-from relax.trainer.logprobs import response_log_probs
+from relax.trainer.policy.experience import Experience
+from relax.trainer.policy.logprobs import response_log_probs
 
 try:
-    from relax.trainer import packing
+    from relax.trainer.policy import packing
 except ImportError:  # a tree from before the packed passes
     packing = None
 
@@ -142,7 +142,7 @@ def update_inputs(exp: Experience) -> None:
 def settings(bf16: bool, layout: str | None):
     """GRPO with the k3 KL loss 0.04 (the TRL-comparison step), this tree's default layout
     unless ``layout`` is given."""
-    from relax.trainer.update import LossSettings
+    from relax.trainer.policy.update import LossSettings
 
     kw = {} if layout is None else {"layout": layout}
     return LossSettings(AlgorithmSection(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
@@ -153,7 +153,7 @@ def one_update(model, opt, exp: Experience, s) -> float:
     """CPU seconds of one ``train_on_rollout`` over ``exp`` (one AdamW step, lr 0, so every
     repeat sees the same parameters; micro-batches of 16)."""
     from relax.trainer.distributed import DistContext
-    from relax.trainer.update import train_on_rollout
+    from relax.trainer.policy.update import train_on_rollout
 
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     cpu = time.process_time()
@@ -261,7 +261,7 @@ def main() -> None:
     model = load_policy(a.model, load_tokenizer(a.model), torch.device("cpu"), seed=0)
     if a.recompute:
         from relax.config.sections import RecomputeSection
-        from relax.trainer.recompute import apply_recompute
+        from relax.trainer.policy.recompute import apply_recompute
 
         apply_recompute(model, RecomputeSection(granularity="full"))
     exp = batch(a, model.config.vocab_size)

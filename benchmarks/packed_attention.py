@@ -6,7 +6,7 @@ attention alone at SmolLM2-135M's shapes (9 query heads, 3 key/value heads, head
 
     .venv/bin/python benchmarks/packed_attention.py --threads 1
 
-relax/trainer/packing.py's ``block_attention`` is the per-block / per-response choice.
+relax/trainer/policy/packing.py's ``block_attention`` is the per-block / per-response choice.
 """
 
 from __future__ import annotations

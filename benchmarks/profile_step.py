@@ -100,7 +100,9 @@ def install(profile: Profile) -> None:
         register_optimizer_step_pre_hook,
     )
 
-    from relax.trainer import policy, runtime, update
+    from relax.trainer import runtime
+    from relax.trainer.policy import bundle as policy
+    from relax.trainer.policy import update
 
     timed = runtime.Timer.__call__
 

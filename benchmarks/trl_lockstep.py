@@ -70,7 +70,7 @@ def record_trl(a, model_dir, data):
 def experience(inputs, ref_log_probs=None):
     """TRL's batch as a Relax ``Experience`` (the same tokens, masks and positions)."""
     from relax.rollout.generation.generate import Rollout
-    from relax.trainer.logprobs import experience_from_rollout
+    from relax.trainer.policy.logprobs import experience_from_rollout
 
     mask = inputs["completion_mask"].bool()
     exp = experience_from_rollout(Rollout(inputs["prompt_ids"], inputs["prompt_mask"].bool(),
@@ -108,8 +108,8 @@ def main(argv=None) -> None:
     from relax.algorithms import compute_advantages_and_returns
     from relax.config import parse_train_config
     from relax.trainer.distributed import DistContext
-    from relax.trainer.optimizer_step import build_optimizer
-    from relax.trainer.update import LossSettings, micro_batch_loss, train_on_rollout
+    from relax.trainer.policy.optimizer_step import build_optimizer
+    from relax.trainer.policy.update import LossSettings, micro_batch_loss, train_on_rollout
 
     model_dir, data = C.prepare(a.workdir, a.size, a.steps)
     trainer, init, rec = record_trl(a, model_dir, data)

@@ -67,7 +67,7 @@ def labelled():
     """The update's functions under the labels of :data:`LABELS` (module attributes swapped
     for this context only; the packed attention function is registered by reference on the
     first packed pass, so this must be entered before the model's first pass)."""
-    from relax.trainer import logprobs, packing, update
+    from relax.trainer.policy import logprobs, packing, update
 
     with contextlib.ExitStack() as stack:
         for owner, name in ((update, "response_rows"), (logprobs, "response_rows")):

@@ -98,7 +98,7 @@ def _run_export(argv: list[str]) -> int:
         return _error("relax export", str(e))
     if not os.path.isdir(ns.checkpoint):
         return _error("relax export", f"CHECKPOINT {ns.checkpoint}: no such directory")
-    from relax.trainer.export import export_checkpoint  # lazy: torch and transformers
+    from relax.trainer.state.export import export_checkpoint  # lazy: torch and transformers
 
     try:
         ckpt, step = export_checkpoint(ns.checkpoint, ns.output_dir)

@@ -37,7 +37,7 @@ from relax.errors import InputError
 
 OUTPUT_MARKER = "relax_run.json"
 SAVE_DIR_MARKER = "relax_save_dir.json"
-SAVE_MARKER = "relax_save.json"  # a checkpoint's manifest, written by relax/trainer/checkpoint.py
+SAVE_MARKER = "relax_save.json"  # a checkpoint's manifest, written by relax/trainer/state/checkpoint.py
 CRITIC_MARKER = "relax_critic_dir.json"
 # kind (``option(writes=...)``) -> (the markers that make a directory Relax's own of that
 # kind, the first one written by a claim; what such directories are called)

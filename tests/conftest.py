@@ -18,8 +18,8 @@ import sys
 import pytest
 
 # Known figures instead of the start-up benchmark of every in-process trainer (a 1024^3 matmul
-# and a 128 MB copy; relax/trainer/flops.py). Set in os.environ, so child processes inherit
-# them. tests/trainer/test_flops.py clears them where the measurement itself is under test.
+# and a 128 MB copy; relax/trainer/perf/flops.py). Set in os.environ, so child processes inherit
+# them. tests/trainer/perf/test_flops.py clears them where the measurement itself is under test.
 MACHINE_LIMITS = {"RELAX_PEAK_TFLOPS": "1", "RELAX_MEMORY_BANDWIDTH_GBPS": "10"}
 # One intra-op thread per process (the trainer's setup.cpu_threads honours it): the tiny
 # model's products are too small to split, and two threads per process on a 2-core machine
@@ -92,16 +92,16 @@ def pytest_runtest_call(item):
 # in-process tests, whose thousand short ones fill the last minutes on both workers. Only the
 # order changes.
 FIRST = [
-    "tests/trainer/test_fully_async.py",
+    "tests/trainer/fully_async/test_fully_async.py",
     "tests/reliability/test_repeat_under_load.py",  # two runs at once beside a busy core
-    "tests/trainer/test_vllm_train.py",
-    "tests/trainer/test_fully_async_modes.py",
-    "tests/trainer/test_critic.py",
-    "tests/rollout/test_vllm_lora.py",
+    "tests/rollout/backends/vllm/test_vllm_train.py",
+    "tests/trainer/fully_async/test_fully_async_modes.py",
+    "tests/trainer/terms/test_critic.py",
+    "tests/rollout/backends/vllm/test_vllm_lora.py",
     "tests/trainer/test_partial_rollout.py",
-    "tests/trainer/test_vllm_fully_async.py",
-    "tests/eval/test_eval_vllm.py",
-    "tests/trainer/test_fully_async_distill.py",
+    "tests/rollout/backends/vllm/test_vllm_fully_async.py",
+    "tests/rollout/backends/vllm/test_eval_vllm.py",
+    "tests/trainer/fully_async/test_fully_async_distill.py",
 ]
 
 

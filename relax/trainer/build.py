@@ -47,17 +47,19 @@ from relax.rollout.prompts.privileged import teacher_samples
 from relax.rollout.reward.judge import check_judging_lengths
 from relax.rollout.reward.scoring import Scorer
 from relax.rundirs import check_free_space
-from relax.trainer import checkpoint, passes
 from relax.trainer.distributed import reshard
 from relax.trainer.fully_async.async_layout import Schedule
 from relax.trainer.fully_async.publish import Publisher, publisher_for
 from relax.trainer.fully_async.remote_rollout import RemoteRollout
-from relax.trainer.policy import Policy
-from relax.trainer.resume import check_resume, find_resume, load_trainer_state, report_resume
+from relax.trainer.perf.step_metrics import StepMetrics
+from relax.trainer.policy import passes
+from relax.trainer.policy.bundle import Policy
+from relax.trainer.policy.update import LossSettings
 from relax.trainer.run_control import RunControl
 from relax.trainer.runtime import Timer
 from relax.trainer.signals import StopRequest
-from relax.trainer.step_metrics import StepMetrics
+from relax.trainer.state import checkpoint
+from relax.trainer.state.resume import check_resume, find_resume, load_trainer_state, report_resume
 from relax.trainer.terms.critic import Critic
 from relax.trainer.terms.custom_advantage import CustomAdvantage
 from relax.trainer.terms.distillation import Distillation
@@ -65,7 +67,6 @@ from relax.trainer.terms.kl import Reference
 from relax.trainer.terms.off_policy import MismatchMeter, OffPolicy
 from relax.trainer.terms.self_distillation import SelfDistillation
 from relax.trainer.terms.term import Term
-from relax.trainer.update import LossSettings
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Parts:
     (relax/trainer/terms/term.py): the reference pass, the ppo critic, the custom advantage
     plug-in, the distillation teacher, self-distillation, the mismatch meter; the loss adds the
     algorithm's own (entropy, KL loss, TIS, OPSM: ``update.loss_terms``). ``old_log_probs``:
-    whether the rollout step runs the pi_old pass (relax/trainer/passes.py)."""
+    whether the rollout step runs the pi_old pass (relax/trainer/policy/passes.py)."""
 
     timer: Timer
     tracker: MetricTracker

@@ -32,9 +32,9 @@ relax/trainer/launch.py (``relax train`` or ``torchrun
 
 Metrics per rollout step (rank 0 writes ``OUTPUT_DIR/metrics.jsonl``): the
 reinforce_plus_plus.md §10 names, the phase times and the distance to the machine's limits
-(relax/trainer/step_metrics.py), and ``perf/backward_skipped_fraction`` (share of the step's
+(relax/trainer/perf/step_metrics.py), and ``perf/backward_skipped_fraction`` (share of the step's
 samples whose backward was skipped because their loss and gradient are exactly zero,
-``relax.trainer.update.inert_rows``); with ``--fully-async`` the ``async/*`` metrics of
+``relax.trainer.policy.update.inert_rows``); with ``--fully-async`` the ``async/*`` metrics of
 relax/trainer/fully_async/remote_rollout.py, where ``collect`` receives the batch a rollout rank sampled
 and ``publish`` sends the weights after each step. Guarantees and the tests behind them:
 docs/reliability.md.
@@ -49,12 +49,12 @@ from relax.eval.sets import maybe_evaluate
 from relax.metrics.sinks import spread_indices
 from relax.rollout.generation.batch import StepBatch
 from relax.trainer.build import build
-from relax.trainer.experience import experience_from_rollout
 from relax.trainer.fully_async.async_layout import AsyncLayout
+from relax.trainer.policy.experience import experience_from_rollout
+from relax.trainer.policy.update import train_on_rollout
 from relax.trainer.signals import StopRequest
 from relax.trainer.terms.critic import Critic
 from relax.trainer.terms.term import Estimate, UpdatePlan
-from relax.trainer.update import train_on_rollout
 
 
 class Trainer:
@@ -103,7 +103,7 @@ class Trainer:
             self.update(exp)
 
     def log_probs(self, b: StepBatch):
-        """pi_old (when the update cannot use its own, relax/trainer/passes.py), then each
+        """pi_old (when the update cannot use its own, relax/trainer/policy/passes.py), then each
         term's no-grad pass: the reference, a teacher, the critic's values."""
         exp = experience_from_rollout(b.rollout)
         cfg = self.cfg

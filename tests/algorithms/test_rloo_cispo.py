@@ -183,7 +183,7 @@ def test_no_gradient_reaches_old_log_probs_or_advantages(kind):
 
 @pytest.mark.parametrize("kind", ["cispo", "rloo"])
 def test_zero_advantage_rows_give_exactly_zero_loss_and_gradient(kind):
-    """The update skips the backward of such rows (relax/trainer/update.py ``inert_rows``)."""
+    """The update skips the backward of such rows (relax/trainer/policy/update.py ``inert_rows``)."""
     rng, lp, old, adv, mask = _batch(10, 5, 12, torch.float64, masked_rows=())
     adv[[0, 3]] = 0.0
     f = ((lambda x: alg.cispo_loss(x, old, adv, mask)[0]) if kind == "cispo"

@@ -55,7 +55,7 @@ def test_rejected_with_one_line(cli, rejected, world, tmp_path, size, flags, nee
 @pytest.mark.parametrize("flags", [
     ["--dynamic-sampling-filter-path", "nonzero_std", "--over-sampling-batch-size", "4"],
     ["--partial-rollout", "--over-sampling-batch-size", "4"],
-    ["--env", "tests.agents.scripted:countdown", "--max-turns", "2"],
+    ["--env", "tests.rollout.agents.scripted:countdown", "--max-turns", "2"],
     ["--use-agentic-rollout", "--agent-command", f"{sys.executable} -c pass"],
 ], ids=["dynamic-sampling", "partial", "env", "agents"])
 def test_the_rollout_sides_modes_run_on_rollout_ranks(cli, world, flags):

@@ -55,9 +55,9 @@ def test_partial_rollouts_take_a_filter_and_env_episodes(cli):
                "--dynamic-sampling-filter-path", "nonzero_std", "--dry-run"]).config()
     assert cfg["partial_rollout"] and cfg["dynamic_sampling_filter_path"] == "nonzero_std"
     cfg = cli(["train", "--partial-rollout", "--use-tis", "--rollout-batch-size", "4",
-               "--over-sampling-batch-size", "8", "--env", "tests.agents.scripted:ragged",
+               "--over-sampling-batch-size", "8", "--env", "tests.rollout.agents.scripted:ragged",
                "--dry-run"]).config()
-    assert cfg["partial_rollout"] and cfg["env"] == "tests.agents.scripted:ragged"
+    assert cfg["partial_rollout"] and cfg["env"] == "tests.rollout.agents.scripted:ragged"
 
 
 def test_good_off_policy_flags_resolve(cli):

@@ -31,7 +31,7 @@ def test_defaults_and_accepted_settings(cli, vllm):
     cfg = cli([*vllm, "--fsdp", "--weight-sync-bucket-mb", "8"]).config()
     assert cfg["fsdp"] and cfg["weight_sync_bucket_mb"] == 8
     # multi-turn episodes: every turn is sampled by the server
-    assert cli([*vllm, "--env", "tests.agents.scripted:countdown"]).config()["env"]
+    assert cli([*vllm, "--env", "tests.rollout.agents.scripted:countdown"]).config()["env"]
     # partial rollouts: rounds of --vllm-partial-chunk-tokens
     cfg = cli([*vllm, "--partial-rollout", "--use-tis", "--over-sampling-batch-size", "64",
                "--vllm-partial-chunk-tokens", "4"]).config()

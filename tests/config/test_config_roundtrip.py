@@ -58,7 +58,7 @@ RUNS: dict[str, tuple[int, list[str]]] = {
                      "--num-rollout", "2"]),
     "opd-fully-async": (2, ["--use-opd", "--opd-teacher-load", "HF", "--fully-async",
                             "--use-tis"]),
-    "env": (1, ["--env", "tests.agents.scripted:countdown", "--max-turns", "2",
+    "env": (1, ["--env", "tests.rollout.agents.scripted:countdown", "--max-turns", "2",
                 "--eval-interval", "2", "--eval-episodes", "4"]),
     "agents": (1, ["--use-agentic-rollout", "--agent-command", f"{sys.executable} -c pass"]),
     "checkpoints": (1, ["--save", "DIR", "--save-interval", "2", "--keep-last", "2",

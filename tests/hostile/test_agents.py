@@ -1,4 +1,4 @@
-"""Agent programs that misbehave (tests/agents/hostile.py, run as real processes): requests
+"""Agent programs that misbehave (tests/rollout/agents/hostile.py, run as real processes): requests
 outside the Chat Completions shape are refused with a 400 and the reason before the tokenizer,
 a body over the cap with a 413, a garbage reward file fails the episode; what an agent starts
 dies with its episode; an agent cannot list the other episodes' files (docs/reliability.md,

@@ -103,7 +103,7 @@ def test_malformed_manifest_and_foreign_trainer_state(tmp_path):
     # a rank state file from elsewhere, with a manifest that matches it
     step1 = save / "rollout_000001"
     torch.save({"optimizer": {"foo": 1}, "rng": "x"}, step1 / "rank_00000.pt")
-    from relax.trainer.checkpoint import _list_files, _write_marker
+    from relax.trainer.state.checkpoint import _list_files, _write_marker
 
     meta = json.loads((step1 / "relax_save.json").read_text())
     _write_marker(str(step1), {**meta, "files": _list_files(str(step1), checksums=False)})

@@ -1,6 +1,6 @@
 """A reward server as a hostile peer (docs/reward_services.md, "Failures"): one that drips its
 answer, redirects, cuts its body short or answers a reward beyond float32 -- each a real server
-process on 127.0.0.1 (tests/rollout/reward_servers.py) against the client of
+process on 127.0.0.1 (tests/rollout/reward/reward_servers.py) against the client of
 relax/rollout/reward/remote_reward.py, and the drip against a real ``relax train``; and the example
 server (examples/reward_server/) against malformed requests and a slow client."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from relax.errors import RewardError
 from tests.hostile.helpers import SMALL, one_error_line, relax, write
-from tests.rollout.test_remote_reward import (
+from tests.rollout.reward.test_remote_reward import (
     GROUPS,
     LABELS,
     PROMPTS,

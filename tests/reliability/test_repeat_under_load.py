@@ -4,7 +4,7 @@ it gives.
 Each test starts two identical runs at once, at two intra-op threads each, beside a process
 that keeps a core busy: on a 2-core machine the runs' threads are then descheduled at random
 points, which is what exposed a kernel whose result depended on thread timing (the backward
-of the pack's gathers, relax/trainer/packing.py ``take``: seeded default runs drifted apart at
+of the pack's gathers, relax/trainer/policy/packing.py ``take``: seeded default runs drifted apart at
 steps 14-23). Every metric that is not a time must be equal, not close, at every step, and
 enough steps run for a last-bit drift to show (the default run: 200; the others 40).
 """
@@ -98,7 +98,7 @@ def _relax(out: Path, *flags: str) -> list[str]:
 def test_an_env_run_repeats_two_at_a_time_under_load(tmp_path):
     """Episodes (``--env``, several turns, the shared-prefix passes over each episode's
     turns) at four threads, twice at once beside a busy core: equal in every metric."""
-    flags = ["--env", "tests.agents.scripted:countdown", "--max-turns", "3", "--num-rollout",
+    flags = ["--env", "tests.rollout.agents.scripted:countdown", "--max-turns", "3", "--num-rollout",
              "40", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
              "--rollout-max-response-len", "4", "--log-samples", "0", "--seed", "7"]
     runs = [tmp_path / "a", tmp_path / "b"]

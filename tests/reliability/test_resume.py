@@ -15,8 +15,8 @@ import torch
 
 from relax.errors import InputError
 from relax.metrics.sinks import read_metrics
-from relax.trainer import checkpoint, resume
-from relax.trainer.policy import Policy
+from relax.trainer.policy.bundle import Policy
+from relax.trainer.state import checkpoint, resume
 from tests.reliability.helpers import (
     BASELINE,
     SMALL,
@@ -153,7 +153,7 @@ def test_a_corrupt_metadata_is_skipped_and_the_run_resumes_from_the_previous_one
 def test_loaded_state_is_safe(tmp_path):
     """Weights only from DCP tensors; every pickle read through weights_only=True or an
     allow-list (DCP's .metadata), so a planted payload is refused, never run."""
-    from relax.trainer import sharded_state
+    from relax.trainer.state import sharded_state
 
     save = _tiny_checkpoint(tmp_path, steps=1)
     ckpt = save / "rollout_000001"
@@ -201,7 +201,7 @@ def test_rng_state_round_trip_covers_python_numpy_torch():
 
     import numpy as np
 
-    from relax.trainer.sharded_state import rng_state, set_rng_state
+    from relax.trainer.state.sharded_state import rng_state, set_rng_state
 
     state = rng_state()
     draws = (random.random(), np.random.rand(), torch.rand(1).item())

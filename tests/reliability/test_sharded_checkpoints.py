@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 
 from relax.cli import main
 from relax.tiny_model import build_tiny_model, build_tokenizer
-from relax.trainer import checkpoint, sharded_state
 from relax.trainer.distributed import DistContext, init_distributed
 from relax.trainer.loop import Trainer
-from relax.trainer.policy import Policy
+from relax.trainer.policy.bundle import Policy
+from relax.trainer.state import checkpoint, sharded_state
 from tests.reliability.helpers import SMALL, finish_all, start_ranks, write_gate_reward
 from tests.trainer.helpers import make_config
 

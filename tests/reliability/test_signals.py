@@ -7,10 +7,10 @@ import time
 import pytest
 
 from relax.errors import Interrupted
-from relax.trainer import checkpoint
 from relax.trainer.distributed import init_distributed
 from relax.trainer.loop import Trainer
 from relax.trainer.signals import StopRequest
+from relax.trainer.state import checkpoint
 from tests.reliability.helpers import (
     SMALL,
     Child,

@@ -40,7 +40,7 @@ def test_every_collector_has_the_protocols_methods_with_its_parameters(cls):
     (["--dynamic-sampling-filter-path", "nonzero_std", "--over-sampling-batch-size", "8"],
      DynamicSampling),
     (["--partial-rollout", "--over-sampling-batch-size", "8", "--use-tis"], PartialRollouts),
-    (["--env", "tests.agents.scripted:countdown", "--max-turns", "2"], EpisodeCollector),
+    (["--env", "tests.rollout.agents.scripted:countdown", "--max-turns", "2"], EpisodeCollector),
     (["--use-agentic-rollout", "--agent-command", f"{sys.executable} -c pass"],
      EpisodeCollector),
 ])

@@ -68,7 +68,7 @@ def test_empty_dataset(tmp_path, capsys, no_model_load):
 
 
 def test_interval_checkpoints_count_as_a_relax_save(tmp_path):
-    from relax.trainer.checkpoint import MARKER, check_save_dir
+    from relax.trainer.state.checkpoint import MARKER, check_save_dir
 
     (tmp_path / "rollout_000003").mkdir(parents=True)
     (tmp_path / "rollout_000003" / MARKER).write_text('{"rollout_step": 3}')

@@ -7,7 +7,7 @@ import pytest
 
 from relax.config import parse_train_config
 from relax.errors import ConfigError
-from relax.trainer.checkpoint import MARKER
+from relax.trainer.state.checkpoint import MARKER
 from tests.trainer.helpers import fit, make_config
 
 FLAGS = ["--num-rollout", "3", "--eval-interval", "5"]

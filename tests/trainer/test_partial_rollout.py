@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from relax.rollout.partial import deal_carried
-from relax.trainer import sharded_state
 from relax.trainer.distributed import init_distributed
 from relax.trainer.loop import Trainer
+from relax.trainer.state import sharded_state
 from tests.distributed_utils import torchrun_relax
 from tests.trainer.helpers import RECIPES, fit, make_config, read_metrics, write_reward
 
@@ -157,7 +157,7 @@ def test_two_ranks_agree_on_the_filtered_groups_they_train(tmp_path):
 def test_fsdp_ranks_repeat_and_resume_exactly(tmp_path):
     """--fsdp with a filter and token-budget micro-batches of carried rows: every decode runs
     the same forward calls on both ranks (the sharded parameters are gathered in each; ranks
-    asking for different lengths: tests/rollout/test_generate.py). A seeded 2-rank run
+    asking for different lengths: tests/rollout/generation/test_generate.py). A seeded 2-rank run
     repeats exactly and --load continues exactly."""
     # about three groups in four fail: dropped groups, and steps short of passing ones
     few = write_reward(tmp_path, "def few(r, s, y):\n    return sum(map(len, s)) % 4 == 0\n",

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from relax.rollout.reward.math_reward import math_reward
-from tests.rollout.test_remote_reward import server, stats
+from tests.rollout.reward.test_remote_reward import server, stats
 from tests.trainer.helpers import fit, make_config, read_metrics, write_jsonl, write_reward
 
 ROWS = [{"input": f"{i}+{i}=", "label": str(2 * i)} for i in range(8)]
@@ -93,7 +93,7 @@ def test_a_group_function_returning_the_wrong_count_is_exit_2_naming_the_flag(tm
 
 
 def test_relax_train_with_a_generative_judge(tmp_path):
-    from tests.rollout.test_genrm import _tiny_judge_dir
+    from tests.rollout.reward.test_genrm import _tiny_judge_dir
 
     data = write_jsonl(tmp_path, ROWS)
     cfg = make_config("--prompt-data", data, "--rm-type", "genrm", "--genrm-model-path",
@@ -111,7 +111,7 @@ def test_relax_train_with_a_generative_judge(tmp_path):
 
 def test_prompts_the_judge_cannot_hold_with_a_full_response_are_exit_2(tmp_path, capsys):
     from relax.cli import main
-    from tests.rollout.test_genrm import _tiny_judge_dir
+    from tests.rollout.reward.test_genrm import _tiny_judge_dir
 
     # row 3 fits the policy (64 + 4 tokens of 256) but not the judge: the default template's
     # 192 tokens + 64 + its label + 4 + the verdict's 4 (before: its start was cut silently)

@@ -12,10 +12,10 @@ import torch.distributed as dist
 from relax.config.sections import OffPolicySection
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
-from relax.trainer.logprobs import Experience, batched_log_probs, response_log_probs
-from relax.trainer.recompute import apply_recompute
+from relax.trainer.policy.logprobs import Experience, batched_log_probs, response_log_probs
+from relax.trainer.policy.recompute import apply_recompute
+from relax.trainer.policy.update import LossSettings, train_on_rollout
 from relax.trainer.terms.off_policy import OffPolicy
-from relax.trainer.update import LossSettings, train_on_rollout
 
 B, P, T = 8, 4, 6
 

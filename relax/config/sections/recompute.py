@@ -1,5 +1,5 @@
 """The recompute section (``cfg.recompute``): activation recompute of the policy's training forward
-(relax/trainer/recompute.py), and its rules. Torch-free."""
+(relax/trainer/policy/recompute.py), and its rules. Torch-free."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ NEEDS_FULL = Needs(lambda cfg: cfg.recompute.granularity == "full", "has no effe
 
 @dataclass(frozen=True)
 class RecomputeSection(Section):
-    """Activation recompute of the policy's training forward (relax/trainer/recompute.py):
+    """Activation recompute of the policy's training forward (relax/trainer/policy/recompute.py):
     less memory for one more forward of the recomputed layers (Megatron's flag names);
     ``granularity`` None is off."""
 

@@ -28,7 +28,7 @@ FSDP2 model whose parameters are DTensors, peft layers other than plain LoRA lin
 decoded through its own ``forward`` instead. A peft LoRA linear layer (``--lora-rank``) runs as
 its base weight plus the adapter's low-rank path.
 The logits equal the model's own forward up to float rounding
-(tests/rollout/test_engine.py checks both against a float64 run of the Hugging Face model).
+(tests/rollout/generation/test_engine.py checks both against a float64 run of the Hugging Face model).
 """
 
 from __future__ import annotations

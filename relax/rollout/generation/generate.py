@@ -121,7 +121,7 @@ def sampled_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: f
     truncation.
 
     Before truncation because that is the distribution the trainer's log-probs describe
-    (relax/trainer/logprobs.py: the same temperature, no truncation), so the two differ only by
+    (relax/trainer/policy/logprobs.py: the same temperature, no truncation), so the two differ only by
     numerics (kernels, precision) and the PPO ratio compares like with like; the truncated
     distribution would put the truncation itself into every ratio. Computed from the logits the
     decode step already holds: no extra forward pass."""

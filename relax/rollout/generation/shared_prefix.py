@@ -14,7 +14,7 @@ prefixes as one batch, then extends every row from its group's keys and values t
 episode's next turn extends its kept cache (relax/rollout/generation/turn_cache.py ``Past``):
 only each row's own tokens are computed, and the cache the decode continues from has the
 layout of a whole prefill, so the logits equal those of a whole prefill up to float rounding
-(tests/rollout/test_shared_prefix.py, float64). A model the engine does not run prefills every
+(tests/rollout/generation/test_shared_prefix.py, float64). A model the engine does not run prefills every
 row whole.
 """
 

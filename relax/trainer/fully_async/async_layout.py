@@ -34,7 +34,7 @@ Process groups (created by every rank in the same order, as ``new_group`` requir
 training ranks' group (the data-parallel group of everything that trains), the sync
 group of training rank 0 with every rollout rank (weight broadcasts and control headers),
 with ``--async-save`` a Gloo group of the training ranks for the checkpoint writes of the
-background thread (relax/trainer/checkpoint.py: its collectives must not interleave with
+background thread (relax/trainer/state/checkpoint.py: its collectives must not interleave with
 training's; the rollout ranks hold no checkpoint state), and the rollout ranks' own group,
 over which the collectors' agreements (dynamic sampling's rounds, partial rollouts' prompt
 counts, failing together) are reduced after the shares of each process

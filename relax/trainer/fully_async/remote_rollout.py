@@ -45,7 +45,7 @@ from relax.trainer.fully_async.async_layout import (
 
 class RemoteRollout:
     """``batches``: ``cfg.batches``; ``ctx``: this training rank's data-parallel context;
-    ``policy``: relax/trainer/policy.py; ``source``: the prompt stream (for the data position
+    ``policy``: relax/trainer/policy/bundle.py; ``source``: the prompt stream (for the data position
     a checkpoint records); ``bucket_bytes``: --weight-sync-bucket-mb; ``fsdp``: the policy is
     sharded (the weights are gathered before they are sent)."""
 

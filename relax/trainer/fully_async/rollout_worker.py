@@ -55,7 +55,7 @@ from relax.trainer.fully_async.async_layout import (
     send_and_wait,
     send_object,
 )
-from relax.trainer.lora import add_configured
+from relax.trainer.policy.lora import add_configured
 from relax.trainer.runtime import Timer
 
 

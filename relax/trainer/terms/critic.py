@@ -25,7 +25,7 @@ backbone, and the value head, which is new, trained whole (docs/configuration.md
 Its state (the trainable weights, their AdamW moments, the warm-up clock and the count of
 critic-only steps) goes into every checkpoint under the key ``critic`` of the policy's DCP
 checkpoint: each rank writes what it holds, and ``--load`` restores it at any world size and
-with or without ``--fsdp``, like the policy's (relax/trainer/sharded_state.py).
+with or without ``--fsdp``, like the policy's (relax/trainer/state/sharded_state.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from relax.config.sections.critic import CRITIC_FILE
 from relax.errors import InputError, NonFiniteError
 from relax.precision import autocast
 from relax.seeding import seed_for
-from relax.trainer import sharded_state
 from relax.trainer.distributed import (
     decoder_blocks,
     no_grad_sync,
@@ -48,10 +47,11 @@ from relax.trainer.distributed import (
     unwrap,
     wrap_model,
 )
-from relax.trainer.experience import Experience, micro_batches
-from relax.trainer.lora import ALL_LINEAR, add_lora
-from relax.trainer.optimizer_step import build_optimizer, global_tokens, optimizer_step
-from relax.trainer.recompute import apply_recompute
+from relax.trainer.policy.experience import Experience, micro_batches
+from relax.trainer.policy.lora import ALL_LINEAR, add_lora
+from relax.trainer.policy.optimizer_step import build_optimizer, global_tokens, optimizer_step
+from relax.trainer.policy.recompute import apply_recompute
+from relax.trainer.state import sharded_state
 from relax.trainer.terms.critic_weights import STATE_KEY, load_weights, whole_weights, write_weights
 from relax.trainer.terms.term import Term, UpdatePlan
 
@@ -197,7 +197,7 @@ class Critic(Term):
         self.updates += 1
 
     def _optimizer_step(self, chunk: Experience, micro_batch_size: int, max_tokens):
-        """The policy's optimizer step (relax/trainer/optimizer_step.py) on the token mean of
+        """The policy's optimizer step (relax/trainer/policy/optimizer_step.py) on the token mean of
         the clipped value loss; returns the step's (value loss, clipped fraction)."""
         num_tokens = global_tokens(chunk.response_mask, self.ctx.group)
         params = [p for p in self.model.parameters() if p.requires_grad]

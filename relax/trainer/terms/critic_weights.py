@@ -19,9 +19,9 @@ import torch
 
 from relax.config.sections.critic import CRITIC_FILE
 from relax.errors import InputError
-from relax.trainer import sharded_state
 from relax.trainer.distributed import unwrap
-from relax.trainer.lora import merged_copy
+from relax.trainer.policy.lora import merged_copy
+from relax.trainer.state import sharded_state
 
 LOAD_FLAG = "--critic-load"
 STATE_KEY = "critic"  # the critic's key in a checkpoint's DCP state, beside the policy's

@@ -7,7 +7,7 @@ term they give, a training term (relax/trainer/terms/term.py).
     exp.teacher_log_probs = term.teacher_log_probs(exp, **passes)   # before_update, no autograd
     exp.advantages = term.advantages(exp, tracker)                  # shape_advantages: A - C * (s - t)
 
-The teacher pass is the reference pass of relax/trainer/logprobs.py (``batched_log_probs``):
+The teacher pass is the reference pass of relax/trainer/policy/logprobs.py (``batched_log_probs``):
 the same micro-batches or token budget, the output layer in chunks where the model allows (no
 [B, T, V] tensor), and the same sampling temperature as the student's pi_old pass. The teacher is kept in
 bf16 under ``--bf16`` (it is never trained), whole on every rank (not sharded by ``--fsdp``).
@@ -20,7 +20,7 @@ import torch
 from relax import models
 from relax.algorithms.distillation import distilled_advantages, opd_metrics
 from relax.errors import InputError
-from relax.trainer.logprobs import batched_log_probs
+from relax.trainer.policy.logprobs import batched_log_probs
 from relax.trainer.terms.term import Term
 
 FLAG = "--opd-teacher-load"

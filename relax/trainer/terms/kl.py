@@ -12,7 +12,7 @@ from relax.trainer.terms.term import LossView, Term
 
 
 class Reference(Term):
-    """``exp.ref_log_probs`` [B, T] from the policy's reference (relax/trainer/policy.py:
+    """``exp.ref_log_probs`` [B, T] from the policy's reference (relax/trainer/policy/bundle.py:
     a frozen copy, or the LoRA policy with its adapter off), once a rollout step."""
 
     def __init__(self, policy):

@@ -17,7 +17,7 @@ Memory: the teacher runs once per update micro-batch, without autograd, up to it
 hidden states [b, T, H]; both output layers then run over the valid tokens in chunks of
 ``CHUNK_ELEMENTS // V`` rows, each a non-reentrant checkpoint (its two [n, V] logits are
 recomputed in the backward, not kept), so no [B, T, V] tensor exists when the student's head
-allows chunks (relax/trainer/logprobs.py ``_output_layer``).
+allows chunks (relax/trainer/policy/logprobs.py ``_output_layer``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from relax import models
 from relax.algorithms.self_distillation import opsd_token_terms
 from relax.errors import InputError
 from relax.rollout.generation.generate import tokenize_prompts
-from relax.trainer.experience import Experience
-from relax.trainer.logprobs import (
+from relax.trainer.policy.experience import Experience
+from relax.trainer.policy.logprobs import (
     CHUNK_ELEMENTS,
     ResponseRows,
     _hidden_states,

@@ -1,5 +1,5 @@
 """The training-term protocol: every optional part of a rollout step's training is a
-:class:`Term`, and the loop (relax/trainer/loop.py) and the update (relax/trainer/update.py)
+:class:`Term`, and the loop (relax/trainer/loop.py) and the update (relax/trainer/policy/update.py)
 call each hook of every configured term in order, with no branch on which terms are there.
 
 A term may, in the order of a rollout step (reinforce_plus_plus.md §9):
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relax.trainer.experience import Experience
+from relax.trainer.policy.experience import Experience
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Term:
 
     # ------------------------------------------------------------------ the rollout step
     def before_update(self, exp, batch, passes: dict) -> None:
-        """A no-grad pass over ``exp`` (``passes``: relax/trainer/logprobs.py
+        """A no-grad pass over ``exp`` (``passes``: relax/trainer/policy/logprobs.py
         ``batched_log_probs`` micro-batching); ``batch`` the rollout step's StepBatch."""
 
     def shape_advantages(self, exp, estimate: Estimate, tracker) -> None:
@@ -111,7 +111,7 @@ class Term:
 
     # ------------------------------------------------------------------ the loss
     def student_rows(self, rows, mb):
-        """Read the student's forward of ``mb`` (relax/trainer/logprobs.py ``ResponseRows``)."""
+        """Read the student's forward of ``mb`` (relax/trainer/policy/logprobs.py ``ResponseRows``)."""
         return None
 
     def correct(self, pg: torch.Tensor, view: LossView):

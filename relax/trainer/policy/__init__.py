@@ -1,0 +1,1 @@
+"""The policy and its passes: the trained model with its optimizer, LoRA and reference (bundle.py), the log-prob passes and their layouts, the update and its optimizer step (reinforce_plus_plus.md §7)."""

@@ -1,0 +1,211 @@
+"""``relax train --rollout-backend vllm`` with a real owned vLLM server: two steps end to end
+(the server samples with the trainer's weights after each update, so the mismatch stays at
+fp32 rounding), a server killed mid-run (one line naming it and its log, exit 1, no process
+left) and a SIGTERM (exit 143, the server gone with the run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from relax.rollout.backends.vllm.vllm_server import group_alive
+from tests.distributed_utils import torchrun_relax
+from tests.reliability.helpers import (
+    finish,
+    gate_env,
+    start_train,
+    wait_for_file,
+    write_gate_reward,
+)
+from tests.rollout.backends.vllm.test_vllm_server import TOL_FP32, VLLM_PYTHON, build_model_dir
+from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
+
+pytestmark = pytest.mark.subprocess
+
+if not VLLM_PYTHON.exists():
+    pytest.skip("the vLLM environment is absent: `make vllm` builds it (`make test` does)",
+                allow_module_level=True)
+
+SMALL = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+         "--rollout-max-response-len", "6", "--lr", "1e-2"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_model_dir(tmp_path_factory.mktemp("vllm-model"))
+
+
+def server_group(log: Path) -> int:
+    """The owned server's process group: the API server's pid, which its log names."""
+    found = re.search(r"\(APIServer pid=(\d+)\)", log.read_text(errors="replace"))
+    assert found, f"no server pid in {log}"
+    return int(found.group(1))
+
+
+def gone(pgid: int, timeout: float = 30.0) -> bool:
+    """No process of the group is left (killed ones are reaped by init: a bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_two_steps_end_to_end(tmp_path, model_dir):
+    reward = write_reward(tmp_path)
+    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                      "--custom-rm-path", f"{reward}:parity", *SMALL,
+                      output_dir=tmp_path / "run")
+    _, history, moved = fit(cfg)
+    assert moved > 1e-4, "the update did not change the parameters"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    for row in rows:
+        # step 2 samples after an update: a missed sync would put the step's movement here
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+        assert row["rollout/policy_lag"] == 0 and row["vllm/weight_sync_bytes"] > 0
+        assert row["perf/weight_sync_time"] > 0
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
+    assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
+    assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
+
+
+def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
+    """--lora-rank: the server serves --hf-checkpoint with --enable-lora and loads the
+    adapter after each update; step 2 samples with step 1's adapter (a missed load would
+    put the update's movement into the mismatch), and a sync moves the adapter only."""
+    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                      "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                      "--lora-rank", "4", "--lora-alpha", "8", output_dir=tmp_path / "run")
+    _, _, moved = fit(cfg)
+    assert moved > 1e-4, "the update did not change the adapter"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+        assert 0 < row["vllm/weight_sync_bytes"] < 1 << 20, row  # the adapter, not the model
+    assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
+    log = (tmp_path / "run" / "vllm-rank0.log").read_text()
+    assert "'enable_lora': True" in log and "adapter: name 'relax-lora-v2'" in log
+    assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
+
+
+def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
+    """--rm-type genrm: the judge is its own model in the trainer's process and decodes with
+    Relax's engine whatever samples the policy; the vLLM samples reach it and its verdicts
+    are the rewards."""
+    from tests.rollout.reward.test_genrm import _tiny_judge_dir
+    from tests.trainer.helpers import write_jsonl
+
+    rows = [{"input": f"{i}+{i}=", "label": str(2 * i)} for i in range(8)]
+    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                      "--prompt-data", write_jsonl(tmp_path, rows), "--rm-type", "genrm",
+                      "--genrm-model-path", _tiny_judge_dir(tmp_path),
+                      "--genrm-max-response-len", "4", *SMALL, "--num-rollout", "1",
+                      output_dir=tmp_path / "run")
+    trainer, _, _ = fit(cfg)
+    assert read_metrics(tmp_path / "run")[0]["rollout/logprob_abs_diff_max"] < TOL_FP32
+    assert len(trainer.scorer.judge.last_verdicts) == 4  # the step's 2 x 2 vLLM samples
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert samples and all(s["reward"] in (0.0, 1.0) for s in samples)
+
+
+def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
+    """torchrun with two Gloo ranks: a server per rank (its own log and weights), both
+    following the update (the mismatch, reduced over the ranks, stays at rounding), both gone
+    at the end."""
+    run = tmp_path / "run"
+    done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                          "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                          "--num-rollout", "2", "--output-dir", str(run), "--device", "cpu",
+                          timeout=900, hang="a two-rank vLLM run did not finish")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
+    assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
+    for rank in (0, 1):
+        assert os.listdir(run / f"vllm-weights-rank{rank}") == ["v2"]
+        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+
+
+def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
+    """--fsdp on two Gloo ranks: the weights are gathered bucket by bucket and written once,
+    by rank 0, into one folder that both ranks' servers reload; both follow the update (the
+    mismatch, reduced over the ranks, stays at rounding), both are gone at the end."""
+    run = tmp_path / "run"
+    done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                          "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                          "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
+                          "--output-dir", str(run), "--device", "cpu",
+                          timeout=900, hang="a two-rank FSDP vLLM run did not finish")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
+    assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
+    assert os.listdir(run / "vllm-weights") == ["v2"]
+    assert not (run / "vllm-weights-rank0").exists()
+    written = os.listdir(run / "vllm-weights" / "v2")
+    assert "model.safetensors.index.json" in written
+    assert sum(f.endswith(".safetensors") for f in written) > 2  # one file per bucket
+    for rank in (0, 1):
+        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+
+
+def test_a_resumed_run_pushes_its_weights_first(tmp_path, model_dir):
+    """The server starts on the loaded model's weights; a resumed run's checkpoint moved
+    them, so it pushes them before its first step: that step's mismatch stays at rounding
+    (without the push it would carry two steps of lr 1e-2)."""
+    reward = write_reward(tmp_path)
+    common = ["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+              "--custom-rm-path", f"{reward}:parity", *SMALL]
+    _, _, moved = fit(make_config(*common, "--save", str(tmp_path / "ckpt"), "--save-interval",
+                                  "1", output_dir=tmp_path / "first"))
+    assert moved > 1e-4
+    fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",
+                    output_dir=tmp_path / "resumed"))
+    row = read_metrics(tmp_path / "resumed")[-1]
+    assert row["rollout/step"] == 3 and row["rollout/policy_lag"] == 0
+    assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+    samples = [json.loads(line) for line in open(tmp_path / "resumed" / "samples.jsonl")]
+    assert {s["policy_version"] for s in samples} == {2}
+
+
+@pytest.mark.parametrize("stop", ["kill the server", "SIGTERM"])
+def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
+    """Inside step 2's reward: the server is killed (the run then fails at the weight sync,
+    naming the server and its log) or the trainer gets SIGTERM (it stops after the step);
+    either way no server process is left."""
+    run = tmp_path / "run"
+    proc = start_train(["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                        "--custom-rm-path", write_gate_reward(tmp_path), *SMALL,
+                        "--num-rollout", "20", "--output-dir", str(run), "--device", "cpu"],
+                       gate_env(tmp_path, at=2, go=True))
+    try:
+        wait_for_file(tmp_path / "gate_ready", proc, timeout=600)
+        pgid = server_group(run / "vllm-rank0.log")
+        if stop == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.kill(pgid, signal.SIGKILL)
+        (tmp_path / "gate_go").touch()
+        status, err = finish(proc, timeout=300)
+    finally:
+        proc.kill()
+    line = err.strip().splitlines()[-1]
+    if stop == "SIGTERM":
+        assert status == 143, err[-2000:]
+    else:
+        assert status == 1, err[-2000:]
+        assert line.startswith("relax train: error: vLLM server http://127.0.0.1:"), line
+        assert str(run / "vllm-rank0.log") in line and "exited with status -9" in line, line
+    assert gone(pgid)
