@@ -38,7 +38,7 @@ from relax.trainer.policy.logprobs import (
     _output_layer,
     chunk_call,
 )
-from relax.trainer.terms.distillation import FLAG, check_vocabulary
+from relax.trainer.terms.teacher import FLAG, check_vocabulary
 from relax.trainer.terms.term import LossView, Term
 
 # each reduced like the loss: the clipped JSD (before the weight C), the share of tokens the

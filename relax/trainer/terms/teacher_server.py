@@ -40,7 +40,7 @@ from relax.rollout.backends.vllm.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.trainer.terms.distillation import FLAG, check_vocabulary
+from relax.trainer.terms.teacher import FLAG, check_vocabulary
 
 URL_FLAG = "--opd-teacher-url"
 REQUEST_TOKENS = 16384  # tokens per scoring request: a few MiB of JSON per answer

@@ -81,7 +81,7 @@ def test_teacher_of_another_vocabulary_is_one_line_exit_2(tmp_path, capsys):
 
 def test_teacher_with_the_same_size_but_other_ids_is_refused():
     from relax.errors import InputError
-    from relax.trainer.terms.distillation import check_vocabulary
+    from relax.trainer.terms.teacher import check_vocabulary
 
     student = build_tokenizer()
 
