@@ -2,6 +2,8 @@
 relax/, at module level or inside a function, read from the source (nothing is imported), is
 checked against the layers below. A test of the checker itself plants an upward import.
 
+No module imports itself around a loop (:func:`import_cycles`).
+
 The rollout's sub-packages (generation/, prompts/, reward/, agents/, backends/) and the
 fully-asynchronous package (trainer/fully_async/) are checked where they exist, so the same
 test holds on the flat layout the layout codemod starts from.
@@ -163,3 +165,71 @@ def test_sub_packages_are_checked_where_they_exist(tmp_path):
         "relax/rollout/reward/score.py:1",  # a sub-package importing the collectors
         "relax/trainer/fully_async/remote.py:1",
     ]
+
+
+def _module_imports(root: Path, path: Path, modules) -> set[str]:
+    """The relax modules ``path`` imports (``modules``: every module's dotted name).
+    ``from package import module`` imports the module; the package's ``__init__`` counts only
+    when a name is taken from it."""
+    found = set()
+    for line, name in _imports(root, path):
+        found.add((line, name))
+    out = set()
+    by_line: dict[int, set[str]] = {}
+    for line, name in found:
+        by_line.setdefault(line, set()).add(name)
+    for names in by_line.values():
+        modules_here = {n for n in names if n in modules}
+        # a package whose every sub-name here is a module of its own was only a path
+        out.update(n for n in modules_here
+                   if not any(m.startswith(n + ".") for m in names)
+                   or any(m.startswith(n + ".") and m not in modules for m in names))
+    return out
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Groups of relax/ modules that import each other, directly or around a loop (Tarjan's
+    strongly connected components over every import, module level or in a function)."""
+    paths = {_name(root, p): p for p in (root / "relax").rglob("*.py")}
+    graph = {m: sorted(_module_imports(root, p, paths) - {m}) for m, p in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_no_import_cycles():
+    assert import_cycles(ROOT) == []
+
+
+def test_an_import_cycle_is_found(tmp_path):
+    root = _tree(tmp_path, {
+        "relax/__init__.py": "", "relax/a.py": "from relax import b\n",
+        "relax/b.py": "def f():\n    from relax.c import x\n", "relax/c.py": "import relax.a\n",
+        "relax/d.py": "from relax import a\n",
+    })
+    assert import_cycles(root) == [["relax.a", "relax.b", "relax.c"]]
