@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from relax.collectives import all_reduce
-from relax.config.sections import EvaluationSection
+from relax.config.section import default_of
+from relax.config.sections import EvaluationSection, RunSection
 from relax.eval.passk import PassAtKSums
 from relax.models import eos_token_ids as find_eos_ids
 from relax.precision import use_bf16
@@ -43,7 +44,7 @@ class EvalSampling:
     None: on for CUDA, relax/precision.py)."""
 
     section: EvaluationSection
-    seed: int = 1234
+    seed: int = default_of(RunSection, "seed")  # --seed
     bf16: bool | None = None
 
     @property

@@ -30,7 +30,8 @@ import threading
 from urllib.parse import urlsplit
 
 from relax import http_post
-from relax.config.sections.rewards import MAX_BACKOFF_WAIT
+from relax.config.section import default_of
+from relax.config.sections.rewards import MAX_BACKOFF_WAIT, RewardsSection
 from relax.errors import InputError, RewardError
 from relax.plugins import bad_reward
 from relax.waits import wait_event
@@ -78,8 +79,14 @@ class RemoteRewardModel:
     (tests pass a fake); by default a wait that ends early when the step is abandoned.
     """
 
-    def __init__(self, url: str, *, concurrency: int = 64, batch_size: int = 1,
-                 timeout: float = 30.0, retries: int = 9, backoff: float = 1.0, sleep=None):
+    # the defaults are the rewards section's (--reward-max-concurrency, --rm-batch-size,
+    # --reward-timeout, --rm-retries, --rm-retry-backoff), written once there
+    def __init__(self, url: str, *,
+                 concurrency: int = default_of(RewardsSection, "max_concurrency"),
+                 batch_size: int = default_of(RewardsSection, "batch_size"),
+                 timeout: float = default_of(RewardsSection, "timeout"),
+                 retries: int = default_of(RewardsSection, "retries"),
+                 backoff: float = default_of(RewardsSection, "retry_backoff"), sleep=None):
         self.url, self.concurrency, self.batch_size = url, concurrency, batch_size
         self.timeout, self.retries, self.backoff, self.sleep = timeout, retries, backoff, sleep
         self._jitter = random.Random()  # its own: the run's seeded RNGs stay untouched

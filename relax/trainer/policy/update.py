@@ -31,7 +31,7 @@ import torch
 
 from relax.algorithms import compute_policy_loss, response_mean, token_mean
 from relax.config.section import default_of
-from relax.config.sections import AlgorithmSection, BatchSection
+from relax.config.sections import AlgorithmSection, BatchSection, SamplingSection
 from relax.errors import NonFiniteError
 from relax.precision import autocast
 from relax.trainer.distributed import DistContext, no_grad_sync, unwrap
@@ -57,7 +57,7 @@ class LossSettings:
 
     algorithm: AlgorithmSection = AlgorithmSection()
     off_policy: OffPolicy = OffPolicy()
-    temperature: float = 1.0
+    temperature: float = default_of(SamplingSection, "temperature")  # --rollout-temperature
     bf16: bool = False
     max_tokens: int | None = None
     layout: str = default_of(BatchSection, "pass_layout")  # --pass-layout

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from relax.config.section import default_of
 from relax.config.sections.backend import BackendSection, log_probs_mode
 from relax.config.sections.placement import PlacementSection
+from relax.config.sections.system import SystemSection
 from relax.errors import InputError
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import (
@@ -62,7 +63,7 @@ class VllmSettings:
     interval: int
     startup_timeout: float
     request_timeout: float
-    fsdp: bool = False  # --fsdp: the sync gathers the shards (vllm_sync.py ``Shards``)
+    fsdp: bool = default_of(SystemSection, "fsdp")  # --fsdp: the sync gathers the shards (vllm_sync.py ``Shards``)
     # --weight-sync-bucket-mb and --vllm-partial-chunk-tokens (vllm_sampler.py): the
     # sections' defaults, written once there
     bucket_bytes: int = int(default_of(PlacementSection, "weight_sync_bucket_mb") * 2**20)

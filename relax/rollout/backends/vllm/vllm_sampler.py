@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from relax.config.section import default_of
+from relax.config.sections.backend import BackendSection
 from relax.rollout.generation.generate import Rollout
 from relax.rollout.generation.sampler import SamplingParams
 from relax.waits import future_result
@@ -49,7 +51,8 @@ class VllmSampler:
 
     def __init__(self, client, *, eos_token_ids: list[int], pad_token_id: int,
                  params: SamplingParams, device: torch.device, version: int = 0,
-                 chunk: int = 32, vocab_size: int | None = None):
+                 chunk: int = default_of(BackendSection, "vllm_partial_chunk_tokens"),
+                 vocab_size: int | None = None):
         self.client, self.params, self.device = client, params, device
         self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
         self.version, self.chunk, self.vocab_size = version, chunk, vocab_size
