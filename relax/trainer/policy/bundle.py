@@ -2,7 +2,6 @@
 behind one object that the loop, the checkpointer and evaluation ask.
 
     policy = Policy.build(module, ctx, tokenizer, bf16=False, ...)   # relax/trainer/build.py
-    sampler = policy.sampler(SamplingParams(temperature=1.0))   # generate with it
     old = policy.log_probs(exp, **passes)          # pi_old [B, T], no autograd
     ref = policy.ref_log_probs(exp, **passes)      # pi_ref [B, T] or None
     policy.checkpoint_state()                      # what a DCP checkpoint holds
@@ -20,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-from relax.rollout.generation.sampler import Sampler, SamplingParams
 from relax.trainer.distributed import reshard, unwrap, wrap_model
 from relax.trainer.policy.logprobs import batched_log_probs
 from relax.trainer.policy.lora import (
@@ -84,14 +82,6 @@ class Policy:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
     # ------------------------------------------------------------------ generation, log-probs
-    def sampler(self, params: SamplingParams) -> Sampler:
-        """Generation with the current weights (they change in place, the sampler follows)."""
-        return Sampler(self.module, eos_token_ids=self.eos_token_ids,
-                       pad_token_id=self.tokenizer.pad_token_id, params=params, bf16=self.bf16,
-                       device=self.ctx.device,
-                       sync_group=self.ctx.group if self.fsdp else None,
-                       after=(lambda: reshard(self.model)) if self.fsdp else None)
-
     def log_probs(self, exp, **passes) -> torch.Tensor:
         """The current policy's log-probs [B, T] of ``exp``'s responses, no autograd
         (``passes``: relax/trainer/policy/logprobs.py ``batched_log_probs`` micro-batching)."""
