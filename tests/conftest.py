@@ -105,9 +105,11 @@ FIRST = [
 ]
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's hook: _keep_groups checks its write
 def pytest_collection_modifyitems(config, items):
     """Run the longest modules first (FIRST), then the other subprocess tests, then the rest;
-    a stable sort, so each module keeps its own order."""
+    a stable sort, so each module keeps its own order. Then make sure ``xdist_group`` keeps
+    its tests on one worker (_keep_groups)."""
     rank = {path: i for i, path in enumerate(FIRST)}
 
     def key(item):
@@ -115,6 +117,24 @@ def pytest_collection_modifyitems(config, items):
         return rank.get(path, len(FIRST)), item.get_closest_marker(MARKER) is None
 
     items.sort(key=key)
+    _keep_groups(config, items)
+
+
+def _keep_groups(config, items) -> None:
+    """``--dist loadgroup`` keeps the tests of one ``xdist_group`` on one worker by the
+    ``@group`` suffix that pytest-xdist (3.8) writes into each such test's node id on the
+    workers. pytest 9.2 keeps the node id elsewhere (``item._id``), so that write no longer
+    reaches it (pytest-xdist issue 1386): nothing failed, the groups were spread over the
+    workers, and each worker started a group's module-scoped server again (the fp32 vLLM
+    server, the teacher, the Gloo ranks). Where the suffix is missing it is written where this
+    pytest keeps the id; with a pytest that reads ``_nodeid``, xdist's own write stands."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's loadgroup workers
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = type(item._id).parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 @pytest.fixture(scope="session")

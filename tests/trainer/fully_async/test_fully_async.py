@@ -36,6 +36,11 @@ STEPS = ["--num-rollout", "4", "--rollout-batch-size", "2", "--n-samples-per-pro
          "1.5", "--lr", "1e-2", "--device", "cpu", "--log-samples", "0", "--seed", "5"]
 # what must agree between runs: everything but wall times, memory and the async timings
 SKIP = ("perf/", "async/rollout_", "async/train_", "async/weight_sync_time")
+LAG = ["--fully-async", "--max-staleness", "1", "--use-tis"]
+# Two runs that three tests read and none writes: the K = 1 run of STEPS and a K = 1 checkpoint
+# of step 2. Each test started the same torchrun for them (two ranks, ~20 s on a busy 2-core
+# machine); the group keeps the tests on one xdist worker, so each run starts once.
+SHARED = pytest.mark.xdist_group("fully-async-lag-one")
 
 
 def _run(tmp_path, name, *flags, nproc, timeout=240, stderr=None):
@@ -47,6 +52,28 @@ def _run(tmp_path, name, *flags, nproc, timeout=240, stderr=None):
     if stderr is not None:
         stderr.append(proc.stderr)
     return read_metrics(out) if (out / "metrics.jsonl").exists() else []
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """The directory of the shared runs and of the runs that continue them: one reward file,
+    so a resumed run's --custom-rm-path is the checkpoint's, as in a test's own tmp_path."""
+    return tmp_path_factory.mktemp("fully-async-shared")
+
+
+@pytest.fixture(scope="module")
+def lag_one(shared):
+    """The metrics of the K = 1 run of STEPS (4 steps, one training and one rollout rank)."""
+    return _run(shared, "lag-one", *LAG, nproc=2)
+
+
+@pytest.fixture(scope="module")
+def lag_one_checkpoint(shared):
+    """``--save`` of the K = 1 run cut to 2 steps: the final checkpoint, which holds the batch
+    of step 3 (sampled with the weights after step 2). Tests only ``--load`` it."""
+    save = shared / "lag-one-ckpt"
+    _run(shared, "lag-one-part", *LAG, "--num-rollout", "2", "--save", str(save), nproc=2)
+    return save
 
 
 def _same(got, want, *, keys=None, skip=()):
@@ -117,9 +144,9 @@ def test_two_fsdp_training_ranks_served_by_one_rollout_rank(tmp_path):
     _same(lagless, colocated, skip=("rollout/logprob_abs_diff", "rollout/mismatch_"))
 
 
-def test_lag_one_trains_on_older_samples_and_resumes_exactly(tmp_path):
-    lag = ["--fully-async", "--max-staleness", "1", "--use-tis"]
-    first = _run(tmp_path, "first", *lag, nproc=2)
+@SHARED
+def test_lag_one_trains_on_older_samples_and_resumes_exactly(tmp_path, lag_one):
+    lag, first = LAG, lag_one
     assert [r["async/staleness"] for r in first] == [0, 1, 1, 1]
     # step 1 samples with the weights it trains; later steps with the previous step's, which
     # the trainer's log-probs and the TIS weights see
@@ -154,23 +181,28 @@ def test_async_save_writes_on_the_training_ranks_and_resumes_exactly(tmp_path):
     _same(tail, whole[1:], skip=("async/weight_sync_bytes",))
 
 
-@pytest.mark.parametrize("mode", ["colocated", "async"])
-def test_a_run_continued_from_its_final_checkpoint_is_the_uninterrupted_run(tmp_path, mode):
-    lag, nproc = (["--fully-async", "--max-staleness", "1", "--use-tis"], 2) \
-        if mode == "async" else ([], 1)
-    whole = _run(tmp_path, "whole", *lag, nproc=nproc)
-    save = tmp_path / "save"
-    _run(tmp_path, "part", *lag, "--num-rollout", "2", "--save", str(save), nproc=nproc)
-    if mode == "async":  # what step 3 trains on: sampled with the weights after step 2
+@pytest.mark.parametrize("mode", ["colocated", pytest.param("async", marks=SHARED)])
+def test_a_run_continued_from_its_final_checkpoint_is_the_uninterrupted_run(tmp_path, mode,
+                                                                          request):
+    if mode == "async":  # the module's K = 1 runs: the whole one and the one cut to 2 steps
+        lag, nproc, where = LAG, 2, request.getfixturevalue("shared")
+        whole = request.getfixturevalue("lag_one")
+        save = request.getfixturevalue("lag_one_checkpoint")
+        # what step 3 trains on: sampled with the weights after step 2
         _, state = sharded_state.read_rank_file(str(save / "rollout_000002"), 0)
         assert sorted(state["pending"]) == [2] and state["pending"][2]["version"] == 1
-    tail = _run(tmp_path, "tail", *lag, "--load", str(save), nproc=nproc)
+    else:
+        lag, nproc, where = [], 1, tmp_path
+        whole = _run(tmp_path, "whole", nproc=nproc)
+        save = tmp_path / "save"
+        _run(tmp_path, "part", "--num-rollout", "2", "--save", str(save), nproc=nproc)
+    tail = _run(where, "continued-tail", *lag, "--load", str(save), nproc=nproc)
     assert [r["rollout/step"] for r in tail] == [3, 4]
     # (a resumed run's first step also counts the checkpoint's weights, sent once at start:
     # the rollout ranks begin with the initial ones)
     _same(tail, whole[2:], skip=("async/weight_sync_bytes",))
     if mode == "async":
-        _stop_before_the_first_step(tmp_path, [*lag, "--load", str(save)])
+        _stop_before_the_first_step(where, [*lag, "--load", str(save)])
 
 
 def _stop_before_the_first_step(tmp_path, flags):
@@ -178,7 +210,7 @@ def _stop_before_the_first_step(tmp_path, flags):
     anything else, is started and stopped (it waited --distributed-timeout-minutes before)."""
     reward = write_reward(tmp_path)
     ranks = start_ranks([*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
-                         *flags, "--output-dir", str(tmp_path / "stopped")],
+                         *flags, "--output-dir", str(tmp_path / "continued-stopped")],
                         {**os.environ, "OMP_NUM_THREADS": "1"}, world=2)
     try:
         ranks[0].wait_for_line("resuming from", timeout=120)
@@ -189,16 +221,15 @@ def _stop_before_the_first_step(tmp_path, flags):
         kill_left(ranks)
 
 
-def test_resume_with_another_staleness_or_interval_continues_the_schedule(tmp_path):
+@SHARED
+def test_resume_with_another_staleness_or_interval_continues_the_schedule(shared,
+                                                                         lag_one_checkpoint):
     """From a K = 1 checkpoint of step 2 (holding step 3's batch, sampled with weights 1):
     versions are the new schedule's, never older than the checkpoint's weights (2)."""
-    tis, save = ["--fully-async", "--use-tis"], tmp_path / "save"
-    _run(tmp_path, "part", *tis, "--max-staleness", "1", "--num-rollout", "2", "--save",
-         str(save), nproc=2)
-    load = ["--load", str(save)]
+    tis, load = ["--fully-async", "--use-tis"], ["--load", str(lag_one_checkpoint)]
 
     def staleness(name, *flags, steps, stderr=None):
-        rows = _run(tmp_path, name, *tis, *load, *flags, "--num-rollout", str(steps),
+        rows = _run(shared, f"other-{name}", *tis, *load, *flags, "--num-rollout", str(steps),
                     "--distributed-timeout-minutes", "1", nproc=2, stderr=stderr)
         assert [r["rollout/step"] for r in rows] == list(range(3, steps + 1))
         return rows, [r["async/staleness"] for r in rows]
@@ -214,7 +245,8 @@ def test_resume_with_another_staleness_or_interval_continues_the_schedule(tmp_pa
     lagless, lags = staleness("k0", "--max-staleness", "0", steps=4, stderr=said)
     assert lags == [0, 0] and ("step 3's was sampled 1 steps behind, more than --max-staleness "
                                "0 --update-weights-interval 1 allow (0)") in said[0]
-    colocated = _run(tmp_path, "colocated", "--use-tis", *load, "--num-rollout", "4", nproc=1)
+    colocated = _run(shared, "other-colocated", "--use-tis", *load, "--num-rollout", "4",
+                     nproc=1)
     _same(lagless, colocated)
     # a batch of another size is not this run's either (it trained with a traceback before)
     assert staleness("bs", "--max-staleness", "1", "--rollout-batch-size", "1", steps=4,
