@@ -2,7 +2,7 @@
 reinforce_plus_plus.md §5c) and its rules (docs/configuration.md "Critic"). GAE's discount and
 lambda are the algorithm's (``cfg.algorithm.gamma``, ``.lambd``). Torch-free, like the rest of
 validation: the file of --critic-load is checked here; whether its weights fit the model when
-the trainer builds the critic (relax/trainer/critic.py), before any step."""
+the trainer builds the critic (relax/trainer/terms/critic.py), before any step."""
 
 from __future__ import annotations
 

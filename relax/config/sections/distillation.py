@@ -1,7 +1,7 @@
 """The distillation section (``cfg.distillation``): on-policy distillation flags (slime's
 names; reinforce_plus_plus.md §7b) and their rules (docs/configuration.md "Distillation").
 Torch-free, like the rest of validation: the teacher's directory is checked here; its
-vocabulary against the student's when the trainer builds it (relax/trainer/distill.py),
+vocabulary against the student's when the trainer builds it (relax/trainer/terms/distillation.py),
 before any step."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def _needs_type(mode: str) -> tuple[Needs, Needs]:
 
 # model: a Hugging Face teacher loaded beside the policy (slime's "megatron" mode);
 # self: on-policy self-distillation, the frozen initial model seeing privileged information
-# (relax/trainer/self_distill.py); server: a vLLM server's prompt log-probs
-# (relax/trainer/teacher_server.py)
+# (relax/trainer/terms/self_distillation.py); server: a vLLM server's prompt log-probs
+# (relax/trainer/terms/teacher_server.py)
 OPD_TYPES: tuple[str, ...] = ("model", "self", "server")
 
 

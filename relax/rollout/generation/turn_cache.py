@@ -12,7 +12,7 @@ next call with that key checks that those ids begin the row's new context (else 
 computed whole) and the engine's prefill copies them into the columns a fresh prefill of the
 same left-padded batch would compute, so the decode that follows sees the same cache layout
 and draws from the same random stream: the sampled ids are those of a prefill of the whole
-conversation, the logits equal up to float rounding (tests/agents/test_turn_cache.py).
+conversation, the logits equal up to float rounding (tests/rollout/generation/test_turn_cache.py).
 
 Memory: ``past`` takes a row's entry out of the cache, so the previous turn's tensors are
 freed once the new prefill has copied what it needs, except those of rows a call did not name

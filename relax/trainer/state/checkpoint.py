@@ -332,7 +332,7 @@ class Checkpointer:
     @classmethod
     def of(cls, section, ctx: DistContext, policy, *, fsdp: bool, rank_state=None,
            extra_state=None, async_group=None) -> Checkpointer:
-        """From the configuration's checkpoint section (relax/config/sections.py)."""
+        """From the configuration's checkpoint section (relax/config/sections/checkpoint.py)."""
         return cls(section.save, ctx, policy, fsdp=fsdp, async_save=section.async_save,
                    checksums=section.checksums, keep_last=section.keep_last,
                    save_interval=section.save_interval, rank_state=rank_state,

@@ -12,7 +12,7 @@ sampling draws from the seed and the position alone, so rows of one request shar
 together and the server batches them. The log-prob of each sampled token comes back under
 the server's ``--logprobs-mode``, which the backend picks so that it is softmax(z / T)
 before top-p / top-k truncation, the distribution the trainer's log-probs describe
-(relax/config/rollout_backend.py ``log_probs_mode``); the mismatch metrics, TIS and OPSM
+(relax/config/sections/backend.py ``log_probs_mode``); the mismatch metrics, TIS and OPSM
 then compare like with like (reinforce_plus_plus.md §7a).
 
 Partial rollouts (``stop``, relax/rollout/partial.py) decode in rounds: every unfinished row

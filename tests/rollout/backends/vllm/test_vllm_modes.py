@@ -58,7 +58,7 @@ def model_dir(tmp_path_factory):
 def server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm-modes-log") / "server.log"
     # processed: softmax(z / T) without truncation, so T = 1 and the partial run's T = 1.5
-    # both get the trainer's distribution (relax/config/rollout_backend.py)
+    # both get the trainer's distribution (relax/config/sections/backend.py)
     server = VllmServer.start(str(model_dir), log_path=str(log), dtype="float32", seed=0,
                               logprobs_mode="processed_logprobs", python=str(VLLM_PYTHON))
     try:
