@@ -32,12 +32,13 @@ def _check_model_dir(path: str, flag: str) -> None:
         raise InputError(f"{flag} {path}: no config.json; not a Hugging Face model directory")
 
 
-def check_model_paths(cfg) -> None:
-    """Fail before anything is loaded when a model directory is missing."""
-    if cfg.model.hf_checkpoint:
-        _check_model_dir(cfg.model.hf_checkpoint, "--hf-checkpoint")
-    if cfg.model.ref_load:
-        _check_model_dir(cfg.model.ref_load, "--ref-load")
+def check_model_paths(model_section) -> None:
+    """Fail before anything is loaded when a model directory of ``model_section`` (the
+    configuration's model section) is missing."""
+    if model_section.hf_checkpoint:
+        _check_model_dir(model_section.hf_checkpoint, "--hf-checkpoint")
+    if model_section.ref_load:
+        _check_model_dir(model_section.ref_load, "--ref-load")
 
 
 def load_tokenizer(path: str | None, flag: str = "--hf-checkpoint"):
@@ -120,14 +121,16 @@ def load_policy(path: str | None, tokenizer, device: torch.device, *, seed: int)
     return model.to(device).train()
 
 
-def load_reference(cfg, tokenizer, device: torch.device, *, bf16: bool = False):
-    """The frozen reference: ``--ref-load``, else the initial policy weights; stored in bf16
-    when the forward passes run in bf16 (it is never trained)."""
+def load_reference(model_section, tokenizer, device: torch.device, *, seed: int,
+                   bf16: bool = False):
+    """The frozen reference: ``--ref-load``, else the initial policy weights (``model_section``:
+    the configuration's model section; ``seed``: the built-in model's); stored in bf16 when
+    the forward passes run in bf16 (it is never trained)."""
     dtype = torch.bfloat16 if bf16 else torch.float32
-    if cfg.model.ref_load or cfg.model.hf_checkpoint:
-        model = _from_pretrained(cfg.model.ref_load or cfg.model.hf_checkpoint, dtype)
+    if model_section.ref_load or model_section.hf_checkpoint:
+        model = _from_pretrained(model_section.ref_load or model_section.hf_checkpoint, dtype)
     else:
-        model = build_tiny_model(tokenizer, cfg.run.seed).to(dtype)
+        model = build_tiny_model(tokenizer, seed).to(dtype)
     model.requires_grad_(False)
     return model.to(device).eval()
 

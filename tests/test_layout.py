@@ -233,3 +233,29 @@ def test_an_import_cycle_is_found(tmp_path):
         "relax/d.py": "from relax import a\n",
     })
     assert import_cycles(root) == [["relax.a", "relax.b", "relax.c"]]
+# The composition roots: the only functions outside config/ that may read the whole
+# configuration; everything below them takes its sections (STYLE.md, "Avoid passing the
+# whole config into math functions").
+WHOLE_CONFIG_LIMIT = 10
+
+
+def whole_config_functions(root: Path) -> list[str]:
+    """``file:line name`` of every function outside relax/config/ with a ``cfg`` or
+    ``config`` parameter."""
+    found = []
+    for path in sorted((root / "relax").rglob("*.py")):
+        if (root / "relax" / "config") in path.parents:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+                if names & {"cfg", "config"}:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_few_functions_take_the_whole_configuration():
+    found = whole_config_functions(ROOT)
+    assert len(found) <= WHOLE_CONFIG_LIMIT, "\n".join(found)

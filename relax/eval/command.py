@@ -35,7 +35,8 @@ def run_eval_command(cfg) -> int:
     try:
         device = models.pick_device(cfg.system.device, 0)
         # before the model loads: a --vllm-url must answer, vLLM must be installed
-        backend = open_eval_backend(cfg, device)
+        backend = open_eval_backend(cfg.rollout, device, checkpoint=cfg.checkpoint,
+                                    run=cfg.run)
         try:
             models.quiet_transformers()
             tokenizer = models.load_tokenizer(cfg.checkpoint, "CHECKPOINT")
@@ -52,10 +53,11 @@ def run_eval_command(cfg) -> int:
                                        model, tokenizer, device,
                                        make_sampler=_sampling(backend, model, cfg.system, tokenizer))
             else:  # the sets are checked before the backend starts (a vLLM server: minutes)
-                sets = load_eval_sets(cfg)
+                sets = load_eval_sets(cfg.evaluation, cfg.rollout)
                 check_set_lengths(sets, tokenizer, cfg.rollout.data, cfg.evaluation,
                                   context=getattr(model.config, "max_position_embeddings", None))
-                metrics = evaluate_sets(cfg, sets, model, tokenizer, device,
+                metrics = evaluate_sets(cfg.evaluation, cfg.rollout, cfg.system, sets, model,
+                                        tokenizer, device, seed=cfg.run.seed,
                                         make_sampler=_sampling(backend, model, cfg.system, tokenizer))
         finally:
             backend.close()

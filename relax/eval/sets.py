@@ -5,12 +5,13 @@ The trainer (``Trainer.evaluate`` in ``relax/trainer/loop.py``) calls, once per 
 and on every rank (evaluation is a collective under data parallelism), after the update and
 before the step's metrics are written::
 
-    maybe_evaluate(cfg, step, self.model, self.tokenizer, self.ctx.device,
-                   group=self.ctx.group, eval_sets=self.eval_sets)
+    maybe_evaluate(cfg.evaluation, cfg.rollout, cfg.system, step, self.model, self.tokenizer,
+                   self.ctx.device, seed=cfg.run.seed, group=self.ctx.group,
+                   eval_sets=self.eval_sets)
 
 where ``step`` is the 1-based number of finished rollout steps and ``self.eval_sets =
-load_eval_sets(cfg)`` was built in ``Trainer.__init__`` (so a bad evaluation file fails
-before any model is loaded). It returns ``{}`` when no evaluation is due.
+load_eval_sets(cfg.evaluation, cfg.rollout)`` was built in ``Trainer.__init__`` (so a bad
+evaluation file fails before any model is loaded). It returns ``{}`` when no evaluation is due.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import time
 from dataclasses import dataclass
 
 from relax import models
-from relax.config import TrainConfig
 from relax.config.sections.evaluation import BUILTIN_EVAL_PROMPTS
 from relax.errors import InputError
 from relax.eval.env_eval import evaluate_episodes
@@ -51,17 +51,18 @@ class EvalSet:
                 for i, (p, y) in enumerate(zip(self.prompts, self.labels, strict=True))]
 
 
-def load_eval_sets(cfg) -> list[EvalSet]:
-    """The sets named by ``--eval-prompt-data``, else the built-in task's fixed prompts.
+def load_eval_sets(evaluation, rollout) -> list[EvalSet]:
+    """The sets named by ``--eval-prompt-data`` (``evaluation``: the evaluation section; the
+    files are read as the ``rollout`` section says), else the built-in task's fixed prompts.
 
     Raises :class:`relax.errors.InputError` naming the set and the file:line of a
     bad row.
     """
-    if cfg.evaluation.prompt_data:
+    if evaluation.prompt_data:
         sets = []
-        for name, path in cfg.evaluation.prompt_data:
+        for name, path in evaluation.prompt_data:
             try:
-                rows = load_source(path, f"--eval-prompt-data {name}", cfg.rollout, role="eval")
+                rows = load_source(path, f"--eval-prompt-data {name}", rollout, role="eval")
             except InputError as e:
                 message = str(e)
                 raise InputError(message if message.startswith("--eval-prompt-data") else
@@ -69,33 +70,35 @@ def load_eval_sets(cfg) -> list[EvalSet]:
             sets.append(EvalSet(name, [r.prompt for r in rows], [r.label for r in rows],
                                 reasoning_gym=is_reasoning_gym(path)))
         return sets
-    task = get_task(cfg.rollout.data.builtin_task)
+    task = get_task(rollout.data.builtin_task)
     # one fixed set per task, independent of --seed, so runs with different seeds compare
     rng = random.Random(f"relax-eval:{task.name}")
     pairs = [task.sample(rng) for _ in range(BUILTIN_EVAL_PROMPTS)]
     return [EvalSet(task.name, [p for p, _ in pairs], [y for _, y in pairs])]
 
 
-def evaluate_sets(cfg, sets: list[EvalSet], model, tokenizer, device, *, step=None,
-                  group=None, sync_group=None, make_sampler=None) -> dict[str, float]:
-    """Every set, scored with the run's reward; adds ``perf/eval_time`` (seconds).
-    ``make_sampler``: relax/eval/evaluate.py ``evaluate``'s."""
+def evaluate_sets(evaluation, rollout, system, sets: list[EvalSet], model, tokenizer, device, *,
+                  seed: int, reward_timeout: float | None = None, step=None, group=None,
+                  sync_group=None, make_sampler=None) -> dict[str, float]:
+    """Every set, scored with the run's reward (``rollout``: its rewards and prompt format);
+    sampled as ``evaluation`` says from ``seed``, in bf16 when ``system`` says so; adds
+    ``perf/eval_time`` (seconds). ``reward_timeout``: relax train's --reward-timeout (relax
+    eval has none: its config holds only the default), bounding a reward function's calls; a
+    reward server bounds its requests itself. ``make_sampler``: relax/eval/evaluate.py
+    ``evaluate``'s."""
     start = time.perf_counter()
-    sampling = EvalSampling(cfg.evaluation, cfg.run.seed, cfg.system.bf16)
+    sampling = EvalSampling(evaluation, seed, system.bf16)
     metrics: dict[str, float] = {}
     for s in sets:
         # the run's reward (the reward server of --rm-type remote_rm only under relax train);
         # builtin_task is None when prompt files are given (resolution sets it so)
-        source = reward_source(cfg.rollout.rewards, builtin_task=cfg.rollout.data.builtin_task,
-                               gym_answer=(cfg.rollout.data.reasoning_gym_answer
+        source = reward_source(rollout.rewards, builtin_task=rollout.data.builtin_task,
+                               gym_answer=(rollout.data.reasoning_gym_answer
                                            if s.reasoning_gym else None))
         texts = [format_prompt(tokenizer, p,
-                               apply_chat_template=cfg.rollout.data.apply_chat_template,
-                               system_prompt=cfg.rollout.data.system_prompt) for p in s.prompts]
-        # relax train's --reward-timeout (relax eval has none: its config holds only the
-        # default); a reward server bounds its requests itself
-        timeout = (cfg.rollout.rewards.timeout if isinstance(cfg, TrainConfig)
-                   and source.bounded else None)
+                               apply_chat_template=rollout.data.apply_chat_template,
+                               system_prompt=rollout.data.system_prompt) for p in s.prompts]
+        timeout = reward_timeout if source.bounded else None
         metrics.update(evaluate(
             model, tokenizer, texts, s.labels, source.batch_fn, sampling, name=s.name,
             step=step, device=device, group=group, sync_group=sync_group, reward_name=source.name,
@@ -127,20 +130,23 @@ def evaluate_env(rollout, sampling: EvalSampling, model, tokenizer, device, *, s
     return metrics
 
 
-def maybe_evaluate(cfg, step: int, model, tokenizer, device, *, group=None,
-                   eval_sets: list[EvalSet] | None = None, last: bool = False) -> dict[str, float]:
+def maybe_evaluate(evaluation, rollout, system, step: int, model, tokenizer, device, *, seed: int,
+                   group=None, eval_sets: list[EvalSet] | None = None,
+                   last: bool = False) -> dict[str, float]:
     """Evaluate when ``--eval-interval`` divides ``step`` (1-based finished rollout steps;
     ``step`` 0 before training evaluates too) or ``step`` is the ``last`` one of a run that
     ends early (``--exit-duration-in-mins``), so it ends measured; else return ``{}`` at once.
 
     ``model`` may be the trainer's DDP or FSDP2 model: DDP is unwrapped, FSDP2 generation
-    runs in lockstep over ``group``. Call it on every rank.
+    runs in lockstep over ``group``. Call it on every rank. ``evaluation``, ``rollout``,
+    ``system``: relax train's sections; ``seed``: its --seed.
     """
-    if not cfg.evaluation.interval or (step % cfg.evaluation.interval and not last):
+    if not evaluation.interval or (step % evaluation.interval and not last):
         return {}
-    if cfg.rollout.episodes.env:
-        return evaluate_env(cfg.rollout, EvalSampling(cfg.evaluation, cfg.run.seed, cfg.system.bf16),
+    if rollout.episodes.env:
+        return evaluate_env(rollout, EvalSampling(evaluation, seed, system.bf16),
                             models.unwrap(model), tokenizer, device, step=step, group=group)
-    sets = eval_sets if eval_sets is not None else load_eval_sets(cfg)
-    return evaluate_sets(cfg, sets, models.unwrap(model), tokenizer, device, step=step, group=group,
-                         sync_group=group if cfg.system.fsdp else None)
+    sets = eval_sets if eval_sets is not None else load_eval_sets(evaluation, rollout)
+    return evaluate_sets(evaluation, rollout, system, sets, models.unwrap(model), tokenizer,
+                         device, seed=seed, reward_timeout=rollout.rewards.timeout, step=step,
+                         group=group, sync_group=group if system.fsdp else None)

@@ -160,12 +160,14 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    def __init__(self, config: dict, output_dir: str):
+    def __init__(self, run_config: dict, output_dir: str):
+        """A W&B run in ``output_dir`` recording ``run_config`` (the resolved configuration
+        as a dict) as its config."""
         import wandb
 
         self._wandb = wandb
         self._run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "relax"), config=config, dir=output_dir
+            project=os.environ.get("WANDB_PROJECT", "relax"), config=run_config, dir=output_dir
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -268,7 +270,7 @@ class MetricsLogger:
 
 def build_logger(*, is_main: bool, output_dir: str, total_steps: int | None, start_step: int = 0,
                  console: bool = True, tensorboard: bool = False, wandb: bool = False,
-                 config: dict | None = None, samples: bool = False) -> MetricsLogger:
+                 run_config: dict | None = None, samples: bool = False) -> MetricsLogger:
     if not is_main:
         return MetricsLogger()
     sinks = [JsonlSink(os.path.join(output_dir, "metrics.jsonl"))]
@@ -280,7 +282,7 @@ def build_logger(*, is_main: bool, output_dir: str, total_steps: int | None, sta
         sinks.append(TensorBoardSink(os.path.join(output_dir, "tensorboard")))
     if wandb:
         try:
-            sinks.append(WandbSink(config or {}, output_dir))
+            sinks.append(WandbSink(run_config or {}, output_dir))
         except ImportError:
             print("relax train: warning: wandb is not installed; --use-wandb ignored",
                   file=sys.stderr)

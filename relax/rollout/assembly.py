@@ -6,8 +6,8 @@
         the prompt stream and the filter (load_inputs), the --rm-type genrm judge, and each
         share's --env environments and scorer: bad input exits 2 here
     side.check_lengths(tokenizer)              the judging prompts fit the judge
-    collectors = side.collectors(cfg, backend, tokenizer=..., ...)     one per share, all
-        sampling through the rollout backend's one sampler (relax/rollout/backends/)
+    collectors = side.collectors(cfg.rollout, cfg.batches, backend, seed=..., ...)
+        one per share, all sampling through the rollout backend's one sampler (relax/rollout/backends/)
 
 ``share`` is the data-parallel context a collector acts as (rank v of the training ranks:
 its prompts and random streams), ``agree`` how the shares of a step agree
@@ -47,26 +47,30 @@ class Inputs:
     group_filter: object | None
 
 
-def load_inputs(cfg) -> Inputs:
-    """The training data and the filter; bad input is one line naming the file (exit 2)."""
+def load_inputs(rollout, batches, *, seed: int, privileged_key: str | None) -> Inputs:
+    """The training data and the filter; bad input is one line naming the file (exit 2).
+    ``rollout``, ``batches``: the configuration's sections; ``seed``: --seed;
+    ``privileged_key``: --privileged-info-key (the distillation section's)."""
     samples = task = None
-    if cfg.rollout.data.prompt_data:
-        samples = load_source(cfg.rollout.data.prompt_data, "--prompt-data", cfg.rollout,
-                              role="train", privileged_key=cfg.distillation.privileged_info_key)
-    elif not cfg.rollout.episodes.env:  # an environment makes its own prompts
-        task = get_task(cfg.rollout.data.builtin_task)
-    source = PromptSource(batch_size=cfg.batches.rollout_batch_size, seed=cfg.run.seed,
-                          samples=samples, task=task, shuffle=cfg.rollout.data.shuffle)
-    group_filter = load_group_filter(cfg.batches.filter_path) if cfg.batches.filter_path else None
+    if rollout.data.prompt_data:
+        samples = load_source(rollout.data.prompt_data, "--prompt-data", rollout,
+                              role="train", privileged_key=privileged_key)
+    elif not rollout.episodes.env:  # an environment makes its own prompts
+        task = get_task(rollout.data.builtin_task)
+    source = PromptSource(batch_size=batches.rollout_batch_size, seed=seed,
+                          samples=samples, task=task, shuffle=rollout.data.shuffle)
+    group_filter = load_group_filter(batches.filter_path) if batches.filter_path else None
     return Inputs(samples, source, group_filter)
 
 
-def build_scorer(cfg, share, agree: Agreement, *, samples, judge=None) -> Scorer:
-    """The share's rewards: the reward function, server or ``judge`` (--rm-type genrm), and
-    the post-processing plug-in."""
-    return Scorer(cfg.rollout, share,
-                  builtin_task=None if samples is not None else cfg.rollout.data.builtin_task,
-                  post_process_path=cfg.algorithm.reward_post_process_path, judge=judge,
+def build_scorer(rollout, share, agree: Agreement, *, samples, post_process_path: str | None,
+                 judge=None) -> Scorer:
+    """The share's rewards (``rollout``: the rollout section): the reward function, server or
+    ``judge`` (--rm-type genrm), and the post-processing plug-in at ``post_process_path``
+    (--reward-post-process-path)."""
+    return Scorer(rollout, share,
+                  builtin_task=None if samples is not None else rollout.data.builtin_task,
+                  post_process_path=post_process_path, judge=judge,
                   agree=agree)
 
 
@@ -82,17 +86,17 @@ def turn_eos(tokenizer, eos_token_ids: list[int]) -> int:
     return eos_token_ids[0] if eos is None else eos
 
 
-def build_collector(cfg, share, agree: Agreement, sampler, *, inputs: Inputs, scorer,
-                    tokenizer, envs, context: int | None, eos_token_id: int, timer,
-                    tracker) -> Collector:
+def build_collector(rollout, batches, share, agree: Agreement, sampler, *, seed: int,
+                    inputs: Inputs, scorer, tokenizer, envs, context: int | None,
+                    eos_token_id: int, timer, tracker) -> Collector:
     """Episodes (--env, --use-agentic-rollout), partial rollouts, or prompt groups, with
     dynamic sampling around prompt groups when a filter is set (partial rollouts filter each
     group once it completes; the configuration refuses a filter with episodes). ``sampler``:
     relax/rollout/generation/sampler.py's or a vLLM server's; ``context``: the model's maximum
     positions; ``eos_token_id``: :func:`turn_eos`; ``timer`` / ``tracker``: the share's phase
-    times and metrics."""
-    rollout, batches = cfg.rollout, cfg.batches
-    parts = dict(seed=cfg.run.seed, source=inputs.source, tokenizer=tokenizer, scorer=scorer,
+    times and metrics; ``rollout``, ``batches``: the configuration's sections, ``seed``:
+    --seed."""
+    parts = dict(seed=seed, source=inputs.source, tokenizer=tokenizer, scorer=scorer,
                  timer=timer, tracker=tracker, sampler=sampler, agree=agree)
     carry = dict(max_aborted=rollout.partial.max_aborted_count,
                  mask_offpolicy=rollout.partial.mask_off_policy)
@@ -141,15 +145,18 @@ class RolloutSide:
                               apply_chat_template=data.apply_chat_template,
                               system_prompt=data.system_prompt, max_response=max_response)
 
-    def collectors(self, cfg, backend: RolloutBackend, *, tokenizer, eos_token_ids: list[int],
-                   context: int | None, timers: list, trackers: list) -> list[Collector]:
+    def collectors(self, rollout, batches, backend: RolloutBackend, *, seed: int, tokenizer,
+                   eos_token_ids: list[int], context: int | None, timers: list,
+                   trackers: list) -> list[Collector]:
         """Each share's collector (:func:`build_collector`), in order, sampling through one
         sampler of the started ``backend`` at the rollout's sampling; ``eos_token_ids``: the
-        policy's (relax/models.py); ``timers`` / ``trackers``: one per share."""
-        sampler = backend.sampler(sampling_params(cfg.rollout.sampling),
+        policy's (relax/models.py); ``timers`` / ``trackers``: one per share; ``rollout``,
+        ``batches``, ``seed``: as :func:`build_collector`'s."""
+        sampler = backend.sampler(sampling_params(rollout.sampling),
                                   eos_token_ids=eos_token_ids,
                                   pad_token_id=tokenizer.pad_token_id)
-        return [build_collector(cfg, share.ctx, share.agree, sampler, inputs=self.inputs,
+        return [build_collector(rollout, batches, share.ctx, share.agree, sampler, seed=seed,
+                                inputs=self.inputs,
                                 scorer=share.scorer, tokenizer=tokenizer, envs=share.envs,
                                 context=context, eos_token_id=turn_eos(tokenizer, eos_token_ids),
                                 timer=timer, tracker=tracker)
@@ -170,10 +177,13 @@ def build_rollout_side(cfg, shares: list[tuple[object, Agreement]], *, device, b
         # a factory may take up to its deadline (600 s by default): a signal stops it at once
         with stop.at_once("building the --env environments"):
             envs = [build_environments(cfg.rollout, cfg.batches, ctx) for ctx, _ in shares]
-    inputs = load_inputs(cfg)
+    inputs = load_inputs(cfg.rollout, cfg.batches, seed=cfg.run.seed,
+                         privileged_key=cfg.distillation.privileged_info_key)
     judge = build_judge(cfg.rollout.rewards, device, bf16=bf16,
                         pass_layout=cfg.batches.pass_layout) if samples_here else None
     return RolloutSide(inputs, judge, [
         Share(ctx, agree, share_envs,
-              build_scorer(cfg, ctx, agree, samples=inputs.samples, judge=judge))
+              build_scorer(cfg.rollout, ctx, agree, samples=inputs.samples,
+                           post_process_path=cfg.algorithm.reward_post_process_path,
+                           judge=judge))
         for (ctx, agree), share_envs in zip(shares, envs, strict=True)])

@@ -154,22 +154,59 @@ def _close(terms, backend: RolloutBackend) -> None:
 
 def build(cfg, ctx, *, console: bool = True, stop: StopRequest | None = None,
           layout=None) -> Parts:
-    """Every part of a run, in the module docstring's order (``layout``: --fully-async)."""
+    """Every part of a run, in the module docstring's order (``layout``: --fully-async).
+    The one reader of the whole configuration here: each step gets the sections it reads."""
     started = time.monotonic()  # --exit-duration-in-mins counts from here
     stop = stop or StopRequest()
-    p, side, resume = _checked(cfg, ctx, stop, layout)
+    # everything that can fail on bad input, before any model is loaded; the vLLM server
+    bf16 = use_bf16(cfg.system.bf16, ctx.device)
+    models.check_model_paths(cfg.model)
+    resume = find_resume(cfg.checkpoint, report=ctx.is_main)
+    # this rank's share of the rollout side (--fully-async: the rollout ranks build the
+    # environments and score with the judge)
+    side = build_rollout_side(cfg, [(ctx, GroupAgreement(ctx.group, ctx.device))],
+                              device=ctx.device, bf16=bf16, stop=stop,
+                              samples_here=layout is None)
+    total_steps = _total_steps(ctx, side.inputs, batches=cfg.batches,
+                               world_size=cfg.world_size)
+    if resume:
+        changed = check_resume(cfg, resume[0], resume[1], total_steps)
+        if changed and ctx.is_main:
+            print(changed, file=sys.stderr)
+    p = _checked(ctx, side, layout, bf16=bf16, total_steps=total_steps,
+                 evaluation=cfg.evaluation, rollout=cfg.rollout, algorithm=cfg.algorithm,
+                 batches=cfg.batches, distillation=cfg.distillation, system=cfg.system,
+                 model=cfg.model, run=cfg.run, placement=cfg.placement)
     try:
-        _models(p, cfg, ctx)
+        _models(p, ctx, model=cfg.model, run=cfg.run, rollout=cfg.rollout,
+                algorithm=cfg.algorithm, batches=cfg.batches, distillation=cfg.distillation,
+                critic=cfg.critic, lora=cfg.lora, recompute=cfg.recompute, system=cfg.system,
+                optimizer=cfg.optimizer, evaluation=cfg.evaluation, save_dir=cfg.checkpoint.save)
         p.step_metrics.remote_generation = layout is not None or p.backend.remote
-        p.collector = _collector(p, cfg, ctx, layout, side)
+        p.collector = _collector(p, ctx, layout, side, placement=cfg.placement,
+                                 save_dir=cfg.checkpoint.save, batches=cfg.batches, run=cfg.run,
+                                 system=cfg.system, rollout=cfg.rollout)
         p.publisher = publisher_for(p.collector, p.backend, layout=layout, policy=p.policy,
                                     timer=p.timer, tracker=p.tracker)
-        _run(p, cfg, ctx, stop, started, resume, console, layout)
+        _run(p, ctx, stop, started, resume, console, layout, checkpointing=cfg.checkpoint,
+             system=cfg.system, run=cfg.run, batches=cfg.batches, rollout=cfg.rollout,
+             run_config=cfg.to_dict())
         p.publisher.start(p.start_step, resumed=resume is not None)
     except BaseException:
         p.close_backend()
         raise
-    return p.parts(old_log_probs=passes.needs_old_log_probs(cfg))
+    return p.parts(old_log_probs=passes.needs_old_log_probs(cfg.algorithm, cfg.batches,
+                                                            cfg.distillation))
+
+
+def _total_steps(ctx, inputs, *, batches, world_size: int) -> int:
+    """The run's rollout steps (--num-rollout, else --num-epoch epochs of ``inputs``),
+    once the configuration is known to have been resolved for this launch's ranks."""
+    if world_size != ctx.world_size:  # validation's batch rules assumed its own
+        raise InputError(f"the configuration was resolved for WORLD_SIZE={world_size} but "
+                         f"this run has {ctx.world_size} data-parallel ranks; parse the "
+                         "flags under this launch (parse_train_config reads WORLD_SIZE)")
+    return batches.num_rollout or batches.num_epoch * inputs.source.steps_per_epoch
 
 
 def terms_state(terms) -> dict:
@@ -177,83 +214,73 @@ def terms_state(terms) -> dict:
     return {k: v for term in terms for k, v in term.checkpoint_state().items()}
 
 
-def _checked(cfg, ctx, stop, layout):
-    """Everything that can fail on bad input, before any model is loaded; the vLLM server."""
-    bf16 = use_bf16(cfg.system.bf16, ctx.device)
-    models.check_model_paths(cfg)
-    resume = find_resume(cfg, report=ctx.is_main)
-    # this rank's share of the rollout side (--fully-async: the rollout ranks build the
-    # environments and score with the judge)
-    side = build_rollout_side(cfg, [(ctx, GroupAgreement(ctx.group, ctx.device))],
-                              device=ctx.device, bf16=bf16, stop=stop,
-                              samples_here=layout is None)
+def _checked(ctx, side, layout, *, bf16: bool, total_steps: int, evaluation, rollout,
+             algorithm, batches, distillation, system, model, run, placement) -> _Draft:
+    """The rest of what can fail on bad input (the evaluation sets, the plug-ins), before any
+    model is loaded; the vLLM server last."""
     inputs = side.inputs
-    if cfg.world_size != ctx.world_size:  # validation's batch rules assumed its own
-        raise InputError(f"the configuration was resolved for WORLD_SIZE={cfg.world_size} but "
-                         f"this run has {ctx.world_size} data-parallel ranks; parse the "
-                         "flags under this launch (parse_train_config reads WORLD_SIZE)")
-    b = cfg.batches
-    total_steps = b.num_rollout or b.num_epoch * inputs.source.steps_per_epoch
-    if resume:
-        changed = check_resume(cfg, resume[0], resume[1], total_steps)
-        if changed and ctx.is_main:
-            print(changed, file=sys.stderr)
     # (--env evaluates on held-out environment seeds instead: relax/eval/env_eval.py)
-    eval_sets = load_eval_sets(cfg) if cfg.evaluation.interval and not cfg.rollout.episodes.env else []
+    eval_sets = (load_eval_sets(evaluation, rollout)
+                 if evaluation.interval and not rollout.episodes.env else [])
     if inputs.samples is not None and ctx.is_main:
         report_overlap(inputs.samples, eval_sets, report=lambda line: print(line, file=sys.stderr))
-    loss = LossSettings(cfg.algorithm, OffPolicy.load(cfg.rollout.off_policy),
-                        temperature=cfg.rollout.sampling.temperature, bf16=bf16,
-                        max_tokens=b.max_tokens_per_gpu if b.token_budget else None,
-                        layout=b.pass_layout, opsd=cfg.distillation.self_mode)
-    p = _Draft(timer=Timer(ctx.device), tracker=MetricTracker(ctx.group, ctx.device),
-               bf16=bf16, samples=inputs.samples, source=inputs.source,
-               scorer=side.shares[0].scorer, group_filter=inputs.group_filter,
-               total_steps=total_steps,
-               custom_advantage=CustomAdvantage.load(cfg.algorithm.custom_advantage_path),
-               loss_settings=loss, eval_sets=eval_sets, backend=_backend(cfg, ctx, layout))
-    return p, side, resume
+    loss = LossSettings(algorithm, OffPolicy.load(rollout.off_policy),
+                        temperature=rollout.sampling.temperature, bf16=bf16,
+                        max_tokens=batches.max_tokens_per_gpu if batches.token_budget else None,
+                        layout=batches.pass_layout, opsd=distillation.self_mode)
+    return _Draft(timer=Timer(ctx.device), tracker=MetricTracker(ctx.group, ctx.device),
+                  bf16=bf16, samples=inputs.samples, source=inputs.source,
+                  scorer=side.shares[0].scorer, group_filter=inputs.group_filter,
+                  total_steps=total_steps,
+                  custom_advantage=CustomAdvantage.load(algorithm.custom_advantage_path),
+                  loss_settings=loss, eval_sets=eval_sets,
+                  backend=_backend(ctx, layout, rollout=rollout, placement=placement,
+                                   model=model, run=run, fsdp=system.fsdp))
 
 
-def _backend(cfg, ctx, layout) -> RolloutBackend:
+def _backend(ctx, layout, *, rollout, placement, model, run, fsdp: bool) -> RolloutBackend:
     """--rollout-backend vllm: an unreachable --vllm-url or a missing vLLM stops the run
     here, before any model loads; an owned server is closed on any failure after. Under
     --fully-async the rollout ranks sample (rollout_worker.py): a training rank's backend is
     its own engine, never asked for a sampler."""
     if layout is not None:
         return LocalBackend(ctx.device)
-    return open_backend(cfg, ctx.rank, ctx.device, shards=ctx if cfg.system.fsdp else None,
-                        release=reshard)
+    return open_backend(rollout, ctx.rank, ctx.device, placement=placement, model=model,
+                        run=run, shards=ctx if fsdp else None, release=reshard)
 
 
-def _models(p: _Draft, cfg, ctx) -> None:
-    p.policy = _policy(p, cfg, ctx)
+def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distillation, critic,
+            lora, recompute, system, optimizer, evaluation, save_dir: str | None) -> None:
+    p.policy = _policy(p, ctx, model=model, run=run, rollout=rollout, algorithm=algorithm,
+                       batches=batches, distillation=distillation, lora=lora,
+                       recompute=recompute, system=system, optimizer=optimizer,
+                       evaluation=evaluation, save_dir=save_dir)
     tokenizer, module = p.policy.tokenizer, p.policy.module
     # --use-opd: the teacher, its vocabulary checked against the student's before any step
-    distillation = Distillation.build(cfg.distillation, ctx, tokenizer=tokenizer, student=module,
-                                      bf16=p.bf16, run_dir=cfg.run.output_dir, seed=cfg.run.seed)
-    _add(p, distillation)
+    _add(p, Distillation.build(distillation, ctx, tokenizer=tokenizer, student=module,
+                               bf16=p.bf16, run_dir=run.output_dir, seed=run.seed))
     # --opd-type self: the frozen initial model reading the privileged prompts (§7b)
-    _add(p, SelfDistillation.build(cfg.distillation, ctx, tokenizer=tokenizer, student=module,
-                                   bf16=p.bf16, initial=cfg.model.hf_checkpoint,
-                                   seed=cfg.run.seed,
-                                   temperature=cfg.rollout.sampling.temperature))
+    _add(p, SelfDistillation.build(distillation, ctx, tokenizer=tokenizer, student=module,
+                                   bf16=p.bf16, initial=model.hf_checkpoint, seed=run.seed,
+                                   temperature=rollout.sampling.temperature))
     # ppo: the value model, --critic-load checked against it before any step (§5c)
-    critic = _critic(p, cfg, ctx) if estimators.facts(cfg.algorithm.estimator).needs_critic else None
+    value = (_critic(p, ctx, model=model, run=run, critic=critic, lora=lora, recompute=recompute,
+                     fsdp=system.fsdp, optimizer=optimizer)
+             if estimators.facts(algorithm.estimator).needs_critic else None)
     # the loop's order: the reference pass, the critic (its values and targets first), the
     # custom advantages, then the distillation terms on them (§7b), the mismatch meter
-    p.terms[:0] = [t for t in (_reference(p.policy, cfg.algorithm), critic, p.custom_advantage)
+    p.terms[:0] = [t for t in (_reference(p.policy, algorithm), value, p.custom_advantage)
                    if t is not None]
-    _add(p, MismatchMeter() if cfg.rollout.off_policy.mismatch_metrics else None)
+    _add(p, MismatchMeter() if rollout.off_policy.mismatch_metrics else None)
     p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
 
 
-def _critic(p: _Draft, cfg, ctx) -> Critic:
+def _critic(p: _Draft, ctx, *, model, run, critic, lora, recompute, fsdp: bool,
+            optimizer) -> Critic:
     """ppo's critic on the policy's architecture at its initial weights (or --critic-load)."""
-    lm = models.load_policy(cfg.model.hf_checkpoint, p.policy.tokenizer, ctx.device,
-                            seed=cfg.run.seed)
-    return Critic.build(cfg.critic, ctx, lm, bf16=p.bf16, lora=cfg.lora, recompute=cfg.recompute,
-                        fsdp=cfg.system.fsdp, optimizer=cfg.optimizer, seed=cfg.run.seed)
+    lm = models.load_policy(model.hf_checkpoint, p.policy.tokenizer, ctx.device, seed=run.seed)
+    return Critic.build(critic, ctx, lm, bf16=p.bf16, lora=lora, recompute=recompute,
+                        fsdp=fsdp, optimizer=optimizer, seed=run.seed)
 
 
 def _add(p: _Draft, term: Term | None) -> None:
@@ -267,106 +294,121 @@ def _reference(policy: Policy, algorithm) -> Reference | None:
     return Reference(policy) if passes.needs_reference(algorithm) else None
 
 
-def _policy(p: _Draft, cfg, ctx) -> Policy:
+def _policy(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distillation, lora,
+            recompute, system, optimizer, evaluation, save_dir: str | None) -> Policy:
+    """The policy from --hf-checkpoint (``model``), its prompts checked against its context,
+    its FLOP counts measured; ``save_dir``: --save, checked for room for its checkpoints."""
     models.quiet_transformers()  # no download/shard progress bars between summary lines
-    tokenizer = models.load_tokenizer(cfg.model.hf_checkpoint)
-    if cfg.rollout.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-        raise InputError(f"--apply-chat-template: the tokenizer in {cfg.model.hf_checkpoint} has "
+    tokenizer = models.load_tokenizer(model.hf_checkpoint)
+    if rollout.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"--apply-chat-template: the tokenizer in {model.hf_checkpoint} has "
                          "no chat template; remove the flag or use a chat model")
     # a resumed run starts from the same model; the checkpoint's state replaces its weights
-    module = models.load_policy(cfg.model.hf_checkpoint, tokenizer, ctx.device, seed=cfg.run.seed)
-    _check_prompt_lengths(p, cfg, tokenizer, module)
+    module = models.load_policy(model.hf_checkpoint, tokenizer, ctx.device, seed=run.seed)
+    _check_prompt_lengths(p, tokenizer, module, rollout=rollout, distillation=distillation,
+                          evaluation=evaluation)
     # the FLOP counts are the model's own (a LoRA adapter's are not model FLOPs)
-    pass_count = int(passes.needs_old_log_probs(cfg)) + int(passes.needs_reference(cfg.algorithm))
-    p.step_metrics = StepMetrics.measure(module, p.tracker, ctx, peak_tflops=cfg.system.peak_tflops,
+    pass_count = (int(passes.needs_old_log_probs(algorithm, batches, distillation))
+                  + int(passes.needs_reference(algorithm)))
+    p.step_metrics = StepMetrics.measure(module, p.tracker, ctx, peak_tflops=system.peak_tflops,
                                          bf16=p.bf16, log_prob_passes=pass_count,
-                                         layout=cfg.batches.pass_layout)
-    p.step_metrics.padding_note = not cfg.batches.token_budget
-    reference = (partial(models.load_reference, cfg, tokenizer, ctx.device, bf16=p.bf16)
-                 if passes.needs_reference(cfg.algorithm) else None)
+                                         layout=batches.pass_layout)
+    p.step_metrics.padding_note = not batches.token_budget
+    reference = (partial(models.load_reference, model, tokenizer, ctx.device, seed=run.seed,
+                         bf16=p.bf16)
+                 if passes.needs_reference(algorithm) else None)
     policy = Policy.build(module, ctx, tokenizer,
                           eos_token_ids=models.eos_token_ids(tokenizer, module), bf16=p.bf16,
-                          lora=cfg.lora, recompute=cfg.recompute, fsdp=cfg.system.fsdp,
-                          optimizer=cfg.optimizer, seed=cfg.run.seed,
-                          base=cfg.model.hf_checkpoint, reference=reference,
-                          ref_load=cfg.model.ref_load)
+                          lora=lora, recompute=recompute, fsdp=system.fsdp,
+                          optimizer=optimizer, seed=run.seed,
+                          base=model.hf_checkpoint, reference=reference,
+                          ref_load=model.ref_load)
     if ctx.is_main:
-        check_free_space(cfg.checkpoint.save, policy.trainable_count())
+        check_free_space(save_dir, policy.trainable_count())
     return policy
 
 
-def _check_prompt_lengths(p: _Draft, cfg, tokenizer, module) -> None:
+def _check_prompt_lengths(p: _Draft, tokenizer, module, *, rollout, distillation,
+                          evaluation) -> None:
     """Training and evaluation prompts must fit the model context with a full response
     (else the prompt's file:line, or its evaluation set and number)."""
     context = getattr(module.config, "max_position_embeddings", None)
-    fmt = dict(apply_chat_template=cfg.rollout.data.apply_chat_template,
-               system_prompt=cfg.rollout.data.system_prompt)
-    longest = cfg.rollout.sampling.max_response_len
+    fmt = dict(apply_chat_template=rollout.data.apply_chat_template,
+               system_prompt=rollout.data.system_prompt)
+    longest = rollout.sampling.max_response_len
     if p.samples is not None:
         check_formatted_lengths(tokenizer, p.samples, **fmt, context=context, max_response=longest)
-        if cfg.distillation.self_mode:  # the teacher reads the longer privileged prompts
+        if distillation.self_mode:  # the teacher reads the longer privileged prompts
             check_formatted_lengths(tokenizer, teacher_samples(p.samples), **fmt,
                                     context=context, max_response=longest)
     check_judging_lengths(p.scorer.judge, tokenizer, p.samples, **fmt, max_response=longest)
     for eval_set in p.eval_sets:
         check_formatted_lengths(tokenizer, eval_set.as_samples(), **fmt, context=context,
-                                max_response=cfg.evaluation.max_response_len,
+                                max_response=evaluation.max_response_len,
                                 length_flag="--eval-max-response-len")
 
 
-def _collector(p: _Draft, cfg, ctx, layout, side):
+def _collector(p: _Draft, ctx, layout, side, *, placement, save_dir: str | None, batches, run,
+               system, rollout):
     """This rank's collector: the rollout side's assembly on the training rank's own share,
     sampling through the rank's backend, or (--fully-async) the batches the rollout ranks
     sample."""
     pol = p.policy
     if layout is not None:
         # with --save the final checkpoint holds the batches in flight after the last step
-        schedule = Schedule(cfg.placement.max_staleness, cfg.placement.update_weights_interval,
-                            p.total_steps, carry=cfg.checkpoint.save is not None)
-        return RemoteRollout(cfg.batches, ctx, layout, schedule, policy=pol, source=p.source,
+        schedule = Schedule(placement.max_staleness, placement.update_weights_interval,
+                            p.total_steps, carry=save_dir is not None)
+        return RemoteRollout(batches, ctx, layout, schedule, policy=pol, source=p.source,
                              tracker=p.tracker,
-                             timeout_minutes=cfg.run.distributed_timeout_minutes,
-                             bucket_bytes=int(cfg.placement.weight_sync_bucket_mb * 2**20),
-                             fsdp=cfg.system.fsdp)
-    [collector] = side.collectors(cfg, p.backend, tokenizer=pol.tokenizer,
+                             timeout_minutes=run.distributed_timeout_minutes,
+                             bucket_bytes=int(placement.weight_sync_bucket_mb * 2**20),
+                             fsdp=system.fsdp)
+    [collector] = side.collectors(rollout, batches, p.backend, seed=run.seed,
+                                  tokenizer=pol.tokenizer,
                                   eos_token_ids=pol.eos_token_ids, context=pol.context,
                                   timers=[p.timer], trackers=[p.tracker])
     return collector
 
 
-def _run(p: _Draft, cfg, ctx, stop, started: float, resume, console: bool, layout) -> None:
+def _run(p: _Draft, ctx, stop, started: float, resume, console: bool, layout, *, checkpointing,
+         system, run, batches, rollout, run_config: dict) -> None:
+    """Checkpointer, run control, the resumed state, the metric sinks (``checkpointing``: the
+    checkpoint section; ``run_config``: the configuration as a dict, the W&B run's)."""
     if ctx.device.type == "cpu":
         # the host's cores shared between the local ranks (relax/cpu_threads.py)
         torch.set_num_threads(cpu_threads(
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     if ctx.is_main:
-        checkpoint.remove_stale_temps(cfg.checkpoint.save)
+        checkpoint.remove_stale_temps(checkpointing.save)
     p.checkpointer = checkpoint.Checkpointer.of(
-        cfg.checkpoint, ctx, p.policy, fsdp=cfg.system.fsdp, rank_state=p.collector.state_dict,
+        checkpointing, ctx, p.policy, fsdp=system.fsdp, rank_state=p.collector.state_dict,
         extra_state=partial(terms_state, p.terms),
         async_group=layout and layout.save_group)  # --fully-async --async-save
     p.control = RunControl(ctx, stop, total_steps=p.total_steps,
-                           exit_duration_in_mins=cfg.run.exit_duration_in_mins, started=started)
+                           exit_duration_in_mins=run.exit_duration_in_mins, started=started)
     if resume:
-        _resume(p, cfg, ctx, *resume)
+        _resume(p, ctx, *resume, fsdp=system.fsdp, batches=batches, rollout=rollout,
+                output_dir=run.output_dir)
     p.logger = build_logger(
-        is_main=ctx.is_main, output_dir=cfg.run.output_dir, total_steps=p.total_steps,
-        start_step=p.start_step, console=console, tensorboard=cfg.run.use_tensorboard,
-        wandb=cfg.run.use_wandb, config=cfg.to_dict(), samples=cfg.run.log_samples > 0,
+        is_main=ctx.is_main, output_dir=run.output_dir, total_steps=p.total_steps,
+        start_step=p.start_step, console=console, tensorboard=run.use_tensorboard,
+        wandb=run.use_wandb, run_config=run_config, samples=run.log_samples > 0,
     )
 
 
-def _resume(p: _Draft, cfg, ctx, path: str, step: int) -> None:
+def _resume(p: _Draft, ctx, path: str, step: int, *, fsdp: bool, batches, rollout,
+            output_dir: str) -> None:
     """The policy's state and this rank's RNG from ``path``; the collector continues where
     the checkpoint left it."""
-    progress = load_trainer_state(path, p.policy, fsdp=cfg.system.fsdp, ctx=ctx)
+    progress = load_trainer_state(path, p.policy, fsdp=fsdp, ctx=ctx)
     p.start_step = step
     for term in p.terms:
         term.load(path)
     saved = progress.get("data")
     p.collector.load_state_dict(progress.get("collector") or {
-        "cursor": (saved or {}).get("cursor", step * cfg.batches.rollout_batch_size)})
+        "cursor": (saved or {}).get("cursor", step * batches.rollout_batch_size)})
     if ctx.is_main:
-        report_resume(cfg, path, step, saved, p.collector.position(),
-                      fixed_stride=p.group_filter is None and not cfg.rollout.partial.enabled,
+        report_resume(path, step, saved, p.collector.position(),
+                      rollout_batch_size=batches.rollout_batch_size, output_dir=output_dir,
+                      fixed_stride=p.group_filter is None and not rollout.partial.enabled,
                       source=p.source)

@@ -160,8 +160,10 @@ class Trainer:
         """``eval/<set>/...`` metrics when ``--eval-interval`` divides ``step`` or ``step``
         is the ``last`` of a run cut short, else ``{}``."""
         with self.timer("eval"):
-            return maybe_evaluate(self.cfg, step, self.policy.model, self.policy.tokenizer,
-                                  self.ctx.device, group=self.ctx.group,
+            cfg = self.cfg
+            return maybe_evaluate(cfg.evaluation, cfg.rollout, cfg.system, step,
+                                  self.policy.model, self.policy.tokenizer, self.ctx.device,
+                                  seed=cfg.run.seed, group=self.ctx.group,
                                   eval_sets=self.parts.eval_sets, last=last)
 
     def log(self, step: int, b: StepBatch, evaluation: dict[str, float]) -> dict[str, float]:

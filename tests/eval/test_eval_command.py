@@ -33,7 +33,9 @@ def test_checkpoint_round_trip_equals_in_memory_evaluation(tiny, tiny_checkpoint
     model, tok = tiny
     cfg = parse_eval_config(argv)
     assert cfg.evaluation.max_response_len == BUILTIN_PRESET["rollout_max_response_len"]
-    direct = evaluate_sets(cfg, load_eval_sets(cfg), model, tok, "cpu")
+    direct = evaluate_sets(cfg.evaluation, cfg.rollout, cfg.system,
+                           load_eval_sets(cfg.evaluation, cfg.rollout), model, tok, "cpu",
+                           seed=cfg.run.seed)
     metrics.pop("perf/eval_time"), direct.pop("perf/eval_time")
     assert metrics == pytest.approx(direct, abs=1e-12)
     assert set(metrics) == {"eval/copy/pass@1", "eval/copy/pass@2", "eval/copy/mean_reward",

@@ -50,9 +50,12 @@ def test_the_assembly_builds_the_configured_collector_on_any_share(tmp_path, fla
     cfg = make_config(*RECIPES["grpo"], *flags, output_dir=tmp_path / "run")
     share = DistContext(1, 2, 0, torch.device("cpu"), None)
     agree = GroupAgreement(None, share.device)
-    inputs = load_inputs(cfg)
-    scorer = build_scorer(cfg, share, agree, samples=inputs.samples)
-    collector = build_collector(cfg, share, agree, sampler=None, inputs=inputs, scorer=scorer,
+    inputs = load_inputs(cfg.rollout, cfg.batches, seed=cfg.run.seed,
+                         privileged_key=cfg.distillation.privileged_info_key)
+    scorer = build_scorer(cfg.rollout, share, agree, samples=inputs.samples,
+                          post_process_path=cfg.algorithm.reward_post_process_path)
+    collector = build_collector(cfg.rollout, cfg.batches, share, agree, sampler=None,
+                                seed=cfg.run.seed, inputs=inputs, scorer=scorer,
                                 tokenizer=None, envs=None, context=None, eos_token_id=0,
                                 timer=None, tracker=None)
     try:

@@ -17,36 +17,39 @@ from relax.rollout.backends.protocol import RolloutBackend
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 
 
-def open_backend(cfg, rank: int, device: torch.device, *, shards=None,
-                 slot: int | None = None,
+def open_backend(rollout, rank: int, device: torch.device, *, placement, model, run,
+                 shards=None, slot: int | None = None,
                  release: Callable[[torch.nn.Module], None] | None = None) -> RolloutBackend:
     """``relax train``'s backend on rank ``rank`` (a training rank's, or under --fully-async a
     rollout rank's world rank), checked before any model loads: an unreachable --vllm-url or
     a missing vLLM install exits 2 here. ``shards`` (``group``, ``device``, ``is_main``): the
     ranks an FSDP2 module is sharded over, None for a whole module; ``slot``: which
     --vllm-url entry (mod their number) when not ``rank``'s; ``release``: frees what a
-    sharded module's no-grad pass gathered (local.py)."""
-    backend = cfg.rollout.backend
+    sharded module's no-grad pass gathered (local.py). ``rollout``, ``placement``, ``model``,
+    ``run``: the configuration's sections (the backend, its sampling temperature, the
+    --hf-checkpoint it serves, the run's directory and seed)."""
+    backend = rollout.backend
     if backend.name == "relax":
         if shards is None:
             return LocalBackend(device)
         return LocalBackend(device, sync_group=shards.group, release=release)
     settings = VllmSettings.of_train(
-        backend, cfg.placement, model_dir=cfg.model.hf_checkpoint, run_dir=cfg.run.output_dir,
-        seed=cfg.run.seed, temperature=cfg.rollout.sampling.temperature,
+        backend, placement, model_dir=model.hf_checkpoint, run_dir=run.output_dir,
+        seed=run.seed, temperature=rollout.sampling.temperature,
         fsdp=shards is not None)
     return VllmBackend.open(settings, rank, device, shards, slot=slot)
 
 
-def open_eval_backend(cfg, device: torch.device) -> RolloutBackend:
-    """``relax eval``'s backend, before the checkpoint loads. vLLM serves the checkpoint's
-    weights, written to ``--output-dir`` or a scratch folder (both removed at close)."""
-    backend = cfg.rollout.backend
+def open_eval_backend(rollout, device: torch.device, *, checkpoint: str, run) -> RolloutBackend:
+    """``relax eval``'s backend (``rollout``'s), before the ``checkpoint`` loads. vLLM serves
+    the checkpoint's weights, written to ``--output-dir`` (``run``: the run section, its
+    directory and seed) or a scratch folder (both removed at close)."""
+    backend = rollout.backend
     if backend.name == "relax":
         return LocalBackend(device)
-    scratch = None if cfg.run.output_dir else tempfile.mkdtemp(prefix="relax-eval-vllm-")
-    settings = VllmSettings.of_eval(backend, model_dir=cfg.checkpoint,
-                                    run_dir=cfg.run.output_dir or scratch, seed=cfg.run.seed,
+    scratch = None if run.output_dir else tempfile.mkdtemp(prefix="relax-eval-vllm-")
+    settings = VllmSettings.of_eval(backend, model_dir=checkpoint,
+                                    run_dir=run.output_dir or scratch, seed=run.seed,
                                     scratch=scratch is not None)
     try:
         return VllmBackend.open(settings, 0, device)

@@ -75,48 +75,48 @@ def load_rollout_policy(model_dir: str, lora, device: torch.device, backend: Rol
 
 class RolloutWorker:
     """One rollout rank: ``ctx`` is its own (device); ``layout`` says whom it serves;
-    ``stop``: a signal stops the building of the environments at once."""
+    ``backend``: its rollout backend (:func:`serve_rollouts` opens it and closes it should
+    the building fail). Built in two steps, as :func:`serve_rollouts` does: the policy and
+    the lockstep of the shares here, then :meth:`take_side` with the rollout side built on
+    :meth:`share_contexts`."""
 
-    def __init__(self, cfg, ctx: DistContext, layout: AsyncLayout, stop):
-        self.cfg, self.ctx, self.layout = cfg, ctx, layout
-        # --rollout-backend vllm: this rank's server, checked before any model loads: owned,
-        # its log and weights named by the world rank, or --vllm-url entry i for rollout
-        # rank i. The rank holds the whole model (the weights arrive whole), so it writes
-        # them alone even when the training ranks use FSDP2. Closed if anything below fails
-        self.backend = open_backend(cfg, layout.rank, ctx.device, slot=ctx.rank)
-        try:
-            self._build(stop)
-        except BaseException:
-            self.backend.close()
-            raise
-
-    def _build(self, stop) -> None:
-        cfg, ctx, layout = self.cfg, self.ctx, self.layout
-        bf16 = use_bf16(cfg.system.bf16, ctx.device)
+    def __init__(self, ctx: DistContext, layout: AsyncLayout, backend: RolloutBackend, *,
+                 model_dir: str | None, lora, seed: int, bf16: bool, bucket_mb: float,
+                 timeout_minutes: float, rows: int):
+        """``model_dir``, ``lora``, ``seed``: the policy as the training ranks build it
+        (:func:`load_rollout_policy`); ``bucket_mb``: --weight-sync-bucket-mb;
+        ``timeout_minutes``: every wait on the training side; ``rows``: a batch's rows per
+        training rank in this run's configuration (what a resumed run compares)."""
+        self.ctx, self.layout, self.backend, self.bf16 = ctx, layout, backend, bf16
         self.module, self.tokenizer = load_rollout_policy(
-            cfg.model.hf_checkpoint, cfg.lora, ctx.device, self.backend, seed=cfg.run.seed,
-            bf16=bf16)
-        self.bucket_bytes = int(cfg.placement.weight_sync_bucket_mb * 2**20)
-        self.timeout = cfg.run.distributed_timeout_minutes  # every wait on the training side
+            model_dir, lora, ctx.device, self.backend, seed=seed, bf16=bf16)
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.timeout = timeout_minutes  # every wait on the training side
         self.shares = layout.shares()
         # the shares agree with each other and with the other serving rollout ranks
         self.lockstep = Lockstep(len(self.shares), layout.rollout_group, ctx.device,
                                  timeout_s=self.timeout * 60)
         self.timers = {v: Timer(ctx.device) for v in self.shares}
         self.trackers = {v: MetricTracker() for v in self.shares}
-        # a batch's rows per training rank in this run's configuration (dynamic sampling
-        # may train on fewer): what a resumed run compares
-        self.rows = cfg.batches.rollout_batch_size // layout.trainers * cfg.batches.samples_per_prompt
-        # the colocated loop's collectors of data-parallel ranks v (relax/rollout/assembly.py),
-        # alone in this process but agreeing with the other shares; --rm-type genrm: one
-        # judge per rollout rank, for every share it samples
-        side = build_rollout_side(
-            cfg, [(DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None),
-                   self.lockstep.share(i)) for i, v in enumerate(self.shares)],
-            device=ctx.device, bf16=bf16, stop=stop)
-        side.check_lengths(self.tokenizer, cfg.rollout.data, cfg.rollout.sampling.max_response_len)
+        # dynamic sampling may train on fewer rows than the configuration's
+        self.rows = rows
+        self.collectors = {}
+
+    def share_contexts(self) -> list:
+        """(context, agreement) of each share: data-parallel rank v of the training ranks,
+        alone in this process but agreeing with the other shares."""
+        ctx, layout = self.ctx, self.layout
+        return [(DistContext(v, layout.trainers, ctx.local_rank, ctx.device, None),
+                 self.lockstep.share(i)) for i, v in enumerate(self.shares)]
+
+    def take_side(self, side, rollout, batches, *, seed: int) -> None:
+        """The colocated loop's collectors of the shares (relax/rollout/assembly.py), from
+        ``side`` (built on :meth:`share_contexts`; --rm-type genrm: one judge per rollout
+        rank, for every share it samples); ``rollout``, ``batches``, ``seed``: the
+        configuration's sections and --seed."""
+        side.check_lengths(self.tokenizer, rollout.data, rollout.sampling.max_response_len)
         self.collectors = dict(zip(self.shares, side.collectors(
-            cfg, self.backend, tokenizer=self.tokenizer,
+            rollout, batches, self.backend, seed=seed, tokenizer=self.tokenizer,
             eos_token_ids=models.eos_token_ids(self.tokenizer, self.module),
             context=getattr(self.module.config, "max_position_embeddings", None),
             timers=[self.timers[v] for v in self.shares],
@@ -234,7 +234,26 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
     if ctx.device.type == "cpu":  # the host's cores shared between all local processes
         torch.set_num_threads(cpu_threads(
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    worker = RolloutWorker(cfg, ctx, layout, stop)
+    # --rollout-backend vllm: this rank's server, checked before any model loads: owned,
+    # its log and weights named by the world rank, or --vllm-url entry i for rollout
+    # rank i. The rank holds the whole model (the weights arrive whole), so it writes
+    # them alone even when the training ranks use FSDP2. Closed if anything below fails
+    backend = open_backend(cfg.rollout, layout.rank, ctx.device, placement=cfg.placement,
+                           model=cfg.model, run=cfg.run, slot=ctx.rank)
+    try:
+        bf16 = use_bf16(cfg.system.bf16, ctx.device)
+        b = cfg.batches
+        worker = RolloutWorker(
+            ctx, layout, backend, model_dir=cfg.model.hf_checkpoint, lora=cfg.lora,
+            seed=cfg.run.seed, bf16=bf16, bucket_mb=cfg.placement.weight_sync_bucket_mb,
+            timeout_minutes=cfg.run.distributed_timeout_minutes,
+            rows=b.rollout_batch_size // layout.trainers * b.samples_per_prompt)
+        side = build_rollout_side(cfg, worker.share_contexts(), device=ctx.device, bf16=bf16,
+                                  stop=stop)
+        worker.take_side(side, cfg.rollout, cfg.batches, seed=cfg.run.seed)
+    except BaseException:
+        backend.close()
+        raise
     try:
         worker.serve()
     finally:

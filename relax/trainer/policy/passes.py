@@ -12,7 +12,7 @@ def needs_reference(algorithm) -> bool:
                                       kl_coef=algorithm.kl_coef, use_kl_loss=algorithm.use_kl_loss)
 
 
-def needs_old_log_probs(cfg) -> bool:
+def needs_old_log_probs(algorithm, batches, distillation) -> bool:
     """Whether the rollout step needs its own no-grad pass for pi_old (reinforce_plus_plus.md §7 ratio).
 
     Not needed when one optimizer step covers the whole rollout (``--num-steps-per-rollout``
@@ -21,11 +21,12 @@ def needs_old_log_probs(cfg) -> bool:
     log-probs, detached (ratio exactly 1, gradient of log pi). Still needed when a later
     optimizer step sees a moved policy, for REINFORCE++ k1 reward shaping, whose returns
     read pi_old before any update (reinforce_plus_plus.md §3), and for on-policy distillation,
-    whose advantage term reads it the same way (§7b).
+    whose advantage term reads it the same way (§7b). ``algorithm``, ``batches``,
+    ``distillation``: the configuration's sections.
     """
-    f = estimators.facts(cfg.algorithm.estimator)
-    return (estimators.returns_read_old_policy(f, kl_coef=cfg.algorithm.kl_coef)
-            or cfg.batches.steps_per_rollout > 1
+    f = estimators.facts(algorithm.estimator)
+    return (estimators.returns_read_old_policy(f, kl_coef=algorithm.kl_coef)
+            or batches.steps_per_rollout > 1
             # the distillation term reads pi_old before any update (§7b); the JSD of
             # --opd-type self reads the update's own forward instead
-            or (cfg.distillation.enabled and cfg.distillation.type != "self"))
+            or (distillation.enabled and distillation.type != "self"))

@@ -56,18 +56,18 @@ def _read_json(path: str, what: str) -> dict:
     return value
 
 
-def find_resume(cfg, *, report: bool) -> tuple[str, int] | None:
+def find_resume(checkpoint, *, report: bool) -> tuple[str, int] | None:
     """``--save`` is usable and ``--load`` names a complete checkpoint: (its path, its step),
-    or None without ``--load`` (``report``: say which candidates were skipped and why)."""
-    check_save_dir(cfg.checkpoint.save)
-    if not cfg.checkpoint.load:
+    or None without ``--load`` (``checkpoint``: the configuration's checkpoint section;
+    ``report``: say which candidates were skipped and why)."""
+    check_save_dir(checkpoint.save)
+    if not checkpoint.load:
         return None
-    if not os.path.isdir(cfg.checkpoint.load):
-        raise InputError(f"--load {cfg.checkpoint.load}: no such directory")
-    found = latest_checkpoint(cfg.checkpoint.load, report=report,
-                                                checksums=cfg.checkpoint.checksums)
+    if not os.path.isdir(checkpoint.load):
+        raise InputError(f"--load {checkpoint.load}: no such directory")
+    found = latest_checkpoint(checkpoint.load, report=report, checksums=checkpoint.checksums)
     if found is None:
-        raise InputError(f"--load {cfg.checkpoint.load}: no complete Relax checkpoint in it")
+        raise InputError(f"--load {checkpoint.load}: no complete Relax checkpoint in it")
     return found
 
 
@@ -91,7 +91,7 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
             raise InputError(f"{where}: the checkpoint was trained with {flag} {recorded[key]}, "
                              f"this run has {flag} {value_of(cfg, key)}; resume with {flag} "
                              f"{recorded[key]}, or start a new run without --load")
-    _check_model(cfg, checkpoint, where)
+    _check_model(cfg.model.hf_checkpoint, checkpoint, where)
     # an adapter checkpoint holds the adapter only, a full one no adapter: neither loads
     # into the other's model
     saved_rank = int(saved.get("lora_rank") or 0)
@@ -101,7 +101,7 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
                          f"--lora-rank {cfg.lora.rank}; resume with "
                          f"{'--lora-rank ' + str(saved_rank) if saved_rank else 'no --lora-rank'}"
                          ", or start a new run without --load")
-    _check_trained_tensors(cfg, saved, where)
+    _check_trained_tensors(cfg.lora, saved, where)
     now = to_flat(cfg)
     changed = [f"--{k.replace('_', '-')} {saved[k]} -> {now[k]}"
                for k in sorted(saved) if k not in LOCAL and k not in IDENTITY
@@ -112,13 +112,14 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
             + ", ".join(changed))
 
 
-def _check_trained_tensors(cfg, saved: dict, where: str) -> None:
+def _check_trained_tensors(lora, saved: dict, where: str) -> None:
     """The adapter's layers are the tensors a LoRA checkpoint holds: other target modules
     would drop trained adapters and start others from zero, so they are refused (Megatron and
-    Hugging Face names of the same layers are the same targets)."""
-    if not cfg.lora.rank or "lora_target_modules" not in saved:
+    Hugging Face names of the same layers are the same targets). ``lora``: this run's LoRA
+    section."""
+    if not lora.rank or "lora_target_modules" not in saved:
         return
-    before, now = saved.get("lora_target_modules"), cfg.lora.target_modules
+    before, now = saved.get("lora_target_modules"), lora.target_modules
     layers_before = set(hf_target_names(list(before or ALL_LINEAR)))
     layers_now = set(hf_target_names(list(now or ALL_LINEAR)))
     if layers_before == layers_now:
@@ -139,35 +140,38 @@ def _jsonable(value):
     return json.loads(json.dumps(value))
 
 
-def _check_model(cfg, checkpoint: str, where: str) -> None:
-    if cfg.model.hf_checkpoint is None:
+def _check_model(hf_checkpoint: str | None, checkpoint: str, where: str) -> None:
+    """The checkpoint's model is the ``hf_checkpoint`` model (--hf-checkpoint)."""
+    if hf_checkpoint is None:
         return
     mine = _read_json(os.path.join(checkpoint, "config.json"), where)
-    base = _read_json(os.path.join(cfg.model.hf_checkpoint, "config.json"),
-                      f"--hf-checkpoint {cfg.model.hf_checkpoint}")
+    base = _read_json(os.path.join(hf_checkpoint, "config.json"),
+                      f"--hf-checkpoint {hf_checkpoint}")
     differ = [k for k in MODEL_KEYS if k in mine and k in base and mine[k] != base[k]]
     if differ:
         k = differ[0]
         raise InputError(f"{where}: the checkpoint's model differs from --hf-checkpoint "
-                         f"{cfg.model.hf_checkpoint} ({k} {mine[k]} vs {base[k]}); the reference "
+                         f"{hf_checkpoint} ({k} {mine[k]} vs {base[k]}); the reference "
                          "model and the tokenizer come from --hf-checkpoint, so point it at the "
                          "model this run started from")
 
 
-def report_resume(cfg, path: str, step: int, saved: dict | None, position: dict, *,
-                  fixed_stride: bool, source) -> None:
+def report_resume(path: str, step: int, saved: dict | None, position: dict, *,
+                  rollout_batch_size: int, output_dir: str, fixed_stride: bool,
+                  source) -> None:
     """Say where the resumed run stands (rank 0), and warn when ``metrics.jsonl`` holds rows
     of the interrupted run past ``step`` or the data position no longer matches the
     checkpoint's. ``position``: the collector's (epoch, index, cursor); ``fixed_stride``: every
-    step consumes --rollout-batch-size prompts (no dynamic sampling rounds)."""
+    step consumes ``rollout_batch_size`` prompts (no dynamic sampling rounds); ``output_dir``:
+    --output-dir, where ``metrics.jsonl`` is."""
     now = {k: position[k] for k in ("epoch", "index")}
     if saved is not None:
         saved = {k: saved[k] for k in ("epoch", "index") if k in saved}
-    if fixed_stride and position["cursor"] != step * cfg.batches.rollout_batch_size:
+    if fixed_stride and position["cursor"] != step * rollout_batch_size:
         now = source.position(step)  # another --rollout-batch-size: warn below
     print(f"relax train: resuming from {path} at rollout step {step} "
           f"(data epoch {now['epoch']}, prompt {now['index']} of the epoch)", file=sys.stderr)
-    metrics = os.path.join(cfg.run.output_dir, "metrics.jsonl")
+    metrics = os.path.join(output_dir, "metrics.jsonl")
     stale = rows_after(metrics, step)
     if stale:
         print(f"relax train: {metrics} holds {stale} rows of steps after {step} from the "

@@ -69,7 +69,8 @@ def test_a_sharded_module_releases_what_each_decode_gathered():
 
 def test_the_default_backend_is_relaxs_engine_for_train_and_eval(tmp_path):
     cfg = make_config(*RECIPES["grpo"], output_dir=tmp_path / "run")
-    assert type(open_backend(cfg, 0, torch.device("cpu"))) is LocalBackend
+    assert type(open_backend(cfg.rollout, 0, torch.device("cpu"), placement=cfg.placement,
+                             model=cfg.model, run=cfg.run)) is LocalBackend
 
 
 def test_eval_opens_relaxs_engine_without_a_scratch_folder(tmp_path, monkeypatch):
@@ -79,7 +80,8 @@ def test_eval_opens_relaxs_engine_without_a_scratch_folder(tmp_path, monkeypatch
     monkeypatch.setattr("tempfile.mkdtemp", lambda **kw: made.append(kw) or str(tmp_path))
     (tmp_path / "config.json").write_text("{}")  # a model directory, as far as parsing goes
     cfg = parse_eval_config([str(tmp_path), "--device", "cpu"])
-    assert type(open_eval_backend(cfg, torch.device("cpu"))) is LocalBackend and made == []
+    assert type(open_eval_backend(cfg.rollout, torch.device("cpu"), checkpoint=cfg.checkpoint,
+                                  run=cfg.run)) is LocalBackend and made == []
 
 
 def _rewards(**fields):

@@ -79,19 +79,20 @@ def test_old_log_probs_required_for_a_second_optimizer_step(model):
 
 
 def test_needs_old_log_probs(tmp_path):
-    def cfg(*flags):
-        return make_config(*flags, output_dir=tmp_path)
+    def cfg(*flags):  # the sections needs_old_log_probs reads
+        c = make_config(*flags, output_dir=tmp_path)
+        return c.algorithm, c.batches, c.distillation
 
-    assert not passes.needs_old_log_probs(cfg("--advantage-estimator", "grpo"))
-    assert not passes.needs_old_log_probs(cfg("--advantage-estimator", "grpo", "--use-kl-loss",
+    assert not passes.needs_old_log_probs(*cfg("--advantage-estimator", "grpo"))
+    assert not passes.needs_old_log_probs(*cfg("--advantage-estimator", "grpo", "--use-kl-loss",
                                              "--kl-loss-type", "k3", "--kl-loss-coef", "0.1"))
-    assert passes.needs_old_log_probs(cfg("--advantage-estimator", "grpo",
+    assert passes.needs_old_log_probs(*cfg("--advantage-estimator", "grpo",
                                          "--num-steps-per-rollout", "2"))
     # REINFORCE++ k1 shaping reads pi_old in the returns, before any update
-    assert passes.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert passes.needs_old_log_probs(*cfg("--advantage-estimator", "reinforce_plus_plus",
                                          "--normalize-advantages", "--kl-coef", "0.01",
                                          "--kl-loss-type", "k1"))
-    assert not passes.needs_old_log_probs(cfg("--advantage-estimator", "reinforce_plus_plus",
+    assert not passes.needs_old_log_probs(*cfg("--advantage-estimator", "reinforce_plus_plus",
                                              "--normalize-advantages", "--kl-coef", "0"))
 
 

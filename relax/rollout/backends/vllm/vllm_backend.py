@@ -2,7 +2,8 @@
 by ``--vllm-url``), the sampler the collectors call and the weight sync after updates; also
 ``relax eval --rollout-backend vllm``'s server.
 
-    backend = open_backend(cfg, rank, device, shards=ctx)  # relax/rollout/backends/open.py
+    backend = open_backend(cfg.rollout, rank, device, placement=..., model=..., run=...,
+                           shards=ctx)  # relax/rollout/backends/open.py
     backend.start(module, bf16=False, lora=None)       # serving, answering, sampling
     sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
     if backend.due(version):                           # every --update-weights-interval steps
