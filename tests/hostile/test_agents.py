@@ -18,7 +18,7 @@ from relax.rollout.agents.chat_schema import MAX_BODY_BYTES
 from relax.rollout.generation.generate import generate
 from relax.tiny_model import build_tiny_model, build_tokenizer
 
-PROGRAM = os.path.join(os.path.dirname(__file__), "..", "agents", "agent_program.py")
+PROGRAM = os.path.join(os.path.dirname(__file__), "..", "rollout", "agents", "agent_program.py")
 
 
 @pytest.fixture(scope="module")
