@@ -145,8 +145,8 @@ def settings(bf16: bool, layout: str | None):
     from relax.trainer.policy.update import LossSettings
 
     kw = {} if layout is None else {"layout": layout}
-    return LossSettings(AlgorithmSection(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
-                                         kl_loss_coef=0.04), bf16=bf16, **kw)
+    return LossSettings(AlgorithmSection(advantage_estimator="grpo", use_kl_loss=True,
+                                         kl_loss_type="k3", kl_loss_coef=0.04), bf16=bf16, **kw)
 
 
 def one_update(model, opt, exp: Experience, s) -> float:
@@ -263,7 +263,7 @@ def main() -> None:
         from relax.config.sections import RecomputeSection
         from relax.trainer.policy.recompute import apply_recompute
 
-        apply_recompute(model, RecomputeSection(granularity="full"))
+        apply_recompute(model, RecomputeSection(recompute_granularity="full"))
     exp = batch(a, model.config.vocab_size)
     attended = int(exp.attention_mask.sum())
     lengths = exp.attention_mask[:, a.prompt_len:].sum(1).tolist()

@@ -21,7 +21,9 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from relax.config.files import flatten
 from relax.config.flags import OneLineParser, integer, text
+from relax.config.schema import TrainConfig
 from relax.errors import ConfigError
 from relax.metrics.sinks import read_rows
 
@@ -57,21 +59,15 @@ class Run:
     series: dict[str, dict[int, float]] = field(default_factory=dict)  # metric -> step -> value
 
 
-def _group_name(saved: dict, default: str) -> str:
-    """The estimator of a config.json (by section, or flat as written before sections),
-    marked when distillation changes what it trains on (§7b): a run with ``--use-opd`` is not
-    drawn in one band with runs of its estimator alone."""
-    algorithm, opd = saved.get("algorithm"), saved.get("distillation")
-    if isinstance(algorithm, dict):  # by section
-        estimator = str(algorithm.get("estimator", default))
-        use_opd, only = (bool(opd.get("enabled")), bool(opd.get("only"))) if isinstance(
-            opd, dict) else (False, False)
-    else:
-        estimator = str(saved.get("advantage_estimator", default))
-        use_opd, only = bool(saved.get("use_opd")), bool(saved.get("opd_only"))
-    if not use_opd:
+def _group_name(saved: dict, default: str, where: str) -> str:
+    """The estimator of a config.json (by section, under its fields' names of now or before,
+    or flat as written before sections), marked when distillation changes what it trains on
+    (§7b): a run with ``--use-opd`` is not drawn in one band with runs of its estimator alone."""
+    flat = flatten(saved, TrainConfig, where, strict=False)
+    estimator = str(flat.get("advantage_estimator", default))
+    if not flat.get("use_opd"):
         return estimator
-    return f"opd only ({estimator})" if only else f"{estimator} + opd"
+    return f"opd only ({estimator})" if flat.get("opd_only") else f"{estimator} + opd"
 
 
 def load_run(path: str) -> Run:
@@ -84,7 +80,7 @@ def load_run(path: str) -> Run:
     if os.path.isfile(config_path):
         try:
             with open(config_path, encoding="utf-8") as f:
-                estimator = _group_name(json.load(f), estimator)
+                estimator = _group_name(json.load(f), estimator, config_path)
         except UnicodeDecodeError as e:
             raise PlotError(f"{config_path}: not UTF-8 text (byte {e.start})") from None
         except (json.JSONDecodeError, AttributeError) as e:

@@ -63,7 +63,8 @@ def test_dry_run_subprocess_prints_json_and_loads_nothing_heavy():
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     cfg = json.loads(proc.stdout)
-    assert cfg["algorithm"]["estimator"] == "grpo" and cfg["builtin_preset_applied"] is True
+    assert cfg["algorithm"]["advantage_estimator"] == "grpo"
+    assert cfg["builtin_preset_applied"] is True
     probe = ("import sys, contextlib, io\n"
              "from relax.cli import main\n"
              "with contextlib.redirect_stdout(io.StringIO()):\n"

@@ -37,7 +37,7 @@ def test_tiny_cpu_mode_runs_every_phase(tmp_path):
     # the check trains with activation recompute on, and says so
     assert train["recompute"] == "full"
     config = json.loads((workdir / "run" / "config.json").read_text())
-    assert config["recompute"]["granularity"] == "full"
+    assert config["recompute"]["recompute_granularity"] == "full"
     assert "recompute full" in proc.stdout
     assert train["phases_s"]["generate"] > 0 and train["phases_s"]["update"] > 0
     # REINFORCE++ with --kl-coef has a reference pass, so every ratio is reported

@@ -106,7 +106,7 @@ def test_sweep_runs_three_arms_times_three_seeds(setup):
     assert heads == [f"== {a} seed {s} -> sweep/{a}-seed{s}"
                      for a in ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo")
                      for s in (42, 1234, 2026)]
-    assert proc.stdout.count('"estimator"') == 9  # one configuration per run
+    assert proc.stdout.count('"advantage_estimator"') == 9  # one configuration per run
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")

@@ -75,7 +75,7 @@ def _baseline(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
 
 def _group_relative(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
     return group_relative_advantages(b.rewards, b.group_index, b.mask,
-                                     std_normalization=not s.disable_std_normalization)
+                                     std_normalization=not s.disable_grpo_std_normalization)
 
 
 def _leave_one_out(b: RolloutBatch, s: AlgorithmSection) -> Tensor:
@@ -195,7 +195,7 @@ def compute_advantages_and_returns(
     targets are ``A_raw + V``, §5c), ``group`` the data-parallel process group (all moments and metrics are
     global over it). No value is read back to the host.
     """
-    est = get_estimator(settings.estimator)
+    est = get_estimator(settings.advantage_estimator)
     batch = _checked_batch(est.facts, settings, rewards, mask, group_index, old_log_probs,
                            ref_log_probs, values)
     shaping = settings.kl_coef != 0

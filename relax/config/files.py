@@ -12,7 +12,10 @@ wins). A key that is no section or field, a removed flag's key, a key given twic
 and a flag set twice (flat and in its section) are each one line naming the file and the key:
 a file is read as written or refused, never half-read. A file may also use the flags' flat
 names (``rollout_temperature: 0.7``), which is how config.json was written before sections;
-both forms read back to the same configuration. Torch-free (PyYAML and tomllib only).
+both forms read back to the same configuration. A field's name is its flag's; the shorter names
+some fields had before (``algorithm: {estimator: grpo}``) are read through :data:`RENAMED`, so a
+config.json or a checkpoint written before still loads, and a mapping giving both names of one
+field is refused. Torch-free (PyYAML and tomllib only).
 """
 
 from __future__ import annotations
@@ -29,6 +32,42 @@ from relax.config.sections.batches import EPOCHS_WHEN_UNSET
 from relax.errors import ConfigError
 
 SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+# The one table of renamed fields: a field's former name (path by section) -> its name now,
+# the flag's (issue 45: one name per setting). Read in a file or a checkpoint's saved
+# configuration, never written.
+RENAMED: dict[str, str] = {
+    "algorithm.estimator": "advantage_estimator",
+    "algorithm.disable_std_normalization": "disable_grpo_std_normalization",
+    "algorithm.per_token_loss": "calculate_per_token_loss",
+    "algorithm.custom_advantage_path": "custom_advantage_function_path",
+    "algorithm.reward_post_process_path": "custom_reward_post_process_path",
+    "batches.samples_per_prompt": "n_samples_per_prompt",
+    "batches.token_budget": "use_dynamic_batch_size",
+    "batches.steps_per_rollout": "num_steps_per_rollout",
+    "batches.filter_path": "dynamic_sampling_filter_path",
+    "batches.max_rounds": "dynamic_sampling_max_rounds",
+    "lora.rank": "lora_rank",
+    "lora.alpha": "lora_alpha",
+    "lora.dropout": "lora_dropout",
+    "lora.target_modules": "lora_target_modules",
+    "recompute.granularity": "recompute_granularity",
+    "recompute.method": "recompute_method",
+    "recompute.num_layers": "recompute_num_layers",
+    "distillation.enabled": "use_opd",
+    "distillation.type": "opd_type",
+    "distillation.kl_coef": "opd_kl_coef",
+    "distillation.teacher_load": "opd_teacher_load",
+    "distillation.only": "opd_only",
+    "distillation.teacher_url": "opd_teacher_url",
+    "distillation.teacher_timeout": "opd_teacher_timeout",
+    "distillation.privileged_info_key": "opsd_privileged_info_key",
+    "critic.load": "critic_load",
+    "critic.save": "critic_save",
+    "critic.lr": "critic_lr",
+    "critic.lr_warmup_iters": "critic_lr_warmup_iters",
+    "checkpoint.checksums": "checkpoint_checksums",
+}
 
 
 class _Duplicate(Exception):
@@ -95,21 +134,25 @@ def _parse(path: str) -> dict:
     return value
 
 
-def flatten(values: dict, cls, where: str, strict: bool = True) -> dict:
+def flatten(values: dict, cls, where: str, strict: bool = True,
+            path: tuple[str, ...] = ()) -> dict:
     """``{dest: value}`` from a mapping by section (nested keys) or by flat name; ``where``
     names the file in the error of an unknown or removed key and of a flag set twice (flat
-    and in its section: which one counts would be a guess). ``strict=False`` reads a saved
+    and in its section: which one counts would be a guess); ``path``: the section ``values``
+    is, for a former field name (:data:`RENAMED`). ``strict=False`` reads a saved
     configuration leniently (a checkpoint's manifest): an unknown key is kept as it is, for
     flags since removed, and of a flag set twice the later key counts."""
     flat: dict = {}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     by_dest = {dest_of(f): f for f in fields.values() if not is_section(f)}
     for key, value in values.items():
+        key = _current_name(values, path, key, where)
         f = fields.get(key)
         if f is not None and is_section(f):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: key {key!r}", "is a section; expected a mapping")
-            found = flatten(value, f.metadata["section"], f"{where}: {key}", strict)
+            found = flatten(value, f.metadata["section"], f"{where}: {key}", strict,
+                            (*path, key))
         elif f is not None or key in by_dest:
             found = {dest_of(f if f is not None else by_dest[key]): value}
         elif strict or key in flat_index(cls):
@@ -121,6 +164,18 @@ def flatten(values: dict, cls, where: str, strict: bool = True) -> dict:
         else:
             flat.update(found)
     return flat
+
+
+def _current_name(values: dict, path: tuple[str, ...], key, where: str):
+    """``key``, or the name now of a field's former name (:data:`RENAMED`); a mapping that
+    gives both is refused (which one counts would be a guess)."""
+    new = RENAMED.get(".".join((*path, str(key))))
+    if new is None:
+        return key
+    if new in values:
+        raise ConfigError(f"{where}: keys {key!r} and {new!r}", f"both name --"
+                          f"{new.replace('_', '-')} ({key!r} is its former name); keep {new!r}")
+    return new
 
 
 def _merge(flat: dict, found: dict, where: str, key: str) -> None:

@@ -1,6 +1,6 @@
 """The configuration of ``relax train`` and ``relax eval``: a tree of frozen sections.
 
-    cfg.algorithm.estimator            # --advantage-estimator
+    cfg.algorithm.advantage_estimator            # --advantage-estimator
     cfg.rollout.sampling.temperature   # --rollout-temperature
     cfg.checkpoint.save_interval       # --save-interval
 

@@ -5,9 +5,9 @@ file and the ``--config`` file loader share, and the one-line error of every rul
 
 The configuration is a tree of frozen dataclasses (torchtitan's JobConfig is the model)::
 
-    cfg.algorithm.estimator               # --advantage-estimator
+    cfg.algorithm.advantage_estimator               # --advantage-estimator
     cfg.rollout.sampling.temperature      # --rollout-temperature
-    cfg.batches.samples_per_prompt        # --n-samples-per-prompt
+    cfg.batches.n_samples_per_prompt        # --n-samples-per-prompt
 
 A leaf field's flag is ``--`` + its *dest* (``option(flag=...)``, else the field's own name)
 with ``-`` for ``_``: the Relax/Megatron flag names are the interface; the fields named unlike
@@ -52,7 +52,7 @@ def option(default, help: str, *, flag: str | None = None, bound: tuple | None =
     its flag, its bound and what it needs to have an effect.
 
     ``flag``: the flag's dest when it differs from the field name (``--advantage-estimator``
-    is ``algorithm.estimator``; the exceptions are listed in docs/configuration.md);
+    is ``algorithm.advantage_estimator``; the exceptions are listed in docs/configuration.md);
     ``bound``: ``(predicate, what it must be)``, or several such pairs checked in order, by
     :func:`check_tree` with the one-line error ``--flag VALUE: what it must be`` (``what``
     may be a function of the value); ``requires``: the :class:`Needs` without which the field

@@ -116,7 +116,7 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
     validate(cfg, explicit)
     world_size = placement.training_world_size(cfg, world_size)  # --fully-async: trainers
     output_dir = cfg.run.output_dir or os.path.join(
-        "runs", f"{cfg.algorithm.estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
+        "runs", f"{cfg.algorithm.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}")
     return replace_flat(
         cfg,
         **batches.resolved_batches(cfg, world_size),

@@ -59,7 +59,8 @@ def load_inputs(rollout, batches, *, seed: int, privileged_key: str | None) -> I
         task = get_task(rollout.data.builtin_task)
     source = PromptSource(batch_size=batches.rollout_batch_size, seed=seed,
                           samples=samples, task=task, shuffle=rollout.data.shuffle)
-    group_filter = load_group_filter(batches.filter_path) if batches.filter_path else None
+    group_filter = (load_group_filter(batches.dynamic_sampling_filter_path)
+                    if batches.dynamic_sampling_filter_path else None)
     return Inputs(samples, source, group_filter)
 
 
@@ -178,12 +179,12 @@ def build_rollout_side(cfg, shares: list[tuple[object, Agreement]], *, device, b
         with stop.at_once("building the --env environments"):
             envs = [build_environments(cfg.rollout, cfg.batches, ctx) for ctx, _ in shares]
     inputs = load_inputs(cfg.rollout, cfg.batches, seed=cfg.run.seed,
-                         privileged_key=cfg.distillation.privileged_info_key)
+                         privileged_key=cfg.distillation.opsd_privileged_info_key)
     judge = build_judge(cfg.rollout.rewards, device, bf16=bf16,
                         pass_layout=cfg.batches.pass_layout) if samples_here else None
     return RolloutSide(inputs, judge, [
         Share(ctx, agree, share_envs,
               build_scorer(cfg.rollout, ctx, agree, samples=inputs.samples,
-                           post_process_path=cfg.algorithm.reward_post_process_path,
+                           post_process_path=cfg.algorithm.custom_reward_post_process_path,
                            judge=judge))
         for (ctx, agree), share_envs in zip(shares, envs, strict=True)])

@@ -93,7 +93,7 @@ class PromptCollector(StreamPosition):
         self.ctx, self.source, self.tokenizer = ctx, source, tokenizer
         self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
-        self.n, self.batch_size = batches.samples_per_prompt, batches.rollout_batch_size
+        self.n, self.batch_size = batches.n_samples_per_prompt, batches.rollout_batch_size
         self.seed, self.max_response_len = seed, rollout.sampling.max_response_len
         self.format = dict(apply_chat_template=rollout.data.apply_chat_template,
                            system_prompt=rollout.data.system_prompt)
@@ -147,7 +147,7 @@ class DynamicSampling:
         self.ctx, self.inner, self.group_filter, self.tracker = ctx, inner, group_filter, tracker
         self.agree = inner.agree  # the shares of a step agree on every round
         self.filter_timeout = filter_timeout  # --reward-timeout: seconds per group
-        self.n, self.rounds = batches.samples_per_prompt, batches.max_rounds
+        self.n, self.rounds = batches.n_samples_per_prompt, batches.dynamic_sampling_max_rounds
         self.count = batches.over_sampling_batch_size
         self.quota = batches.rollout_batch_size // ctx.world_size
 

@@ -40,7 +40,7 @@ def build_environments(rollout, batches, ctx) -> list | None:
     # (relax/rollout/partial_episodes.py)
     groups = (batches.over_sampling_batch_size if rollout.partial.enabled
               else batches.rollout_batch_size)
-    count = groups // ctx.world_size * batches.samples_per_prompt
+    count = groups // ctx.world_size * batches.n_samples_per_prompt
     return start_environments(make, count, name=f"--env {rollout.episodes.env}", timeout_s=timeout)
 
 
@@ -71,7 +71,7 @@ class EpisodeCollector(StreamPosition):
         self.tokenizer, self.sampler, self.scorer = tokenizer, sampler, scorer
         self.eos_token_id, self.context = eos_token_id, context
         self.timer, self.tracker = timer, tracker
-        self.n, self.batch_size = batches.samples_per_prompt, batches.rollout_batch_size
+        self.n, self.batch_size = batches.n_samples_per_prompt, batches.rollout_batch_size
         self.per_rank = self.batch_size // ctx.world_size
         self.agents: AgentRunner | None = None
         self.cursor = 0  # prompts of the stream the steps so far stand for (all ranks)

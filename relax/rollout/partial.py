@@ -55,14 +55,14 @@ class PartialRollouts(StreamPosition):
         self.ctx, self.source, self.tokenizer = ctx, source, tokenizer
         self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
-        self.seed, self.n = seed, batches.samples_per_prompt
+        self.seed, self.n = seed, batches.n_samples_per_prompt
         self.quota = batches.rollout_batch_size // ctx.world_size
         self.per_step = batches.over_sampling_batch_size // ctx.world_size
         self.max_len, self.max_aborted = rollout.sampling.max_response_len, max_aborted
         self.mask_offpolicy = mask_offpolicy
         # --dynamic-sampling-filter-path: groups are judged once, when they complete
         self.group_filter, self.filter_timeout = group_filter, filter_timeout
-        self.rounds = batches.max_rounds if group_filter is not None else 1
+        self.rounds = batches.dynamic_sampling_max_rounds if group_filter is not None else 1
         self.format = dict(apply_chat_template=rollout.data.apply_chat_template,
                            system_prompt=rollout.data.system_prompt)
         self.cursor = 0  # prompts of the stream taken by all ranks so far

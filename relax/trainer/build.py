@@ -226,13 +226,14 @@ def _checked(ctx, side, layout, *, bf16: bool, total_steps: int, evaluation, rol
         report_overlap(inputs.samples, eval_sets, report=lambda line: print(line, file=sys.stderr))
     loss = LossSettings(algorithm, OffPolicy.load(rollout.off_policy),
                         temperature=rollout.sampling.temperature, bf16=bf16,
-                        max_tokens=batches.max_tokens_per_gpu if batches.token_budget else None,
+                        max_tokens=(batches.max_tokens_per_gpu if batches.use_dynamic_batch_size
+                                    else None),
                         layout=batches.pass_layout, opsd=distillation.self_mode)
     return _Draft(timer=Timer(ctx.device), tracker=MetricTracker(ctx.group, ctx.device),
                   bf16=bf16, samples=inputs.samples, source=inputs.source,
                   scorer=side.shares[0].scorer, group_filter=inputs.group_filter,
                   total_steps=total_steps,
-                  custom_advantage=CustomAdvantage.load(algorithm.custom_advantage_path),
+                  custom_advantage=CustomAdvantage.load(algorithm.custom_advantage_function_path),
                   loss_settings=loss, eval_sets=eval_sets,
                   backend=_backend(ctx, layout, rollout=rollout, placement=placement,
                                    model=model, run=run, fsdp=system.fsdp))
@@ -266,7 +267,7 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     # ppo: the value model, --critic-load checked against it before any step (§5c)
     value = (_critic(p, ctx, model=model, run=run, critic=critic, lora=lora, recompute=recompute,
                      fsdp=system.fsdp, optimizer=optimizer)
-             if estimators.facts(algorithm.estimator).needs_critic else None)
+             if estimators.facts(algorithm.advantage_estimator).needs_critic else None)
     # the loop's order: the reference pass, the critic (its values and targets first), the
     # custom advantages, then the distillation terms on them (§7b), the mismatch meter
     p.terms[:0] = [t for t in (_reference(p.policy, algorithm), value, p.custom_advantage)
@@ -313,7 +314,7 @@ def _policy(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     p.step_metrics = StepMetrics.measure(module, p.tracker, ctx, peak_tflops=system.peak_tflops,
                                          bf16=p.bf16, log_prob_passes=pass_count,
                                          layout=batches.pass_layout)
-    p.step_metrics.padding_note = not batches.token_budget
+    p.step_metrics.padding_note = not batches.use_dynamic_batch_size
     reference = (partial(models.load_reference, model, tokenizer, ctx.device, seed=run.seed,
                          bf16=p.bf16)
                  if passes.needs_reference(algorithm) else None)

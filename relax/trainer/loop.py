@@ -108,7 +108,7 @@ class Trainer:
         exp = experience_from_rollout(b.rollout)
         cfg = self.cfg
         budget = ((cfg.batches.log_probs_max_tokens_per_gpu or cfg.batches.max_tokens_per_gpu)
-                  if cfg.batches.token_budget else None)
+                  if cfg.batches.use_dynamic_batch_size else None)
         passes = dict(micro_batch_size=cfg.batches.micro_batch_size,
                       temperature=cfg.rollout.sampling.temperature,
                       max_tokens=budget, group=self.ctx.group, layout=cfg.batches.pass_layout)
@@ -138,7 +138,8 @@ class Trainer:
         """The terms' own optimizer steps (the critic's, §5c), then the policy's (§7) unless
         a term holds it back (``--num-critic-only-steps``)."""
         cfg, global_batch = self.cfg, self.cfg.batches.global_batch_size
-        if len(exp) * self.ctx.world_size < cfg.batches.rollout_batch_size * cfg.batches.samples_per_prompt:
+        wanted = cfg.batches.rollout_batch_size * cfg.batches.n_samples_per_prompt
+        if len(exp) * self.ctx.world_size < wanted:
             global_batch = len(exp) * self.ctx.world_size  # dynamic sampling came up short: one step
         plan = UpdatePlan(global_batch, cfg.batches.micro_batch_size,
                           self.parts.loss_settings.max_tokens, self.policy.optimizer)
@@ -188,7 +189,7 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "seed": self.cfg.run.seed,
         }
-        return {"progress": progress, "advantage_estimator": self.cfg.algorithm.estimator,
+        return {"progress": progress, "advantage_estimator": self.cfg.algorithm.advantage_estimator,
                 "config": json.loads(json.dumps(self.cfg.to_dict(), default=str))}
 
     def stop_now(self, signum: int, step: int) -> None:

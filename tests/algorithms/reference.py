@@ -452,9 +452,11 @@ def opsm(log_probs, sampler_lp, advantages, mask, *, delta: float) -> np.ndarray
     return keep
 
 
-def advantage_section(std_normalization: bool = True, **kw):
+def advantage_section(estimator: str, std_normalization: bool = True, **kw):
     """The algorithm section the dispatcher takes, from the keywords this module's
-    ``compute_advantages_and_returns`` takes (``std_normalization`` is the section's
-    ``disable_std_normalization`` negated)."""
+    ``compute_advantages_and_returns`` takes (``estimator`` is the section's
+    ``advantage_estimator``, ``std_normalization`` its ``disable_grpo_std_normalization``
+    negated)."""
     from relax.config.sections import AlgorithmSection
-    return AlgorithmSection(disable_std_normalization=not std_normalization, **kw)
+    return AlgorithmSection(advantage_estimator=estimator,
+                            disable_grpo_std_normalization=not std_normalization, **kw)

@@ -128,7 +128,8 @@ def test_baseline_all_equal_rewards_zero_variance():
 
 def test_rpp_without_kl_accepts_missing_log_probs():
     _, rewards, mask, gi, old, refl = make_rollout(13)
-    settings = AlgorithmSection(estimator="reinforce_plus_plus", normalize_advantages=True)
+    settings = AlgorithmSection(advantage_estimator="reinforce_plus_plus",
+                                normalize_advantages=True)
     out = alg.compute_advantages_and_returns(settings, rewards, mask)
     adv, returns, metrics = ref.advantages_and_returns("reinforce_plus_plus", rewards, mask,
                                                        normalize_advantages=True)
@@ -140,7 +141,7 @@ def test_rpp_without_kl_accepts_missing_log_probs():
 def test_rpp_variants_require_normalize_advantages(estimator):
     _, rewards, mask, gi, old, refl = make_rollout(14)
     with pytest.raises(ValueError, match="normalize"):
-        settings = AlgorithmSection(estimator=estimator, normalize_advantages=False)
+        settings = AlgorithmSection(advantage_estimator=estimator, normalize_advantages=False)
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi,
                                            old_log_probs=old, ref_log_probs=refl)
 
@@ -148,7 +149,7 @@ def test_rpp_variants_require_normalize_advantages(estimator):
 def test_unknown_estimator_lists_valid_names():
     _, rewards, mask, gi, old, refl = make_rollout(15)
     with pytest.raises(ValueError) as err:
-        settings = AlgorithmSection(estimator="reinforce_minus_minus",
+        settings = AlgorithmSection(advantage_estimator="reinforce_minus_minus",
                                          normalize_advantages=True)
         alg.compute_advantages_and_returns(settings, rewards, mask, group_index=gi)
     for name in ("estimator", "reinforce_minus_minus", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
@@ -161,7 +162,7 @@ def test_unknown_estimator_lists_valid_names():
 def test_group_estimators_require_group_index(estimator):
     _, rewards, mask, gi, old, refl = make_rollout(16)
     with pytest.raises(ValueError, match="group_index"):
-        settings = AlgorithmSection(estimator=estimator,
+        settings = AlgorithmSection(advantage_estimator=estimator,
                                          normalize_advantages=estimator != "rloo")
         alg.compute_advantages_and_returns(settings, rewards, mask)
 
@@ -169,14 +170,14 @@ def test_group_estimators_require_group_index(estimator):
 def test_rpp_with_kl_requires_log_probs():
     _, rewards, mask, gi, old, refl = make_rollout(17)
     with pytest.raises(ValueError, match="log_probs"):
-        settings = AlgorithmSection(estimator="reinforce_plus_plus",
+        settings = AlgorithmSection(advantage_estimator="reinforce_plus_plus",
                                          normalize_advantages=True, kl_coef=0.01)
         alg.compute_advantages_and_returns(settings, rewards, mask)
 
 
 def test_dispatcher_bad_shapes_name_argument():
     _, rewards, mask, gi, old, refl = make_rollout(18)
-    settings = AlgorithmSection(estimator="reinforce_plus_plus_baseline",
+    settings = AlgorithmSection(advantage_estimator="reinforce_plus_plus_baseline",
                                      normalize_advantages=True)
     with pytest.raises(ValueError, match="rewards"):
         alg.compute_advantages_and_returns(settings, rewards[:-1], mask, group_index=gi)
@@ -191,7 +192,7 @@ def test_rloo_rejects_normalize_advantages():
     _, rewards, mask, gi, old, refl = make_rollout(19)
     with pytest.raises(ValueError, match="normalize_advantages=False"):
         alg.compute_advantages_and_returns(
-            AlgorithmSection(estimator="rloo", normalize_advantages=True), rewards, mask,
+            AlgorithmSection(advantage_estimator="rloo", normalize_advantages=True), rewards, mask,
             group_index=gi)
 
 

@@ -61,7 +61,7 @@ def test_low_precision_inputs_give_float32_outputs(dtype):
 def test_dispatcher_bf16_inputs_float32_outputs():
     mask, old, lp, A, R = _inputs(torch.bfloat16, B=4)
     out = alg.compute_advantages_and_returns(
-        AlgorithmSection(estimator="reinforce_plus_plus", normalize_advantages=True,
+        AlgorithmSection(advantage_estimator="reinforce_plus_plus", normalize_advantages=True,
                               kl_coef=0.01), R, mask, old_log_probs=old, ref_log_probs=lp)
     assert out.advantages.dtype == torch.float32 and out.returns.dtype == torch.float32
     adv, returns, _ = ref.advantages_and_returns("reinforce_plus_plus", R, mask,

@@ -100,7 +100,7 @@ def test_inputs_are_not_modified(dtype):
     alg.token_mean(A, mask)
     for est in alg.ESTIMATORS:
         normalize = alg.ESTIMATORS[est].facts.normalization != "none"  # rloo: never (§5a)
-        settings = AlgorithmSection(estimator=est, normalize_advantages=normalize,
+        settings = AlgorithmSection(advantage_estimator=est, normalize_advantages=normalize,
                                          kl_coef=0.01 if est == "reinforce_plus_plus" else 0.0)
         alg.compute_advantages_and_returns(settings, R, mask, group_index=gi,
                                            old_log_probs=old, ref_log_probs=refl,
@@ -130,7 +130,7 @@ def test_earlier_outputs_survive_later_calls():
                alg.ppo_clip_loss(old, refl, old, mask)[0]]
         for est in ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo"):
             o = alg.compute_advantages_and_returns(
-                AlgorithmSection(estimator=est, normalize_advantages=True,
+                AlgorithmSection(advantage_estimator=est, normalize_advantages=True,
                                       kl_coef=0.01 if est == "reinforce_plus_plus" else 0.0),
                 R, mask, group_index=gi, old_log_probs=old, ref_log_probs=refl)
             res += [o.advantages, o.returns, *o.metrics.values()]
@@ -148,7 +148,7 @@ def test_dispatcher_returns_and_advantages_are_distinct_for_rpp():
     R = torch.tensor([1.0, 0.0, 1.0, 0.0])
     lp = torch.tensor(rng.normal(-1, 0.5, size=(4, 12)), dtype=torch.float32)
     o = alg.compute_advantages_and_returns(
-        AlgorithmSection(estimator="reinforce_plus_plus", normalize_advantages=True,
+        AlgorithmSection(advantage_estimator="reinforce_plus_plus", normalize_advantages=True,
                               kl_coef=0.01), R, mask, old_log_probs=lp, ref_log_probs=lp * 1.1)
     assert o.advantages.data_ptr() != o.returns.data_ptr()
     assert_ref(o.returns, ref.rpp_returns(R, lp, lp * 1.1, mask, kl_coef=0.01), torch.float32)

@@ -155,14 +155,15 @@ def test_the_dispatcher_runs_gae_and_whitens_on_request():
     mask = torch.tensor([[True, True, True], [True, True, False]])
     rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
     values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 0.0]], dtype=torch.float64)
-    s = AlgorithmSection(estimator="ppo", gamma=0.9, lambd=0.8)
+    s = AlgorithmSection(advantage_estimator="ppo", gamma=0.9, lambd=0.8)
     out = compute_advantages_and_returns(s, rewards, mask, values=values)
     ref = _ref_gae(terminal_rewards(rewards, mask).tolist(), values.tolist(), mask.tolist(),
                    0.9, 0.8)
     torch.testing.assert_close(out.advantages, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(out.returns, ref, rtol=1e-12, atol=1e-12)
     white = compute_advantages_and_returns(
-        AlgorithmSection(estimator="ppo", gamma=0.9, lambd=0.8, normalize_advantages=True),
+        AlgorithmSection(advantage_estimator="ppo", gamma=0.9, lambd=0.8,
+                         normalize_advantages=True),
         rewards, mask, values=values).advantages
     assert float(white[mask].mean()) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="values"):

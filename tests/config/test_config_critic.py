@@ -53,5 +53,6 @@ def test_the_critic_section_reads_the_flags(tmp_path):
                               "--num-critic-only-steps", "2", "--critic-save",
                               str(tmp_path / "c")])
     c = cfg.critic
-    assert (cfg.algorithm.gamma, cfg.algorithm.lambd, c.value_clip, c.lr, c.lr_warmup_iters, c.num_critic_only_steps,
-            c.save, c.load) == (0.99, 0.95, 0.5, 1e-5, 3, 2, str(tmp_path / "c"), None)
+    assert (cfg.algorithm.gamma, cfg.algorithm.lambd, c.value_clip, c.critic_lr,
+            c.critic_lr_warmup_iters, c.num_critic_only_steps, c.critic_save,
+            c.critic_load) == (0.99, 0.95, 0.5, 1e-5, 3, 2, str(tmp_path / "c"), None)

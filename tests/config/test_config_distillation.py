@@ -103,7 +103,7 @@ def test_the_distillation_section_reads_the_flags(teacher_dir):
     cfg = parse_train_config(["--use-opd", "--opd-teacher-load", teacher_dir, "--opd-kl-coef",
                               "0.25", "--opd-only"])
     d = cfg.distillation
-    assert (d.enabled, d.type, d.kl_coef, d.teacher_load, d.only) == (
+    assert (d.use_opd, d.opd_type, d.opd_kl_coef, d.opd_teacher_load, d.opd_only) == (
         True, "model", 0.25, teacher_dir, True)
 
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from relax.config import ConfigError, config_to_json, parse_train_config
+from relax.config.files import RENAMED
 
 RUNS = {
     "preset": [],
@@ -37,13 +38,46 @@ def test_the_saved_config_loads_back_to_the_same_configuration(argv, tmp_path):
     assert config_to_json(again) == config_to_json(cfg)
 
 
+def _former_names(values: dict, path: tuple[str, ...] = ()) -> dict:
+    """``values`` (by section) with every renamed field under its former name, as files
+    written before the fields were named like their flags have it (RENAMED, inverted)."""
+    former = {(*old.split(".")[:-1], new): old.split(".")[-1] for old, new in RENAMED.items()}
+    return {former.get((*path, key), key): (_former_names(value, (*path, key))
+                                            if isinstance(value, dict) else value)
+            for key, value in values.items()}
+
+
+@pytest.mark.parametrize("argv", RUNS.values(), ids=RUNS.keys())
+def test_a_config_json_with_the_former_field_names_loads_to_the_same_configuration(argv,
+                                                                                    tmp_path):
+    cfg = _parse(argv, tmp_path)
+    saved = json.loads(config_to_json(cfg))
+    old = _former_names(saved)
+    assert old != saved and "estimator" in old["algorithm"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(old))
+    again = parse_train_config(["--config", str(path)], environ={})
+    assert again == cfg
+    assert json.loads(config_to_json(again)) == saved  # written under the names of now
+
+
+@pytest.mark.parametrize("name,text,keys", [
+    ("run.yaml", "algorithm: {estimator: sapo, advantage_estimator: grpo}\n",
+     ("'estimator'", "'advantage_estimator'")),
+    ("config.json", '{"lora": {"lora_rank": 2, "rank": 2}}', ("'rank'", "'lora_rank'")),
+])
+def test_a_field_given_under_its_former_and_its_name_is_refused(tmp_path, name, text, keys):
+    line = _refusal(tmp_path, name, text)
+    assert all(key in line for key in keys) and "former name" in line, line
+
+
 def test_yaml_and_toml_give_the_flags_values(tmp_path):
     yaml_file = tmp_path / "run.yaml"
-    yaml_file.write_text("algorithm:\n  estimator: sapo\nrollout:\n  sampling:\n"
-                         "    temperature: 0.7\nbatches: {rollout_batch_size: 16}\n")
+    yaml_file.write_text("algorithm:\n  advantage_estimator: sapo\nrollout:\n  sampling:\n"
+                         "    rollout_temperature: 0.7\nbatches: {rollout_batch_size: 16}\n")
     toml_file = tmp_path / "run.toml"
-    toml_file.write_text('[algorithm]\nestimator = "sapo"\n[rollout.sampling]\n'
-                         'temperature = 0.7\n[batches]\nrollout_batch_size = 16\n')
+    toml_file.write_text('[algorithm]\nadvantage_estimator = "sapo"\n[rollout.sampling]\n'
+                         'rollout_temperature = 0.7\n[batches]\nrollout_batch_size = 16\n')
     flags = _parse(["--advantage-estimator", "sapo", "--rollout-temperature", "0.7",
                     "--rollout-batch-size", "16"], tmp_path)
     for path in (yaml_file, toml_file):
@@ -91,7 +125,7 @@ def test_a_bad_value_in_a_file_names_the_flag(tmp_path):
 
 @pytest.mark.parametrize("text,needle", [
     ('[rollout.sampling]\ntemperature = "hot"\n', "--rollout-temperature"),
-    ("[algorithm]\nestimator = \"grpx\"\n", "--advantage-estimator"),
+    ("[algorithm]\nadvantage_estimator = \"grpx\"\n", "--advantage-estimator"),
     ("[run]\nuse_wandb = 3\n", "--use-wandb 3: a switch"),
 ])
 def test_a_value_of_the_wrong_type_is_the_flags_error(tmp_path, text, needle):
@@ -115,9 +149,11 @@ def _refusal(tmp_path, name: str, text: str) -> str:
 
 
 @pytest.mark.parametrize("name,text,needle", [
-    ("run.json", '{"algorithm": {"estimator": "sapo", "estimator": "grpo"}}', "'estimator'"),
+    ("run.json", '{"algorithm": {"advantage_estimator": "sapo", "advantage_estimator": '
+     '"grpo"}}', "'advantage_estimator'"),
     ("run.json", '{"run": {"seed": 1}, "run": {"seed": 2}}', "'run'"),
-    ("run.yaml", "algorithm:\n  estimator: sapo\n  estimator: grpo\n", "'estimator'"),
+    ("run.yaml", "algorithm:\n  advantage_estimator: sapo\n  advantage_estimator: grpo\n",
+     "'advantage_estimator'"),
     ("run.yaml", "run: {seed: 1}\nrun: {seed: 2}\n", "'run'"),
 ])
 def test_a_key_given_twice_is_refused(tmp_path, name, text, needle):
@@ -131,7 +167,7 @@ def test_a_key_given_twice_is_refused(tmp_path, name, text, needle):
      "--rollout-temperature"),
     ("rollout_temperature: 0.7\nrollout:\n  sampling: {temperature: 0.7}\n",
      "--rollout-temperature"),
-    ("algorithm: {estimator: sapo, advantage_estimator: grpo}\n", "--advantage-estimator"),
+    ("advantage_estimator: sapo\nalgorithm: {estimator: grpo}\n", "--advantage-estimator"),
     ("seed: 3\nrun: {seed: 3}\n", "--seed"),
 ])
 def test_a_flag_set_flat_and_in_its_section_is_refused(tmp_path, text, needle):
@@ -153,17 +189,17 @@ def test_a_file_value_equal_to_the_default_is_not_replaced_by_the_preset(tmp_pat
     cfg = _parse(["--config", str(path)], tmp_path)
     assert cfg.builtin_preset_applied
     assert cfg.optimizer.lr == 1e-6 and cfg.batches.rollout_batch_size == 8
-    assert cfg.batches.samples_per_prompt == 8  # the preset's, for what the file leaves out
+    assert cfg.batches.n_samples_per_prompt == 8  # the preset's, for what the file leaves out
 
 
 def test_several_files_merge_in_order_and_flags_win(tmp_path):
     first, second = tmp_path / "a.yaml", tmp_path / "b.toml"
-    first.write_text("algorithm: {estimator: sapo}\nrun: {seed: 3}\n"
+    first.write_text("algorithm: {advantage_estimator: sapo}\nrun: {seed: 3}\n"
                      "rollout: {sampling: {temperature: 0.7}}\n")
     second.write_text("[run]\nseed = 5\n[rollout.sampling]\ntop_k = 4\n")
     cfg = _parse(["--config", str(first), "--config", str(second),
                   "--rollout-temperature", "0.9"], tmp_path)
-    assert cfg.algorithm.estimator == "sapo"  # only in the first
+    assert cfg.algorithm.advantage_estimator == "sapo"  # only in the first
     assert cfg.run.seed == 5  # the later file wins
     assert cfg.rollout.sampling.top_k == 4
     assert cfg.rollout.sampling.temperature == 0.9  # a flag wins over every file

@@ -98,10 +98,13 @@ def test_eval_flags_are_fields_of_the_eval_command():
 
 
 def test_the_names_that_differ_from_their_flags_are_one_table():
-    """docs/configuration.md lists every field named unlike its flag, and only those."""
+    """docs/configuration.md lists every field named unlike its flag, and only those, each
+    with its reason."""
     text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     table = re.split(r"\n##+ ", text.split("### Field names that differ from their flags")[1])[0]
-    listed = set(re.findall(r"^\| `cfg\.([\w.]+)` \| `(--[a-z0-9-]+)` \|$", table, re.M))
+    rows = re.findall(r"^\| `cfg\.([\w.]+)` \| `(--[a-z0-9-]+)` \| ([^|]*?) \|$", table, re.M)
+    assert all(reason.strip() for _, _, reason in rows), rows
+    listed = {(field, flag) for field, flag, _ in rows}
     renamed = {(".".join(path), "--" + dest_of(f).replace("_", "-"))
                for path, f in leaves(TrainConfig)
                if f.metadata["cli"] and dest_of(f) != f.name}

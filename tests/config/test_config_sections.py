@@ -35,13 +35,13 @@ MANY_FLAGS = [
 
 def test_the_parsed_values_reach_the_sections(tmp_path):
     cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
-    assert cfg.algorithm.estimator == "reinforce_plus_plus_baseline"
+    assert cfg.algorithm.advantage_estimator == "reinforce_plus_plus_baseline"
     assert cfg.rollout.sampling.temperature == 0.7 and cfg.rollout.sampling.top_k == 5
-    assert cfg.lora.rank == 4 and cfg.lora.enabled
-    assert cfg.lora.target_modules == ("q_proj", "v_proj")
+    assert cfg.lora.lora_rank == 4 and cfg.lora.enabled
+    assert cfg.lora.lora_target_modules == ("q_proj", "v_proj")
     assert cfg.evaluation.interval == 2 and cfg.evaluation.temperature == 0.0
     assert cfg.evaluation.top_k == 5  # resolved: follows the rollout's
-    assert cfg.batches.filter_path == "nonzero_std"
+    assert cfg.batches.dynamic_sampling_filter_path == "nonzero_std"
     assert cfg.run.dry_run and cfg.algorithm.eps_clip_high == 0.28
 
 
@@ -64,7 +64,7 @@ def test_sections_are_frozen_all_the_way_down(tmp_path):
         cfg.rollout.sampling.temperature = 0.5
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.rollout = None
-    assert isinstance(cfg.lora.target_modules, tuple)
+    assert isinstance(cfg.lora.lora_target_modules, tuple)
     assert all(isinstance(p, tuple) for p in cfg.evaluation.prompt_data or ())
     assert isinstance(cfg.rollout.sampling, SamplingSection)
     assert isinstance(cfg.rollout, RolloutSection) and isinstance(cfg.rollout, Section)
@@ -74,7 +74,7 @@ def test_the_json_is_by_section_and_the_flat_view_agrees(tmp_path):
     cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
     saved = json.loads(config_to_json(cfg))
     assert saved["rollout"]["sampling"]["temperature"] == 0.7
-    assert saved["algorithm"]["estimator"] == "reinforce_plus_plus_baseline"
+    assert saved["algorithm"]["advantage_estimator"] == "reinforce_plus_plus_baseline"
     flat = to_flat(cfg)
     assert flat["rollout_temperature"] == 0.7 and flat["lora_rank"] == 4
     # the lookup by flag name gives the same values

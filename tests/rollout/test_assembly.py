@@ -51,9 +51,9 @@ def test_the_assembly_builds_the_configured_collector_on_any_share(tmp_path, fla
     share = DistContext(1, 2, 0, torch.device("cpu"), None)
     agree = GroupAgreement(None, share.device)
     inputs = load_inputs(cfg.rollout, cfg.batches, seed=cfg.run.seed,
-                         privileged_key=cfg.distillation.privileged_info_key)
+                         privileged_key=cfg.distillation.opsd_privileged_info_key)
     scorer = build_scorer(cfg.rollout, share, agree, samples=inputs.samples,
-                          post_process_path=cfg.algorithm.reward_post_process_path)
+                          post_process_path=cfg.algorithm.custom_reward_post_process_path)
     collector = build_collector(cfg.rollout, cfg.batches, share, agree, sampler=None,
                                 seed=cfg.run.seed, inputs=inputs, scorer=scorer,
                                 tokenizer=None, envs=None, context=None, eos_token_id=0,

@@ -56,7 +56,7 @@ def test_micro_batches_and_several_optimizer_steps(tmp_path):
     reward = write_reward(tmp_path)
     cfg = make_config("--custom-rm-path", f"{reward}:parity", "--global-batch-size", "8",
                       "--micro-batch-size", "2", output_dir=tmp_path / "run")
-    assert cfg.batches.steps_per_rollout == 2
+    assert cfg.batches.num_steps_per_rollout == 2
     _, history, moved = fit(cfg)
     # the second optimizer step sees a moved policy, so the ratio leaves 1 there
     assert moved > 1e-4 and history[-1]["train/ppo_kl"] != 0.0

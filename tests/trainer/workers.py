@@ -60,7 +60,7 @@ def fixed_experience(model, seed: int = 0, shared_prompts: bool = False) -> Expe
 
 
 # LossSettings' own fields; every other keyword of loss_settings / replace_loss is the
-# algorithm section's (per_token: its per_token_loss)
+# algorithm section's (per_token: its calculate_per_token_loss)
 _RUN = ("off_policy", "temperature", "bf16", "max_tokens", "layout", "opsd")
 
 
@@ -71,7 +71,7 @@ def loss_settings_of(**kw) -> LossSettings:
 
 def replace_loss(s: LossSettings, **kw) -> LossSettings:
     if "per_token" in kw:
-        kw["per_token_loss"] = kw.pop("per_token")
+        kw["calculate_per_token_loss"] = kw.pop("per_token")
     own = {k: kw.pop(k) for k in _RUN if k in kw}
     return dataclasses.replace(s, algorithm=dataclasses.replace(s.algorithm, **kw), **own)
 
@@ -88,7 +88,7 @@ def off_policy(tis_clip=None, tis_clip_low=0.0, opsm_delta=None, use_rollout_log
 
 def settings(estimator: str, per_token: bool = False) -> LossSettings:
     kl = estimator != "reinforce_plus_plus"
-    return loss_settings_of(estimator=estimator, eps_clip=0.2, eps_clip_high=0.28,
+    return loss_settings_of(advantage_estimator=estimator, eps_clip=0.2, eps_clip_high=0.28,
                             use_kl_loss=kl, kl_loss_type="k2", kl_loss_coef=0.1 if kl else 0.0,
                             entropy_coef=0.01, per_token=per_token)
 
@@ -145,7 +145,8 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     loss_settings = settings(estimator, per_token)
     if inert:
         exp.advantages[INERT_ROWS] = 0.0
-        loss_settings = loss_settings_of(estimator=estimator, eps_clip=0.2, per_token=per_token)
+        loss_settings = loss_settings_of(advantage_estimator=estimator, eps_clip=0.2,
+                                         per_token=per_token)
     if off_policy:
         g = torch.Generator().manual_seed(11)
         # a sampler that puts a little more mass on its tokens than pi_old: OPSM finds rows

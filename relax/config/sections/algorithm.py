@@ -14,7 +14,7 @@ from relax.estimators import ESTIMATOR_NAMES, KL_KINDS, LOSS_FLAGS, EstimatorFac
 
 
 def _has_critic(cfg) -> bool:
-    return facts(cfg.algorithm.estimator).needs_critic
+    return facts(cfg.algorithm.advantage_estimator).needs_critic
 
 
 # a flag that only the learned critic reads (cfg.critic's too)
@@ -26,11 +26,10 @@ NEEDS_CRITIC = Needs(_has_critic, "has no effect without a critic; it needs "
 class AlgorithmSection(Section):
     """Advantage estimator, losses and KL (reinforce_plus_plus.md §2-§7)."""
 
-    estimator: str = option(
+    advantage_estimator: str = option(
         'grpo',
         'The advantage estimator and with it the policy loss (reinforce_plus_plus.md §3-§5b, '
         '7).',
-        flag='advantage_estimator',
         choices=ESTIMATOR_NAMES)
     normalize_advantages: bool = option(
         False,
@@ -100,28 +99,24 @@ class AlgorithmSection(Section):
         bound=(lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]; 1.0 (the default) is the "
                "Monte-Carlo return"),
         requires=NEEDS_CRITIC)
-    disable_std_normalization: bool = option(
+    disable_grpo_std_normalization: bool = option(
         False,
         'grpo/gspo/sapo/cispo: do not divide the group-centred reward by the group std '
-        '(reinforce_plus_plus.md §5).',
-        flag='disable_grpo_std_normalization')
-    per_token_loss: bool = option(
+        '(reinforce_plus_plus.md §5).')
+    calculate_per_token_loss: bool = option(
         False,
         'grpo/gspo/sapo: global token-mean reduction; required for rloo and cispo (§5a, §5b); '
         'rejected for the REINFORCE++ variants (reinforce_plus_plus.md §7, 8).',
-        flag='calculate_per_token_loss',
         default_note='response mean')
-    custom_advantage_path: str | None = option(
+    custom_advantage_function_path: str | None = option(
         None,
         "'module:function' or 'file.py:function' replacing the advantage of "
         'grpo/gspo/sapo/cispo/rloo; rejected for the REINFORCE++ variants '
-        '(reinforce_plus_plus.md §8).',
-        flag='custom_advantage_function_path')
-    reward_post_process_path: str | None = option(
+        '(reinforce_plus_plus.md §8).')
+    custom_reward_post_process_path: str | None = option(
         None,
         "'module:function' or 'file.py:function' post-processing rewards; rejected for "
-        'reinforce_plus_plus_baseline (reinforce_plus_plus.md §8).',
-        flag='custom_reward_post_process_path')
+        'reinforce_plus_plus_baseline (reinforce_plus_plus.md §8).')
 
     def check(self) -> None:
         """The KL terms, then the flags the estimator would ignore (rejected rather than
@@ -133,7 +128,7 @@ class AlgorithmSection(Section):
 
 
 def _check_kl(a: AlgorithmSection) -> None:
-    f = facts(a.estimator)
+    f = facts(a.advantage_estimator)
     if a.kl_coef != 0 and a.kl_loss_coef != 0:
         reject(a, ("kl_coef", "kl_loss_coef"),
                "two reference-KL penalties at once; keep one (reward shaping --kl-coef for "
@@ -169,18 +164,18 @@ def _check_kl(a: AlgorithmSection) -> None:
 
 def _check_ignored(a: AlgorithmSection) -> None:
     """Reject flags the estimator would ignore (its facts say what it reads)."""
-    f = facts(a.estimator)
-    if a.reward_post_process_path is not None and not f.custom_reward_post_process:
+    f = facts(a.advantage_estimator)
+    if a.custom_reward_post_process_path is not None and not f.custom_reward_post_process:
         reject(a, "custom_reward_post_process_path", f"{f.name}: it would bypass the frozen "
                f"group-mean baseline semantics (reinforce_plus_plus.md {f.section}, 8); remove "
                "--custom-reward-post-process-path")
-    if a.custom_advantage_path is not None and not f.custom_advantage:
+    if a.custom_advantage_function_path is not None and not f.custom_advantage:
         what = ("group-mean baseline semantics" if f.needs_group_index
                 else "reward-to-go advantage")
         reject(a, "custom_advantage_function_path", f"{f.name}: it would replace the frozen "
                f"{what} (reinforce_plus_plus.md {f.section}); remove "
                "--custom-advantage-function-path")
-    if a.disable_std_normalization and not f.reads_std_normalization:
+    if a.disable_grpo_std_normalization and not f.reads_std_normalization:
         reject(a, "disable_grpo_std_normalization", f"{f.name} never divides by a group "
                f"std (reinforce_plus_plus.md {f.section}); remove it")
     defaults = AlgorithmSection()
@@ -200,7 +195,7 @@ def _check_ignored(a: AlgorithmSection) -> None:
 def check_modes(cfg, explicit: set[str]) -> None:
     """Sections algorithm, placement, system: the modes no estimator implements, and what the
     frozen REINFORCE++ variants need (reinforce_plus_plus.md §6, 8, 9)."""
-    f = facts(cfg.algorithm.estimator)
+    f = facts(cfg.algorithm.advantage_estimator)
     if cfg.placement.fully_async and f.frozen:
         reject(cfg, "fully_async", f"{f.name}: the global normalization needs a closed "
                "synchronous global batch (reinforce_plus_plus.md §6, 8); remove --fully-async")
@@ -219,11 +214,11 @@ def check_estimator_facts(cfg, explicit: set[str]) -> None:
     """Sections algorithm, batches, rollout.partial, rollout.off_policy: the reduction, the
     group size, the normalization and the on-policy rules of the estimator's facts
     (reinforce_plus_plus.md §5a, §5b, §7, §8)."""
-    f = facts(cfg.algorithm.estimator)
-    if cfg.algorithm.per_token_loss and not f.per_token_loss:
+    f = facts(cfg.algorithm.advantage_estimator)
+    if cfg.algorithm.calculate_per_token_loss and not f.per_token_loss:
         reject(cfg, "calculate_per_token_loss", f"{f.name}: the objective is the response "
                "mean (reinforce_plus_plus.md §7); remove --calculate-per-token-loss")
-    if cfg.batches.samples_per_prompt < f.min_samples_per_prompt:
+    if cfg.batches.n_samples_per_prompt < f.min_samples_per_prompt:
         reject(cfg, "n_samples_per_prompt", f"{f.name}: with one response per prompt there is "
                f"no group baseline and every raw advantage would be 0 (reinforce_plus_plus.md "
                f"{f.section}); set --n-samples-per-prompt 8")
@@ -231,7 +226,7 @@ def check_estimator_facts(cfg, explicit: set[str]) -> None:
         reject(cfg, "normalize_advantages", f"{f.name}: the advantage keeps the reward's scale; "
                "a token whitening would put back the std division it leaves out "
                f"(reinforce_plus_plus.md {f.section}); remove --normalize-advantages")
-    if f.requires_per_token_loss and not cfg.algorithm.per_token_loss:
+    if f.requires_per_token_loss and not cfg.algorithm.calculate_per_token_loss:
         raise ConfigError(f"--advantage-estimator {f.name}", "requires "
                           "--calculate-per-token-loss (its objective is the global token mean; "
                           "a response mean would weight each token by 1/length, "
@@ -244,8 +239,8 @@ def _check_on_policy(cfg, f: EstimatorFacts) -> None:
     """One optimizer step per rollout step, on tokens the current policy sampled: the loss has
     no importance ratio to correct for a policy that moved."""
     why = f"{f.name}'s loss has no importance ratio (reinforce_plus_plus.md {f.section})"
-    samples = cfg.batches.rollout_batch_size * cfg.batches.samples_per_prompt
-    if cfg.batches.steps_per_rollout not in (None, 1):
+    samples = cfg.batches.rollout_batch_size * cfg.batches.n_samples_per_prompt
+    if cfg.batches.num_steps_per_rollout not in (None, 1):
         reject(cfg, "num_steps_per_rollout", f"{why}, so a second optimizer step would train a "
                "moved policy on the old samples; use 1")
     if cfg.batches.global_batch_size not in (None, samples):

@@ -110,7 +110,7 @@ def check_vllm_backend(cfg, explicit: set[str]) -> None:
                f"{cfg.placement.rollout_num_gpus} rollout ranks: with --fully-async each "
                "rollout rank needs a server of its own (rollout rank i uses URL i); pass one "
                "URL per rollout rank, or leave out --vllm-url")
-    if cfg.lora.rank > MAX_LORA_RANK:
+    if cfg.lora.lora_rank > MAX_LORA_RANK:
         reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
                f"{MAX_LORA_RANK}; use a smaller --lora-rank")
     if cfg.placement.update_weights_interval > 1 and not (cfg.rollout.off_policy.use_tis or cfg.rollout.off_policy.use_rollout_logprobs):

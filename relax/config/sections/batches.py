@@ -19,7 +19,7 @@ MAX_SAMPLES_PER_STEP = 1 << 20  # samples (or episodes) one rollout step or roun
 MAX_ROUNDS = 1000  # --dynamic-sampling-max-rounds
 EPOCHS_WHEN_UNSET = 1  # --num-epoch resolved when neither it nor --num-rollout is given
 
-NEEDS_TOKEN_BUDGET = Needs(lambda cfg: cfg.batches.token_budget, "has no effect without "
+NEEDS_TOKEN_BUDGET = Needs(lambda cfg: cfg.batches.use_dynamic_batch_size, "has no effect without "
                            "--use-dynamic-batch-size; add it or remove the budget",
                            given="changed")
 _NO_FILTER = ("has no effect without --dynamic-sampling-filter-path; add "
@@ -33,11 +33,10 @@ class BatchSection(Section):
         8,
         'Prompts per rollout step; a multiple of WORLD_SIZE.',
         bound=(lambda v: v >= 1, "must be >= 1 prompts per rollout step"))
-    samples_per_prompt: int = option(
+    n_samples_per_prompt: int = option(
         1,
         'Responses per prompt (a group); > 1 for reinforce_plus_plus_baseline '
         '(reinforce_plus_plus.md §8).',
-        flag='n_samples_per_prompt',
         bound=(lambda v: v >= 1, "must be >= 1 responses per prompt"))
     global_batch_size: int | None = option(
         None,
@@ -50,13 +49,12 @@ class BatchSection(Section):
         'Samples per forward/backward per rank.',
         default_text='global batch / WORLD_SIZE',
         bound=(lambda v: v is None or v >= 1, "must be >= 1 samples per rank"))
-    token_budget: bool = option(
+    use_dynamic_batch_size: bool = option(
         False,
         'Token-budget micro-batches of at most --max-tokens-per-gpu tokens (instead of '
         '--micro-batch-size rows): packed passes take rows in order while their lengths fit; '
         '--pass-layout padded groups rows by length and counts padded slots. The loss is the '
-        'same (reinforce_plus_plus.md §7).',
-        flag='use_dynamic_batch_size')
+        'same (reinforce_plus_plus.md §7).')
     max_tokens_per_gpu: int | None = option(
         None,
         'Tokens (prompt + response; padded slots with --pass-layout padded) per micro-batch of'
@@ -79,10 +77,9 @@ class BatchSection(Section):
         ' attention has holes, run padded. With shared-prefix the generative judge\'s'
         ' (--rm-type genrm) prefill also shares the beginning of a prompt\'s judging prompts.',
         choices=('shared-prefix', 'packed', 'padded'))
-    steps_per_rollout: int | None = option(
+    num_steps_per_rollout: int | None = option(
         None,
         'Optimizer steps per rollout step; alone it sets the global batch.',
-        flag='num_steps_per_rollout',
         default_text='rollout samples / global batch',
         bound=(lambda v: v is None or v >= 1, "must be >= 1"))
     num_rollout: int | None = option(
@@ -94,13 +91,12 @@ class BatchSection(Section):
         'Passes over --prompt-data when --num-rollout is not given.',
         default_text=str(EPOCHS_WHEN_UNSET),
         bound=(lambda v: v is None or v >= 1, "must be >= 1 passes over --prompt-data"))
-    filter_path: str | None = option(
+    dynamic_sampling_filter_path: str | None = option(
         None,
         'DAPO-style dynamic sampling: a group filter, nonzero_std (keep groups whose rewards '
         "are not all equal) or 'module:function' / 'file.py:function' (rewards, responses, "
         'label) -> bool. Prompts are generated in rounds until --rollout-batch-size groups '
         'pass; the step trains on those only.',
-        flag='dynamic_sampling_filter_path',
         default_text='off')
     over_sampling_batch_size: int | None = option(
         None,
@@ -108,38 +104,38 @@ class BatchSection(Section):
         'WORLD_SIZE.',
         default_text='--rollout-batch-size',
         # partial rollouts over-sample too (relax/config/sections/partial.py)
-        requires=Needs(lambda cfg: cfg.batches.filter_path is not None or cfg.rollout.partial.enabled,
+        requires=Needs(lambda cfg: cfg.batches.dynamic_sampling_filter_path is not None
+                       or cfg.rollout.partial.enabled,
                        _NO_FILTER, given="changed"))
-    max_rounds: int = option(
+    dynamic_sampling_max_rounds: int = option(
         8,
         'Bound on the dynamic-sampling rounds of one rollout step; when it is reached the step'
         ' trains on the groups that passed (rollout/groups_trained), or skips the update when '
         'none did.',
-        flag='dynamic_sampling_max_rounds',
         bound=((lambda v: v >= 1, "must be >= 1 rounds per rollout step"),
                (lambda v: v <= MAX_ROUNDS, f"must be <= {MAX_ROUNDS} rounds per rollout step")),
-        requires=Needs(lambda cfg: cfg.batches.filter_path is not None, _NO_FILTER,
+        requires=Needs(lambda cfg: cfg.batches.dynamic_sampling_filter_path is not None, _NO_FILTER,
                        given="changed"))
 
     def check(self) -> None:
-        n = self.samples_per_prompt
+        n = self.n_samples_per_prompt
         for dest in ("rollout_batch_size", "over_sampling_batch_size"):
             prompts = value_of(self, dest)
             if prompts is not None and prompts * n > MAX_SAMPLES_PER_STEP:
                 reject(self, (dest, "n_samples_per_prompt"), f"{prompts} x {n} = "
                        f"{prompts * n} samples per rollout step, more than the bound of "
                        f"{MAX_SAMPLES_PER_STEP}; use fewer prompts or samples per step")
-        if self.token_budget and self.max_tokens_per_gpu is None:
+        if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
             reject(self, "use_dynamic_batch_size", "needs --max-tokens-per-gpu N (padded tokens "
                    "per micro-batch)")
-        if self.filter_path is not None:
+        if self.dynamic_sampling_filter_path is not None:
             self._check_filter()
 
     def _check_filter(self) -> None:
         """Dynamic sampling (DAPO): a filter that can pass a group, rounds that offer at
         least a step's prompts."""
-        if self.filter_path in BUILTIN_FILTER_NAMES:
-            if self.samples_per_prompt < 2:
+        if self.dynamic_sampling_filter_path in BUILTIN_FILTER_NAMES:
+            if self.n_samples_per_prompt < 2:
                 reject(self, ("dynamic_sampling_filter_path", "n_samples_per_prompt"), "a group "
                        "of one sample never has two different rewards, so every group would be "
                        "filtered; set --n-samples-per-prompt 8")
@@ -170,7 +166,7 @@ def check_run_length(cfg, explicit: set[str]) -> None:
 
 def check_dynamic_sampling_episodes(cfg, explicit: set[str]) -> None:
     """Sections batches, rollout.episodes: dynamic sampling filters single-turn groups."""
-    if cfg.batches.filter_path is not None and (
+    if cfg.batches.dynamic_sampling_filter_path is not None and (
             cfg.rollout.episodes.env is not None or cfg.rollout.episodes.agentic):
         flag = "env" if cfg.rollout.episodes.env is not None else "use_agentic_rollout"
         reject(cfg, ("dynamic_sampling_filter_path", flag), "dynamic sampling filters the "
@@ -179,7 +175,7 @@ def check_dynamic_sampling_episodes(cfg, explicit: set[str]) -> None:
 
 def check_token_budget_fits(cfg, explicit: set[str]) -> None:
     """Sections batches, rollout.sampling: a token budget holds at least one row."""
-    if not cfg.batches.token_budget:
+    if not cfg.batches.use_dynamic_batch_size:
         return
     for dest in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
         value = value_of(cfg, dest)
@@ -195,10 +191,10 @@ def _divisors(n: int) -> str:
 
 def resolved_batches(cfg, world_size: int) -> dict:
     """Global batch = samples per optimizer step; micro batch = samples per rank per pass."""
-    samples = cfg.batches.rollout_batch_size * cfg.batches.samples_per_prompt
+    samples = cfg.batches.rollout_batch_size * cfg.batches.n_samples_per_prompt
     what = (f"a rollout step makes --rollout-batch-size {cfg.batches.rollout_batch_size} x "
-            f"--n-samples-per-prompt {cfg.batches.samples_per_prompt} = {samples} samples")
-    steps, global_batch = cfg.batches.steps_per_rollout, cfg.batches.global_batch_size
+            f"--n-samples-per-prompt {cfg.batches.n_samples_per_prompt} = {samples} samples")
+    steps, global_batch = cfg.batches.num_steps_per_rollout, cfg.batches.global_batch_size
     if global_batch is None:
         if steps is not None and samples % steps:
             reject(cfg, "num_steps_per_rollout", f"{what}, not divisible into {steps} "
@@ -231,6 +227,6 @@ def resolved_batches(cfg, world_size: int) -> dict:
 
 
 def resolved_dynamic_sampling(cfg) -> dict:
-    if cfg.batches.filter_path is None:
+    if cfg.batches.dynamic_sampling_filter_path is None:
         return {}
     return {"over_sampling_batch_size": cfg.batches.over_sampling_batch_size or cfg.batches.rollout_batch_size}

@@ -39,11 +39,10 @@ class CheckpointSection(Section):
         'Write each interval checkpoint on a background thread while the next rollout step '
         'runs; a checkpoint counts only once completely written (docs/reliability.md).',
         requires=NEEDS_SAVE)
-    checksums: bool = option(
+    checkpoint_checksums: bool = option(
         False,
         'Record the SHA-256 of every checkpoint file when saving and compare it at --load '
         '(reads every byte of the checkpoint).',
-        flag='checkpoint_checksums',
         default_note='file sizes only')
 
     def check(self) -> None:

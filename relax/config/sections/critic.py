@@ -28,33 +28,30 @@ class CriticSection(Section):
         'needs --advantage-estimator ppo.',
         bound=(FLOAT32, (lambda v: v >= 0.0, "must be >= 0, e.g. 0.2")),
         requires=NEEDS_CRITIC)
-    load: str | None = option(
+    critic_load: str | None = option(
         None,
         'Start the critic from DIR, a --critic-save directory (its critic.pt) or a checkpoint '
         "directory of a ppo run, instead of the policy's initial weights and a zero value head; "
         'needs --advantage-estimator ppo.',
-        flag='critic_load',
         default_text="none (the policy's weights)",
         requires=NEEDS_CRITIC)
-    save: str | None = option(
+    critic_save: str | None = option(
         None,
         "At the end of the run, write the critic's weights to DIR/critic.pt (what "
         '--critic-load reads); the critic is also in every checkpoint of --save; needs '
         '--advantage-estimator ppo.',
-        flag='critic_save', writes='critic',
+        writes='critic',
         requires=NEEDS_CRITIC)
-    lr: float | None = option(
+    critic_lr: float | None = option(
         None,
         "The critic's AdamW learning rate (> 0); needs --advantage-estimator ppo.",
-        flag='critic_lr',
         default_text='--lr',
         bound=(FLOAT32, (lambda v: v is None or v > 0.0, "must be > 0, e.g. 1e-5")),
         requires=NEEDS_CRITIC)
-    lr_warmup_iters: int = option(
+    critic_lr_warmup_iters: int = option(
         0,
         "Linear warm-up of the critic's learning rate over its first N optimizer steps (0: "
         'none); needs --advantage-estimator ppo.',
-        flag='critic_lr_warmup_iters',
         bound=(lambda v: v >= 0, "must be >= 0 (0: none)"),
         requires=NEEDS_CRITIC)
     num_critic_only_steps: int = option(
@@ -65,8 +62,8 @@ class CriticSection(Section):
         requires=NEEDS_CRITIC)
 
     def check(self) -> None:
-        if self.load is not None and not any(
-                os.path.isfile(os.path.join(self.load, name))
+        if self.critic_load is not None and not any(
+                os.path.isfile(os.path.join(self.critic_load, name))
                 for name in (CRITIC_FILE, CHECKPOINT_METADATA)):
             reject(self, "critic_load", f"no {CRITIC_FILE} and no checkpoint in it; point it "
                    "at a --critic-save directory or a checkpoint directory "

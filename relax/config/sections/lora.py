@@ -8,37 +8,33 @@ from dataclasses import dataclass
 
 from relax.config.section import FLOAT32, Needs, Section, option, reject
 
-NEEDS_LORA = Needs(lambda cfg: cfg.lora.rank > 0, "has no effect without --lora-rank R; add it or "
-                   "remove this", given="changed")
+NEEDS_LORA = Needs(lambda cfg: cfg.lora.lora_rank > 0, "has no effect without --lora-rank R; "
+                   "add it or remove this", given="changed")
 
 @dataclass(frozen=True)
 class LoraSection(Section):
     """Low-rank adapters (peft) instead of full fine-tuning; ``rank`` 0 is full fine-tuning."""
 
-    rank: int = option(
+    lora_rank: int = option(
         0,
         'LoRA rank R: train low-rank adapters (peft) on --lora-target-modules instead of the '
         'weights; the reference is the same model with the adapter off.',
-        flag='lora_rank',
         default_note='off: full fine-tuning',
         bound=(lambda v: v >= 0, "must be >= 0; 0 turns LoRA off"))
-    alpha: float = option(
+    lora_alpha: float = option(
         16.0,
         'LoRA scaling alpha (the update is scaled by alpha / R).',
-        flag='lora_alpha',
         bound=(FLOAT32, (lambda v: v > 0, "must be > 0, e.g. 16")),
         requires=NEEDS_LORA)
-    dropout: float = option(
+    lora_dropout: float = option(
         0.0,
         "Dropout on the adapter's input, in [0, 1).",
-        flag='lora_dropout',
         bound=(lambda v: 0.0 <= v < 1.0, "must lie in [0, 1); the default is 0"),
         requires=NEEDS_LORA)
-    target_modules: tuple | None = option(
+    lora_target_modules: tuple | None = option(
         None,
         "Hugging Face module names, or Relax's Megatron names linear_qkv linear_proj "
         'linear_fc1 linear_fc2.',
-        flag='lora_target_modules',
         nargs='+',
         metavar='NAME',
         default_text='every linear layer of the blocks (q_proj k_proj v_proj o_proj gate_proj up_proj '
@@ -47,7 +43,7 @@ class LoraSection(Section):
 
     @property
     def enabled(self) -> bool:
-        return self.rank > 0
+        return self.lora_rank > 0
 
     def check(self) -> None:
         if self.enabled and importlib.util.find_spec("peft") is None:

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from relax.config.section import Needs, Section, option, reject
 
-NEEDS_FULL = Needs(lambda cfg: cfg.recompute.granularity == "full", "has no effect without "
-                   "--recompute-granularity full; add it or remove this flag", given="changed")
+NEEDS_FULL = Needs(lambda cfg: cfg.recompute.recompute_granularity == "full",
+                   "has no effect without --recompute-granularity full; add it or remove this "
+                   "flag", given="changed")
 
 @dataclass(frozen=True)
 class RecomputeSection(Section):
@@ -16,7 +17,7 @@ class RecomputeSection(Section):
     less memory for one more forward of the recomputed layers (Megatron's flag names);
     ``granularity`` None is off."""
 
-    granularity: str | None = option(
+    recompute_granularity: str | None = option(
         None,
         "full: the decoder layers' activations are not kept for the backward pass; each "
         'recomputed layer keeps its input hidden state and runs its forward again in the '
@@ -26,40 +27,37 @@ class RecomputeSection(Section):
         "is affected. selective is rejected: Megatron's selective recomputes the core "
         "attention's softmax, which the SDPA/flash attention of Hugging Face decoder layers "
         'never stores.',
-        flag='recompute_granularity',
         choices=('full', 'selective'),
         default_note='off')
-    method: str | None = option(
+    recompute_method: str | None = option(
         None,
         'Which layers --recompute-granularity full recomputes. uniform: all of them (each its '
         "own checkpoint; Megatron's chunks of --recompute-num-layers layers are not formed). "
         'block: only the first --recompute-num-layers layers of the stack.',
-        flag='recompute_method',
         choices=('uniform', 'block'),
         default_text='uniform',
         requires=NEEDS_FULL)
-    num_layers: int | None = option(
+    recompute_num_layers: int | None = option(
         None,
         "N >= 1, at most the model's decoder layers: with --recompute-method block the first N"
         " layers are recomputed, the rest not; with uniform Megatron's chunk size (checked, no"
         ' effect here: every layer is recomputed).',
-        flag='recompute_num_layers',
         default_text='1 with uniform; block needs it',
         bound=(lambda v: v is None or v >= 1, "must be >= 1 (decoder layers)"),
         requires=NEEDS_FULL)
 
     @property
     def enabled(self) -> bool:
-        return self.granularity is not None
+        return self.recompute_granularity is not None
 
     def check(self) -> None:
         """Its own rules; the layer count is checked when the model is loaded."""
-        if self.granularity == "selective":
+        if self.recompute_granularity == "selective":
             reject(self, "recompute_granularity", "not available: Megatron's selective "
                    "recompute rebuilds the core attention's softmax, which the SDPA/flash "
                    "attention of Hugging Face decoder layers never stores; use full (with "
                    "--recompute-method block --recompute-num-layers N to recompute only N "
                    "layers)")
-        if self.method == "block" and self.num_layers is None:
+        if self.recompute_method == "block" and self.recompute_num_layers is None:
             reject(self, "recompute_method", "block recomputes the first N layers; give "
                    "--recompute-num-layers N")

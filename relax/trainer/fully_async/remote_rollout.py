@@ -54,7 +54,7 @@ class RemoteRollout:
         self.ctx, self.layout, self.schedule, self.policy = ctx, layout, schedule, policy
         self.source, self.tracker = source, tracker
         # this rank's rows of a step's batch (whole groups of its share of the prompts)
-        self.rows = batches.rollout_batch_size // layout.trainers * batches.samples_per_prompt
+        self.rows = batches.rollout_batch_size // layout.trainers * batches.n_samples_per_prompt
         self.bucket_bytes = bucket_bytes
         self.fsdp, self.timeout_minutes = fsdp, timeout_minutes
         self.peer = layout.rollout_rank_of(ctx.rank)

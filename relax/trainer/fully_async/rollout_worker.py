@@ -247,7 +247,7 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
             ctx, layout, backend, model_dir=cfg.model.hf_checkpoint, lora=cfg.lora,
             seed=cfg.run.seed, bf16=bf16, bucket_mb=cfg.placement.weight_sync_bucket_mb,
             timeout_minutes=cfg.run.distributed_timeout_minutes,
-            rows=b.rollout_batch_size // layout.trainers * b.samples_per_prompt)
+            rows=b.rollout_batch_size // layout.trainers * b.n_samples_per_prompt)
         side = build_rollout_side(cfg, worker.share_contexts(), device=ctx.device, bf16=bf16,
                                   stop=stop)
         worker.take_side(side, cfg.rollout, cfg.batches, seed=cfg.run.seed)

@@ -121,7 +121,8 @@ def save_adapter(model: torch.nn.Module, tuner, folder: str, *, base: str | None
 def add_configured(module: torch.nn.Module, section, seed: int):
     """The run's adapter (``cfg.lora``, a LoraSection) on ``module``, its A drawn from the run's
     seed: the training policy and a --fully-async rollout rank build the same adapter."""
-    return add_lora(module, rank=section.rank, alpha=section.alpha, dropout=section.dropout,
-                    targets=list(section.target_modules or ALL_LINEAR),
+    return add_lora(module, rank=section.lora_rank, alpha=section.lora_alpha,
+                    dropout=section.lora_dropout,
+                    targets=list(section.lora_target_modules or ALL_LINEAR),
                     seed=seed_for(seed, "lora"))
 

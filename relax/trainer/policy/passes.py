@@ -8,7 +8,7 @@ from relax import estimators
 
 def needs_reference(algorithm) -> bool:
     """Reference log-probs only when a KL term reads them (reinforce_plus_plus.md §3 shaping, §7 KL loss)."""
-    return estimators.needs_reference(estimators.facts(algorithm.estimator),
+    return estimators.needs_reference(estimators.facts(algorithm.advantage_estimator),
                                       kl_coef=algorithm.kl_coef, use_kl_loss=algorithm.use_kl_loss)
 
 
@@ -24,9 +24,9 @@ def needs_old_log_probs(algorithm, batches, distillation) -> bool:
     whose advantage term reads it the same way (§7b). ``algorithm``, ``batches``,
     ``distillation``: the configuration's sections.
     """
-    f = estimators.facts(algorithm.estimator)
+    f = estimators.facts(algorithm.advantage_estimator)
     return (estimators.returns_read_old_policy(f, kl_coef=algorithm.kl_coef)
-            or batches.steps_per_rollout > 1
+            or batches.num_steps_per_rollout > 1
             # the distillation term reads pi_old before any update (§7b); the JSD of
             # --opd-type self reads the update's own forward instead
-            or (distillation.enabled and distillation.type != "self"))
+            or (distillation.use_opd and distillation.opd_type != "self"))

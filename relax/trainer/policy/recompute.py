@@ -44,10 +44,10 @@ from relax.trainer.distributed import decoder_blocks, unwrap
 
 def recomputed_layers(settings, num_layers: int) -> list[int]:
     """Indices of the layers whose activations are recomputed, out of ``num_layers``."""
-    if settings.granularity != "full":
+    if settings.recompute_granularity != "full":
         return []
-    if settings.method == "block":
-        return list(range(settings.num_layers))
+    if settings.recompute_method == "block":
+        return list(range(settings.recompute_num_layers))
     return list(range(num_layers))  # uniform: all of them
 
 
@@ -57,15 +57,15 @@ def apply_recompute(module: torch.nn.Module, settings) -> list[int]:
 
     Raises :class:`InputError` (exit 2) when the model has no decoder layers to find or fewer
     than ``--recompute-num-layers``."""
-    if settings.granularity is None:
+    if settings.recompute_granularity is None:
         return []
     blocks = decoder_blocks(module)
     if not blocks:
-        raise InputError(f"--recompute-granularity {settings.granularity}: the model has no "
-                         "decoder layers to recompute (model.layers or transformer.h); remove "
+        raise InputError(f"--recompute-granularity {settings.recompute_granularity}: the model "
+                         "has no decoder layers to recompute (model.layers or transformer.h); remove "
                          "the flag")
-    if settings.num_layers is not None and settings.num_layers > len(blocks):
-        raise InputError(f"--recompute-num-layers {settings.num_layers}: the model has "
+    if settings.recompute_num_layers is not None and settings.recompute_num_layers > len(blocks):
+        raise InputError(f"--recompute-num-layers {settings.recompute_num_layers}: the model has "
                          f"{len(blocks)} decoder layers; give at most {len(blocks)}")
     chosen = recomputed_layers(settings, len(blocks))
     for i in chosen:

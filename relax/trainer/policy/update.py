@@ -114,15 +114,15 @@ def micro_batch_loss(model, mb: Experience, s: LossSettings, *, num_responses, n
     old_log_probs = behaviour_log_probs(trainer_old, mb.rollout_log_probs, s.off_policy)
 
     def reduce(values):
-        if alg.per_token_loss:
+        if alg.calculate_per_token_loss:
             return token_mean(values, mask, num_tokens=num_tokens)
         return response_mean(values, mask, num_responses=num_responses)
 
     view = LossView(mb, log_probs, entropy, trainer_old, old_log_probs, reduce)
     for term in terms:
         term.observe(view)
-    pg, clipped = compute_policy_loss(alg.estimator, log_probs, old_log_probs, mb.advantages,
-                                      mask, alg)
+    pg, clipped = compute_policy_loss(alg.advantage_estimator, log_probs, old_log_probs,
+                                      mb.advantages, mask, alg)
     term_stats = [[] for _ in terms]
     for term, out in zip(terms, term_stats, strict=True):
         pg, stats = term.correct(pg, view)
@@ -209,7 +209,7 @@ def train_on_rollout(
         chunk = exp.rows(start, start + local_step)
         # --calculate-per-token-loss: the global token count, kept on the device
         num_tokens = (global_tokens(chunk.response_mask, ctx.group)
-                      if s.algorithm.per_token_loss else None)
+                      if s.algorithm.calculate_per_token_loss else None)
 
         accumulate = partial(_accumulate_gradients, model, chunk, s, terms, sharded,
                              micro_batch_size=micro_batch_size,

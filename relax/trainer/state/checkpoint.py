@@ -334,7 +334,7 @@ class Checkpointer:
            extra_state=None, async_group=None) -> Checkpointer:
         """From the configuration's checkpoint section (relax/config/sections/checkpoint.py)."""
         return cls(section.save, ctx, policy, fsdp=fsdp, async_save=section.async_save,
-                   checksums=section.checksums, keep_last=section.keep_last,
+                   checksums=section.checkpoint_checksums, keep_last=section.keep_last,
                    save_interval=section.save_interval, rank_state=rank_state,
                    extra_state=extra_state, async_group=async_group)
 

@@ -65,7 +65,8 @@ def find_resume(checkpoint, *, report: bool) -> tuple[str, int] | None:
         return None
     if not os.path.isdir(checkpoint.load):
         raise InputError(f"--load {checkpoint.load}: no such directory")
-    found = latest_checkpoint(checkpoint.load, report=report, checksums=checkpoint.checksums)
+    found = latest_checkpoint(checkpoint.load, report=report,
+                              checksums=checkpoint.checkpoint_checksums)
     if found is None:
         raise InputError(f"--load {checkpoint.load}: no complete Relax checkpoint in it")
     return found
@@ -95,10 +96,10 @@ def check_resume(cfg, checkpoint: str, step: int, total_steps: int) -> str | Non
     # an adapter checkpoint holds the adapter only, a full one no adapter: neither loads
     # into the other's model
     saved_rank = int(saved.get("lora_rank") or 0)
-    if saved_rank != cfg.lora.rank:
+    if saved_rank != cfg.lora.lora_rank:
         was = f"--lora-rank {saved_rank}" if saved_rank else "full fine-tuning"
         raise InputError(f"{where}: the checkpoint was trained with {was}, this run has "
-                         f"--lora-rank {cfg.lora.rank}; resume with "
+                         f"--lora-rank {cfg.lora.lora_rank}; resume with "
                          f"{'--lora-rank ' + str(saved_rank) if saved_rank else 'no --lora-rank'}"
                          ", or start a new run without --load")
     _check_trained_tensors(cfg.lora, saved, where)
@@ -117,9 +118,9 @@ def _check_trained_tensors(lora, saved: dict, where: str) -> None:
     would drop trained adapters and start others from zero, so they are refused (Megatron and
     Hugging Face names of the same layers are the same targets). ``lora``: this run's LoRA
     section."""
-    if not lora.rank or "lora_target_modules" not in saved:
+    if not lora.lora_rank or "lora_target_modules" not in saved:
         return
-    before, now = saved.get("lora_target_modules"), lora.target_modules
+    before, now = saved.get("lora_target_modules"), lora.lora_target_modules
     layers_before = set(hf_target_names(list(before or ALL_LINEAR)))
     layers_now = set(hf_target_names(list(now or ALL_LINEAR)))
     if layers_before == layers_now:

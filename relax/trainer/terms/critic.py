@@ -104,14 +104,14 @@ class Critic(Term):
         ``lm``, the policy's architecture as loaded at its initial weights; ``lora``,
         ``recompute``, ``optimizer``: the policy's sections, ``fsdp`` its sharding."""
         value_model = ValueModel(lm).to(ctx.device)
-        if section.load:  # the whole weights; with LoRA they are the frozen backbone
-            load_weights(value_model, section.load)
+        if section.critic_load:  # the whole weights; with LoRA they are the frozen backbone
+            load_weights(value_model, section.critic_load)
         adapters = _add_adapters(lm, lora, seed) if lora.enabled else None
         # the policy's activation recompute, before wrap_model as for the policy: a critic
         # of the policy's size needs the same memory
         apply_recompute(lm, recompute)
         model = wrap_model(value_model, ctx, fsdp=fsdp, blocks=decoder_blocks(lm))
-        base_lr = section.lr if section.lr is not None else optimizer.lr
+        base_lr = section.critic_lr if section.critic_lr is not None else optimizer.lr
         return cls(model, build_optimizer(model, optimizer, lr=base_lr), section,
                    base_lr=base_lr, clip_grad=optimizer.clip_grad, ctx=ctx, bf16=bf16,
                    fsdp=fsdp, lora=adapters)
@@ -129,7 +129,7 @@ class Critic(Term):
                          micro_batch_size=plan.micro_batch_size, max_tokens=plan.max_tokens)
 
     def finish(self) -> None:
-        self.save_final(self.section.save)  # --critic-save DIR
+        self.save_final(self.section.critic_save)  # --critic-save DIR
 
     # ------------------------------------------------------------------ values and targets
     def values(self, exp: Experience, *, micro_batch_size: int, max_tokens=None, group=None,
@@ -174,7 +174,7 @@ class Critic(Term):
         return waits
 
     def _set_lr(self) -> float:
-        warmup = self.section.lr_warmup_iters
+        warmup = self.section.critic_lr_warmup_iters
         lr = self.base_lr * (min(1.0, (self.optimizer_steps + 1) / warmup) if warmup else 1.0)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -286,8 +286,9 @@ def _checked(sums: list[float], grad_norm: torch.Tensor) -> tuple[float, float]:
 def _add_adapters(lm: torch.nn.Module, section, seed: int):
     """The policy's kind of adapters (the LoRA section) on the value model's backbone, their A
     drawn from a stream of the run's seed of their own (not the policy's adapters' draw)."""
-    return add_lora(lm, rank=section.rank, alpha=section.alpha, dropout=section.dropout,
-                    targets=list(section.target_modules or ALL_LINEAR),
+    return add_lora(lm, rank=section.lora_rank, alpha=section.lora_alpha,
+                    dropout=section.lora_dropout,
+                    targets=list(section.lora_target_modules or ALL_LINEAR),
                     seed=seed_for(seed, "critic_lora"))
 
 

@@ -37,15 +37,15 @@ class Distillation(Term):
         from ``--opd-teacher-load``, or with ``--opd-type server`` the vLLM teacher (its log in
         ``run_dir``, ``seed`` its own); None without ``--use-opd`` and with ``--opd-type self``
         (relax/trainer/terms/self_distillation.py)."""
-        if not section.enabled or section.self_mode:
+        if not section.use_opd or section.self_mode:
             return None
-        if section.type == "server":
+        if section.opd_type == "server":
             teacher = ServerTeacher.open(section, ctx, tokenizer=tokenizer, bf16=bf16,
                                          run_dir=run_dir, seed=seed)
         else:
-            teacher = LocalTeacher.load(section.teacher_load, ctx, tokenizer=tokenizer,
+            teacher = LocalTeacher.load(section.opd_teacher_load, ctx, tokenizer=tokenizer,
                                         student=student, bf16=bf16)
-        return cls(teacher, kl_coef=section.kl_coef, only=section.only, group=ctx.group)
+        return cls(teacher, kl_coef=section.opd_kl_coef, only=section.opd_only, group=ctx.group)
 
     def teacher_log_probs(self, exp, **passes) -> torch.Tensor:
         """log pi_teacher(y_t) [B, T] float32 of ``exp``'s responses, no autograd

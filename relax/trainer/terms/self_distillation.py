@@ -124,8 +124,8 @@ class SelfDistillation(Term):
         in bf16 under ``--bf16``; None otherwise. ``temperature``: the rollout's."""
         if not section.self_mode:
             return None
-        path = section.teacher_load or initial
-        if section.teacher_load is not None:
+        path = section.opd_teacher_load or initial
+        if section.opd_teacher_load is not None:
             check_vocabulary(path, tokenizer, models.load_tokenizer(path, flag=FLAG))
         if path is not None:
             teacher = models.load_judge(path, ctx.device, bf16=bf16, flag=FLAG)
@@ -137,8 +137,8 @@ class SelfDistillation(Term):
                 student.get_output_embeddings().weight.shape[0]:
             raise InputError(f"{FLAG} {path}: the teacher's output layer has fewer rows than "
                              "the student's; it cannot score every token the student may sample")
-        settings = OpsdSettings(section.opsd_beta, section.opsd_jsd_clip, section.kl_coef)
-        return cls(teacher, settings, temperature=temperature, only=section.only,
+        settings = OpsdSettings(section.opsd_beta, section.opsd_jsd_clip, section.opd_kl_coef)
+        return cls(teacher, settings, temperature=temperature, only=section.opd_only,
                    tokenizer=tokenizer)
 
     # ------------------------------------------------------------------ the term's hooks

@@ -74,9 +74,9 @@ class ServerTeacher:
         """``--opd-teacher-url`` (it must answer and tokenize like the student), or a server
         started from ``--opd-teacher-load`` (its tokenizer checked first) and waited for.
         ``section``: the distillation section."""
-        if section.teacher_url:
-            return cls._named(section.teacher_url, section.teacher_timeout, tokenizer)
-        path = section.teacher_load
+        if section.opd_teacher_url:
+            return cls._named(section.opd_teacher_url, section.opd_teacher_timeout, tokenizer)
+        path = section.opd_teacher_load
         check_vocabulary(path, tokenizer, _tokenizer(path))
         python = vllm_python(flag="--opd-type server")
         installed_version(python, flag="--opd-type server")
@@ -84,8 +84,8 @@ class ServerTeacher:
         server = VllmServer.start(path, log_path=log, dtype="bfloat16" if bf16 else "float32",
                                   seed=seed, logprobs_mode="raw_logprobs", python=python)
         try:
-            server.wait_ready(section.teacher_timeout)
-            client = server.client(timeout=section.teacher_timeout)
+            server.wait_ready(section.opd_teacher_timeout)
+            client = server.client(timeout=section.opd_teacher_timeout)
             client.served_model()
         except BaseException:
             server.close()

@@ -114,7 +114,7 @@ def test_bf16_gradient_is_close_to_fp32(model):
                                                    temperature=1.0) - 0.05
     grads = []
     for bf16 in (False, True):
-        s = loss_settings_of(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
+        s = loss_settings_of(advantage_estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
                          kl_loss_coef=0.1, bf16=bf16)
         model.zero_grad(set_to_none=True)
         loss, _ = micro_batch_loss(model, copy.copy(exp), s, num_responses=B, num_tokens=None)

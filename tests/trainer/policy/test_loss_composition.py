@@ -46,8 +46,8 @@ def test_micro_batch_loss_is_pg_plus_kl_minus_entropy_in_float64():
     expect["train/loss"] = (expect["train/pg_loss"] + KL_COEF * expect["train/kl_loss"]
                             - ENT_COEF * expect["train/entropy"])
 
-    s = loss_settings_of(estimator="grpo", eps_clip=EPS, use_kl_loss=True, kl_loss_type="k2",
-                     kl_loss_coef=KL_COEF, entropy_coef=ENT_COEF)
+    s = loss_settings_of(advantage_estimator="grpo", eps_clip=EPS, use_kl_loss=True,
+                         kl_loss_type="k2", kl_loss_coef=KL_COEF, entropy_coef=ENT_COEF)
     loss, stats = micro_batch_loss(model, exp, s, num_responses=num, num_tokens=None)
     got = dict(zip(s.metric_names, stats.tolist(), strict=True))
     assert float(loss.detach()) == pytest.approx(expect["train/loss"], abs=2e-6)
@@ -97,9 +97,9 @@ def test_token_mean_estimators_compose_and_their_gradient_treats_the_weight_as_a
     surrogate.backward()
     want = [p.grad.clone() for p in model.parameters()]
 
-    s = loss_settings_of(estimator=estimator, eps_clip=EPS, eps_clip_high=0.28, use_kl_loss=True,
-                     kl_loss_type="k2", kl_loss_coef=KL_COEF, entropy_coef=ENT_COEF,
-                     per_token=True)
+    s = loss_settings_of(advantage_estimator=estimator, eps_clip=EPS, eps_clip_high=0.28,
+                         use_kl_loss=True, kl_loss_type="k2", kl_loss_coef=KL_COEF,
+                         entropy_coef=ENT_COEF, per_token=True)
     model.zero_grad(set_to_none=True)
     loss, stats = micro_batch_loss(model, exp, s, num_responses=2 * B,
                                    num_tokens=torch.tensor(float(num), dtype=torch.float64))

@@ -49,7 +49,8 @@ def test_first_step_without_old_pass_equals_the_recomputed_old(model, estimator)
     gives the loss, metrics and gradient of a separate no-grad pass (up to rounding)."""
     exp = fixed_experience(model)
     exp.old_log_probs = batched_log_probs(model, exp, micro_batch_size=B, temperature=1.0)
-    s = loss_settings_of(estimator=estimator, use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.1)
+    s = loss_settings_of(advantage_estimator=estimator, use_kl_loss=True, kl_loss_type="k3",
+                         kl_loss_coef=0.1)
     results = []
     for old in (exp.old_log_probs, None):
         model.zero_grad(set_to_none=True)
@@ -74,7 +75,7 @@ def test_old_log_probs_required_for_a_second_optimizer_step(model):
     exp.old_log_probs = None
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with pytest.raises(ValueError, match="old log-probs are required: 2 optimizer steps"):
-        train_on_rollout(model, opt, exp, loss_settings_of(estimator="grpo"), CTX,
+        train_on_rollout(model, opt, exp, loss_settings_of(advantage_estimator="grpo"), CTX,
                          global_batch_size=B // 2, micro_batch_size=B // 2, clip_grad=1.0)
 
 
@@ -116,7 +117,7 @@ def test_zero_advantage_rows_skip_the_backward_with_the_same_step(model, estimat
 
     exp = fixed_experience(model)
     exp.advantages[[0, 2, 3, 5]] = 0.0  # rows 3 (no tokens) and the rest: nothing to learn
-    s = loss_settings_of(estimator=estimator, per_token=per_token)
+    s = loss_settings_of(advantage_estimator=estimator, per_token=per_token)
     grad_rows = []
     loss_of = update.micro_batch_loss
 
@@ -158,12 +159,12 @@ def test_kl_or_entropy_terms_keep_every_row(model):
 
     exp = fixed_experience(model)
     exp.advantages[:] = 0.0
-    assert inert_rows(exp, loss_settings_of(estimator="grpo")).all()
-    assert inert_rows(exp, loss_settings_of(estimator="grpo", entropy_coef=0.01)) is None
-    assert inert_rows(exp, loss_settings_of(estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
-                                        kl_loss_coef=0.1)) is None
+    assert inert_rows(exp, loss_settings_of(advantage_estimator="grpo")).all()
+    assert inert_rows(exp, loss_settings_of(advantage_estimator="grpo", entropy_coef=0.01)) is None
+    assert inert_rows(exp, loss_settings_of(advantage_estimator="grpo", use_kl_loss=True,
+                                            kl_loss_type="k3", kl_loss_coef=0.1)) is None
     exp.advantages[1, 0] = float("nan")  # a NaN advantage is not zero: the row stays active
-    assert not inert_rows(exp, loss_settings_of(estimator="grpo"))[1]
+    assert not inert_rows(exp, loss_settings_of(advantage_estimator="grpo"))[1]
 
 
 def test_shared_prompt_forward_equals_one_pass(model):

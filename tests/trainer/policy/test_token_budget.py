@@ -67,7 +67,7 @@ def test_one_step_gradient_equals_fixed_micro_batches(model, per_token):
     for max_tokens in (None, 14):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=0.0)
-        s = loss_settings_of(estimator=estimator, use_kl_loss=True, kl_loss_type="k3",
+        s = loss_settings_of(advantage_estimator=estimator, use_kl_loss=True, kl_loss_type="k3",
                          kl_loss_coef=0.1, per_token=per_token, max_tokens=max_tokens,
                          layout="padded")
         (values,) = train_on_rollout(m, opt, exp, s, CTX, global_batch_size=B,
@@ -115,7 +115,7 @@ def test_a_last_shorter_micro_batch_changes_nothing(model):
     grads = []
     for size in (B, 3):
         m = copy.deepcopy(model)
-        s = loss_settings_of(estimator="reinforce_plus_plus_baseline", use_kl_loss=True,
+        s = loss_settings_of(advantage_estimator="reinforce_plus_plus_baseline", use_kl_loss=True,
                          kl_loss_type="k2", kl_loss_coef=0.1)
         train_on_rollout(m, torch.optim.SGD(m.parameters(), lr=0.0), exp, s, CTX,
                          global_batch_size=B, micro_batch_size=size, clip_grad=1e9)
@@ -166,7 +166,8 @@ def test_gradients_stay_allocated_and_equal_freed_ones(model):
     which keeps the host heap from fragmenting); the parameters after two AdamW steps are
     bitwise those of gradients freed and allocated again (``set_to_none=True``)."""
     exp = fixed_experience(model)
-    s = loss_settings_of(estimator="grpo", use_kl_loss=True, kl_loss_type="k3", kl_loss_coef=0.1)
+    s = loss_settings_of(advantage_estimator="grpo", use_kl_loss=True, kl_loss_type="k3",
+                         kl_loss_coef=0.1)
     params = []
     for set_to_none in (False, True):
         m = copy.deepcopy(model)

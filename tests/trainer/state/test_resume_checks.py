@@ -9,8 +9,9 @@ import json
 import pytest
 
 from relax.config import replace_flat
+from relax.config.files import RENAMED
 from relax.config.section import to_flat, value_of
-from relax.errors import InputError
+from relax.errors import ConfigError, InputError
 from relax.rundirs import SAVE_MARKER
 from relax.trainer.state.resume import check_resume
 from tests.trainer.helpers import make_config
@@ -141,3 +142,35 @@ def test_a_checkpoint_saved_with_flat_keys_still_resumes(cfg, tmp_path):
     (tmp_path / "ckpt" / SAVE_MARKER).write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="trained with --lora-rank 4"):
         check_resume(cfg, ckpt, 2, 4)
+
+
+def _former_names(values: dict, path: tuple[str, ...] = ()) -> dict:
+    """``values`` (by section) with every renamed field under its former name (RENAMED,
+    inverted), as manifests written before the fields were named like their flags hold it."""
+    former = {(*old.split(".")[:-1], new): old.split(".")[-1] for old, new in RENAMED.items()}
+    return {former.get((*path, key), key): (_former_names(value, (*path, key))
+                                            if isinstance(value, dict) else value)
+            for key, value in values.items()}
+
+
+def test_a_checkpoint_saved_with_the_former_field_names_still_resumes(tmp_path):
+    """A manifest by section under the fields' former names (``lora: {rank: 4}``) is read as
+    the names of now: unchanged it continues silently, a change under a former name is seen."""
+    cfg = make_config("--num-rollout", "4", "--lora-rank", "4", output_dir=tmp_path / "out", load=str(tmp_path / "save"))
+    saved = json.loads(json.dumps(cfg.to_dict(), default=str))
+    old = _former_names(saved)
+    assert old["lora"]["rank"] == 4 and "lora_rank" not in old["lora"]
+    manifest = {"kind": "checkpoint", "rollout_step": 2, "progress": {"seed": cfg.run.seed},
+                "advantage_estimator": cfg.algorithm.advantage_estimator, "config": old}
+    ckpt = _checkpoint(tmp_path / "ckpt", cfg, manifest=manifest)
+    assert check_resume(cfg, ckpt, 2, 4) is None
+    manifest["config"] = {**old, "batches": {**old["batches"], "samples_per_prompt": 8}}
+    (tmp_path / "ckpt" / SAVE_MARKER).write_text(json.dumps(manifest))
+    assert check_resume(cfg, ckpt, 2, 4) == (
+        f"relax train: continuing {ckpt} (step 2) with changed settings: "
+        f"--n-samples-per-prompt 8 -> {cfg.batches.n_samples_per_prompt}")
+    manifest["config"] = {**old, "lora": {**old["lora"], "lora_rank": 4}}
+    (tmp_path / "ckpt" / SAVE_MARKER).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError) as refused:
+        check_resume(cfg, ckpt, 2, 4)
+    assert "keys 'rank' and 'lora_rank'" in str(refused.value)

@@ -15,8 +15,8 @@ from relax.trainer.state import sharded_state
 from relax.trainer.terms.critic import Critic, ValueModel
 from tests.trainer.workers import B, fixed_experience
 
-SECTION = CriticSection(value_clip=0.05, load=None, save=None, lr=0.1,
-                        lr_warmup_iters=0, num_critic_only_steps=0)
+SECTION = CriticSection(value_clip=0.05, critic_load=None, critic_save=None, critic_lr=0.1,
+                        critic_lr_warmup_iters=0, num_critic_only_steps=0)
 
 
 def _context() -> DistContext:

@@ -69,7 +69,7 @@ def test_token_budgets_and_several_optimizer_steps(tmp_path):
                             "--use-dynamic-batch-size", "--max-tokens-per-gpu", "24",
                             "--normalize-advantages"),
                       "--num-rollout", "2", output_dir=tmp_path / "run")
-    assert cfg.batches.steps_per_rollout == 2
+    assert cfg.batches.num_steps_per_rollout == 2
     _, history, moved = fit(cfg)
     assert moved > 0
     for row in history:

@@ -41,7 +41,7 @@ def test_distillation_alone_moves_the_student_toward_the_teacher(tmp_path):
     cfg = make_config("--hf-checkpoint", student, "--use-opd", "--opd-teacher-load", teacher,
                       "--opd-only", "--custom-rm-path", f"{reward}:parity", "--lr", "1e-2",
                       "--num-rollout", "3", "--seed", "1", output_dir=tmp_path / "run")
-    assert cfg.distillation.enabled and cfg.distillation.kl_coef == 1.0
+    assert cfg.distillation.use_opd and cfg.distillation.opd_kl_coef == 1.0
     _, _, moved = fit(cfg)
     rows = read_metrics(tmp_path / "run")
     assert moved > 1e-4 and len(rows) == 3

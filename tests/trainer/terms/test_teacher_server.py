@@ -162,8 +162,8 @@ def teacher_dir(tmp_path_factory):
 def owned(teacher_dir, tmp_path_factory):
     """The teacher server Relax starts from --opd-teacher-load (rank 0's)."""
     os.environ.setdefault("RELAX_VLLM_PYTHON", str(VLLM_PYTHON))
-    section = SimpleNamespace(teacher_url=None, teacher_load=str(teacher_dir),
-                              teacher_timeout=600.0)
+    section = SimpleNamespace(opd_teacher_url=None, opd_teacher_load=str(teacher_dir),
+                              opd_teacher_timeout=600.0)
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     run = tmp_path_factory.mktemp("run")
     teacher = ServerTeacher.open(section, ctx, tokenizer=build_tokenizer(), run_dir=str(run))
