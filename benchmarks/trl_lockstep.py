@@ -119,7 +119,7 @@ def main(argv=None) -> None:
                            beta=a.beta, lr=a.lr, seed=a.seed)
     cfg = parse_train_config(argv[argv.index("train") + 1:])
     adv = cfg.algorithm  # the dispatcher and the loss take the algorithm section as it is
-    loss = LossSettings(cfg.algorithm, temperature=cfg.rollout.sampling.temperature,
+    loss = LossSettings(cfg.algorithm, temperature=cfg.rollout.sampling.rollout_temperature,
                         layout=cfg.batches.pass_layout)
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     B = C.PROMPTS * C.SAMPLES

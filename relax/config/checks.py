@@ -124,7 +124,7 @@ def eval_pairs(cfg) -> list[list[str]] | None:
     """``--eval-prompt-data`` tokens -> ``[[name, path], ...]``; the files must exist.
 
     One ``PATH`` names the set after the file stem (or the reasoning-gym dataset)."""
-    tokens = cfg.evaluation.prompt_data
+    tokens = cfg.evaluation.eval_prompt_data
     if tokens is None:
         return None
     if len(tokens) == 1:

@@ -2,9 +2,9 @@
 of a run directory) with the sections as keys, and old flat config.json files read back.
 
     algorithm:
-      estimator: grpo
+      advantage_estimator: grpo
     rollout:
-      sampling: {temperature: 0.7}
+      sampling: {rollout_temperature: 0.7}
     batches: {rollout_batch_size: 16}
 
 Flags given on the command line override the file; several files merge in order (the later
@@ -42,6 +42,26 @@ RENAMED: dict[str, str] = {
     "algorithm.per_token_loss": "calculate_per_token_loss",
     "algorithm.custom_advantage_path": "custom_advantage_function_path",
     "algorithm.reward_post_process_path": "custom_reward_post_process_path",
+    "rollout.data.shuffle": "rollout_shuffle",
+    "rollout.sampling.max_response_len": "rollout_max_response_len",
+    "rollout.sampling.temperature": "rollout_temperature",
+    "rollout.sampling.top_p": "rollout_top_p",
+    "rollout.sampling.top_k": "rollout_top_k",
+    "rollout.rewards.timeout": "reward_timeout",
+    "rollout.rewards.error_policy": "reward_error_policy",
+    "rollout.rewards.url": "rm_url",
+    "rollout.rewards.max_concurrency": "reward_max_concurrency",
+    "rollout.rewards.batch_size": "rm_batch_size",
+    "rollout.rewards.retries": "rm_retries",
+    "rollout.rewards.retry_backoff": "rm_retry_backoff",
+    "rollout.episodes.step_timeout": "env_step_timeout",
+    "rollout.episodes.agentic": "use_agentic_rollout",
+    "rollout.off_policy.mismatch_metrics": "get_mismatch_metrics",
+    "rollout.off_policy.custom_tis_path": "custom_tis_function_path",
+    "rollout.partial.enabled": "partial_rollout",
+    "rollout.partial.max_aborted_count": "partial_rollout_max_aborted_count",
+    "rollout.partial.mask_off_policy": "mask_offpolicy_in_partial_rollout",
+    "rollout.backend.name": "rollout_backend",
     "batches.samples_per_prompt": "n_samples_per_prompt",
     "batches.token_budget": "use_dynamic_batch_size",
     "batches.steps_per_rollout": "num_steps_per_rollout",
@@ -66,6 +86,16 @@ RENAMED: dict[str, str] = {
     "critic.save": "critic_save",
     "critic.lr": "critic_lr",
     "critic.lr_warmup_iters": "critic_lr_warmup_iters",
+    "evaluation.interval": "eval_interval",
+    "evaluation.prompt_data": "eval_prompt_data",
+    "evaluation.n_samples": "n_samples_per_eval_prompt",
+    "evaluation.temperature": "eval_temperature",
+    "evaluation.top_p": "eval_top_p",
+    "evaluation.top_k": "eval_top_k",
+    "evaluation.max_response_len": "eval_max_response_len",
+    "evaluation.batch_size": "eval_batch_size",
+    "evaluation.pass_threshold": "eval_pass_threshold",
+    "evaluation.episodes": "eval_episodes",
     "checkpoint.checksums": "checkpoint_checksums",
 }
 

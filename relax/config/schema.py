@@ -1,8 +1,8 @@
 """The configuration of ``relax train`` and ``relax eval``: a tree of frozen sections.
 
-    cfg.algorithm.advantage_estimator            # --advantage-estimator
-    cfg.rollout.sampling.temperature   # --rollout-temperature
-    cfg.checkpoint.save_interval       # --save-interval
+    cfg.algorithm.advantage_estimator          # --advantage-estimator
+    cfg.rollout.sampling.rollout_temperature   # --rollout-temperature
+    cfg.checkpoint.save_interval               # --save-interval
 
 Each leaf field declares its flag, default, help, bound and needs once, in its section's
 module (relax/config/sections/; the machinery: relax/config/section.py);

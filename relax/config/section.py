@@ -5,14 +5,15 @@ file and the ``--config`` file loader share, and the one-line error of every rul
 
 The configuration is a tree of frozen dataclasses (torchtitan's JobConfig is the model)::
 
-    cfg.algorithm.advantage_estimator               # --advantage-estimator
-    cfg.rollout.sampling.temperature      # --rollout-temperature
-    cfg.batches.n_samples_per_prompt        # --n-samples-per-prompt
+    cfg.algorithm.advantage_estimator          # --advantage-estimator
+    cfg.rollout.sampling.rollout_temperature   # --rollout-temperature
+    cfg.batches.n_samples_per_prompt           # --n-samples-per-prompt
 
 A leaf field's flag is ``--`` + its *dest* (``option(flag=...)``, else the field's own name)
-with ``-`` for ``_``: the Relax/Megatron flag names are the interface; the fields named unlike
-their flag are listed in docs/configuration.md. Lists become tuples, so a section is immutable all the way down. Nothing
-here imports torch.
+with ``-`` for ``_``: the Relax/Megatron flag names are the interface, and a field is named
+exactly like its flag; the exceptions are listed in docs/configuration.md, each with its
+reason. Lists become tuples, so a section is immutable all the way down. Nothing here imports
+torch.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def option(default, help: str, *, flag: str | None = None, bound: tuple | None =
     """A configuration field: its default (the only place it is written), the help text of
     its flag, its bound and what it needs to have an effect.
 
-    ``flag``: the flag's dest when it differs from the field name (``--advantage-estimator``
-    is ``algorithm.advantage_estimator``; the exceptions are listed in docs/configuration.md);
+    ``flag``: the flag's dest when it cannot be the field's name (the exceptions are listed
+    in docs/configuration.md, each with its reason);
     ``bound``: ``(predicate, what it must be)``, or several such pairs checked in order, by
     :func:`check_tree` with the one-line error ``--flag VALUE: what it must be`` (``what``
     may be a function of the value); ``requires``: the :class:`Needs` without which the field

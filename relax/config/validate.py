@@ -130,5 +130,5 @@ def resolve_and_validate(cfg: TrainConfig, explicit: set[str], world_size: int) 
         output_dir=output_dir,
         world_size=world_size,
         **batches.resolved_dynamic_sampling(cfg),
-        get_mismatch_metrics=cfg.rollout.off_policy.mismatch_metrics is not False,
+        get_mismatch_metrics=cfg.rollout.off_policy.get_mismatch_metrics is not False,
     )

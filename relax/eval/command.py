@@ -90,5 +90,5 @@ def check_set_lengths(sets: list[EvalSet], tokenizer, data, evaluation, *,
     for eval_set in sets:
         check_formatted_lengths(
             tokenizer, eval_set.as_samples(), apply_chat_template=data.apply_chat_template,
-            system_prompt=data.system_prompt, max_response=evaluation.max_response_len,
+            system_prompt=data.system_prompt, max_response=evaluation.eval_max_response_len,
             context=context, length_flag="--eval-max-response-len")

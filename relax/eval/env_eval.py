@@ -8,9 +8,9 @@
 Seeds: episode ``i`` starts from ``reset(HELDOUT_SEED + i)``. Training draws its seeds below
 ``HELDOUT_SEED`` (relax/rollout/agents/episodes.py), so the two never meet and every run and
 ``relax eval`` of one environment play the same held-out games. Each seed is played
-``sampling.section.n_samples`` times; an episode passes when its reward (the sum of its step rewards,
-relax/rollout/agents/episodes.py) is >= ``sampling.section.pass_threshold`` (1.0: a won game for gem's and
-textarena's games), and pass@k is the unbiased estimate over the plays of a seed, averaged over
+``sampling.section.n_samples_per_eval_prompt`` times; an episode passes when its reward (the
+sum of its step rewards, relax/rollout/agents/episodes.py) is >=
+``sampling.section.eval_pass_threshold`` (1.0: a won game for gem's and textarena's games), and pass@k is the unbiased estimate over the plays of a seed, averaged over
 seeds, as for prompts (relax/eval/evaluate.py).
 
 The episodes run with the rollout's own episode loop and sampler, at the evaluation
@@ -43,8 +43,8 @@ def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, epi
                       max_turns: int, format_prompt, render, name: str = "env",
                       step: int | None = None, device=None, group=None,
                       make_sampler=None) -> dict[str, float]:
-    """Play ``episodes`` held-out seeds x ``sampling.section.n_samples`` with ``model`` (a plain
-    Hugging Face causal LM); ``make_env()`` builds one environment. Returns
+    """Play ``episodes`` held-out seeds x ``sampling.section.n_samples_per_eval_prompt`` with
+    ``model`` (a plain Hugging Face causal LM); ``make_env()`` builds one environment. Returns
     ``eval/<name>/pass@k``, ``mean_reward``, ``episode_turns`` (model turns per episode),
     ``response_length`` (model tokens per episode) and ``truncated`` (share the environment
     did not end: turn limit, context, or an environment error), identical on every rank.
@@ -52,7 +52,7 @@ def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, epi
     server, relax/eval/command.py)."""
     rank, world = _rank_world(group)
     device = torch.device(device) if device is not None else _model_device(model)
-    n = sampling.section.n_samples
+    n = sampling.section.n_samples_per_eval_prompt
     sampler = (eval_sampler(model, tokenizer, sampling, device) if make_sampler is None else
                make_sampler(sampling.params, find_eos_ids(tokenizer, model)))
     generator = eval_generator(sampling, device, name, step, rank)
@@ -61,16 +61,16 @@ def evaluate_episodes(model, tokenizer, make_env, sampling: EvalSampling, *, epi
         return sampler(ids, mask, max_new_tokens, generator, cache=cache)
 
     mine = [i for i, _ in _my_prompts(episodes, rank, world, pad=False)]
-    per_call = max(1, sampling.section.batch_size // n)  # seeds per batch, n plays each
+    per_call = max(1, sampling.section.eval_batch_size // n)  # seeds per batch, n plays each
     envs = [make_env() for _ in range(min(per_call, max(1, len(mine))) * n)]
-    sums = PassAtKSums(n, sampling.section.pass_threshold, means=EPISODE_MEANS)
+    sums = PassAtKSums(n, sampling.section.eval_pass_threshold, means=EPISODE_MEANS)
     context = getattr(model.config, "max_position_embeddings", None)
     for start in range(0, len(mine), per_call):
         seeds = [HELDOUT_SEED + i for i in mine[start:start + per_call] for _ in range(n)]
         played = run_episodes(
             envs[:len(seeds)], seeds, tokenizer=tokenizer, format_prompt=format_prompt,
             render=render, sample=sample, max_turns=max_turns,
-            max_turn_tokens=sampling.section.max_response_len, context=context, device=device,
+            max_turn_tokens=sampling.section.eval_max_response_len, context=context, device=device,
             length_flag="--eval-max-response-len")
         _add_played(sums, played)
     return sums.metrics(name, totals=all_reduced(sums.values, device, group))

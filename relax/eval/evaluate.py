@@ -50,7 +50,7 @@ class EvalSampling:
     @property
     def params(self) -> SamplingParams:
         e = self.section
-        return SamplingParams(e.temperature, e.top_p, e.top_k)
+        return SamplingParams(e.eval_temperature, e.eval_top_p, e.eval_top_k)
 
 
 def _rank_world(group) -> tuple[int, int]:
@@ -129,14 +129,15 @@ def evaluate(
     sampler = _sampler(model, tokenizer, sampling, device, eos_token_ids, sync_group,
                        make_sampler)
     generator = eval_generator(sampling, device, name, step, rank)
-    sums = PassAtKSums(sampling.section.n_samples, sampling.section.pass_threshold,
+    section = sampling.section
+    sums = PassAtKSums(section.n_samples_per_eval_prompt, section.eval_pass_threshold,
                        means=("response_length", "truncated"))
     mine = _my_prompts(len(prompts), rank, world, pad=sync_group is not None)
-    per_call = max(1, sampling.section.batch_size // sampling.section.n_samples)
+    per_call = max(1, section.eval_batch_size // section.n_samples_per_eval_prompt)
     for start in range(0, len(mine), per_call):
         _add_chunk(sums, sampler, tokenizer, prompts, labels, mine[start:start + per_call],
-                   reward_fn, generator=generator, max_new_tokens=sampling.section.max_response_len,
-                   reward_name=reward_name, index_base=start * sampling.section.n_samples,
+                   reward_fn, generator=generator, max_new_tokens=section.eval_max_response_len,
+                   reward_name=reward_name, index_base=start * section.n_samples_per_eval_prompt,
                    timeout=reward_timeout)
     return sums.metrics(name, totals=all_reduced(sums.values, device, group))
 

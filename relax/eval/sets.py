@@ -58,9 +58,9 @@ def load_eval_sets(evaluation, rollout) -> list[EvalSet]:
     Raises :class:`relax.errors.InputError` naming the set and the file:line of a
     bad row.
     """
-    if evaluation.prompt_data:
+    if evaluation.eval_prompt_data:
         sets = []
-        for name, path in evaluation.prompt_data:
+        for name, path in evaluation.eval_prompt_data:
             try:
                 rows = load_source(path, f"--eval-prompt-data {name}", rollout, role="eval")
             except InputError as e:
@@ -121,9 +121,9 @@ def evaluate_env(rollout, sampling: EvalSampling, model, tokenizer, device, *, s
         tokenizer, apply_chat_template=data.apply_chat_template, system_prompt=data.system_prompt,
         eos_token_id=models.eos_token_ids(tokenizer, model)[0] if eos is None else eos)
     metrics = evaluate_episodes(
-        model, tokenizer, guarded_factory(environment_factory(env.env, env.step_timeout),
-                                          env.step_timeout),
-        sampling, episodes=sampling.section.episodes, max_turns=env.max_turns,
+        model, tokenizer, guarded_factory(environment_factory(env.env, env.env_step_timeout),
+                                          env.env_step_timeout),
+        sampling, episodes=sampling.section.eval_episodes, max_turns=env.max_turns,
         format_prompt=format_prompt, render=render, name="env", step=step, device=device,
         group=group, make_sampler=make_sampler)
     metrics["perf/eval_time"] = time.perf_counter() - start
@@ -141,12 +141,13 @@ def maybe_evaluate(evaluation, rollout, system, step: int, model, tokenizer, dev
     runs in lockstep over ``group``. Call it on every rank. ``evaluation``, ``rollout``,
     ``system``: relax train's sections; ``seed``: its --seed.
     """
-    if not evaluation.interval or (step % evaluation.interval and not last):
+    if not evaluation.eval_interval or (step % evaluation.eval_interval and not last):
         return {}
     if rollout.episodes.env:
         return evaluate_env(rollout, EvalSampling(evaluation, seed, system.bf16),
                             models.unwrap(model), tokenizer, device, step=step, group=group)
     sets = eval_sets if eval_sets is not None else load_eval_sets(evaluation, rollout)
     return evaluate_sets(evaluation, rollout, system, sets, models.unwrap(model), tokenizer,
-                         device, seed=seed, reward_timeout=rollout.rewards.timeout, step=step,
+                         device, seed=seed, reward_timeout=rollout.rewards.reward_timeout,
+                         step=step,
                          group=group, sync_group=group if system.fsdp else None)

@@ -58,7 +58,7 @@ def load_inputs(rollout, batches, *, seed: int, privileged_key: str | None) -> I
     elif not rollout.episodes.env:  # an environment makes its own prompts
         task = get_task(rollout.data.builtin_task)
     source = PromptSource(batch_size=batches.rollout_batch_size, seed=seed,
-                          samples=samples, task=task, shuffle=rollout.data.shuffle)
+                          samples=samples, task=task, shuffle=rollout.data.rollout_shuffle)
     group_filter = (load_group_filter(batches.dynamic_sampling_filter_path)
                     if batches.dynamic_sampling_filter_path else None)
     return Inputs(samples, source, group_filter)
@@ -77,7 +77,8 @@ def build_scorer(rollout, share, agree: Agreement, *, samples, post_process_path
 
 def sampling_params(sampling) -> SamplingParams:
     """The rollout's draw (``sampling``: ``cfg.rollout.sampling``)."""
-    return SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k)
+    return SamplingParams(sampling.rollout_temperature, sampling.rollout_top_p,
+                          sampling.rollout_top_k)
 
 
 def turn_eos(tokenizer, eos_token_ids: list[int]) -> int:
@@ -99,22 +100,22 @@ def build_collector(rollout, batches, share, agree: Agreement, sampler, *, seed:
     --seed."""
     parts = dict(seed=seed, source=inputs.source, tokenizer=tokenizer, scorer=scorer,
                  timer=timer, tracker=tracker, sampler=sampler, agree=agree)
-    carry = dict(max_aborted=rollout.partial.max_aborted_count,
-                 mask_offpolicy=rollout.partial.mask_off_policy)
-    if rollout.episodes.env or rollout.episodes.agentic:
+    carry = dict(max_aborted=rollout.partial.partial_rollout_max_aborted_count,
+                 mask_offpolicy=rollout.partial.mask_offpolicy_in_partial_rollout)
+    if rollout.episodes.env or rollout.episodes.use_agentic_rollout:
         parts.update(envs=envs, context=context, eos_token_id=eos_token_id)
-        if rollout.partial.enabled:  # --env only (the configuration refuses agents)
+        if rollout.partial.partial_rollout:  # --env only (the configuration refuses agents)
             return PartialEpisodes(rollout, batches, share, **parts, **carry)
         return EpisodeCollector(rollout, batches, share, **parts)
-    if rollout.partial.enabled:  # a filter judges each group once, when it completes
+    if rollout.partial.partial_rollout:  # a filter judges each group once, when it completes
         return PartialRollouts(rollout, batches, share, **parts, **carry,
                                group_filter=inputs.group_filter,
-                               filter_timeout=rollout.rewards.timeout)
+                               filter_timeout=rollout.rewards.reward_timeout)
     collector = PromptCollector(rollout, batches, share, **parts)
     if inputs.group_filter is None:
         return collector
     return DynamicSampling(batches, share, collector, inputs.group_filter, tracker=tracker,
-                           filter_timeout=rollout.rewards.timeout)
+                           filter_timeout=rollout.rewards.reward_timeout)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class PromptCollector(StreamPosition):
         self.agree = agree or GroupAgreement(ctx.group, ctx.device)
         self.sampler, self.scorer, self.timer, self.tracker = sampler, scorer, timer, tracker
         self.n, self.batch_size = batches.n_samples_per_prompt, batches.rollout_batch_size
-        self.seed, self.max_response_len = seed, rollout.sampling.max_response_len
+        self.seed, self.max_response_len = seed, rollout.sampling.rollout_max_response_len
         self.format = dict(apply_chat_template=rollout.data.apply_chat_template,
                            system_prompt=rollout.data.system_prompt)
         self.cursor = 0  # prompts of the stream consumed by earlier steps (all ranks)

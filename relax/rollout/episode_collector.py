@@ -34,11 +34,11 @@ def build_environments(rollout, batches, ctx) -> list | None:
     ``rollout`` / ``batches``: the configuration's sections."""
     if not rollout.episodes.env:
         return None
-    timeout = rollout.episodes.step_timeout
+    timeout = rollout.episodes.env_step_timeout
     make = environment_factory(rollout.episodes.env, timeout)
     # --partial-rollout plays --over-sampling-batch-size groups a step
     # (relax/rollout/partial_episodes.py)
-    groups = (batches.over_sampling_batch_size if rollout.partial.enabled
+    groups = (batches.over_sampling_batch_size if rollout.partial.partial_rollout
               else batches.rollout_batch_size)
     count = groups // ctx.world_size * batches.n_samples_per_prompt
     return start_environments(make, count, name=f"--env {rollout.episodes.env}", timeout_s=timeout)
@@ -136,8 +136,9 @@ class EpisodeCollector(StreamPosition):
             played = run_episodes(
                 self.envs, seeds, tokenizer=self.tokenizer, format_prompt=format_prompt,
                 render=render, sample=sample, max_turns=section.episodes.max_turns,
-                max_turn_tokens=section.sampling.max_response_len, context=self.context,
-                device=self.ctx.device, stop_at_first_error=section.rewards.error_policy == "raise",
+                max_turn_tokens=section.sampling.rollout_max_response_len, context=self.context,
+                device=self.ctx.device,
+                stop_at_first_error=section.rewards.reward_error_policy == "raise",
             )
         except EnvFailure as e:
             error = RewardError(f"--env {section.episodes.env}: {e} (--reward-error-policy zero scores such "
@@ -155,7 +156,7 @@ class EpisodeCollector(StreamPosition):
         if self.agents is None:
             self.agents = AgentRunner(
                 section.episodes.agent_command, timeout_s=section.episodes.agent_timeout, max_turns=section.episodes.max_turns,
-                max_turn_tokens=section.sampling.max_response_len, tokenizer=self.tokenizer,
+                max_turn_tokens=section.sampling.rollout_max_response_len, tokenizer=self.tokenizer,
                 eos_token_id=self.eos_token_id, context=self.context, device=self.ctx.device)
         rank = self.ctx.rank
         batch = self.source.batch(step)[rank * self.per_rank:(rank + 1) * self.per_rank]

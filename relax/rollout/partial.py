@@ -58,7 +58,7 @@ class PartialRollouts(StreamPosition):
         self.seed, self.n = seed, batches.n_samples_per_prompt
         self.quota = batches.rollout_batch_size // ctx.world_size
         self.per_step = batches.over_sampling_batch_size // ctx.world_size
-        self.max_len, self.max_aborted = rollout.sampling.max_response_len, max_aborted
+        self.max_len, self.max_aborted = rollout.sampling.rollout_max_response_len, max_aborted
         self.mask_offpolicy = mask_offpolicy
         # --dynamic-sampling-filter-path: groups are judged once, when they complete
         self.group_filter, self.filter_timeout = group_filter, filter_timeout

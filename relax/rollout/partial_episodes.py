@@ -141,8 +141,8 @@ class PartialEpisodes(EpisodeCollector):
                                                                       cache=cache),
                   cache=cache, tokenizer=self.tokenizer, render=self.render,
                   max_turns=section.episodes.max_turns,
-                  max_turn_tokens=section.sampling.max_response_len, context=self.context,
-                  device=self.ctx.device, stop=section.rewards.error_policy == "raise",
+                  max_turn_tokens=section.sampling.rollout_max_response_len, context=self.context,
+                  device=self.ctx.device, stop=section.rewards.reward_error_policy == "raise",
                   name=lambda i: f"episode of seed {episodes[i].seed}")
 
     def _fresh(self, count: int) -> list[list[CarriedEpisode]]:
@@ -156,9 +156,9 @@ class PartialEpisodes(EpisodeCollector):
         envs = [env for env in self.envs if id(env) not in held][:len(seeds)]
         texts, started = start_episodes(
             envs, seeds, tokenizer=self.tokenizer, format_prompt=self.format_prompt,
-            max_turn_tokens=self.rollout.sampling.max_response_len, context=self.context,
+            max_turn_tokens=self.rollout.sampling.rollout_max_response_len, context=self.context,
             length_flag="--rollout-max-response-len",
-            stop=self.rollout.rewards.error_policy == "raise")
+            stop=self.rollout.rewards.reward_error_policy == "raise")
         episodes = [CarriedEpisode(**{f.name: getattr(e, f.name) for f in fields(Episode)},
                                    seed=s, text=t, env=env)
                     for e, s, t, env in zip(started, seeds, texts, envs, strict=True)]

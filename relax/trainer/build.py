@@ -221,11 +221,11 @@ def _checked(ctx, side, layout, *, bf16: bool, total_steps: int, evaluation, rol
     inputs = side.inputs
     # (--env evaluates on held-out environment seeds instead: relax/eval/env_eval.py)
     eval_sets = (load_eval_sets(evaluation, rollout)
-                 if evaluation.interval and not rollout.episodes.env else [])
+                 if evaluation.eval_interval and not rollout.episodes.env else [])
     if inputs.samples is not None and ctx.is_main:
         report_overlap(inputs.samples, eval_sets, report=lambda line: print(line, file=sys.stderr))
     loss = LossSettings(algorithm, OffPolicy.load(rollout.off_policy),
-                        temperature=rollout.sampling.temperature, bf16=bf16,
+                        temperature=rollout.sampling.rollout_temperature, bf16=bf16,
                         max_tokens=(batches.max_tokens_per_gpu if batches.use_dynamic_batch_size
                                     else None),
                         layout=batches.pass_layout, opsd=distillation.self_mode)
@@ -263,7 +263,7 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     # --opd-type self: the frozen initial model reading the privileged prompts (§7b)
     _add(p, SelfDistillation.build(distillation, ctx, tokenizer=tokenizer, student=module,
                                    bf16=p.bf16, initial=model.hf_checkpoint, seed=run.seed,
-                                   temperature=rollout.sampling.temperature))
+                                   temperature=rollout.sampling.rollout_temperature))
     # ppo: the value model, --critic-load checked against it before any step (§5c)
     value = (_critic(p, ctx, model=model, run=run, critic=critic, lora=lora, recompute=recompute,
                      fsdp=system.fsdp, optimizer=optimizer)
@@ -272,7 +272,7 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     # custom advantages, then the distillation terms on them (§7b), the mismatch meter
     p.terms[:0] = [t for t in (_reference(p.policy, algorithm), value, p.custom_advantage)
                    if t is not None]
-    _add(p, MismatchMeter() if rollout.off_policy.mismatch_metrics else None)
+    _add(p, MismatchMeter() if rollout.off_policy.get_mismatch_metrics else None)
     p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
 
 
@@ -336,7 +336,7 @@ def _check_prompt_lengths(p: _Draft, tokenizer, module, *, rollout, distillation
     context = getattr(module.config, "max_position_embeddings", None)
     fmt = dict(apply_chat_template=rollout.data.apply_chat_template,
                system_prompt=rollout.data.system_prompt)
-    longest = rollout.sampling.max_response_len
+    longest = rollout.sampling.rollout_max_response_len
     if p.samples is not None:
         check_formatted_lengths(tokenizer, p.samples, **fmt, context=context, max_response=longest)
         if distillation.self_mode:  # the teacher reads the longer privileged prompts
@@ -345,7 +345,7 @@ def _check_prompt_lengths(p: _Draft, tokenizer, module, *, rollout, distillation
     check_judging_lengths(p.scorer.judge, tokenizer, p.samples, **fmt, max_response=longest)
     for eval_set in p.eval_sets:
         check_formatted_lengths(tokenizer, eval_set.as_samples(), **fmt, context=context,
-                                max_response=evaluation.max_response_len,
+                                max_response=evaluation.eval_max_response_len,
                                 length_flag="--eval-max-response-len")
 
 
@@ -411,5 +411,5 @@ def _resume(p: _Draft, ctx, path: str, step: int, *, fsdp: bool, batches, rollou
     if ctx.is_main:
         report_resume(path, step, saved, p.collector.position(),
                       rollout_batch_size=batches.rollout_batch_size, output_dir=output_dir,
-                      fixed_stride=p.group_filter is None and not rollout.partial.enabled,
+                      fixed_stride=p.group_filter is None and not rollout.partial.partial_rollout,
                       source=p.source)

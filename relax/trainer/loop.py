@@ -110,7 +110,7 @@ class Trainer:
         budget = ((cfg.batches.log_probs_max_tokens_per_gpu or cfg.batches.max_tokens_per_gpu)
                   if cfg.batches.use_dynamic_batch_size else None)
         passes = dict(micro_batch_size=cfg.batches.micro_batch_size,
-                      temperature=cfg.rollout.sampling.temperature,
+                      temperature=cfg.rollout.sampling.rollout_temperature,
                       max_tokens=budget, group=self.ctx.group, layout=cfg.batches.pass_layout)
         if self.parts.old_log_probs:
             exp.old_log_probs = self.policy.log_probs(exp, **passes)

@@ -83,14 +83,15 @@ def test_yaml_and_toml_give_the_flags_values(tmp_path):
     for path in (yaml_file, toml_file):
         cfg = _parse(["--config", str(path)], tmp_path)
         assert cfg == flags
-        assert cfg.rollout.sampling.temperature == 0.7 and cfg.batches.rollout_batch_size == 16
+        assert cfg.rollout.sampling.rollout_temperature == 0.7
+        assert cfg.batches.rollout_batch_size == 16
 
 
 def test_flags_override_the_file(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('[rollout.sampling]\ntemperature = 0.7\n[run]\nseed = 3\n')
+    path.write_text('[rollout.sampling]\nrollout_temperature = 0.7\n[run]\nseed = 3\n')
     cfg = _parse(["--config", str(path), "--rollout-temperature", "0.9"], tmp_path)
-    assert cfg.rollout.sampling.temperature == 0.9 and cfg.run.seed == 3
+    assert cfg.rollout.sampling.rollout_temperature == 0.9 and cfg.run.seed == 3
 
 
 def test_flat_names_of_old_config_files_are_read(tmp_path):
@@ -118,13 +119,13 @@ def test_a_bad_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, need
 
 def test_a_bad_value_in_a_file_names_the_flag(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text("[rollout.sampling]\ntemperature = -1.0\n")
+    path.write_text("[rollout.sampling]\nrollout_temperature = -1.0\n")
     with pytest.raises(ConfigError, match="--rollout-temperature -1"):
         _parse(["--config", str(path)], tmp_path)
 
 
 @pytest.mark.parametrize("text,needle", [
-    ('[rollout.sampling]\ntemperature = "hot"\n', "--rollout-temperature"),
+    ('[rollout.sampling]\nrollout_temperature = "hot"\n', "--rollout-temperature"),
     ("[algorithm]\nadvantage_estimator = \"grpx\"\n", "--advantage-estimator"),
     ("[run]\nuse_wandb = 3\n", "--use-wandb 3: a switch"),
 ])
@@ -195,11 +196,11 @@ def test_a_file_value_equal_to_the_default_is_not_replaced_by_the_preset(tmp_pat
 def test_several_files_merge_in_order_and_flags_win(tmp_path):
     first, second = tmp_path / "a.yaml", tmp_path / "b.toml"
     first.write_text("algorithm: {advantage_estimator: sapo}\nrun: {seed: 3}\n"
-                     "rollout: {sampling: {temperature: 0.7}}\n")
+                     "rollout: {sampling: {rollout_temperature: 0.7}}\n")
     second.write_text("[run]\nseed = 5\n[rollout.sampling]\ntop_k = 4\n")
     cfg = _parse(["--config", str(first), "--config", str(second),
                   "--rollout-temperature", "0.9"], tmp_path)
     assert cfg.algorithm.advantage_estimator == "sapo"  # only in the first
     assert cfg.run.seed == 5  # the later file wins
-    assert cfg.rollout.sampling.top_k == 4
-    assert cfg.rollout.sampling.temperature == 0.9  # a flag wins over every file
+    assert cfg.rollout.sampling.rollout_top_k == 4
+    assert cfg.rollout.sampling.rollout_temperature == 0.9  # a flag wins over every file

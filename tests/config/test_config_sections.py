@@ -36,11 +36,12 @@ MANY_FLAGS = [
 def test_the_parsed_values_reach_the_sections(tmp_path):
     cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
     assert cfg.algorithm.advantage_estimator == "reinforce_plus_plus_baseline"
-    assert cfg.rollout.sampling.temperature == 0.7 and cfg.rollout.sampling.top_k == 5
+    assert cfg.rollout.sampling.rollout_temperature == 0.7
+    assert cfg.rollout.sampling.rollout_top_k == 5
     assert cfg.lora.lora_rank == 4 and cfg.lora.enabled
     assert cfg.lora.lora_target_modules == ("q_proj", "v_proj")
-    assert cfg.evaluation.interval == 2 and cfg.evaluation.temperature == 0.0
-    assert cfg.evaluation.top_k == 5  # resolved: follows the rollout's
+    assert cfg.evaluation.eval_interval == 2 and cfg.evaluation.eval_temperature == 0.0
+    assert cfg.evaluation.eval_top_k == 5  # resolved: follows the rollout's
     assert cfg.batches.dynamic_sampling_filter_path == "nonzero_std"
     assert cfg.run.dry_run and cfg.algorithm.eps_clip_high == 0.28
 
@@ -61,11 +62,11 @@ def get_path_field(cls, path):
 def test_sections_are_frozen_all_the_way_down(tmp_path):
     cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.rollout.sampling.temperature = 0.5
+        cfg.rollout.sampling.rollout_temperature = 0.5
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.rollout = None
     assert isinstance(cfg.lora.lora_target_modules, tuple)
-    assert all(isinstance(p, tuple) for p in cfg.evaluation.prompt_data or ())
+    assert all(isinstance(p, tuple) for p in cfg.evaluation.eval_prompt_data or ())
     assert isinstance(cfg.rollout.sampling, SamplingSection)
     assert isinstance(cfg.rollout, RolloutSection) and isinstance(cfg.rollout, Section)
 
@@ -73,7 +74,7 @@ def test_sections_are_frozen_all_the_way_down(tmp_path):
 def test_the_json_is_by_section_and_the_flat_view_agrees(tmp_path):
     cfg = parse_train_config(MANY_FLAGS + ["--output-dir", str(tmp_path / "run")], environ={})
     saved = json.loads(config_to_json(cfg))
-    assert saved["rollout"]["sampling"]["temperature"] == 0.7
+    assert saved["rollout"]["sampling"]["rollout_temperature"] == 0.7
     assert saved["algorithm"]["advantage_estimator"] == "reinforce_plus_plus_baseline"
     flat = to_flat(cfg)
     assert flat["rollout_temperature"] == 0.7 and flat["lora_rank"] == 4
@@ -86,7 +87,7 @@ def test_relax_eval_has_the_same_evaluation_section(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     cfg = parse_eval_config([str(tmp_path), "--n-samples-per-eval-prompt", "2"])
     assert type(cfg.evaluation) is EvaluationSection
-    assert cfg.evaluation.interval is None and cfg.evaluation.n_samples == 2
+    assert cfg.evaluation.eval_interval is None and cfg.evaluation.n_samples_per_eval_prompt == 2
     assert cfg.checkpoint == str(tmp_path)
 
 

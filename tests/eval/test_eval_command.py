@@ -32,7 +32,7 @@ def test_checkpoint_round_trip_equals_in_memory_evaluation(tiny, tiny_checkpoint
     # greedy decoding: the saved and reloaded model gives the in-memory model's numbers
     model, tok = tiny
     cfg = parse_eval_config(argv)
-    assert cfg.evaluation.max_response_len == BUILTIN_PRESET["rollout_max_response_len"]
+    assert cfg.evaluation.eval_max_response_len == BUILTIN_PRESET["rollout_max_response_len"]
     direct = evaluate_sets(cfg.evaluation, cfg.rollout, cfg.system,
                            load_eval_sets(cfg.evaluation, cfg.rollout), model, tok, "cpu",
                            seed=cfg.run.seed)

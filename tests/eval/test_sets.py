@@ -22,7 +22,7 @@ def test_not_due_returns_nothing_and_touches_no_model():
         assert maybe_evaluate(c.evaluation, c.rollout, c.system, step, None, None, "cpu",
                               seed=c.run.seed) == {}
     off = parse_train_config([])
-    assert off.evaluation.interval is None and maybe_evaluate(
+    assert off.evaluation.eval_interval is None and maybe_evaluate(
         off.evaluation, off.rollout, off.system, 4, None, None, "cpu", seed=off.run.seed) == {}
 
 
@@ -63,7 +63,8 @@ def test_eval_prompt_data_sets_and_bad_rows(tmp_path, tiny):
     out = maybe_evaluate(c.evaluation, c.rollout, c.system, 4, model, tok, "cpu", seed=c.run.seed,
                          eval_sets=sets)
     assert {k.split("/")[1] for k in out if k.startswith("eval/")} == {"first", "second"}
-    assert cfg("--eval-prompt-data", str(good)).evaluation.prompt_data == (("held", str(good)),)
+    pairs = cfg("--eval-prompt-data", str(good)).evaluation.eval_prompt_data
+    assert pairs == (("held", str(good)),)
     with pytest.raises(InputError, match=r"--eval-prompt-data x: .*bad.jsonl:2: missing key"):
         c = cfg("--eval-prompt-data", "x", str(bad))
         load_eval_sets(c.evaluation, c.rollout)

@@ -10,7 +10,8 @@ BASE = ["--num-rollout", "2"]
 
 def test_defaults():
     cfg = parse_train_config(BASE)
-    assert (cfg.checkpoint.keep_last, cfg.rollout.rewards.timeout, cfg.rollout.rewards.error_policy,
+    assert (cfg.checkpoint.keep_last, cfg.rollout.rewards.reward_timeout,
+            cfg.rollout.rewards.reward_error_policy,
             cfg.run.distributed_timeout_minutes) == (None, 30.0, "raise", 10.0)
 
 

@@ -247,7 +247,7 @@ def _check_on_policy(cfg, f: EstimatorFacts) -> None:
         reject(cfg, "global_batch_size", f"{why}, so one optimizer step must take the whole "
                f"rollout step: --rollout-batch-size x --n-samples-per-prompt = {samples}; "
                "use that or leave it out")
-    if cfg.rollout.partial.enabled:
+    if cfg.rollout.partial.partial_rollout:
         reject(cfg, "partial_rollout", f"{why}, so it cannot train on tokens an older policy "
                "sampled; remove --partial-rollout")
     if cfg.rollout.off_policy.use_rollout_logprobs:

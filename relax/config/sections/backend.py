@@ -29,7 +29,7 @@ EVAL_HELP = {
 
 
 # a vLLM flag given without --rollout-backend vllm is a mistake worth one line (in relax eval too)
-NEEDS_VLLM = Needs(lambda cfg: cfg.rollout.backend.name == "vllm",
+NEEDS_VLLM = Needs(lambda cfg: cfg.rollout.backend.rollout_backend == "vllm",
                    "has no effect without --rollout-backend vllm; add it or remove this flag",
                    commands=("train", "eval"))
 _SECONDS = (lambda v: 0 < v <= 86400, "must lie in (0, 86400] seconds")
@@ -40,13 +40,12 @@ class BackendSection(Section):
     """Who samples: Relax's decode engine or vLLM servers fed the trainer's weights
     (docs/configuration.md, "Rollout backend")."""
 
-    name: str = option(
+    rollout_backend: str = option(
         'relax',
         'Who samples the rollouts: relax (the built-in decode engine, in the training process)'
         ' or vllm (vLLM OpenAI servers, one per rank (with --fully-async: per rollout rank), started from the environment '
         f'`{MAKE_TARGET}` builds unless --vllm-url names running ones; the weights reach them after every '
         '--update-weights-interval steps).',
-        flag='rollout_backend',
         choices=BACKENDS)
     vllm_url: tuple | None = option(
         None,
@@ -80,12 +79,12 @@ class BackendSection(Section):
         "Relax's engine would, at one request per token).",
         metavar='TOKENS',
         bound=(lambda v: v >= 1, "must be >= 1 tokens per round, e.g. 32"),
-        requires=(NEEDS_VLLM, Needs(lambda cfg: cfg.rollout.partial.enabled,
+        requires=(NEEDS_VLLM, Needs(lambda cfg: cfg.rollout.partial.partial_rollout,
                                     "has no effect without --partial-rollout; add it or remove "
                                     "this flag")))
 
     def check(self) -> None:
-        if self.name == "vllm":
+        if self.rollout_backend == "vllm":
             for url in self.vllm_url or ():
                 check_url(self, "vllm_url", url)
 
@@ -95,7 +94,7 @@ class BackendSection(Section):
 def check_vllm_backend(cfg, explicit: set[str]) -> None:
     """Sections rollout.backend, model, rollout.sampling, placement, lora, rollout.off_policy:
     what the vLLM backend cannot serve, one line for the first."""
-    if cfg.rollout.backend.name != "vllm":
+    if cfg.rollout.backend.rollout_backend != "vllm":
         return
     if cfg.model.hf_checkpoint is None:
         reject(cfg, "rollout_backend", "vLLM serves a model directory: pass --hf-checkpoint "
@@ -124,8 +123,8 @@ def _check_log_prob_mode(cfg) -> None:
     (relax/rollout/generation/generate.py ``sampled_log_probs``). vLLM returns either the raw model's
     (right when T == 1, truncation or not) or the processed distribution after temperature
     *and* truncation (right without truncation): with both T != 1 and truncation neither is."""
-    truncated = cfg.rollout.sampling.top_p < 1.0 or cfg.rollout.sampling.top_k > 0
-    if cfg.rollout.sampling.temperature != 1.0 and truncated:
+    truncated = cfg.rollout.sampling.rollout_top_p < 1.0 or cfg.rollout.sampling.rollout_top_k > 0
+    if cfg.rollout.sampling.rollout_temperature != 1.0 and truncated:
         reject(cfg, ("rollout_backend", "rollout_temperature", "rollout_top_p",
                      "rollout_top_k"),
                "vLLM cannot return softmax(z / T) before top-p/top-k truncation (the "

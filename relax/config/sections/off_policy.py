@@ -25,12 +25,11 @@ class OffPolicySection(Section):
         False,
         "pi_old of the PPO ratio is the sampler's log-prob of each token (kept by the decode, "
         "no extra pass) instead of the trainer's; rejected for rloo (no ratio).")
-    mismatch_metrics: bool | None = option(
+    get_mismatch_metrics: bool | None = option(
         None,
         'rollout/logprob_abs_diff (mean, max), rollout/mismatch_k1, _k3 and _ratio_outside '
         "between the sampler's and the trainer's log-probs of the trained tokens; "
         '--no-get-mismatch-metrics turns them off.',
-        flag='get_mismatch_metrics',
         default_text='on (free: elementwise over log-probs the update already holds)')
     use_tis: bool = option(
         False,
@@ -47,12 +46,11 @@ class OffPolicySection(Section):
         'Lower clip of the TIS weight, in [0, --tis-clip]; needs --use-tis.',
         bound=FLOAT32,
         requires=_needs("use_tis"))
-    custom_tis_path: str | None = option(
+    custom_tis_function_path: str | None = option(
         None,
         "'module:function' or 'file.py:function' computing the TIS weights: "
         'f(trainer_log_probs, sampler_log_probs, mask) -> weights [B, T], finite and >= 0 on '
         'the mask; needs --use-tis.',
-        flag='custom_tis_function_path',
         requires=_needs("use_tis"))
     use_opsm: bool = option(
         False,
@@ -72,5 +70,5 @@ class OffPolicySection(Section):
         if self.use_tis and self.use_rollout_logprobs:
             reject(self, ("use_tis", "use_rollout_logprobs"), "with the sampler's log-probs as "
                    "pi_old every TIS weight is 1; keep one of them")
-        if self.custom_tis_path:
+        if self.custom_tis_function_path:
             check_custom_path(self, "custom_tis_function_path")

@@ -18,7 +18,8 @@ NEEDS_FULLY_ASYNC = Needs(lambda cfg: cfg.placement.fully_async, _NO_EFFECT)
 # the vLLM backend syncs its servers every --update-weights-interval steps too, in buckets of
 # --weight-sync-bucket-mb under FSDP2
 NEEDS_A_WEIGHT_SYNC = Needs(
-    lambda cfg: cfg.placement.fully_async or cfg.rollout.backend.name == "vllm", _NO_EFFECT)
+    lambda cfg: cfg.placement.fully_async or cfg.rollout.backend.rollout_backend == "vllm",
+    _NO_EFFECT)
 
 
 @dataclass(frozen=True)

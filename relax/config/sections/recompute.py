@@ -15,7 +15,7 @@ NEEDS_FULL = Needs(lambda cfg: cfg.recompute.recompute_granularity == "full",
 class RecomputeSection(Section):
     """Activation recompute of the policy's training forward (relax/trainer/policy/recompute.py):
     less memory for one more forward of the recomputed layers (Megatron's flag names);
-    ``granularity`` None is off."""
+    ``recompute_granularity`` None is off."""
 
     recompute_granularity: str | None = option(
         None,

@@ -47,51 +47,44 @@ class RewardsSection(Section):
     custom_rm_path: str | None = option(
         None,
         "'module:function' or 'file.py:function' reward; excludes --rm-type.")
-    timeout: float = option(
+    reward_timeout: float = option(
         30.0,
         'Seconds per sample a reward function may take; with --rm-url, one request as a whole '
         '(docs/reliability.md).',
-        flag='reward_timeout',
         bound=(lambda v: 0.0 < v <= 86400.0, "must lie in (0, 86400] seconds (one day); the default is 30"))
-    error_policy: str = option(
+    reward_error_policy: str = option(
         'raise',
         'A reward that raises, times out or is NaN/Inf: stop with an error naming the sample, '
         'or score it 0 and count it in rollout/reward_errors.',
-        flag='reward_error_policy',
         choices=('raise', 'zero'))
-    url: str | None = option(
+    rm_url: str | None = option(
         None,
         'With --rm-type remote_rm: the http(s) URL the trainer POSTs samples to as JSON, one '
         'reward back per sample (docs/reward_services.md). Must accept connections when relax '
         'train starts.',
-        flag='rm_url',
         metavar='URL',
         requires=NEEDS_REMOTE)
-    max_concurrency: int = option(
+    reward_max_concurrency: int = option(
         64,
         'Most --rm-url requests in flight at once per data-parallel rank.',
-        flag='reward_max_concurrency',
         bound=(lambda v: v >= 1, "must be >= 1 requests in flight"),
         requires=NEEDS_REMOTE)
-    batch_size: int = option(
+    rm_batch_size: int = option(
         1,
         "Samples per --rm-url request. 1: one JSON object per request (slime's and Relax's "
         'format); N > 1: a JSON array of up to N objects, answered by an array.',
-        flag='rm_batch_size',
         bound=(lambda v: 1 <= v <= 1 << 16, "must lie in [1, 65536] samples per request"),
         requires=NEEDS_REMOTE)
-    retries: int = option(
+    rm_retries: int = option(
         DEFAULT_RETRIES,
         'Retries of an --rm-url request after a connection error, a timeout or an HTTP 5xx '
         'answer (then --reward-error-policy decides); 0: none.',
-        flag='rm_retries',
         bound=(lambda v: 0 <= v <= 100, "must lie in [0, 100]; 0 turns retries off"),
         requires=NEEDS_REMOTE)
-    retry_backoff: float = option(
+    rm_retry_backoff: float = option(
         DEFAULT_BACKOFF,
         'Seconds B of the retry waits: before retry k (0, 1, ...) min(B * 2**k, 30) plus a '
         'uniform jitter in [0, B).',
-        flag='rm_retry_backoff',
         metavar='SECONDS',
         bound=(lambda v: 0 < v <= MAX_BACKOFF_WAIT, f"must lie in (0, {MAX_BACKOFF_WAIT:g}] "
                "seconds, e.g. 1"),
@@ -126,10 +119,10 @@ class RewardsSection(Section):
         if self.rm_type is not None and self.custom_rm_path is not None:
             reject(self, ("rm_type", "custom_rm_path"), "two reward functions; keep one")
         if self.rm_type == "remote_rm":
-            if self.url is None:
+            if self.rm_url is None:
                 reject(self, "rm_type", "needs --rm-url URL, the address of the reward server "
                        "(e.g. http://127.0.0.1:8000/reward)")
-            check_url(self, "rm_url", self.url, "http://127.0.0.1:8000/reward")
+            check_url(self, "rm_url", self.rm_url, "http://127.0.0.1:8000/reward")
         if self.rm_type == "genrm":
             self._check_genrm()
         if self.group_rm and self.custom_rm_path is None:
@@ -155,7 +148,7 @@ class RewardsSection(Section):
 def check_reward_scope(cfg, explicit: set[str]) -> None:
     """Sections rollout.rewards, rollout.episodes, evaluation: episodes are scored by their
     environment or agent; a generative judge's rewards are not for pass@k."""
-    if cfg.rollout.rewards.rm_type == "genrm" and cfg.evaluation.interval is not None:
+    if cfg.rollout.rewards.rm_type == "genrm" and cfg.evaluation.eval_interval is not None:
         reject(cfg, ("rm_type", "eval_interval"), "evaluation measures pass@k against a "
                "verifiable reward; evaluate the saved model with relax eval and --rm-type math "
                "or a reward function")

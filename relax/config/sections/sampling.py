@@ -17,26 +17,22 @@ MAX_TOKENS = 1 << 20
 class SamplingSection(Section):
     """How the rollout samples its responses."""
 
-    max_response_len: int = option(
+    rollout_max_response_len: int = option(
         1024,
         'Maximum generated tokens per response; longer ones are truncated.',
-        flag='rollout_max_response_len',
         bound=((lambda v: v >= 1, "must be >= 1 tokens"),
                (lambda v: v <= MAX_TOKENS, f"must be <= {MAX_TOKENS} tokens")))
-    temperature: float = option(
+    rollout_temperature: float = option(
         1.0,
         'Sampling temperature > 0.',
-        flag='rollout_temperature',
         bound=((lambda v: v > 0.0, "must be > 0; use 1.0 for plain sampling"), FLOAT32))
-    top_p: float = option(
+    rollout_top_p: float = option(
         1.0,
         'Nucleus sampling mass in (0, 1].',
-        flag='rollout_top_p',
         default_note='off',
         bound=(lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]; use 1.0 to turn it off"))
-    top_k: int = option(
+    rollout_top_k: int = option(
         -1,
         'Top-k sampling, >= 1 or -1.',
-        flag='rollout_top_k',
         default_note='off',
         bound=(lambda v: v == -1 or v >= 1, "must be >= 1, or -1 to turn top-k off"))

@@ -29,13 +29,13 @@ def open_backend(rollout, rank: int, device: torch.device, *, placement, model, 
     ``run``: the configuration's sections (the backend, its sampling temperature, the
     --hf-checkpoint it serves, the run's directory and seed)."""
     backend = rollout.backend
-    if backend.name == "relax":
+    if backend.rollout_backend == "relax":
         if shards is None:
             return LocalBackend(device)
         return LocalBackend(device, sync_group=shards.group, release=release)
     settings = VllmSettings.of_train(
         backend, placement, model_dir=model.hf_checkpoint, run_dir=run.output_dir,
-        seed=run.seed, temperature=rollout.sampling.temperature,
+        seed=run.seed, temperature=rollout.sampling.rollout_temperature,
         fsdp=shards is not None)
     return VllmBackend.open(settings, rank, device, shards, slot=slot)
 
@@ -45,7 +45,7 @@ def open_eval_backend(rollout, device: torch.device, *, checkpoint: str, run) ->
     the checkpoint's weights, written to ``--output-dir`` (``run``: the run section, its
     directory and seed) or a scratch folder (both removed at close)."""
     backend = rollout.backend
-    if backend.name == "relax":
+    if backend.rollout_backend == "relax":
         return LocalBackend(device)
     scratch = None if run.output_dir else tempfile.mkdtemp(prefix="relax-eval-vllm-")
     settings = VllmSettings.of_eval(backend, model_dir=checkpoint,

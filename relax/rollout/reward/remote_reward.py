@@ -82,11 +82,11 @@ class RemoteRewardModel:
     # the defaults are the rewards section's (--reward-max-concurrency, --rm-batch-size,
     # --reward-timeout, --rm-retries, --rm-retry-backoff), written once there
     def __init__(self, url: str, *,
-                 concurrency: int = default_of(RewardsSection, "max_concurrency"),
-                 batch_size: int = default_of(RewardsSection, "batch_size"),
-                 timeout: float = default_of(RewardsSection, "timeout"),
-                 retries: int = default_of(RewardsSection, "retries"),
-                 backoff: float = default_of(RewardsSection, "retry_backoff"), sleep=None):
+                 concurrency: int = default_of(RewardsSection, "reward_max_concurrency"),
+                 batch_size: int = default_of(RewardsSection, "rm_batch_size"),
+                 timeout: float = default_of(RewardsSection, "reward_timeout"),
+                 retries: int = default_of(RewardsSection, "rm_retries"),
+                 backoff: float = default_of(RewardsSection, "rm_retry_backoff"), sleep=None):
         self.url, self.concurrency, self.batch_size = url, concurrency, batch_size
         self.timeout, self.retries, self.backoff, self.sleep = timeout, retries, backoff, sleep
         self._jitter = random.Random()  # its own: the run's seeded RNGs stay untouched
@@ -94,9 +94,9 @@ class RemoteRewardModel:
     @classmethod
     def of(cls, rewards) -> RemoteRewardModel:
         """From the rewards section (``cfg.rollout.rewards``)."""
-        return cls(rewards.url, concurrency=rewards.max_concurrency,
-                   batch_size=rewards.batch_size, timeout=rewards.timeout,
-                   retries=rewards.retries, backoff=rewards.retry_backoff)
+        return cls(rewards.rm_url, concurrency=rewards.reward_max_concurrency,
+                   batch_size=rewards.rm_batch_size, timeout=rewards.reward_timeout,
+                   retries=rewards.rm_retries, backoff=rewards.rm_retry_backoff)
 
     @property
     def name(self) -> str:

@@ -38,7 +38,8 @@ class Scorer:
             rollout.rewards, builtin_task=builtin_task, judge=judge, check=True,
             gym_answer=(rollout.data.reasoning_gym_answer
                         if is_reasoning_gym(rollout.data.prompt_data) else None))
-        self.timeout, self.error_policy = rollout.rewards.timeout, rollout.rewards.error_policy
+        self.timeout = rollout.rewards.reward_timeout
+        self.error_policy = rollout.rewards.reward_error_policy
         self.post_process_fn = (load_function(post_process_path, POST_PROCESS_FLAG)
                                 if post_process_path else None)
 

@@ -114,7 +114,7 @@ class RolloutWorker:
         ``side`` (built on :meth:`share_contexts`; --rm-type genrm: one judge per rollout
         rank, for every share it samples); ``rollout``, ``batches``, ``seed``: the
         configuration's sections and --seed."""
-        side.check_lengths(self.tokenizer, rollout.data, rollout.sampling.max_response_len)
+        side.check_lengths(self.tokenizer, rollout.data, rollout.sampling.rollout_max_response_len)
         self.collectors = dict(zip(self.shares, side.collectors(
             rollout, batches, self.backend, seed=seed, tokenizer=self.tokenizer,
             eos_token_ids=models.eos_token_ids(self.tokenizer, self.module),

@@ -57,7 +57,7 @@ class LossSettings:
 
     algorithm: AlgorithmSection = AlgorithmSection()
     off_policy: OffPolicy = OffPolicy()
-    temperature: float = default_of(SamplingSection, "temperature")  # --rollout-temperature
+    temperature: float = default_of(SamplingSection, "rollout_temperature")  # --rollout-temperature
     bf16: bool = False
     max_tokens: int | None = None
     layout: str = default_of(BatchSection, "pass_layout")  # --pass-layout

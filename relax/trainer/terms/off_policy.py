@@ -34,7 +34,7 @@ class OffPolicy:
 
     @classmethod
     def load(cls, section: OffPolicySection) -> OffPolicy:
-        path = section.custom_tis_path
+        path = section.custom_tis_function_path
         return cls(section, load_function(path, TIS_FLAG) if path else None)
 
     @property

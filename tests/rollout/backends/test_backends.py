@@ -94,7 +94,7 @@ def test_the_reward_source_is_the_judge_the_server_or_a_function():
                            gym_answer=None, judge=judge)
     assert isinstance(source, JudgeReward) and source.batch_fn is judge
     assert source.name == "--genrm-model-path m"
-    server = reward_source(_rewards(rm_type="remote_rm", url="http://127.0.0.1:9"),
+    server = reward_source(_rewards(rm_type="remote_rm", rm_url="http://127.0.0.1:9"),
                            builtin_task=None, gym_answer=None)
     assert isinstance(server, ServerReward) and not server.bounded
     assert server.batch_fn is server.remote

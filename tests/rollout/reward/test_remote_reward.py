@@ -79,9 +79,9 @@ class Tracker:
 def scorer(url: str, policy: str, timeout: float = 30.0) -> Scorer:
     rollout = RolloutSection(
         data=DataSection(prompt_data="data.jsonl"),
-        rewards=RewardsSection(rm_type="remote_rm", url=url, timeout=timeout,
-                               error_policy=policy, max_concurrency=4, batch_size=1,
-                               retries=0, retry_backoff=0.01))
+        rewards=RewardsSection(rm_type="remote_rm", rm_url=url, reward_timeout=timeout,
+                               reward_error_policy=policy, reward_max_concurrency=4,
+                               rm_batch_size=1, rm_retries=0, rm_retry_backoff=0.01))
     ctx = SimpleNamespace(rank=0, world_size=1, group=None, device=torch.device("cpu"))
     return Scorer(rollout, ctx, builtin_task=None, post_process_path=None)
 
