@@ -3,12 +3,15 @@ file, one line for a bad key, and a run's config.json loads back to the same con
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from relax.config import ConfigError, config_to_json, parse_train_config
 from relax.config.files import RENAMED
+from relax.config.schema import TrainConfig
+from relax.config.section import flat_index
 
 RUNS = {
     "preset": [],
@@ -204,3 +207,17 @@ def test_several_files_merge_in_order_and_flags_win(tmp_path):
     assert cfg.run.seed == 5  # the later file wins
     assert cfg.rollout.sampling.rollout_top_k == 4
     assert cfg.rollout.sampling.rollout_temperature == 0.9  # a flag wins over every file
+
+
+def test_each_former_name_leads_to_a_field_of_its_section_and_is_none_itself():
+    """RENAMED (former sectioned name -> name now) stays true: the name now is a field of that
+    section, and the former one is neither a field nor a flag name there (else a key would be
+    read two ways)."""
+    assert len(RENAMED) == 60
+    for old, new in RENAMED.items():
+        *path, former = old.split(".")
+        cls = TrainConfig
+        for name in path:
+            cls = next(f for f in dataclasses.fields(cls) if f.name == name).metadata["section"]
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert new in names and former not in names and former not in flat_index(cls), old
