@@ -146,17 +146,11 @@ def veto_keep(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mask: Tensor
 
 def weight_sums(w: Tensor, mask: Tensor) -> Tensor:
     """float64 [4]: over the masked tokens, the count, ``sum w``, ``sum w^2`` and ``max w``
-    (0 without tokens): what the effective sample size and the weights' maximum need,
-    summed (the first three) or maxed (the last) over micro-batches and ranks."""
+    (0 without tokens): what the effective sample size (relax/metrics/tracker.py
+    ``add_ess``) and the weights' maximum need, summed (the first three) or maxed (the last)
+    over micro-batches and ranks."""
     w64 = torch.where(mask, w.detach().double(), torch.zeros((), dtype=torch.float64,
                                                               device=w.device))
     top = w64.max() if w64.numel() else w64.sum()
     return torch.stack([mask.sum().double(), w64.sum(), (w64 * w64).sum(), top])
 
-
-def effective_sample_size(count: float, total: float, squares: float) -> float:
-    """The normalized effective sample size ``(sum w)^2 / (N sum w^2)`` in [0, 1] (1: every
-    weight equal); NaN without tokens, 0 when every weight is 0."""
-    if count <= 0:
-        return math.nan
-    return total * total / (count * squares) if squares > 0 else 0.0

@@ -65,6 +65,7 @@ from relax.trainer.terms.custom_advantage import CustomAdvantage
 from relax.trainer.terms.distillation import Distillation
 from relax.trainer.terms.kl import Reference
 from relax.trainer.terms.off_policy import MismatchMeter, OffPolicy
+from relax.trainer.terms.rollout_correction import RolloutCorrection
 from relax.trainer.terms.self_distillation import SelfDistillation
 from relax.trainer.terms.term import Term
 
@@ -75,7 +76,8 @@ class Parts:
 
     ``terms``: the configured training terms in the order the loop calls them
     (relax/trainer/terms/term.py): the reference pass, the ppo critic, the custom advantage
-    plug-in, the distillation teacher, self-distillation, the mismatch meter; the loss adds the
+    plug-in, the distillation teacher, self-distillation, the mismatch meter, the rollout
+    correction (§7c); the loss adds the
     algorithm's own (entropy, KL loss, TIS, OPSM: ``update.loss_terms``). ``old_log_probs``:
     whether the rollout step runs the pi_old pass (relax/trainer/policy/passes.py)."""
 
@@ -272,6 +274,9 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     p.terms[:0] = [t for t in (_reference(p.policy, algorithm), value, p.custom_advantage)
                    if t is not None]
     _add(p, MismatchMeter() if rollout.off_policy.mismatch_metrics else None)
+    # --rollout-is / --rollout-rs / --rollout-token-veto-threshold (§7c): a loss factor with
+    # the step's weight sums as state
+    _add(p, RolloutCorrection.build(rollout.off_policy))
     p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
 
 

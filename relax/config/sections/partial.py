@@ -66,7 +66,7 @@ def check_partial_rollout(cfg, explicit: set[str]) -> None:
             reject(cfg, ("partial_rollout", dest), f"partial rollouts carry unfinished samples "
                    f"into later steps and checkpoints, but {why}, so --load could not continue "
                    "it exactly; remove one of the two")
-    if not (cfg.rollout.partial.mask_off_policy or cfg.rollout.off_policy.use_tis or cfg.rollout.off_policy.use_rollout_logprobs):
+    if not (cfg.rollout.partial.mask_off_policy or cfg.rollout.off_policy.corrects_sampler):
         reject(cfg, "partial_rollout", "carried responses hold tokens an older policy sampled: "
                "add --mask-offpolicy-in-partial-rollout (leave them out of the loss) or correct "
                "for them with --use-tis or --use-rollout-logprobs")

@@ -1,0 +1,184 @@
+"""The rollout correction in the update (reinforce_plus_plus.md §7c): where its factor enters
+the policy loss (per row, against float64 values computed here), the metrics it reports,
+and whole tiny-model runs of every mode (packed and prefix-shared passes, a repeat that is
+bitwise the same run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from relax.config.sections import OffPolicySection
+from relax.errors import RelaxError
+from relax.metrics.tracker import MetricTracker
+from relax.tiny_model import build_tiny_model, build_tokenizer
+from relax.trainer.policy.update import loss_terms, metric_names, micro_batch_loss
+from relax.trainer.terms.rollout_correction import RolloutCorrection
+from tests.trainer.helpers import RECIPES, fit, make_config, write_reward
+from tests.trainer.workers import B, fixed_experience, replace_loss, settings
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(build_tokenizer(), seed=7)
+
+
+def _row_stats(model, exp, section: OffPolicySection | None):
+    """Each row's metrics alone (``num_responses=B``, so each is its share of the batch)."""
+    s = replace_loss(settings("grpo"), entropy_coef=0.0, use_kl_loss=False)
+    term = RolloutCorrection.build(section) if section is not None else None
+    terms = loss_terms(s, (term,) if term is not None else ())
+    rows = []
+    for i in range(B):
+        _, stats = micro_batch_loss(model, exp.select([i]), s, num_responses=B, num_tokens=None,
+                                    terms=terms)
+        rows.append(dict(zip(metric_names(terms), stats.tolist(), strict=True)))
+    return rows, term
+
+
+def _shifted(model, shifts):
+    """The fixed batch with the sampler's log-probs ``s = q - shift_i`` on row i: every token
+    of row i has the log-ratio ``d = shift_i``."""
+    exp = fixed_experience(model)
+    shift = torch.tensor(shifts, dtype=torch.float32)[:, None]
+    exp.rollout_log_probs = torch.where(exp.response_mask, exp.old_log_probs - shift, 0.0)
+    return exp
+
+
+SHIFTS = [0.3, -0.4, 0.05, 0.0, -0.02, 0.6, 0.1, -0.15]  # row 3 has no tokens
+
+
+def _lengths(exp):
+    return [int(x) for x in exp.response_mask.sum(-1)]
+
+
+@pytest.mark.parametrize("level,mode", [("token", "truncate"), ("sequence", "truncate"),
+                                        ("geometric", "mask"), ("sequence", "mask")])
+def test_the_weight_multiplies_each_rows_policy_loss(model, level, mode):
+    """pg'_i = w_i pg_i with w_i from the row's length and log-ratio, computed here in float64;
+    the weights' mean, maximum and ESS are the float64 ones."""
+    exp = _shifted(model, SHIFTS)
+    low, high = 0.7, 1.4
+    plain, _ = _row_stats(model, exp, None)
+    section = OffPolicySection(rollout_is=level, rollout_is_mode=mode, rollout_is_threshold=high,
+                               rollout_is_threshold_lower=low)
+    got, term = _row_stats(model, exp, section)
+    weights = []
+    for i, length in enumerate(_lengths(exp)):
+        log_w = {"token": SHIFTS[i], "sequence": SHIFTS[i] * length,
+                 "geometric": SHIFTS[i]}[level]
+        inside = math.log(low) <= log_w <= math.log(high)
+        w = (math.exp(min(max(log_w, math.log(low)), math.log(high))) if mode == "truncate"
+             else math.exp(log_w) if inside else 0.0)
+        weights += [w] * length
+        assert got[i]["train/pg_loss"] == pytest.approx(w * plain[i]["train/pg_loss"],
+                                                        rel=1e-5, abs=1e-9)
+        changed = f"train/rollout_is_{'truncated' if mode == 'truncate' else 'masked'}_fraction"
+        assert got[i][changed] == pytest.approx(0.0 if inside or not length else 1.0 / B)
+    assert any(w == 0.0 or w in (low, high) for w in weights)  # the bounds acted
+    tracker = MetricTracker()
+    term.after_update(tracker)
+    values = tracker.reduce()
+    assert values["train/rollout_is_weight_max"] == pytest.approx(max(weights), rel=1e-6)
+    ess = sum(weights) ** 2 / (len(weights) * sum(w * w for w in weights))
+    assert values["train/rollout_is_ess"] == pytest.approx(ess, rel=1e-6)
+
+
+def test_rejection_and_veto_drop_rows_and_tokens(model):
+    """A row rule and the veto zero a whole row's policy loss; IcePop zeroes its tokens (here
+    every token of a row shares one ratio, so whole rows as well); kept rows are unchanged."""
+    exp = _shifted(model, SHIFTS)
+    plain, _ = _row_stats(model, exp, None)
+    lengths = _lengths(exp)
+    cases = {
+        "token": (OffPolicySection(rollout_rs="token", rollout_rs_threshold=1.2),
+                  lambda i: abs(SHIFTS[i]) <= math.log(1.2) + 1e-9),
+        "sequence": (OffPolicySection(rollout_rs="sequence", rollout_rs_threshold=1.5),
+                     lambda i: abs(SHIFTS[i] * lengths[i]) <= math.log(1.5)),
+        "k3": (OffPolicySection(rollout_rs="k3", rollout_rs_threshold=0.02),
+               lambda i: math.expm1(SHIFTS[i]) - SHIFTS[i] <= 0.02),
+        "veto": (OffPolicySection(rollout_token_veto_threshold=0.8),
+                 lambda i: SHIFTS[i] >= math.log(0.8)),
+    }
+    for name, (section, kept) in cases.items():
+        got, _ = _row_stats(model, exp, section)
+        metric = [n for n in got[0] if n.startswith(("train/rollout_rs", "train/rollout_veto"))]
+        assert len(metric) == 1
+        dropped = [i for i in range(B) if lengths[i] and not kept(i)]
+        assert dropped and len(dropped) < B - 1, name  # both outcomes occur: the test can fail
+        for i in range(B):
+            want = plain[i]["train/pg_loss"] * (0.0 if i in dropped else 1.0)
+            assert got[i]["train/pg_loss"] == pytest.approx(want, rel=1e-6, abs=1e-12), (name, i)
+            assert got[i][metric[0]] == pytest.approx(1.0 / B if i in dropped else 0.0), name
+
+
+def test_the_parts_multiply(model):
+    """Weights, rejection and veto together: their product, in one term."""
+    exp = _shifted(model, SHIFTS)
+    plain, _ = _row_stats(model, exp, None)
+    section = OffPolicySection(rollout_is="token", rollout_is_threshold=1.3,
+                               rollout_rs="geometric", rollout_rs_threshold=1.5,
+                               rollout_token_veto_threshold=0.7)
+    got, term = _row_stats(model, exp, section)
+    assert term.metric_names == ("train/rollout_is_weight_mean",
+                                 "train/rollout_is_truncated_fraction",
+                                 "train/rollout_rs_rejected_fraction", "train/rollout_veto_fraction")
+    for i, d in enumerate(SHIFTS):
+        w = math.exp(min(d, math.log(1.3)))
+        keep = abs(d) <= math.log(1.5) and d >= math.log(0.7)
+        assert got[i]["train/pg_loss"] == pytest.approx(w * keep * plain[i]["train/pg_loss"],
+                                                        rel=1e-5, abs=1e-12)
+
+
+def test_a_rollout_without_sampler_log_probs_is_one_line(model):
+    exp = fixed_experience(model)
+    with pytest.raises(RelaxError, match="carries no sampler log-probs"):
+        _row_stats(model, exp, OffPolicySection(rollout_rs="token"))
+
+
+# ------------------------------------------------------------------ whole runs
+
+MODES = {
+    "is-token-truncate": ["--rollout-is", "token", "--rollout-is-threshold", "1.5"],
+    "is-sequence-mask": ["--rollout-is", "sequence", "--rollout-is-mode", "mask",
+                         "--pass-layout", "packed"],
+    "is-geometric": ["--rollout-is", "geometric", "--rollout-is-threshold-lower", "0.5"],
+    "icepop": ["--rollout-rs", "token", "--rollout-rs-threshold", "5",
+               "--rollout-rs-threshold-lower", "0.5", "--pass-layout", "packed"],
+    "rs-sequence": ["--rollout-rs", "sequence"],
+    "rs-geometric": ["--rollout-rs", "geometric", "--pass-layout", "padded"],
+    "rs-k3": ["--rollout-rs", "k3", "--rollout-rs-threshold", "0.001"],
+    "veto": ["--rollout-token-veto-threshold", "0.001", "--use-opsm"],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tiny_run_of_each_mode_trains_and_reports(tmp_path, mode):
+    reward = write_reward(tmp_path)
+    cfg = make_config(*RECIPES["grpo"], "--custom-rm-path", f"{reward}:parity", *MODES[mode],
+                      "--num-steps-per-rollout", "2", output_dir=tmp_path / "run")
+    trainer, history, moved = fit(cfg)
+    assert moved > 0
+    names = next(t for t in trainer.terms if isinstance(t, RolloutCorrection)).metric_names
+    for row in history:
+        for name in names:
+            # one fp32 model samples and trains: every ratio is 1 to float rounding
+            assert row[name] == pytest.approx(1.0 if name.endswith("weight_mean") else 0.0,
+                                              abs=1e-3), name
+        if "--rollout-is" in MODES[mode]:
+            assert row["train/rollout_is_ess"] == pytest.approx(1.0, abs=1e-6)
+            assert row["train/rollout_is_weight_max"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_seeded_run_with_every_part_repeats_exactly(tmp_path):
+    reward = write_reward(tmp_path)
+    flags = (*RECIPES["reinforce_plus_plus"], "--custom-rm-path", f"{reward}:parity",
+             "--rollout-is", "sequence", "--rollout-rs", "token",
+             "--rollout-token-veto-threshold", "0.01", "--seed", "3")
+    first = fit(make_config(*flags, output_dir=tmp_path / "a"))[1]
+    second = fit(make_config(*flags, output_dir=tmp_path / "b"))[1]
+    keep = [k for k in first[0] if not k.startswith("perf/")]
+    assert [{k: r[k] for k in keep} for r in first] == [{k: r[k] for k in keep} for r in second]
+    assert "train/rollout_is_ess" in first[0]
