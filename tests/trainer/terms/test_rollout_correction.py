@@ -182,3 +182,44 @@ def test_a_seeded_run_with_every_part_repeats_exactly(tmp_path):
     keep = [k for k in first[0] if not k.startswith("perf/")]
     assert [{k: r[k] for k in keep} for r in first] == [{k: r[k] for k in keep} for r in second]
     assert "train/rollout_is_ess" in first[0]
+
+
+# --fully-async K = 1: one training rank, one rollout rank; LoRA adapters travel
+ASYNC = ["--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "6", "--micro-batch-size", "4", "--rollout-temperature",
+         "1.5", "--lr", "1e-2", "--device", "cpu", "--log-samples", "0", "--seed", "5",
+         "--fully-async", "--max-staleness", "1", "--lora-rank", "4", "--lora-alpha", "8",
+         "--rollout-is", "sequence", "--rollout-is-mode", "mask", "--rollout-is-threshold", "4",
+         "--rollout-rs", "token", "--rollout-rs-threshold", "4",
+         "--overlong-buffer-len", "3", "--overlong-filter"]
+
+
+@pytest.mark.subprocess
+def test_fully_async_lag_one_with_lora_corrects_and_repeats_exactly(tmp_path):
+    """Batches one step old: the ratios leave 1, the correction and the length control
+    report on the training rank, and a second seeded run is the same run."""
+    from tests.distributed_utils import torchrun_relax
+    from tests.trainer.helpers import read_metrics
+
+    reward = write_reward(tmp_path)
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        proc = torchrun_relax(*RECIPES["grpo"], *ASYNC, "--custom-rm-path", f"{reward}:parity",
+                              "--output-dir", str(out), nproc=2, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(read_metrics(out))
+    first, second = runs
+    lagged = [row for row in first if row["async/staleness"] == 1]
+    assert lagged and all(row["rollout/logprob_abs_diff"] > 1e-4 for row in lagged)
+    for row in first:
+        assert 0 < row["train/rollout_is_ess"] <= 1
+        assert row["train/rollout_is_weight_max"] <= 4
+        assert row["rollout/overlong_penalty"] <= 0
+        assert 0 <= row["rollout/overlong_filtered_fraction"] <= 1
+    assert any(row["train/rollout_is_weight_mean"] != pytest.approx(1.0, abs=1e-4)
+               for row in lagged)
+    skip = ("perf/", "async/rollout_", "async/train_", "async/weight_sync_time")
+    for a, b in zip(first, second, strict=True):
+        assert {k: v for k, v in a.items() if not k.startswith(skip)} == \
+            {k: v for k, v in b.items() if not k.startswith(skip)}
