@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relax.algorithms.sampler_mismatch import _log_ratio
+from relax.algorithms.sampler_mismatch import log_ratio
 
 
 def _row_sum(d: Tensor, mask: Tensor) -> Tensor:
@@ -99,7 +99,7 @@ def importance_weights(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mas
     """Rollout importance weights [B, T] (0 outside ``mask``) and the tokens whose weight the
     bounds changed ([B, T] bool, False outside ``mask``): ``IS_MODES[mode]`` of
     ``IS_LEVELS[level]`` of the log-ratios, bounded to ``[low, high]`` (``low`` 0: none)."""
-    d = _log_ratio(trainer_log_probs, sampler_log_probs, mask)
+    d = log_ratio(trainer_log_probs, sampler_log_probs, mask)
     w, outside = IS_MODES[mode](IS_LEVELS[level](d, mask), low, high)
     return torch.where(mask, w, torch.zeros_like(w)), outside & mask
 
@@ -126,7 +126,7 @@ def rejection_keep(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mask: T
     """[B, T] bool: the tokens ``REJECTIONS[kind]`` keeps (True outside ``mask``). A ratio
     statistic is kept inside ``[low, high]``, a divergence (``k3``) at most ``high``
     (``low`` unused); a row without masked tokens is kept (its statistics are 0)."""
-    d = _log_ratio(trainer_log_probs, sampler_log_probs, mask)
+    d = log_ratio(trainer_log_probs, sampler_log_probs, mask)
     rule = REJECTIONS[kind]
     stat = rule.statistic(d, mask)
     if rule.log_bounds:
@@ -140,7 +140,7 @@ def rejection_keep(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mask: T
 def veto_keep(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mask: Tensor, *,
               threshold: float) -> Tensor:
     """[B] bool: False for a row with a masked token whose ratio is below ``threshold``."""
-    d = _log_ratio(trainer_log_probs, sampler_log_probs, mask)
+    d = log_ratio(trainer_log_probs, sampler_log_probs, mask)
     return ~((d < math.log(threshold)) & mask).any(-1)
 
 
