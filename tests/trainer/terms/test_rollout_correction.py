@@ -39,11 +39,15 @@ def _row_stats(model, exp, section: OffPolicySection | None):
 
 
 def _shifted(model, shifts):
-    """The fixed batch with the sampler's log-probs ``s = q - shift_i`` on row i: every token
-    of row i has the log-ratio ``d = shift_i``."""
+    """The fixed batch with the sampler's log-probs ``s = q - shift_i`` on row i: every
+    trained token of row i has the log-ratio ``d = shift_i``."""
     exp = fixed_experience(model)
     shift = torch.tensor(shifts, dtype=torch.float32)[:, None]
     exp.rollout_log_probs = torch.where(exp.response_mask, exp.old_log_probs - shift, 0.0)
+    # the hole of row 6 (a token the model reads but does not train: an environment's, in an
+    # episode) holds a value that would dominate any ratio it entered
+    assert not exp.response_mask[6, 2] and exp.attention_mask[6, 4 + 2]
+    exp.rollout_log_probs[6, 2] = -60.0
     return exp
 
 
@@ -223,3 +227,36 @@ def test_fully_async_lag_one_with_lora_corrects_and_repeats_exactly(tmp_path):
     for a, b in zip(first, second, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith(skip)} == \
             {k: v for k, v in b.items() if not k.startswith(skip)}
+
+
+PARTIAL = ["--partial-rollout", "--rollout-batch-size", "4", "--over-sampling-batch-size", "8",
+           "--n-samples-per-prompt", "2", "--rollout-temperature", "1.5", "--lr", "1e-2",
+           "--rollout-is", "sequence", "--rollout-rs", "token", "--rollout-rs-threshold", "3",
+           "--num-rollout", "4"]
+
+
+def test_partial_rollouts_take_the_correction_and_length_control_in_place_of_tis(tmp_path):
+    """Carried tokens were sampled by older weights: their ratios leave 1 and the sequence
+    weights show it; the overlong punishment counts every step's tokens of a response."""
+    reward = write_reward(tmp_path)
+    cfg = make_config(*RECIPES["grpo"], "--custom-rm-path", f"{reward}:parity", *PARTIAL,
+                      "--rollout-max-response-len", "12", "--overlong-buffer-len", "6",
+                      "--overlong-filter", output_dir=tmp_path / "run")
+    _, history, moved = fit(cfg)
+    assert moved > 0
+    assert any(r["rollout/partial_offpolicy_tokens"] > 0 for r in history[1:])
+    assert any(r["train/rollout_is_weight_mean"] != pytest.approx(1.0, abs=1e-5)
+               for r in history[1:])
+    assert all(r["rollout/overlong_penalty"] <= 0 for r in history)
+
+
+def test_episodes_are_corrected_on_the_models_tokens(tmp_path):
+    """--env episodes carried between steps: the environment's tokens are holes of the mask,
+    so only the model's tokens form the ratios (a run that trains and reports)."""
+    cfg = make_config(*RECIPES["grpo"], "--env", "tests.rollout.agents.scripted:ragged",
+                      "--max-turns", "3", *PARTIAL, output_dir=tmp_path / "run")
+    _, history, moved = fit(cfg)
+    assert moved > 0
+    for row in history:
+        assert 0 < row["train/rollout_is_ess"] <= 1
+        assert 0 <= row["train/rollout_rs_masked_fraction"] <= 1
