@@ -182,8 +182,9 @@ def report(a, parts: dict, commands: dict, walls: dict) -> str:
         lines += [f"## {part}", "", *table({k: summary(v) for k, v in runs.items()}), "",
                   f"![{part}]({os.path.relpath(image, Path(a.report).parent) if a.report else image})",
                   "", "Commands:", ""]
-        lines += [f"    {' '.join(commands[part, arm, seed])}  # {walls[part, arm, seed]:.0f} s"
-                  for (arm, seed) in runs]
+        # the interpreter as "python": the report names the command, not this machine's paths
+        lines += [f"    python {' '.join(commands[part, arm, seed][1:])}  "
+                  f"# {walls[part, arm, seed]:.0f} s" for (arm, seed) in runs]
         lines.append("")
     return "\n".join(lines)
 
