@@ -22,6 +22,8 @@ cispo_loss                     :mod:`relax.algorithms.losses`         5b
 compute_advantages_and_returns :mod:`relax.algorithms.registry`       3-6, 10
 mismatch_sums, tis_weights,    :mod:`relax.algorithms.sampler_mismatch`     7a
 opsm_keep
+importance_weights,            :mod:`relax.algorithms.rollout_correction`   7c
+rejection_keep, veto_keep
 distilled_advantages,          :mod:`relax.algorithms.distillation`   7b
 opd_reverse_kl, opd_metrics
 generalized_jsd,               :mod:`relax.algorithms.self_distillation`  7b
@@ -67,6 +69,7 @@ from relax.algorithms.registry import (
     compute_policy_loss,
     get_estimator,
 )
+from relax.algorithms.rollout_correction import importance_weights, rejection_keep, veto_keep
 from relax.algorithms.sampler_mismatch import mismatch_sums, opsm_keep, tis_weights
 from relax.algorithms.self_distillation import generalized_jsd, opsd_token_terms
 from relax.algorithms.value import (
@@ -98,6 +101,7 @@ __all__ = [
     "opsd_token_terms",
     "get_estimator",
     "group_relative_advantages",
+    "importance_weights",
     "gspo_loss",
     "masked_population_normalize",
     "masked_whiten",
@@ -107,6 +111,7 @@ __all__ = [
     "opsm_keep",
     "ppo_clip_loss",
     "reinforce_plus_plus_baseline_advantages",
+    "rejection_keep",
     "reinforce_plus_plus_returns",
     "response_mean",
     "rloo_advantages",
@@ -114,4 +119,5 @@ __all__ = [
     "sapo_loss",
     "tis_weights",
     "token_mean",
+    "veto_keep",
 ]

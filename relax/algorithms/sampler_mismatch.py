@@ -19,7 +19,7 @@ from torch import Tensor
 LOG_TWO = math.log(2.0)
 
 
-def _log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
+def log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
     """``numerator - denominator`` on ``mask``, 0 elsewhere (NaN outside never leaks)."""
     dtype = torch.float64 if numerator.dtype == torch.float64 else torch.float32
     d = numerator.detach().to(dtype) - denominator.detach().to(dtype)
@@ -34,7 +34,7 @@ def mismatch_sums(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mask: Te
     ``k1`` (sum -d) and ``k3`` (sum e^d - 1 - d): per token the k1 and k3 estimates of
     KL(pi_sampler || pi_trainer) from tokens the sampler drew; ``outside`` (tokens whose ratio
     e^d lies outside [0.5, 2])."""
-    d = _log_ratio(trainer_log_probs, sampler_log_probs, mask)
+    d = log_ratio(trainer_log_probs, sampler_log_probs, mask)
     m = mask.to(d.dtype)
     a = d.abs()
     return {
@@ -52,7 +52,7 @@ def tis_weights(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mask: Tens
     """Truncated importance weights [B, T] ``w = clamp(e^d, clip_low, clip)`` on ``mask`` (0
     elsewhere) and where the clamp acted ([B, T] bool): the token-level correction of a loss
     written for pi_trainer on tokens pi_sampler drew (TIS)."""
-    d = _log_ratio(trainer_log_probs, sampler_log_probs, mask)
+    d = log_ratio(trainer_log_probs, sampler_log_probs, mask)
     ratio = torch.exp(d)
     w = ratio.clamp(min=clip_low, max=clip)
     clipped = ((ratio > clip) | (ratio < clip_low)) & mask
@@ -65,7 +65,7 @@ def opsm_keep(log_probs: Tensor, sampler_log_probs: Tensor, advantages: Tensor, 
     and whose mean over its tokens of ``log pi_sampler - log pi_theta`` exceeds ``delta`` (the
     policy has moved that far from what sampled it; learning from its mistakes would push in a
     direction the data no longer supports). A response without masked tokens is kept."""
-    d = _log_ratio(sampler_log_probs, log_probs, mask)
+    d = log_ratio(sampler_log_probs, log_probs, mask)
     count = mask.sum(-1)
     divergence = d.sum(-1) / count.clamp(min=1)
     negative = (torch.where(mask, advantages.detach(), torch.zeros_like(d)).sum(-1) < 0)

@@ -39,6 +39,7 @@ from relax.config.sections import (
     distillation,
     episodes,
     evaluation,
+    length,
     lora,
     partial,
     placement,
@@ -82,6 +83,8 @@ CROSS_RULES: tuple[Rule, ...] = (
     Rule(("distillation", "rollout.sampling"), distillation.check_teacher_server),
     Rule(("critic", "batches"), critic.check_critic_steps),
     Rule(("placement", "rollout.off_policy"), placement.check_staleness),
+    Rule(("rollout.length", "rollout.sampling", "rollout.episodes", "algorithm"),
+         length.check_length),
 )
 
 

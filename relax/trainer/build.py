@@ -64,7 +64,9 @@ from relax.trainer.terms.critic import Critic
 from relax.trainer.terms.custom_advantage import CustomAdvantage
 from relax.trainer.terms.distillation import Distillation
 from relax.trainer.terms.kl import Reference
+from relax.trainer.terms.length_control import LengthControl
 from relax.trainer.terms.off_policy import MismatchMeter, OffPolicy
+from relax.trainer.terms.rollout_correction import RolloutCorrection
 from relax.trainer.terms.self_distillation import SelfDistillation
 from relax.trainer.terms.term import Term
 
@@ -75,7 +77,8 @@ class Parts:
 
     ``terms``: the configured training terms in the order the loop calls them
     (relax/trainer/terms/term.py): the reference pass, the ppo critic, the custom advantage
-    plug-in, the distillation teacher, self-distillation, the mismatch meter; the loss adds the
+    plug-in, the distillation teacher, self-distillation, the mismatch meter, the rollout
+    correction (§7c), the length control (§7d); the loss adds the
     algorithm's own (entropy, KL loss, TIS, OPSM: ``update.loss_terms``). ``old_log_probs``:
     whether the rollout step runs the pi_old pass (relax/trainer/policy/passes.py)."""
 
@@ -273,6 +276,12 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     p.terms[:0] = [t for t in (_reference(p.policy, algorithm), value, p.custom_advantage)
                    if t is not None]
     _add(p, MismatchMeter() if rollout.off_policy.get_mismatch_metrics else None)
+    # --rollout-is / --rollout-rs / --rollout-token-veto-threshold (§7c): a loss factor with
+    # the step's weight sums as state
+    _add(p, RolloutCorrection.build(rollout.off_policy))
+    # --overlong-buffer-len / --length-penalty-coef / --overlong-filter (§7d): last, so the
+    # filter's advantage 0 follows every term's
+    _add(p, LengthControl.build(rollout.length, rollout.sampling.rollout_max_response_len))
     p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
 
 

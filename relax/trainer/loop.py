@@ -11,7 +11,9 @@ sampled on the same ranks (colocated) or on rollout ranks of their own (--fully-
         exp       = log_probs(batch)             pi_old (policy.py), then each training term's
                                                  no-grad pass: the reference, a teacher, the
                                                  critic's values (terms/)
-        exp       = advantages(exp, rewards)     compute_advantages_and_returns over the DP group,
+        exp       = advantages(exp, rewards)     the rewards as the terms shape them (length
+                                                 control, §7d), compute_advantages_and_returns
+                                                 over the DP group,
                                                  then each term on the advantages: the critic's
                                                  targets (§5c), a custom plug-in, distillation (§7b)
         history   = update(exp)                  each term's own optimizer steps (ppo: the
@@ -98,7 +100,7 @@ class Trainer:
         with t("log_prob"):
             exp = self.log_probs(b)
         with t("advantage"):
-            exp = self.advantages(exp, b.rewards, b.group_index)
+            exp = self.advantages(exp, self.rewards(b), b.group_index)
         with t("update"):
             self.update(exp)
 
@@ -117,6 +119,13 @@ class Trainer:
         for term in self.terms:
             term.before_update(exp, b, passes)
         return exp
+
+    def rewards(self, b: StepBatch):
+        """The batch's rewards as each term shapes them (the length controls, §7d)."""
+        rewards = b.rewards
+        for term in self.terms:
+            rewards = term.shape_rewards(rewards, b, self.tracker)
+        return rewards
 
     def advantages(self, exp, rewards, group_index):
         """The estimator over the data-parallel group, then each term on its advantages (the

@@ -40,7 +40,48 @@ ROWS = {
                              ("--mask-offpolicy-in-partial-rollout", "without --partial-rollout")),
     "tis-with-rollout-logprobs": (["--use-tis", "--use-rollout-logprobs"],
                                   ("--use-tis", "--use-rollout-logprobs", "every TIS weight is 1")),
+    # §7c: the rollout correction family
+    "is-bad-level": (["--rollout-is", "row"], ("--rollout-is", "row")),
+    "is-threshold-one": (["--rollout-is", "token", "--rollout-is-threshold", "1"],
+                         ("--rollout-is-threshold 1", "must be > 1")),
+    "is-lower-one": (["--rollout-is", "token", "--rollout-is-threshold-lower", "1"],
+                     ("--rollout-is-threshold-lower 1", "[0, 1)")),
+    "is-mode-without-is": (["--rollout-is-mode", "mask"],
+                           ("--rollout-is-mode mask", "without --rollout-is")),
+    "is-with-rollout-logprobs": (["--rollout-is", "sequence", "--use-rollout-logprobs"],
+                                 ("--rollout-is sequence", "--use-rollout-logprobs",
+                                  "every ratio pi_old / pi_sampler is 1")),
+    "is-with-tis": (["--rollout-is", "token", "--use-tis"],
+                    ("--rollout-is token", "--use-tis", "two importance weights")),
+    "rs-with-rollout-logprobs": (["--rollout-rs", "token", "--use-rollout-logprobs"],
+                                 ("--rollout-rs token", "--use-rollout-logprobs")),
+    "veto-with-rollout-logprobs": (["--rollout-token-veto-threshold", "0.01",
+                                    "--use-rollout-logprobs"],
+                                   ("--rollout-token-veto-threshold 0.01",)),
+    "rs-bounds-miss-one": (["--rollout-rs", "geometric", "--rollout-rs-threshold", "0.9"],
+                           ("--rollout-rs-threshold 0.9", "must hold 1")),
+    "rs-lower-with-k3": (["--rollout-rs", "k3", "--rollout-rs-threshold-lower", "0.5"],
+                         ("--rollout-rs-threshold-lower 0.5", "from above only")),
+    "rs-lower-zero": (["--rollout-rs", "token", "--rollout-rs-threshold-lower", "0"],
+                      ("--rollout-rs-threshold-lower 0", "(0, 1)")),
+    "rs-threshold-without-rs": (["--rollout-rs-threshold", "3"],
+                                ("--rollout-rs-threshold 3", "without --rollout-rs")),
+    "veto-one": (["--rollout-token-veto-threshold", "1"],
+                 ("--rollout-token-veto-threshold 1", "(0, 1)")),
 }
+
+
+def test_a_rollout_correction_counts_as_the_correction_staleness_needs(cli):
+    """--fully-async K >= 1 and partial rollouts accept a §7c correction where they ask for
+    one; its defaults resolve (a ratio rule's lower bound is 1 / its upper)."""
+    cfg = cli(["train", "--partial-rollout", "--rollout-rs", "token", "--rollout-batch-size",
+               "4", "--over-sampling-batch-size", "8", "--dry-run"]).config()
+    assert cfg["rollout_rs"] == "token" and cfg["rollout_rs_threshold"] is None
+    from relax.config.sections import OffPolicySection
+    assert OffPolicySection(rollout_rs="token").rs_bounds() == (0.5, 2.0)
+    assert OffPolicySection(rollout_rs="k3").rs_bounds() == (0.0, 0.01)
+    assert OffPolicySection(rollout_rs="sequence", rollout_rs_threshold=4.0,
+                            rollout_rs_threshold_lower=0.1).rs_bounds() == (0.1, 4.0)
 
 
 @pytest.mark.parametrize("row", ROWS)

@@ -15,7 +15,8 @@ from tests.metrics.workers import reduce_on_two_ranks
 def test_reduction_over_two_gloo_ranks():
     results = run_distributed(reduce_on_two_ranks, 2, timeout=60)
     expected = {"perf/generated_tokens": 40.0, "rollout/response_length": 5.0,
-                "perf/step_time": 1.5, "rollout/raw_reward": 0.25, "train/loss": 1.5}
+                "perf/step_time": 1.5, "rollout/raw_reward": 0.25, "train/loss": 1.5,
+                "train/rollout_is_ess": 0.6}
     for got in results:  # every rank gets the same global values
         assert got == pytest.approx(expected)
 
@@ -28,6 +29,23 @@ def test_single_process_and_reset():
     t.add_max("m", 1.0)
     assert t.reduce() == {"a": 0.5, "m": 2.0}
     assert t.reduce() == {}  # reset after each rollout step
+
+
+def test_effective_sample_size_from_global_sums():
+    """(sum w)^2 / (n sum w^2) of the weights 0.5, 1, 2 (by hand: 12.25 / (3 * 5.25)), split
+    over two records and carried through export/merge; 1 for equal weights, 0 when all are 0,
+    NaN without tokens."""
+    t = MetricTracker()
+    t.add_ess("w", 1, 0.5, 0.25)
+    other = MetricTracker()
+    other.add_ess("w", 2, 3.0, 5.0)
+    other.add_ess("equal", 4, 4.0, 4.0)
+    other.add_ess("zero", 2, 0.0, 0.0)
+    other.add_ess("none", 0, 0.0, 0.0)
+    t.merge(other.export())
+    got = t.reduce()
+    assert got["w"] == pytest.approx(12.25 / (3 * 5.25), rel=1e-12)
+    assert got["equal"] == 1.0 and got["zero"] == 0.0 and got["none"] != got["none"]
 
 
 def test_one_name_one_kind():

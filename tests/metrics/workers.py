@@ -14,4 +14,7 @@ def reduce_on_two_ranks():
     t.add_global("rollout/raw_reward", 0.25)
     t.add_global("train/loss", 1.0)  # identical on every rank; averaged over calls
     t.add_global("train/loss", 2.0)
+    # global n = 5, sum w = 3, sum w^2 = 3: (sum w)^2 / (n sum w^2) = 9 / 15, not the mean of
+    # the ranks' own 0.8 and 0.667
+    t.add_ess("train/rollout_is_ess", [2, 3][rank], [2.0, 1.0][rank], [2.5, 0.5][rank])
     return t.reduce()

@@ -97,6 +97,11 @@ INERT_ROWS = [1, 4, 5, 6, 7]  # with two ranks: rank 1 holds only zero-advantage
 
 
 OFF_POLICY = off_policy(tis_clip=1.5, tis_clip_low=0.5, opsm_delta=0.05)
+# every §7c part at once: sequence weights truncated, IcePop, the veto
+CORRECTION = OffPolicySection(rollout_is="sequence", rollout_is_threshold=1.5,
+                              rollout_is_threshold_lower=0.5,
+                              rollout_rs="token", rollout_rs_threshold=2.5,
+                              rollout_token_veto_threshold=0.3)
 
 OPSD_CLIP = 0.08  # the clip bounds about half of the batch's tokens (JSD 0.04 - 0.14)
 
@@ -125,7 +130,7 @@ def attach_self_distillation(exp: Experience, seed: int = 1):
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
              off_policy: bool = False, recompute=None, layout: str = "shared-prefix",
-             opsd: bool = False):
+             opsd: bool = False, correction: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
@@ -133,7 +138,8 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     (both clips active) and OPSM (reinforce_plus_plus.md §7a). ``recompute``: a
     :class:`~relax.config.sections.RecomputeSection` applied before wrapping; ``layout``:
     ``--pass-layout``; ``opsd``: the self-distillation JSD added to the loss
-    (:func:`attach_self_distillation`). Returns (full parameters by name,
+    (:func:`attach_self_distillation`); ``correction``: with ``off_policy``, the §7c rollout
+    correction (``CORRECTION``) instead of TIS and OPSM. Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
@@ -151,9 +157,13 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
         g = torch.Generator().manual_seed(11)
         # a sampler that puts a little more mass on its tokens than pi_old: OPSM finds rows
         exp.rollout_log_probs = exp.old_log_probs + 0.4 * torch.randn(B, T, generator=g) + 0.2
-        loss_settings = dataclasses.replace(loss_settings, off_policy=OFF_POLICY)
+        loss_settings = dataclasses.replace(
+            loss_settings, off_policy=OffPolicy() if correction else OFF_POLICY)
     loss_settings = dataclasses.replace(loss_settings, layout=layout, opsd=opsd)
     terms = (attach_self_distillation(exp),) if opsd else ()
+    if correction:
+        from relax.trainer.terms.rollout_correction import RolloutCorrection
+        terms += (RolloutCorrection(CORRECTION),)
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
     if recompute is not None:

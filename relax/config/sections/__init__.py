@@ -9,7 +9,8 @@ across sections it leads (listed in order in relax/config/validate.py)::
     cfg.lora          lora.py           cfg.rollout.off_policy off_policy.py
     cfg.recompute     recompute.py      cfg.rollout.partial    partial.py
     cfg.distillation  distillation.py   cfg.rollout.backend    backend.py
-    cfg.critic        critic.py         cfg.rollout            rollout.py
+    cfg.critic        critic.py         cfg.rollout.length     length.py
+                                        cfg.rollout            rollout.py
     cfg.checkpoint    checkpoint.py     cfg.evaluation         evaluation.py
     cfg.system        system.py         cfg.run                run.py
     cfg.placement     placement.py
@@ -28,6 +29,7 @@ from relax.config.sections.data import DataSection
 from relax.config.sections.distillation import DistillationSection
 from relax.config.sections.episodes import EpisodesSection
 from relax.config.sections.evaluation import EvaluationSection
+from relax.config.sections.length import LengthSection
 from relax.config.sections.lora import LoraSection
 from relax.config.sections.model import ModelSection
 from relax.config.sections.off_policy import OffPolicySection
@@ -43,7 +45,8 @@ from relax.config.sections.system import SystemSection
 
 __all__ = [
     "AlgorithmSection", "BackendSection", "BatchSection", "CheckpointSection", "CriticSection",
-    "DataSection", "DistillationSection", "EpisodesSection", "EvaluationSection", "LoraSection",
+    "DataSection", "DistillationSection", "EpisodesSection", "EvaluationSection", "LengthSection",
+    "LoraSection",
     "ModelSection", "OffPolicySection", "OptimizerSection", "PartialSection", "PlacementSection",
     "RecomputeSection", "RewardsSection", "RolloutSection", "RunSection", "SamplingSection",
     "SystemSection",

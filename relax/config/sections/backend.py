@@ -112,7 +112,7 @@ def check_vllm_backend(cfg, explicit: set[str]) -> None:
     if cfg.lora.lora_rank > MAX_LORA_RANK:
         reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
                f"{MAX_LORA_RANK}; use a smaller --lora-rank")
-    if cfg.placement.update_weights_interval > 1 and not (cfg.rollout.off_policy.use_tis or cfg.rollout.off_policy.use_rollout_logprobs):
+    if cfg.placement.update_weights_interval > 1 and not cfg.rollout.off_policy.corrects_sampler:
         reject(cfg, "update_weights_interval", "vLLM then samples with weights up to I - 1 "
                "steps old, which needs an importance correction: add --use-tis (or "
                "--use-rollout-logprobs), or set --update-weights-interval 1")

@@ -63,9 +63,7 @@ def check_partial_rollout(cfg, explicit: set[str]) -> None:
             reject(cfg, ("partial_rollout", dest), f"partial rollouts carry unfinished samples "
                    f"into later steps and checkpoints, but {why}, so --load could not continue "
                    "it exactly; remove one of the two")
-    off_policy = cfg.rollout.off_policy
-    if not (cfg.rollout.partial.mask_offpolicy_in_partial_rollout or off_policy.use_tis
-            or off_policy.use_rollout_logprobs):
+    if not (cfg.rollout.partial.mask_offpolicy_in_partial_rollout or cfg.rollout.off_policy.corrects_sampler):
         reject(cfg, "partial_rollout", "carried responses hold tokens an older policy sampled: "
                "add --mask-offpolicy-in-partial-rollout (leave them out of the loss) or correct "
                "for them with --use-tis or --use-rollout-logprobs")

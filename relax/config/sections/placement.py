@@ -81,8 +81,8 @@ class PlacementSection(Section):
 def check_staleness(cfg, explicit: set[str]) -> None:
     """Sections placement, rollout.off_policy: batches sampled with older weights need an
     importance correction."""
-    if cfg.placement.fully_async and cfg.placement.max_staleness > 0 and not (
-            cfg.rollout.off_policy.use_tis or cfg.rollout.off_policy.use_rollout_logprobs):
+    if cfg.placement.fully_async and cfg.placement.max_staleness > 0 and not \
+            cfg.rollout.off_policy.corrects_sampler:
         reject(cfg, "max_staleness", "batches sampled with weights up to K steps old need an "
                "importance correction: add --use-tis (or --use-rollout-logprobs), or set "
                "--max-staleness 0")

@@ -7,6 +7,9 @@ A term may, in the order of a rollout step (reinforce_plus_plus.md §9):
     before_update(exp, batch, passes)   a no-grad pass over the rollout: the reference's
                                         log-probs (§2, §3, §7; kl.py), the teacher's (§7b;
                                         distillation.py), the critic's V_old (§5c; critic.py)
+    shape_rewards(rewards, batch, tracker) -> rewards
+                                        the rewards [B] the estimator reads, changed: the
+                                        length controls (§7d; length_control.py)
     shape_advantages(exp, estimate, tracker)
                                         change exp.advantages after the estimator and its
                                         normalization (§6): the critic's targets (§5c), the
@@ -98,6 +101,11 @@ class Term:
     def before_update(self, exp, batch, passes: dict) -> None:
         """A no-grad pass over ``exp`` (``passes``: relax/trainer/policy/logprobs.py
         ``batched_log_probs`` micro-batching); ``batch`` the rollout step's StepBatch."""
+
+    def shape_rewards(self, rewards: torch.Tensor, batch, tracker) -> torch.Tensor:
+        """The rewards [B] of ``batch`` (the rollout step's StepBatch) as the estimator
+        should read them."""
+        return rewards
 
     def shape_advantages(self, exp, estimate: Estimate, tracker) -> None:
         """Change ``exp.advantages`` [B, T] after the estimator (``estimate``)."""

@@ -28,6 +28,8 @@ CASES = {
        for fsdp in (False, True)},
     **{("inert", fsdp): ("grpo", False, fsdp, B // 4, True) for fsdp in (False, True)},
     ("off-policy",): ("grpo", False, False, B // 4, False, False, True, True),
+    **{("correction", fsdp): ("grpo", False, fsdp, B // 4, False, False, True, True, None,
+                              "shared-prefix", False, True) for fsdp in (False, True)},
     **{("opsd", fsdp): ("grpo", False, fsdp, B // 4, False, False, True, False, None,
                         "shared-prefix", True) for fsdp in (False, True)},
 }
@@ -87,6 +89,23 @@ def test_importance_correction_under_micro_batches_and_two_ranks(two_ranks):
     assert ref[1][0]["train/pg_loss"] != pytest.approx(plain[1][0]["train/pg_loss"])
     _compare(ref, one_step("grpo", False, False, B // 4, off_policy=True))
     for got in _ranks(two_ranks, ("off-policy",)):
+        _compare(ref, got)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+@pytest.mark.subprocess
+def test_rollout_correction_under_micro_batches_and_two_ranks(two_ranks, fsdp):
+    """reinforce_plus_plus.md §7c: every factor is a function of one row, so the corrected
+    step is the same whatever the micro-batches and the ranks, under DDP and FSDP2."""
+    ref = one_step("grpo", False, False, B, off_policy=True, correction=True)
+    plain = one_step("grpo", False, False, B)
+    metrics = ref[1][0]
+    for name in ("train/rollout_is_truncated_fraction", "train/rollout_rs_masked_fraction",
+                 "train/rollout_veto_fraction"):
+        assert 0 < metrics[name] < 1, name  # every part acts on this batch, none on all of it
+    assert metrics["train/pg_loss"] != pytest.approx(plain[1][0]["train/pg_loss"])
+    _compare(ref, one_step("grpo", False, False, B // 4, off_policy=True, correction=True))
+    for got in _ranks(two_ranks, ("correction", fsdp)):
         _compare(ref, got)
 
 
