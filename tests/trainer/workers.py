@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from relax.config.sections import OffPolicySection
-from relax.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tiny_moe, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
 from relax.trainer.policy.logprobs import Experience, batched_log_probs, response_log_probs
 from relax.trainer.policy.recompute import apply_recompute
@@ -125,7 +125,7 @@ def attach_self_distillation(exp: Experience, seed: int = 1):
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
              off_policy: bool = False, recompute=None, layout: str = "shared-prefix",
-             opsd: bool = False):
+             opsd: bool = False, moe: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
@@ -133,14 +133,15 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     (both clips active) and OPSM (reinforce_plus_plus.md §7a). ``recompute``: a
     :class:`~relax.config.sections.RecomputeSection` applied before wrapping; ``layout``:
     ``--pass-layout``; ``opsd``: the self-distillation JSD added to the loss
-    (:func:`attach_self_distillation`). Returns (full parameters by name,
+    (:func:`attach_self_distillation`); ``moe``: the tiny Qwen3-MoE instead of the dense model.
+    Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     rank = dist.get_rank() if distributed else 0
     ctx = DistContext(rank, world, 0, torch.device("cpu"), dist.group.WORLD if distributed else None)
     tok = build_tokenizer()
-    model = build_tiny_model(tok, seed=7, tie_word_embeddings=tied)
+    model = (build_tiny_moe if moe else build_tiny_model)(tok, seed=7, tie_word_embeddings=tied)
     exp = fixed_experience(model, shared_prompts=shared_prompts)
     loss_settings = settings(estimator, per_token)
     if inert:

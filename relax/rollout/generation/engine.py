@@ -1,4 +1,5 @@
-"""A lean sampling forward for Llama-family causal LMs (Qwen3, Qwen2, Llama): the rollout engine.
+"""A lean sampling forward for Llama-family causal LMs (Qwen3, Qwen2, Llama, Qwen3-MoE): the
+rollout engine.
 
 Why it exists: for the small models Relax trains on a CPU, one decode step through the
 Hugging Face module stack costs far more than its matrix products -- a causal mask rebuilt per
@@ -18,6 +19,8 @@ Python call per module. This engine computes the same function from the same par
 * between the turns of an episode the rows' caches are kept (``retain``, ``chunks``) and the
   next prefill computes only each row's new tokens, the rest copied from ``past``
   (relax/rollout/generation/turn_cache.py);
+* a mixture-of-experts layer (Qwen3-MoE) runs its router and the chosen experts from their
+  parameters (relax/rollout/generation/experts.py);
 * rows whose groups share a beginning (``shared``: the judging prompts of one question's
   samples, relax/rollout/generation/shared_prefix.py) prefill each group's shared tokens once
   and then, as a next turn does, only each row's own.
@@ -39,7 +42,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+from relax.rollout.generation.experts import SparseMoe, is_sparse_block, unsupported_block
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "qwen3_moe")
 
 
 def unsupported_reason(model) -> str | None:
@@ -58,6 +63,10 @@ def unsupported_reason(model) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
         return "no model.layers / lm_head"
+    for layer in inner.layers:  # a mixture-of-experts layer: a block the engine implements
+        reason = unsupported_block(layer.mlp) if is_sparse_block(layer.mlp) else None
+        if reason is not None:
+            return reason
     # a peft layer wraps a base module (its .weight is the frozen base): plain LoRA linear
     # layers run through _Linear; anything else (DoRA, embeddings, an active dropout) would be
     # skipped by reading weights
@@ -152,8 +161,11 @@ class _Layer:
         self.k_norm = getattr(attn, "k_norm", None)
         self.scaling = getattr(attn, "scaling", head_dim**-0.5)
         self.in_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.gate, self.up, self.down = (_Linear(m) for m in (mlp.gate_proj, mlp.up_proj,
-                                                              mlp.down_proj))
+        # a mixture-of-experts layer (Qwen3-MoE) or a dense SwiGLU one
+        self.moe = SparseMoe(mlp) if is_sparse_block(mlp) else None
+        if self.moe is None:
+            self.gate, self.up, self.down = (_Linear(m) for m in (mlp.gate_proj, mlp.up_proj,
+                                                                  mlp.down_proj))
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
 
     def qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -170,6 +182,8 @@ class _Layer:
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.post_norm.weight, self.post_norm.variance_epsilon)
+        if self.moe is not None:
+            return x + self.moe(h)
         act = F.silu(self.gate(h)) * self.up(h)
         return x + self.down(act)
 

@@ -1,0 +1,69 @@
+"""``relax train --hf-checkpoint TINY_MOE_DIR``: the tiny Qwen3-MoE decodes with the
+static-KV engine, trains, repeats when seeded and resumes exactly (the pattern of
+tests/trainer/test_e2e.py ``test_interval_saves_and_exact_resume``)."""
+
+import pytest
+
+from relax.rollout.generation.engine import unsupported_reason
+from relax.tiny_model import build_tiny_moe, build_tokenizer
+from relax.trainer.distributed import unwrap
+from tests.trainer.helpers import fit, make_config, read_metrics, write_reward
+
+KEYS = ("rollout/raw_reward", "train/loss", "train/grad_norm", "train/kl_loss")
+
+
+@pytest.fixture
+def moe_dir(tmp_path):
+    tok = build_tokenizer()
+    path = tmp_path / "tiny_moe"
+    build_tiny_moe(tok, seed=4).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _flags(tmp_path, moe_dir, *extra):
+    reward = write_reward(tmp_path)
+    return ["--hf-checkpoint", moe_dir, "--custom-rm-path", f"{reward}:parity",
+            "--advantage-estimator", "reinforce_plus_plus_baseline", "--normalize-advantages",
+            "--use-kl-loss", "--kl-loss-type", "k2", "--kl-loss-coef", "0.01", "--seed", "3", "--lr", "1e-3",
+            *extra]
+
+
+def test_trains_with_the_engine_repeats_and_resumes_exactly(tmp_path, moe_dir):
+    common = _flags(tmp_path, moe_dir)
+    full = make_config(*common, "--num-rollout", "4", output_dir=tmp_path / "full")
+    trainer, uninterrupted, moved = fit(full)
+    module = unwrap(trainer.policy.model)
+    assert module.config.model_type == "qwen3_moe" and unsupported_reason(module) is None
+    assert trainer.step_metrics.shared_generation  # the engine decoded (one prefill per prompt)
+    assert moved > 1e-4 and any("experts" in n for n, p in module.named_parameters()
+                                if p.requires_grad)
+    again = make_config(*common, "--num-rollout", "4", output_dir=tmp_path / "again")
+    _, repeated, _ = fit(again)
+    for got, want in zip(repeated, uninterrupted, strict=True):
+        for key in KEYS:
+            assert got[key] == want[key], key
+
+    first = make_config(*common, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                        "--save-interval", "1", output_dir=tmp_path / "part")
+    fit(first)
+    resumed = make_config(*common, "--num-rollout", "4", "--load", str(tmp_path / "ckpt"),
+                          output_dir=tmp_path / "part")
+    trainer, tail, _ = fit(resumed)
+    assert trainer.start_step == 2 and len(tail) == 2
+    for got, want in zip(tail, uninterrupted[2:], strict=True):
+        for key in KEYS:
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+    assert [r["rollout/step"] for r in read_metrics(tmp_path / "part")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("extra", [("--bf16",), ("--lora-rank", "4"),
+                                   ("--recompute-granularity", "full")],
+                         ids=["bf16", "lora", "recompute"])
+def test_bf16_lora_and_recompute_train(tmp_path, moe_dir, extra):
+    cfg = make_config(*_flags(tmp_path, moe_dir, *extra), output_dir=tmp_path / "run")
+    trainer, history, moved = fit(cfg)
+    assert moved > 1e-5 and len(history) == 2
+    names = [n for n, p in unwrap(trainer.policy.model).named_parameters() if p.requires_grad]
+    if "--lora-rank" in extra:  # the attention's adapters: the experts are not linear layers
+        assert names and all("lora_" in n and "self_attn" in n for n in names)
