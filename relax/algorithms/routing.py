@@ -53,18 +53,21 @@ def expert_counts(indices: torch.Tensor, num_experts: int,
 
 def load_balancing_loss(logits: torch.Tensor, indices: torch.Tensor, num_experts: int,
                         weight: torch.Tensor) -> torch.Tensor:
-    """Switch-Transformer auxiliary loss of one layer (Fedus et al. 2021, Eq. 4-6, as
-    transformers' ``load_balancing_loss_func`` sums it): ``E * sum_e f_e * P_e`` with ``f_e``
-    the share of the top-k assignments of the weighted tokens that went to expert e (summing
-    to k), ``P_e`` the mean router probability of e; ``weight`` [N] 1 on real tokens, 0 on
-    padding. A scalar in float32; gradients reach the logits through ``P`` only."""
+    """Switch-Transformer auxiliary loss of one layer (Fedus et al. 2021, Eq. 4-6) as
+    Megatron-LM's ``switch_load_balancing_loss_func`` normalizes it (``--moe-aux-loss-coef``):
+    ``(E / k) * sum_e f_e * P_e`` with ``f_e`` the share of the weighted tokens routed to
+    expert e (the shares sum to k), ``P_e`` the router's mean probability of e; 1 when the
+    load and the probabilities are uniform. (transformers' ``load_balancing_loss_func`` is k
+    times this for one layer.) ``weight`` [N]: 1 on real tokens, 0 on padding. A float32
+    scalar; its gradient reaches the logits through ``P`` only (the choice is discrete)."""
     probs = torch.softmax(logits.float(), dim=-1)
     w = weight.to(probs.dtype)
     total = w.sum().clamp(min=1)
+    k = indices.shape[1]
     f = torch.zeros(num_experts, dtype=probs.dtype, device=probs.device).index_add_(
-        0, indices.reshape(-1), w.repeat_interleave(indices.shape[1])) / total
+        0, indices.reshape(-1), w.repeat_interleave(k)) / total
     p = (probs * w[:, None]).sum(0) / total
-    return num_experts * (f * p).sum()
+    return (num_experts / k) * (f * p).sum()
 
 
 def router_entropy(logits: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -65,6 +65,7 @@ from relax.trainer.terms.custom_advantage import CustomAdvantage
 from relax.trainer.terms.distillation import Distillation
 from relax.trainer.terms.kl import Reference
 from relax.trainer.terms.off_policy import MismatchMeter, OffPolicy
+from relax.trainer.terms.router import RouterTerm
 from relax.trainer.terms.self_distillation import SelfDistillation
 from relax.trainer.terms.term import Term
 
@@ -272,6 +273,8 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     p.terms[:0] = [t for t in (_reference(p.policy, algorithm), value, p.custom_advantage)
                    if t is not None]
     _add(p, MismatchMeter() if rollout.off_policy.mismatch_metrics else None)
+    # a mixture-of-experts policy: its router's metrics and --moe-aux-loss-coef (docs/moe.md)
+    _add(p, RouterTerm.build(module, algorithm.moe_aux_loss_coef, ctx.group))
     p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
 
 

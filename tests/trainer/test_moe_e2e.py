@@ -2,6 +2,8 @@
 static-KV engine, trains, repeats when seeded and resumes exactly (the pattern of
 tests/trainer/test_e2e.py ``test_interval_saves_and_exact_resume``)."""
 
+import math
+
 import pytest
 
 from relax.rollout.generation.engine import unsupported_reason
@@ -54,12 +56,18 @@ def test_trains_with_the_engine_repeats_and_resumes_exactly(tmp_path, moe_dir):
     for got, want in zip(tail, uninterrupted[2:], strict=True):
         for key in KEYS:
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
-    assert [r["rollout/step"] for r in read_metrics(tmp_path / "part")] == [1, 2, 3, 4]
+    rows = read_metrics(tmp_path / "part")
+    assert [r["rollout/step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:  # the router's metrics, every step (relax/trainer/terms/router.py)
+        assert 1.0 <= row["train/moe_expert_load_max"] <= 2.0  # E / k = 2
+        assert 0.0 < row["train/moe_router_entropy"] <= math.log(4)
+        assert row["train/moe_aux_loss"] > 0.5  # about 1 near balance
 
 
 @pytest.mark.parametrize("extra", [("--bf16",), ("--lora-rank", "4"),
-                                   ("--recompute-granularity", "full")],
-                         ids=["bf16", "lora", "recompute"])
+                                   ("--recompute-granularity", "full"),
+                                   ("--moe-aux-loss-coef", "0.01")],
+                         ids=["bf16", "lora", "recompute", "aux-loss"])
 def test_bf16_lora_and_recompute_train(tmp_path, moe_dir, extra):
     cfg = make_config(*_flags(tmp_path, moe_dir, *extra), output_dir=tmp_path / "run")
     trainer, history, moved = fit(cfg)

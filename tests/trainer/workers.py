@@ -125,7 +125,7 @@ def attach_self_distillation(exp: Experience, seed: int = 1):
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
              off_policy: bool = False, recompute=None, layout: str = "shared-prefix",
-             opsd: bool = False, moe: bool = False):
+             opsd: bool = False, moe: bool = False, router_coef: float | None = None):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
@@ -133,8 +133,9 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     (both clips active) and OPSM (reinforce_plus_plus.md §7a). ``recompute``: a
     :class:`~relax.config.sections.RecomputeSection` applied before wrapping; ``layout``:
     ``--pass-layout``; ``opsd``: the self-distillation JSD added to the loss
-    (:func:`attach_self_distillation`); ``moe``: the tiny Qwen3-MoE instead of the dense model.
-    Returns (full parameters by name,
+    (:func:`attach_self_distillation`); ``moe``: the tiny Qwen3-MoE instead of the dense model,
+    ``router_coef``: with its router term (relax/trainer/terms/router.py) and this
+    --moe-aux-loss-coef, its step metrics added to the first step's. Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
@@ -156,6 +157,10 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     terms = (attach_self_distillation(exp),) if opsd else ()
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
+    if router_coef is not None:
+        from relax.trainer.terms.router import RouterTerm
+
+        terms += (RouterTerm.build(model, router_coef, ctx.group),)
     if recompute is not None:
         apply_recompute(model, recompute)
     model = wrap_model(model, ctx, fsdp=fsdp)
@@ -171,6 +176,12 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
                                global_batch_size=B, micro_batch_size=micro_batch_size,
                                clip_grad=1e6,  # no clipping: it would hide a 2x scale
                                terms=terms)
+    if router_coef is not None:
+        from relax.metrics.tracker import MetricTracker
+
+        tracker = MetricTracker(ctx.group)
+        terms[-1].after_update(tracker)
+        history[0].update(tracker.reduce())
     params = {}
     for name, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
