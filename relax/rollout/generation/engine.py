@@ -200,6 +200,7 @@ class DecodeEngine:
 
     def __init__(self, model, *, retain: bool = False):
         self.retain = retain  # keep the cache of rows that leave the batch (``chunks``)
+        self.routes = None  # a mixture of experts: the experts each column used (``routed``)
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the decode engine cannot run this model: {reason}")
@@ -214,6 +215,7 @@ class DecodeEngine:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.groups = num_heads // num_kv_heads
         self.layers = [_Layer(layer, num_heads, num_kv_heads, head_dim) for layer in inner.layers]
+        self.moe = [layer.moe for layer in self.layers if layer.moe is not None]
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
@@ -246,11 +248,13 @@ class DecodeEngine:
             last = self._prefill_distinct(prompt_ids, prompt_mask, L)
         else:
             last = self._prefill_new(prompt_ids, prompt_mask, positions, L, past)
+        if self.moe:
+            self._record_prefill(prompt_mask, L, fresh=past is not None)
         # padded prompt columns never receive attention from a generated token
         bias = torch.zeros(B, L, dtype=last.dtype, device=device)
         bias[:, :P].masked_fill_(~prompt_mask, float("-inf"))
         self.bias = bias[:, None, None, :]  # [B, 1, 1, L]
-        self.length = P
+        self.length = self.prompt_width = P
         return self._logits(last)
 
     def _prefill_distinct(self, prompt_ids, prompt_mask, L: int) -> torch.Tensor:
@@ -268,6 +272,7 @@ class DecodeEngine:
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
         allowed = (causal & u_mask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
         allowed = allowed[:, None]  # [U, 1, P, P]
+        self.inverse = inverse  # the prefill's rows of the batch's (routing record)
         x = self.embed(u_ids)  # [U, P, H]
         cos, sin = self.cos[u_pos], self.sin[u_pos]  # [U, P, hd]
         self.k_cache, self.v_cache = [], []
@@ -305,6 +310,7 @@ class DecodeEngine:
         B, P = ids.shape
         device = ids.device
         new = mask.sum(-1) - past.cached  # [B] >= 1
+        self.new_counts = new
         M = int(new.max())
         block = torch.arange(P - M, P, device=device)
         fresh = (block[None] >= (P - new)[:, None])[:, None, :, None]  # [B, 1, M, 1]
@@ -356,6 +362,9 @@ class DecodeEngine:
             out = torch.matmul(probs, vc[:, :, :n]).reshape(B, -1)
             x = x + layer.o(out)
             x = layer.mlp(x)
+        if self.routes is not None:
+            for j, moe in enumerate(self.moe):
+                self.routes[self.rows, col, j] = moe.last.to(self.routes.dtype)
         self.length = n
         self.next_position = self.next_position + 1
         return self._logits(x)
@@ -381,6 +390,35 @@ class DecodeEngine:
         columns of the left-padded prefill, its j-th generated token in column P + j (the last
         one drawn was never fed, so it is not there)."""
         return [*self.retired, (self.rows, self.k_cache, self.v_cache)]
+
+    # ------------------------------------------------------------------ routing record
+    def _record_prefill(self, mask, L: int, fresh: bool) -> None:
+        """The experts each prompt column used, per MoE layer, into ``routes`` [B, L, layers,
+        k] (-1: no record: padding, and columns a ``past`` held, computed by another call)."""
+        B, P = mask.shape
+        k = self.moe[0].top_k
+        self.routes = torch.full((B, L, len(self.moe), k), -1, dtype=torch.int16,
+                                 device=mask.device)
+        for j, moe in enumerate(self.moe):
+            if fresh:  # _prefill_new: the last M columns of every row, kept where new
+                chosen = moe.last.view(B, -1, k)
+                M = chosen.shape[1]
+                new = mask[:, P - M:] & (torch.arange(P - M, P, device=mask.device)[None]
+                                         >= (P - self.new_counts)[:, None])
+                self.routes[:, P - M:P, j] = torch.where(new[..., None], chosen.to(torch.int16),
+                                                         -1)
+            else:
+                chosen = moe.last.view(-1, P, k)[self.inverse]
+                self.routes[:, :P, j] = torch.where(mask[..., None], chosen.to(torch.int16), -1)
+
+    def routed(self, T: int) -> torch.Tensor | None:
+        """The routing record of the decode [B, P + T, MoE layers, k] int16: column c holds the
+        experts the sampler's forward of the token in column c used (prompt columns, then the
+        generated tokens that were fed; -1 where no forward ran: padding, the last token drawn
+        when the decode ended), or None for a dense model."""
+        if self.routes is None:
+            return None
+        return self.routes[:, :self.prompt_width + T]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.final_norm.weight, self.final_norm.variance_epsilon)

@@ -10,6 +10,8 @@ chose (``last``, [N, k]) so the engine can record the routing of every token it 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -60,3 +62,48 @@ class SparseMoe:
             y = F.linear(F.silu(gate) * up, self.down[e]) * weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out.view_as(h)
+
+
+class RouterRecorder:
+    """The routing record of a decode through the model's own forward (the generic loop:
+    FSDP2, families the engine does not run): while ``armed``, forward hooks on the routers of
+    ``model``'s mixture-of-experts blocks keep the experts each call chose; ``prefill`` /
+    ``step`` write them into ``routes`` [B, columns, MoE layers, k] int16 (-1: no record), as
+    the engine's ``routed`` has them."""
+
+    def __init__(self, model):
+        self.blocks = [m for m in model.modules() if is_sparse_block(m)]
+        self.last: list = [None] * len(self.blocks)
+        self.routes: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def armed(self):
+        """Hooks on the routers for one forward call, removed after it, whatever happens."""
+        handles = [b.gate.register_forward_hook(self._keeper(i))
+                   for i, b in enumerate(self.blocks)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _keeper(self, i: int):
+        def keep(module, args, output):
+            self.last[i] = output[2]
+        return keep
+
+    def prefill(self, mask: torch.Tensor, columns: int) -> None:
+        if not self.blocks:
+            return
+        B, P = mask.shape
+        k = self.blocks[0].gate.top_k
+        self.routes = torch.full((B, columns, len(self.blocks), k), -1, dtype=torch.int16,
+                                 device=mask.device)
+        for j, chosen in enumerate(self.last):
+            self.routes[:, :P, j] = torch.where(mask[..., None], chosen.view(B, P, k).to(
+                torch.int16), -1)
+
+    def step(self, col: int) -> None:
+        if self.routes is not None:
+            for j, chosen in enumerate(self.last):
+                self.routes[:, col, j] = chosen.view(self.routes.shape[0], -1).to(torch.int16)
