@@ -66,8 +66,10 @@ def test_trains_with_the_engine_repeats_and_resumes_exactly(tmp_path, moe_dir):
 
 @pytest.mark.parametrize("extra", [("--bf16",), ("--lora-rank", "4"),
                                    ("--recompute-granularity", "full"),
-                                   ("--moe-aux-loss-coef", "0.01")],
-                         ids=["bf16", "lora", "recompute", "aux-loss"])
+                                   ("--moe-aux-loss-coef", "0.01"),
+                                   ("--use-rollout-routing-replay", "--bf16"),
+                                   ("--use-routing-replay", "--num-steps-per-rollout", "2")],
+                         ids=["bf16", "lora", "recompute", "aux-loss", "r3", "r2"])
 def test_bf16_lora_and_recompute_train(tmp_path, moe_dir, extra):
     cfg = make_config(*_flags(tmp_path, moe_dir, *extra), output_dir=tmp_path / "run")
     trainer, history, moved = fit(cfg)
@@ -75,3 +77,12 @@ def test_bf16_lora_and_recompute_train(tmp_path, moe_dir, extra):
     names = [n for n, p in unwrap(trainer.policy.model).named_parameters() if p.requires_grad]
     if "--lora-rank" in extra:  # the attention's adapters: the experts are not linear layers
         assert names and all("lora_" in n and "self_attn" in n for n in names)
+    rows = read_metrics(tmp_path / "run")
+    for row in rows:  # the sampler recorded its routing; the trainer's is compared with it
+        assert 0.0 <= row["train/moe_routing_mismatch"] <= 1.0
+        if "--use-rollout-routing-replay" in extra:  # R3: the update used the sampler's
+            assert row["train/moe_replayed_routing_mismatch"] == 0.0
+        if "--bf16" not in extra and "--use-routing-replay" not in extra:
+            # the same float32 numerics on both sides: nothing flips, replay or not
+            assert row["train/moe_replayed_routing_mismatch"] == row[
+                "train/moe_routing_mismatch"]
