@@ -86,3 +86,30 @@ def test_bf16_lora_and_recompute_train(tmp_path, moe_dir, extra):
             # the same float32 numerics on both sides: nothing flips, replay or not
             assert row["train/moe_replayed_routing_mismatch"] == row[
                 "train/moe_routing_mismatch"]
+
+
+def test_partial_rollouts_carry_the_routing_record_through_a_resume(tmp_path, moe_dir):
+    """--partial-rollout with R3: carried rows keep the newest sampler's record of every
+    token (in the checkpoint too), the update replays it, and --load continues exactly."""
+    from relax.trainer.state import sharded_state
+    from tests.trainer.test_partial_rollout import PARTIAL
+
+    flags = [*_flags(tmp_path, moe_dir), *PARTIAL, "--use-rollout-routing-replay"]
+    full = make_config(*flags, "--num-rollout", "4", output_dir=tmp_path / "full")
+    _, uninterrupted, _ = fit(full)
+    assert all(r["rollout/partial_carried_groups"] > 0 for r in uninterrupted)
+    assert all(r["train/moe_replayed_routing_mismatch"] == 0.0 for r in uninterrupted)
+    fit(make_config(*flags, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
+                    "--save-interval", "1", output_dir=tmp_path / "part"))
+    _, carried = sharded_state.read_rank_file(str(tmp_path / "ckpt" / "rollout_000002"), 0)
+    rows = [r for g in carried["carried"] for r in g]
+    assert rows and all("routes" in r for r in rows)
+    for r in rows:  # the record of the prompt and of every token fed (the last one perhaps not)
+        n = len(r["prompt"]) + len(r["ids"])
+        assert r["routes"].shape == (n, 2, 2) and (r["routes"][:n - 1] >= 0).all()
+    trainer, tail, _ = fit(make_config(*flags, "--num-rollout", "4", "--load",
+                                       str(tmp_path / "ckpt"), output_dir=tmp_path / "part"))
+    assert trainer.start_step == 2
+    for got, want in zip(tail, uninterrupted[2:], strict=True):
+        for key in (*KEYS[:3], "train/moe_routing_mismatch"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
