@@ -125,7 +125,8 @@ def attach_self_distillation(exp: Experience, seed: int = 1):
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
              off_policy: bool = False, recompute=None, layout: str = "shared-prefix",
-             opsd: bool = False, moe: bool = False, router_coef: float | None = None):
+             opsd: bool = False, moe: bool = False, router_coef: float | None = None,
+             replay: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
@@ -135,7 +136,8 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     ``--pass-layout``; ``opsd``: the self-distillation JSD added to the loss
     (:func:`attach_self_distillation`); ``moe``: the tiny Qwen3-MoE instead of the dense model,
     ``router_coef``: with its router term (relax/trainer/terms/router.py) and this
-    --moe-aux-loss-coef, its step metrics added to the first step's. Returns (full parameters by name,
+    --moe-aux-loss-coef, its step metrics added to the first step's; ``replay``: R3 of a
+    random routing record (relax/trainer/terms/routing_replay.py). Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
@@ -157,6 +159,15 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     terms = (attach_self_distillation(exp),) if opsd else ()
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
+    if replay:
+        from relax.trainer.terms.routing_replay import RoutingReplay
+
+        g = torch.Generator().manual_seed(13)
+        S, L, E = exp.input_ids.shape[1], model.config.num_hidden_layers, model.config.num_experts
+        k = model.config.num_experts_per_tok
+        exp.routed_experts = torch.rand(B, S, L, E, generator=g).argsort(-1)[..., :k].to(
+            torch.int16)
+        RoutingReplay(model, "rollout")
     if router_coef is not None:
         from relax.trainer.terms.router import RouterTerm
 
