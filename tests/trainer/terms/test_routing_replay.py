@@ -142,3 +142,27 @@ def test_replay_flags_need_a_mixture_of_experts():
     with pytest.raises(InputError, match="--use-rollout-routing-replay: the model"):
         RoutingReplay.build(dense, section)
     assert RoutingReplay.build(dense, OffPolicySection()) is None
+
+
+@pytest.mark.parametrize("trainer_bf16", [True, False], ids=["bf16 trainer", "fp32 trainer"])
+def test_a_bf16_sampler_replayed_within_its_measured_tolerance(trainer_bf16):
+    """A bf16 sampler (the engine under autocast) against the trainer with R3: the log-probs
+    within 0.02 of the sampler's (measured on this CPU: max |diff| 0.002-0.004 over three
+    seeds of this model, bf16 or fp32 trainer; benchmarks/moe_replay.py measures more)."""
+    tok = build_tokenizer()
+    model = build_tiny_moe(tok, seed=7).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(7))
+    ids, mask = tokenize_prompts(tok, [p for p in ("12+3=", "ab=", "x=", "7*7=")
+                                       for _ in range(4)], "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        r = generate(model, ids, mask, max_new_tokens=16, eos_token_ids=[1], pad_token_id=0,
+                     generator=torch.Generator().manual_seed(3))
+    exp = experience_from_rollout(r)
+    replay = RoutingReplay(model, "rollout")
+    with torch.no_grad():
+        got, _ = response_log_probs(model, exp, layout="packed", bf16=trainer_bf16)
+    replay.close()
+    diff = (got - r.log_probs)[exp.response_mask].abs()
+    assert exp.response_mask.sum() > 50 and diff.max() < 0.02
