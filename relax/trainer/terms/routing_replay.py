@@ -70,6 +70,12 @@ class RoutingReplay(Term):
         self.sums: torch.Tensor | None = None  # pairs, own differs, used differs
         self.handles = [b.gate.register_forward_hook(partial(self._route, j))
                         for j, b in enumerate(self.blocks)]
+        # the records apply to the one forward of the module that follows ``begin`` (and its
+        # layers' recomputation in the backward, which does not call the module again): any
+        # other forward -- a decode through the model's own loop, an evaluation -- routes
+        # itself, whatever records are left
+        self.pending = self.active = False
+        self.handles.append(module.register_forward_pre_hook(self._start))
         setattr(module, ROUTING_ATTRIBUTE, self)
 
     @classmethod
@@ -94,8 +100,14 @@ class RoutingReplay(Term):
             self.mode)
         self.replay = _flat(source, order)
         self.counted = set()
+        self.pending = True
+
+    def _start(self, module, args) -> None:
+        self.active, self.pending = self.pending, False
 
     def _route(self, j: int, module, args, output):
+        if not self.active:
+            return None
         logits, weights, own = output
         if self.replay is not None:
             replay = self.replay[:, j]

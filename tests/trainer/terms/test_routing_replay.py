@@ -166,3 +166,25 @@ def test_a_bf16_sampler_replayed_within_its_measured_tolerance(trainer_bf16):
     replay.close()
     diff = (got - r.log_probs)[exp.response_mask].abs()
     assert exp.response_mask.sum() > 50 and diff.max() < 0.02
+
+
+def test_records_apply_only_to_the_forward_that_follows_begin(monkeypatch):
+    """A forward the passes did not begin (a decode through the model's own loop, an
+    evaluation) routes itself even while a record of the same shape is left."""
+    model = _moe()
+    _, exp = _sampled(model, monkeypatch)
+    replay = RoutingReplay(model, "rollout")
+    flipped = exp.routed_experts.clone()
+    flipped[flipped >= 0] = 3 - flipped[flipped >= 0]  # other experts everywhere
+    exp.routed_experts = flipped
+    with torch.no_grad():
+        replayed, _ = response_log_probs(model, exp, layout="padded")
+        again = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                      position_ids=exp.position_ids).logits  # the plan of the last begin is left
+        replay.mode = None
+        own, _ = response_log_probs(model, exp, layout="padded")
+        plain = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                      position_ids=exp.position_ids).logits
+    assert not torch.allclose(replayed, own)
+    assert torch.equal(again, plain)
+    replay.close()
