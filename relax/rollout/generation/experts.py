@@ -19,9 +19,12 @@ from relax.algorithms.routing import top_k_route
 
 
 def is_sparse_block(mlp) -> bool:
-    """Whether ``mlp`` is a top-k router over experts stored as 3-D parameters (Qwen3-MoE)."""
+    """Whether ``mlp`` is Qwen3-MoE's kind of block: a top-k router with ``norm_topk_prob``
+    over experts stored as 3-D parameters. (Mixtral's is close but weighs in float32 and
+    always renormalizes; other families are not checked here, so they are not this.)"""
     gate, experts = getattr(mlp, "gate", None), getattr(mlp, "experts", None)
     return (gate is not None and experts is not None and hasattr(gate, "top_k")
+            and hasattr(gate, "norm_topk_prob")
             and isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor)
             and isinstance(getattr(experts, "down_proj", None), torch.Tensor))
 

@@ -80,7 +80,7 @@ class RouterTerm(Term):
             if coef:
                 raise InputError(f"--moe-aux-loss-coef {coef}: the model (model_type "
                                  f"{getattr(module.config, 'model_type', '?')!r}) has no "
-                                 "mixture-of-experts layers; remove the flag")
+                                 "Qwen3-MoE mixture-of-experts layers; remove the flag")
             return None
         # the model's own aux loss is never in Relax's objective (the forward gets no
         # labels); computing it would only cost time

@@ -88,7 +88,7 @@ class RoutingReplay(Term):
             if mode is not None:
                 raise InputError(f"{MODES[mode]}: the model (model_type "
                                  f"{getattr(module.config, 'model_type', '?')!r}) has no "
-                                 "mixture-of-experts layers; remove the flag")
+                                 "Qwen3-MoE mixture-of-experts layers; remove the flag")
             return None
         return cls(module, mode, group)
 

@@ -119,3 +119,17 @@ def test_the_model_own_router_loss_is_switched_off():
     model = build_tiny_moe(build_tokenizer(), seed=0, output_router_logits=True)
     RouterTerm.build(model, 0.0)
     assert model.config.output_router_logits is False
+
+
+def test_another_mixture_of_experts_family_is_not_taken_for_qwen3_moe():
+    """Mixtral's block looks alike but weighs its experts in float32 and always renormalizes:
+    it gets no router term, and the MoE flags are refused for it by name."""
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    cfg = MixtralConfig(vocab_size=40, hidden_size=16, intermediate_size=16,
+                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                        num_local_experts=4, num_experts_per_tok=2)
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert RouterTerm.build(model, 0.0) is None
+    with pytest.raises(InputError, match="'mixtral'.* has no Qwen3-MoE"):
+        RouterTerm.build(model, 0.01)
