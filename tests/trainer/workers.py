@@ -175,6 +175,10 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     if recompute is not None:
         apply_recompute(model, recompute)
     model = wrap_model(model, ctx, fsdp=fsdp)
+    if moe and fsdp:  # the experts' 3-D parameters are sharded like any other weight
+        experts = model.model.layers[0].mlp.experts.gate_up_proj
+        assert type(experts).__name__ == "DTensor" and experts.to_local().shape[0] < \
+            experts.shape[0], "FSDP2 left the experts unsharded"
     # a no-grad pass through the wrapped model first, as the loop does for old log-probs
     # (under FSDP2 this once left gathered parameters that broke the next gradient)
     old = batched_log_probs(model, local, micro_batch_size=rows, temperature=1.0,
