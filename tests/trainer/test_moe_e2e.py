@@ -68,8 +68,11 @@ def test_trains_with_the_engine_repeats_and_resumes_exactly(tmp_path, moe_dir):
                                    ("--recompute-granularity", "full"),
                                    ("--moe-aux-loss-coef", "0.01"),
                                    ("--use-rollout-routing-replay", "--bf16"),
-                                   ("--use-routing-replay", "--num-steps-per-rollout", "2")],
-                         ids=["bf16", "lora", "recompute", "aux-loss", "r3", "r2"])
+                                   ("--use-routing-replay", "--num-steps-per-rollout", "2"),
+                                   ("--use-rollout-routing-replay", "--use-dynamic-batch-size",
+                                    "--max-tokens-per-gpu", "64")],
+                         ids=["bf16", "lora", "recompute", "aux-loss", "r3", "r2",
+                              "r3-token-budgets"])
 def test_bf16_lora_and_recompute_train(tmp_path, moe_dir, extra):
     cfg = make_config(*_flags(tmp_path, moe_dir, *extra), output_dir=tmp_path / "run")
     trainer, history, moved = fit(cfg)
@@ -82,7 +85,8 @@ def test_bf16_lora_and_recompute_train(tmp_path, moe_dir, extra):
         assert 0.0 <= row["train/moe_routing_mismatch"] <= 1.0
         if "--use-rollout-routing-replay" in extra:  # R3: the update used the sampler's
             assert row["train/moe_replayed_routing_mismatch"] == 0.0
-        if "--bf16" not in extra and "--use-routing-replay" not in extra:
+        if "--bf16" not in extra and "--use-routing-replay" not in extra \
+                and "--use-rollout-routing-replay" not in extra:
             # the same float32 numerics on both sides: nothing flips, replay or not
             assert row["train/moe_replayed_routing_mismatch"] == row[
                 "train/moe_routing_mismatch"]
