@@ -67,7 +67,7 @@ def _dense_dir(moe_dir: str, tmp: str) -> str:
                              num_attention_heads=cfg.num_attention_heads,
                              num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                              tie_word_embeddings=cfg.tie_word_embeddings)
-    path = os.path.join(tmp, "dense")
+    path = os.path.join(tmp, "dense_model")
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -105,7 +105,7 @@ def static(moe_dir: str, args) -> dict:
 
 
 def run(model_dir: str, name: str, args, tmp: str, *flags) -> list[dict]:
-    out = os.path.join(tmp, name)
+    out = os.path.join(tmp, "run_" + name)
     cmd = [sys.executable, "-m", "relax", "train", "--hf-checkpoint", model_dir,
            "--num-rollout", str(args.steps), "--rollout-batch-size", "4",
            "--n-samples-per-prompt", "4", "--rollout-max-response-len", str(args.new_tokens),
