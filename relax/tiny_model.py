@@ -76,3 +76,30 @@ def build_tiny_model(tokenizer, seed: int, **overrides):
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+# The tiny model's shapes as a mixture of experts (Qwen3-MoE): 4 experts of a third of the
+# dense width each, 2 per token (2 active ~ the dense MLP's 2/3), probabilities renormalized
+# over the chosen two as Qwen3-30B-A3B does (``norm_topk_prob``).
+TINY_MOE = dict(TINY_MODEL, intermediate_size=192, moe_intermediate_size=64, num_experts=4,
+                num_experts_per_tok=2, norm_topk_prob=True)
+
+
+def build_tiny_moe(tokenizer, seed: int, **overrides):
+    """A randomly initialized tiny ``Qwen3MoeForCausalLM`` (:data:`TINY_MOE`); the same seed
+    gives the same weights. ``save_pretrained`` makes a directory for ``--hf-checkpoint``."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **{**TINY_MOE, **overrides},
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model

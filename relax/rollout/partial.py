@@ -40,7 +40,8 @@ from relax.rollout.generation.batch import StepBatch
 from relax.rollout.generation.generate import Rollout, concat_rollouts, left_pad, tokenize_prompts
 from relax.rollout.prompts.data import PromptSource, format_prompt
 
-ROW_KEYS = ("prompt", "text", "label", "ids", "log_probs", "versions", "eos", "aborted")
+ROW_KEYS = ("prompt", "text", "label", "ids", "log_probs", "versions", "eos", "aborted",
+            "routes")
 JUDGED = ("reward", "passed")  # a completed group's verdict under a filter, kept while carried
 
 
@@ -204,13 +205,18 @@ class PartialRollouts(StreamPosition):
                             stop=enough)
 
     def _extend(self, rows: list[dict], out: Rollout, step: int) -> None:
-        """Append this step's tokens (and their sampler log-probs and step) to ``rows``."""
+        """Append this step's tokens (and their sampler log-probs and step) to ``rows``; a
+        mixture of experts' routing record is this decode's for the whole row (it prefilled
+        the prompt and the earlier tokens again: the routing the newest sampler used)."""
         for i, r in enumerate(rows):
             keep = out.response_mask[i]
             r["ids"] = r["ids"] + out.response_ids[i][keep].tolist()
             r["log_probs"] = r["log_probs"] + out.log_probs[i][keep].tolist()
             r["versions"] = r["versions"] + [step] * int(keep.sum())
             r["eos"] = not bool(out.truncated[i])
+            if out.routed_experts is not None:
+                attended = torch.cat([out.prompt_mask[i], keep])
+                r["routes"] = out.routed_experts[i][attended].cpu()
 
     def _carry(self, group: list[dict]) -> list[dict]:
         complete = self._group_complete(group)
@@ -265,7 +271,8 @@ class PartialRollouts(StreamPosition):
         return Rollout(prompt_ids, prompt_mask, ids.to(device), trained.to(device),
                        torch.tensor([not r["eos"] for r in rows], device=device),
                        context_mask=present.to(device) if self.mask_offpolicy else None,
-                       log_probs=log_probs.to(device))
+                       log_probs=log_probs.to(device),
+                       routed_experts=rows_routes(rows, prompt_ids.shape[1], T, device))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -278,6 +285,19 @@ class PartialRollouts(StreamPosition):
     def load_state_dict(self, state: dict) -> None:
         self.cursor = int(state["cursor"])
         self.carried = [[dict(r) for r in g] for g in state.get("carried", [])]
+
+
+def rows_routes(rows: list[dict], P: int, T: int, device) -> torch.Tensor | None:
+    """The rows' routing records (``routes`` [prompt + ids, layers, k]) on the [B, P + T]
+    grid of their Rollout, -1 elsewhere; None when a row has none (a dense model)."""
+    if not rows or any("routes" not in r for r in rows):
+        return None
+    first = rows[0]["routes"]
+    out = torch.full((len(rows), P + T, *first.shape[1:]), -1, dtype=first.dtype)
+    for i, r in enumerate(rows):
+        p, n = len(r["prompt"]), len(r["ids"])
+        out[i, P - p:P + n] = r["routes"][:p + n]
+    return out.to(device)
 
 
 def share_stream(cursor: int, count: int, ctx, agree: Agreement) -> tuple[int, int]:

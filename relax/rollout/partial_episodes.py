@@ -62,8 +62,9 @@ class CarriedEpisode(Episode):
     step: int = 0  # the step playing it now: its new tokens' version
     env: object = None  # its environment (not saved: rebuilt by the replay)
 
-    def add(self, ids: list[int], trained: bool, log_probs: list[float] | None = None) -> None:
-        super().add(ids, trained, log_probs)
+    def add(self, ids: list[int], trained: bool, log_probs: list[float] | None = None,
+            routes=None) -> None:
+        super().add(ids, trained, log_probs, routes)
         self.versions.extend([self.step] * len(ids))
 
     def plain(self) -> dict:

@@ -67,6 +67,8 @@ from relax.trainer.terms.kl import Reference
 from relax.trainer.terms.length_control import LengthControl
 from relax.trainer.terms.off_policy import MismatchMeter, OffPolicy
 from relax.trainer.terms.rollout_correction import RolloutCorrection
+from relax.trainer.terms.router import RouterTerm
+from relax.trainer.terms.routing_replay import RoutingReplay
 from relax.trainer.terms.self_distillation import SelfDistillation
 from relax.trainer.terms.term import Term
 
@@ -282,7 +284,21 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     # --overlong-buffer-len / --length-penalty-coef / --overlong-filter (§7d): last, so the
     # filter's advantage 0 follows every term's
     _add(p, LengthControl.build(rollout.length, rollout.sampling.rollout_max_response_len))
+    # a mixture-of-experts policy (docs/moe.md): routing replay and its mismatch metrics, then
+    # the router's metrics and --moe-aux-loss-coef (their hooks see the replayed experts)
+    _add(p, _routing_replay(p, module, rollout.off_policy, ctx))
+    _add(p, RouterTerm.build(module, algorithm.moe_aux_loss_coef, ctx.group))
     p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
+
+
+def _routing_replay(p: _Draft, module, off_policy, ctx) -> RoutingReplay | None:
+    """The policy's routing replay; R3 needs a sampler that records the routing (Relax's
+    engine; the vLLM backend's routed experts are not read yet)."""
+    if off_policy.use_rollout_routing_replay and p.backend.remote:
+        raise InputError("--use-rollout-routing-replay: the vLLM backend's routing is not "
+                         "recorded by Relax yet (docs/moe.md); sample with Relax's engine or "
+                         "use --use-routing-replay")
+    return RoutingReplay.build(module, off_policy, ctx.group)
 
 
 def _critic(p: _Draft, ctx, *, model, run, critic, lora, recompute, fsdp: bool,

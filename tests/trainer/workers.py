@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from relax.config.sections import OffPolicySection
-from relax.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tiny_moe, build_tokenizer
 from relax.trainer.distributed import DistContext, reshard, wrap_model
 from relax.trainer.policy.logprobs import Experience, batched_log_probs, response_log_probs
 from relax.trainer.policy.recompute import apply_recompute
@@ -130,7 +130,8 @@ def attach_self_distillation(exp: Experience, seed: int = 1):
 def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
              inert: bool = False, shared_prompts: bool = False, tied: bool = True,
              off_policy: bool = False, recompute=None, layout: str = "shared-prefix",
-             opsd: bool = False, correction: bool = False):
+             opsd: bool = False, correction: bool = False, moe: bool = False,
+             router_coef: float | None = None, replay: bool = False):
     """One optimizer step (SGD, lr 0.1, no clipping) on the fixed batch; rank r takes its rows.
 
     ``inert``: no KL or entropy term and all-zero advantages in ``INERT_ROWS``, rows whose
@@ -139,14 +140,17 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
     :class:`~relax.config.sections.RecomputeSection` applied before wrapping; ``layout``:
     ``--pass-layout``; ``opsd``: the self-distillation JSD added to the loss
     (:func:`attach_self_distillation`); ``correction``: with ``off_policy``, the §7c rollout
-    correction (``CORRECTION``) instead of TIS and OPSM. Returns (full parameters by name,
+    correction (``CORRECTION``) instead of TIS and OPSM; ``moe``: the tiny Qwen3-MoE instead of
+    the dense model, ``router_coef``: with its router term (relax/trainer/terms/router.py) and
+    this --moe-aux-loss-coef, its step metrics added to the first step's; ``replay``: R3 of a
+    random routing record (relax/trainer/terms/routing_replay.py). Returns (full parameters by name,
     the step's metrics) from every rank."""
     distributed = dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     rank = dist.get_rank() if distributed else 0
     ctx = DistContext(rank, world, 0, torch.device("cpu"), dist.group.WORLD if distributed else None)
     tok = build_tokenizer()
-    model = build_tiny_model(tok, seed=7, tie_word_embeddings=tied)
+    model = (build_tiny_moe if moe else build_tiny_model)(tok, seed=7, tie_word_embeddings=tied)
     exp = fixed_experience(model, shared_prompts=shared_prompts)
     loss_settings = settings(estimator, per_token)
     if inert:
@@ -166,9 +170,26 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
         terms += (RolloutCorrection(CORRECTION),)
     rows = B // world
     local = exp.rows(rank * rows, (rank + 1) * rows)
+    if replay:
+        from relax.trainer.terms.routing_replay import RoutingReplay
+
+        g = torch.Generator().manual_seed(13)
+        S, L, E = exp.input_ids.shape[1], model.config.num_hidden_layers, model.config.num_experts
+        k = model.config.num_experts_per_tok
+        exp.routed_experts = torch.rand(B, S, L, E, generator=g).argsort(-1)[..., :k].to(
+            torch.int16)
+        RoutingReplay(model, "rollout")
+    if router_coef is not None:
+        from relax.trainer.terms.router import RouterTerm
+
+        terms += (RouterTerm.build(model, router_coef, ctx.group),)
     if recompute is not None:
         apply_recompute(model, recompute)
     model = wrap_model(model, ctx, fsdp=fsdp)
+    if moe and fsdp:  # the experts' 3-D parameters are sharded like any other weight
+        experts = model.model.layers[0].mlp.experts.gate_up_proj
+        assert type(experts).__name__ == "DTensor" and experts.to_local().shape[0] < \
+            experts.shape[0], "FSDP2 left the experts unsharded"
     # a no-grad pass through the wrapped model first, as the loop does for old log-probs
     # (under FSDP2 this once left gathered parameters that broke the next gradient)
     old = batched_log_probs(model, local, micro_batch_size=rows, temperature=1.0,
@@ -181,6 +202,12 @@ def one_step(estimator: str, per_token: bool, fsdp: bool, micro_batch_size: int,
                                global_batch_size=B, micro_batch_size=micro_batch_size,
                                clip_grad=1e6,  # no clipping: it would hide a 2x scale
                                terms=terms)
+    if router_coef is not None:
+        from relax.metrics.tracker import MetricTracker
+
+        tracker = MetricTracker(ctx.group)
+        terms[-1].after_update(tracker)
+        history[0].update(tracker.reduce())
     params = {}
     for name, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p

@@ -117,6 +117,14 @@ class AlgorithmSection(Section):
         None,
         "'module:function' or 'file.py:function' post-processing rewards; rejected for "
         'reinforce_plus_plus_baseline (reinforce_plus_plus.md §8).')
+    moe_aux_loss_coef: float = option(
+        0.0,
+        "Weight of a mixture-of-experts policy's load-balancing loss, >= 0: loss += coef * the "
+        'sum over MoE layers of (E / k) sum_e f_e P_e (Megatron-LM\'s normalization; '
+        'docs/moe.md); 0: no router loss (the model\'s own is never used); rejected for a '
+        'dense model.',
+        bound=((lambda v: v >= 0.0, "must be >= 0; use 0 to leave the router loss out"),
+               FLOAT32))
 
     def check(self) -> None:
         """The KL terms, then the flags the estimator would ignore (rejected rather than

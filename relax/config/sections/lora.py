@@ -39,7 +39,7 @@ class LoraSection(Section):
         nargs='+',
         metavar='NAME',
         default_text='every linear layer of the blocks (q_proj k_proj v_proj o_proj gate_proj up_proj '
-        'down_proj)',
+        'down_proj; of a mixture of experts, the attention: its experts are not linear layers)',
         requires=NEEDS_LORA)
 
     @property

@@ -70,6 +70,16 @@ class OffPolicySection(Section):
         bound=(FLOAT32, (lambda v: v > 0, "must be > 0 (a mean log-ratio per token), e.g. "
                          "1e-4")),
         requires=_needs("use_opsm"))
+    use_rollout_routing_replay: bool = option(
+        False,
+        "R3 (a mixture-of-experts policy): the trainer's passes route every token the sampler "
+        "recorded through the sampler's experts, their gate weights recomputed by the current "
+        'router over those experts (docs/moe.md); rejected for a dense model.')
+    use_routing_replay: bool = option(
+        False,
+        "R2 (a mixture-of-experts policy): the update routes every token through the experts "
+        "the old policy chose before the step's first optimizer step (one more no-grad pass "
+        'per step records them; docs/moe.md); rejected for a dense model.')
 
     rollout_is: str | None = option(
         None,
@@ -149,6 +159,9 @@ class OffPolicySection(Section):
 
     def check(self) -> None:
         _check_rollout_correction(self)
+        if self.use_rollout_routing_replay and self.use_routing_replay:
+            reject(self, ("use_rollout_routing_replay", "use_routing_replay"), "R3 already "
+                   "fixes the routing of every pass to the sampler's; keep one of them")
         if not 0 <= self.tis_clip_low <= self.tis_clip:
             reject(self, ("tis_clip_low", "tis_clip"), "the lower clip must lie in [0, "
                    "--tis-clip]; use 0 for no lower clip")

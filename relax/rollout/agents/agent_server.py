@@ -291,9 +291,12 @@ class AgentRunner:
                      keys=[(r.session.index, r.session.episode.turns) for r in ready])
         for row, request in enumerate(ready):
             session, episode = request.session, request.session.episode
-            action = out.response_ids[row][out.response_mask[row]].tolist()
-            episode.add(action, trained=True,
-                        log_probs=out.log_probs[row][out.response_mask[row]].tolist())
+            keep = out.response_mask[row]
+            action = out.response_ids[row][keep].tolist()
+            routes = (None if getattr(out, "routed_experts", None) is None  # a MoE: its tokens
+                      else out.routed_experts[row, ids.shape[1]:][keep])
+            episode.add(action, trained=True, log_probs=out.log_probs[row][keep].tolist(),
+                        routes=routes)
             episode.turns += 1
             session.ended = not bool(out.truncated[row])
             text = self.tokenizer.decode(action, skip_special_tokens=True)

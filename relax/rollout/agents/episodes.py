@@ -106,19 +106,25 @@ def turn_io(tokenizer, *, apply_chat_template: bool, system_prompt: str | None,
 @dataclass
 class Episode:
     """One episode's growing token sequence: ``ids`` after the prompt, ``trained`` flags and
-    the sampler's ``log_probs`` (0.0 for the environment's tokens)."""
+    the sampler's ``log_probs`` (0.0 for the environment's tokens); a mixture of experts'
+    ``routes``: ``(start in ids, record [n, layers, k])`` of each model turn's tokens (the model's
+    tokens only: the prompt and the environment's tokens have none, the trainer routes them)."""
 
     prompt: list[int]
     ids: list[int] = field(default_factory=list)
     trained: list[bool] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    routes: list = field(default_factory=list)
     reward: float = 0.0
     turns: int = 0
     done: bool = False  # the environment ended it
     live: bool = True
     error: str | None = None
 
-    def add(self, ids: list[int], trained: bool, log_probs: list[float] | None = None) -> None:
+    def add(self, ids: list[int], trained: bool, log_probs: list[float] | None = None,
+            routes: torch.Tensor | None = None) -> None:
+        if routes is not None:
+            self.routes.append((len(self.ids), routes.cpu()))
         self.ids.extend(ids)
         self.trained.extend([trained] * len(ids))
         self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
@@ -197,7 +203,9 @@ def play_turn(episodes, live, envs, *, sample, cache, tokenizer, render, max_tur
     for row, i in enumerate(live):
         e, keep = episodes[i], out.response_mask[row]
         action = out.response_ids[row][keep].tolist()
-        e.add(action, trained=True, log_probs=out.log_probs[row][keep].tolist())
+        routes = (None if out.routed_experts is None
+                  else out.routed_experts[row, ids.shape[1]:][keep])
+        e.add(action, trained=True, log_probs=out.log_probs[row][keep].tolist(), routes=routes)
         error = play_action(e, envs[i], action, ended=not bool(out.truncated[row]),
                             tokenizer=tokenizer, render=render, last=e.turns == max_turns - 1,
                             room=None if context is None else context - max_turn_tokens)
@@ -287,4 +295,19 @@ def as_rollout(episodes: list[Episode], pad: int, device) -> Rollout:
     truncated = torch.tensor([not e.done for e in episodes], dtype=torch.bool)
     return Rollout(prompt_ids, prompt_mask, ids.to(device), trained.to(device),
                    truncated.to(device), context_mask=present.to(device),
-                   log_probs=log_probs.to(device))
+                   log_probs=log_probs.to(device),
+                   routed_experts=episode_routes(episodes, prompt_ids.shape[1], T, device))
+
+
+def episode_routes(episodes: list[Episode], P: int, T: int, device) -> torch.Tensor | None:
+    """The model turns' routing records on the [B, P + T] grid of :func:`as_rollout`, -1 on
+    the prompt and the environment's tokens; None when no episode has one (a dense model)."""
+    chunks = [c for e in episodes for c in e.routes]
+    if not chunks:
+        return None
+    first = chunks[0][1]
+    out = torch.full((len(episodes), P + T, *first.shape[1:]), -1, dtype=first.dtype)
+    for i, e in enumerate(episodes):
+        for start, rec in e.routes:
+            out[i, P + start:P + start + rec.shape[0]] = rec
+    return out.to(device)

@@ -1,4 +1,5 @@
-"""A lean sampling forward for Llama-family causal LMs (Qwen3, Qwen2, Llama): the rollout engine.
+"""A lean sampling forward for Llama-family causal LMs (Qwen3, Qwen2, Llama, Qwen3-MoE): the
+rollout engine.
 
 Why it exists: for the small models Relax trains on a CPU, one decode step through the
 Hugging Face module stack costs far more than its matrix products -- a causal mask rebuilt per
@@ -18,6 +19,8 @@ Python call per module. This engine computes the same function from the same par
 * between the turns of an episode the rows' caches are kept (``retain``, ``chunks``) and the
   next prefill computes only each row's new tokens, the rest copied from ``past``
   (relax/rollout/generation/turn_cache.py);
+* a mixture-of-experts layer (Qwen3-MoE) runs its router and the chosen experts from their
+  parameters (relax/rollout/generation/experts.py);
 * rows whose groups share a beginning (``shared``: the judging prompts of one question's
   samples, relax/rollout/generation/shared_prefix.py) prefill each group's shared tokens once
   and then, as a next turn does, only each row's own.
@@ -39,7 +42,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+from relax.rollout.generation.experts import SparseMoe, is_sparse_block, unsupported_block
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "qwen3_moe")
 
 
 def unsupported_reason(model) -> str | None:
@@ -58,6 +63,10 @@ def unsupported_reason(model) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
         return "no model.layers / lm_head"
+    for layer in inner.layers:  # a mixture-of-experts layer: a block the engine implements
+        reason = unsupported_block(layer.mlp) if is_sparse_block(layer.mlp) else None
+        if reason is not None:
+            return reason
     # a peft layer wraps a base module (its .weight is the frozen base): plain LoRA linear
     # layers run through _Linear; anything else (DoRA, embeddings, an active dropout) would be
     # skipped by reading weights
@@ -152,8 +161,11 @@ class _Layer:
         self.k_norm = getattr(attn, "k_norm", None)
         self.scaling = getattr(attn, "scaling", head_dim**-0.5)
         self.in_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.gate, self.up, self.down = (_Linear(m) for m in (mlp.gate_proj, mlp.up_proj,
-                                                              mlp.down_proj))
+        # a mixture-of-experts layer (Qwen3-MoE) or a dense SwiGLU one
+        self.moe = SparseMoe(mlp) if is_sparse_block(mlp) else None
+        if self.moe is None:
+            self.gate, self.up, self.down = (_Linear(m) for m in (mlp.gate_proj, mlp.up_proj,
+                                                                  mlp.down_proj))
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
 
     def qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -170,6 +182,8 @@ class _Layer:
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.post_norm.weight, self.post_norm.variance_epsilon)
+        if self.moe is not None:
+            return x + self.moe(h)
         act = F.silu(self.gate(h)) * self.up(h)
         return x + self.down(act)
 
@@ -186,6 +200,7 @@ class DecodeEngine:
 
     def __init__(self, model, *, retain: bool = False):
         self.retain = retain  # keep the cache of rows that leave the batch (``chunks``)
+        self.routes = None  # a mixture of experts: the experts each column used (``routed``)
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the decode engine cannot run this model: {reason}")
@@ -200,6 +215,7 @@ class DecodeEngine:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.groups = num_heads // num_kv_heads
         self.layers = [_Layer(layer, num_heads, num_kv_heads, head_dim) for layer in inner.layers]
+        self.moe = [layer.moe for layer in self.layers if layer.moe is not None]
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
@@ -232,11 +248,13 @@ class DecodeEngine:
             last = self._prefill_distinct(prompt_ids, prompt_mask, L)
         else:
             last = self._prefill_new(prompt_ids, prompt_mask, positions, L, past)
+        if self.moe:
+            self._record_prefill(prompt_mask, L, fresh=past is not None)
         # padded prompt columns never receive attention from a generated token
         bias = torch.zeros(B, L, dtype=last.dtype, device=device)
         bias[:, :P].masked_fill_(~prompt_mask, float("-inf"))
         self.bias = bias[:, None, None, :]  # [B, 1, 1, L]
-        self.length = P
+        self.length = self.prompt_width = P
         return self._logits(last)
 
     def _prefill_distinct(self, prompt_ids, prompt_mask, L: int) -> torch.Tensor:
@@ -254,6 +272,7 @@ class DecodeEngine:
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
         allowed = (causal & u_mask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
         allowed = allowed[:, None]  # [U, 1, P, P]
+        self.inverse = inverse  # the prefill's rows of the batch's (routing record)
         x = self.embed(u_ids)  # [U, P, H]
         cos, sin = self.cos[u_pos], self.sin[u_pos]  # [U, P, hd]
         self.k_cache, self.v_cache = [], []
@@ -291,6 +310,7 @@ class DecodeEngine:
         B, P = ids.shape
         device = ids.device
         new = mask.sum(-1) - past.cached  # [B] >= 1
+        self.new_counts = new
         M = int(new.max())
         block = torch.arange(P - M, P, device=device)
         fresh = (block[None] >= (P - new)[:, None])[:, None, :, None]  # [B, 1, M, 1]
@@ -342,6 +362,9 @@ class DecodeEngine:
             out = torch.matmul(probs, vc[:, :, :n]).reshape(B, -1)
             x = x + layer.o(out)
             x = layer.mlp(x)
+        if self.routes is not None:
+            for j, moe in enumerate(self.moe):
+                self.routes[self.rows, col, j] = moe.last.to(self.routes.dtype)
         self.length = n
         self.next_position = self.next_position + 1
         return self._logits(x)
@@ -367,6 +390,35 @@ class DecodeEngine:
         columns of the left-padded prefill, its j-th generated token in column P + j (the last
         one drawn was never fed, so it is not there)."""
         return [*self.retired, (self.rows, self.k_cache, self.v_cache)]
+
+    # ------------------------------------------------------------------ routing record
+    def _record_prefill(self, mask, L: int, fresh: bool) -> None:
+        """The experts each prompt column used, per MoE layer, into ``routes`` [B, L, layers,
+        k] (-1: no record: padding, and columns a ``past`` held, computed by another call)."""
+        B, P = mask.shape
+        k = self.moe[0].top_k
+        self.routes = torch.full((B, L, len(self.moe), k), -1, dtype=torch.int16,
+                                 device=mask.device)
+        for j, moe in enumerate(self.moe):
+            if fresh:  # _prefill_new: the last M columns of every row, kept where new
+                chosen = moe.last.view(B, -1, k)
+                M = chosen.shape[1]
+                new = mask[:, P - M:] & (torch.arange(P - M, P, device=mask.device)[None]
+                                         >= (P - self.new_counts)[:, None])
+                self.routes[:, P - M:P, j] = torch.where(new[..., None], chosen.to(torch.int16),
+                                                         -1)
+            else:
+                chosen = moe.last.view(-1, P, k)[self.inverse]
+                self.routes[:, :P, j] = torch.where(mask[..., None], chosen.to(torch.int16), -1)
+
+    def routed(self, T: int) -> torch.Tensor | None:
+        """The routing record of the decode [B, P + T, MoE layers, k] int16: column c holds the
+        experts the sampler's forward of the token in column c used (prompt columns, then the
+        generated tokens that were fed; -1 where no forward ran: padding, the last token drawn
+        when the decode ended), or None for a dense model."""
+        if self.routes is None:
+            return None
+        return self.routes[:, :self.prompt_width + T]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms(x, self.final_norm.weight, self.final_norm.variance_epsilon)

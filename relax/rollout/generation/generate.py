@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from relax.rollout.generation.engine import DecodeEngine, cache_argument, unsupported_reason
+from relax.rollout.generation.experts import RouterRecorder
 
 
 @dataclass
@@ -29,6 +30,11 @@ class Rollout:
     (:func:`sampled_log_probs`), 0 outside ``response_mask``; None when the rows were not
     sampled here. ``policy_version`` [B] int64: the trainer step whose weights sampled each
     row, where the sampler is not the trainer's own model (a vLLM server); None otherwise.
+    ``routed_experts`` [B, P+T, MoE layers, k] int16: a mixture-of-experts sampler's routing
+    record, the experts its forward of the token in each column (prompt, then response) used,
+    -1 where it has none (padding, a row's last token when no forward of it ran, columns a
+    kept cache held); None for
+    a dense model or a sampler that does not record (docs/moe.md, "Routing record").
     """
 
     prompt_ids: torch.Tensor
@@ -39,6 +45,7 @@ class Rollout:
     context_mask: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
     policy_version: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
 
     def select(self, index) -> Rollout:
         """The rows picked by ``index`` (a list or an index tensor)."""
@@ -70,7 +77,19 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
             pad(r.log_probs, T, 0.0, False) for r in parts]),
         None if any(r.policy_version is None for r in parts) else torch.cat([
             r.policy_version for r in parts]),
+        None if any(r.routed_experts is None for r in parts) else torch.cat([
+            routes_padded(r.routed_experts, r.prompt_ids.shape[1], P, T) for r in parts]),
     )
+
+
+def routes_padded(routes: torch.Tensor, P_own: int, P: int, T: int) -> torch.Tensor:
+    """A routing record [B, P_own + T_own, ...] padded with -1 to [B, P + T, ...]: its prompt
+    columns on the left, its response columns on the right (as the tokens are)."""
+    prompt, response = routes[:, :P_own], routes[:, P_own:]
+    pad = (0, 0, 0, 0)  # the layer and k dimensions stay
+    return torch.cat([torch.nn.functional.pad(prompt, pad + (P - P_own, 0), value=-1),
+                      torch.nn.functional.pad(response, pad + (0, T - response.shape[1]),
+                                              value=-1)], dim=1)
 
 
 def tokenize_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,8 +266,12 @@ def _decode(model, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_ids, pa
     response_mask = torch.stack(masks, dim=1)
     if cache is not None:
         cache.store(forward.chunks(), prompt_ids, prompt_mask, response_ids, response_mask)
+    routes = forward.routed(response_ids.shape[1])
+    if routes is not None:  # columns past a row's end were fed padding: no record of it
+        routes = routes.clone()
+        routes[:, prompt_ids.shape[1]:][~response_mask] = -1
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, ~ended_eos,
-                   log_probs=torch.stack(log_probs, dim=1))
+                   log_probs=torch.stack(log_probs, dim=1), routed_experts=routes)
 
 
 def _draw(logits, u, alive, pad_token_id: int, *, temperature, top_p, top_k):
@@ -315,30 +338,43 @@ def _drop_finished(engine, alive, finished, ended: int):
 
 class _ModelSteps:
     """The same prefill/step interface over the model's own forward and its dynamic KV cache:
-    for architectures the engine does not cover and for sharded (FSDP2) models."""
+    for architectures the engine does not cover and for sharded (FSDP2) models. A mixture of
+    experts' routing is recorded by hooks on its routers (``RouterRecorder``)."""
 
     def __init__(self, model):
         self.model = model
         self.cache_arg = cache_argument(model)
+        self.recorder = RouterRecorder(model)
 
     def prefill(self, prompt_ids, prompt_mask, max_new_tokens, past=None, shared=None):
         """Every row whole: the model's own cache has no columns to copy a past into."""
         self.attn = prompt_mask.long()
         position = (self.attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=prompt_ids, attention_mask=self.attn, position_ids=position, use_cache=True,
-            logits_to_keep=1,
-        )
+        with self.recorder.armed():
+            out = self.model(
+                input_ids=prompt_ids, attention_mask=self.attn, position_ids=position,
+                use_cache=True, logits_to_keep=1,
+            )
+        self.prompt_width = self.column = prompt_ids.shape[1]
+        self.recorder.prefill(prompt_mask, self.prompt_width + max_new_tokens)
         self.cache = out[self.cache_arg]
         self.next_position = position[:, -1:] + 1
         return out.logits[:, -1]
 
     def step(self, tokens):
         self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)
-        out = self.model(
-            input_ids=tokens[:, None], attention_mask=self.attn, position_ids=self.next_position,
-            use_cache=True, **{self.cache_arg: self.cache},
-        )
+        with self.recorder.armed():
+            out = self.model(
+                input_ids=tokens[:, None], attention_mask=self.attn,
+                position_ids=self.next_position, use_cache=True, **{self.cache_arg: self.cache},
+            )
+        self.recorder.step(self.column)
+        self.column += 1
         self.cache = out[self.cache_arg]
         self.next_position = self.next_position + 1
         return out.logits[:, -1]
+
+    def routed(self, T: int):
+        """The decode's routing record [B, P + T, MoE layers, k] (the engine's ``routed``)."""
+        routes = self.recorder.routes
+        return None if routes is None else routes[:, :self.prompt_width + T]

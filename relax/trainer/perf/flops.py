@@ -7,7 +7,8 @@ logits (a matmul of an ``a x b`` weight costs ``2ab`` FLOPs per token)::
 
     F(n, k) = 2 * W_body * n  +  2 * W_head * k  +  4 * L * d_attn * n^2
 
-``W_body``: weights of every Linear layer but the output layer; ``W_head``: the output layer
+``W_body``: weights of every Linear layer but the output layer (and in a mixture of experts
+the router and the ``top_k`` experts a token runs: its active weights); ``W_head``: the output layer
 (``V x H``, counted once when tied to the embedding, whose lookup costs nothing); ``L`` layers
 of attention ``d_attn = heads x head_dim`` wide, scores and values over the full ``n x n``
 (the common convention; a causal kernel does about half). A backward costs twice a forward.
@@ -53,6 +54,19 @@ PEAK_ENV = "RELAX_PEAK_TFLOPS"  # TFLOP/s per rank in the run's compute dtype
 BANDWIDTH_ENV = "RELAX_MEMORY_BANDWIDTH_GBPS"  # copy bandwidth in GB/s (1e9 bytes/s)
 
 
+def _active_expert_weights(model) -> int:
+    """Weights a token multiplies in the mixture-of-experts layers, which are not Linear
+    modules: the router (E x H) and ``top_k`` experts' gate / up / down projections."""
+    from relax.rollout.generation.experts import is_sparse_block
+
+    total = 0
+    for m in model.modules():
+        if is_sparse_block(m):
+            per_expert = m.experts.gate_up_proj[0].numel() + m.experts.down_proj[0].numel()
+            total += m.gate.weight.numel() + m.gate.top_k * per_expert
+    return total
+
+
 @dataclass(frozen=True)
 class ModelShape:
     body_weights: int
@@ -66,7 +80,8 @@ class ModelShape:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         head_weights = head.weight.numel() if isinstance(head, torch.nn.Linear) else 0
-        body = sum(m.weight.numel() for m in linears if m is not head)
+        body = sum(m.weight.numel() for m in linears if m is not head) + _active_expert_weights(
+            model)
         cfg = model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

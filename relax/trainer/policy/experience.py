@@ -44,6 +44,10 @@ class Experience:
     # information) and its mask; the teacher reads it followed by the response (§7b)
     teacher_prompt_ids: torch.Tensor | None = None
     teacher_prompt_mask: torch.Tensor | None = None
+    # a mixture of experts [B, P+T, MoE layers, k] int16, -1: none: the sampler's routing
+    # record (Rollout.routed_experts) and, --use-routing-replay, the old policy's (docs/moe.md)
+    routed_experts: torch.Tensor | None = None
+    old_routed_experts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -75,7 +79,9 @@ def experience_from_rollout(r: Rollout) -> Experience:
     attention_mask = torch.cat([r.prompt_mask, attended], dim=1).long()
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return Experience(input_ids, attention_mask, position_ids, r.response_mask.clone(),
-                      rollout_log_probs=None if r.log_probs is None else r.log_probs.clone())
+                      rollout_log_probs=None if r.log_probs is None else r.log_probs.clone(),
+                      routed_experts=None if r.routed_experts is None
+                      else r.routed_experts.clone())
 
 
 def trimmed(exp: Experience) -> Experience:
@@ -102,7 +108,8 @@ def trimmed(exp: Experience) -> Experience:
     return Experience(**{f.name: cut(f.name, getattr(exp, f.name)) for f in fields(exp)})
 
 
-_SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")
+_SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids", "routed_experts",
+                    "old_routed_experts")
 _TEACHER_PROMPT_FIELDS = ("teacher_prompt_ids", "teacher_prompt_mask")
 
 

@@ -61,6 +61,10 @@ def pack_layout(model, batch: Experience, layout: str) -> PackLayout | None:
                         share=layout == "shared-prefix")
 
 
+# the attribute of a Hugging Face module that holds its routing replay
+# (relax/trainer/policy/routing_replay.py), set by the replay when it is installed
+ROUTING_ATTRIBUTE = "relax_routing_replay"
+
 # Tokens per chunk of the output layer: the [chunk, V] logits of one chunk (and, in a backward,
 # their recomputation) are all that is ever held, instead of [B, T, V] logits and their
 # softmax copies. 2^24 elements = 64 MiB of fp32 logits (341 tokens at V = 49,152).
@@ -196,6 +200,9 @@ def response_rows(model, batch: Experience, *, layout: str = "shared-prefix") ->
     inner = unwrap(model)
     layer = _output_layer(inner)
     pack = pack_layout(model, batch, layout)
+    replay = getattr(inner, ROUTING_ATTRIBUTE, None)
+    if replay is not None:  # a mixture of experts: this forward's routing records, in its order
+        replay.begin(batch, None if pack is None else pack.token_index)
     targets = batch.input_ids[:, -T:].reshape(-1)
     index = None if pack is None else pack.target
     if pack is not None:

@@ -118,11 +118,19 @@ def save_adapter(model: torch.nn.Module, tuner, folder: str, *, base: str | None
     tokenizer.save_pretrained(folder)
 
 
+def default_targets(model: torch.nn.Module) -> list[str]:
+    """The layers of :data:`ALL_LINEAR` that ``model`` has: all of them in a dense model; the
+    attention projections (and any dense MLP layer's) in a mixture of experts, whose experts are
+    3-D parameters and whose router is not a Linear either (docs/moe.md, "LoRA")."""
+    present = _linear_names(model)
+    return [n for n in ALL_LINEAR if n in present]
+
+
 def add_configured(module: torch.nn.Module, section, seed: int):
     """The run's adapter (``cfg.lora``, a LoraSection) on ``module``, its A drawn from the run's
     seed: the training policy and a --fully-async rollout rank build the same adapter."""
     return add_lora(module, rank=section.lora_rank, alpha=section.lora_alpha,
                     dropout=section.lora_dropout,
-                    targets=list(section.lora_target_modules or ALL_LINEAR),
+                    targets=list(section.lora_target_modules or default_targets(module)),
                     seed=seed_for(seed, "lora"))
 

@@ -47,8 +47,8 @@ import torch
 ATTENTION = "relax_packed"
 BLOCKS_KWARG = "relax_pack_blocks"
 # decoder layers that pass the forward's keywords to ALL_ATTENTION_FUNCTIONS (checked in
-# tests/trainer/policy/test_packing.py for Llama and Qwen3)
-PACKED_MODEL_TYPES = ("llama", "qwen3")
+# tests/trainer/policy/test_packing.py for Llama, Qwen3 and Qwen3-MoE)
+PACKED_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe")
 LAYOUTS = ("shared-prefix", "packed", "padded")
 # the attention of a pack: one SDPA over padded segments (True) or one per block / response
 BATCHED_SEGMENTS = True

@@ -48,7 +48,7 @@ from relax.trainer.distributed import (
     wrap_model,
 )
 from relax.trainer.policy.experience import Experience, micro_batches
-from relax.trainer.policy.lora import ALL_LINEAR, add_lora
+from relax.trainer.policy.lora import add_lora, default_targets
 from relax.trainer.policy.optimizer_step import build_optimizer, global_tokens, optimizer_step
 from relax.trainer.policy.recompute import apply_recompute
 from relax.trainer.state import sharded_state
@@ -288,7 +288,7 @@ def _add_adapters(lm: torch.nn.Module, section, seed: int):
     drawn from a stream of the run's seed of their own (not the policy's adapters' draw)."""
     return add_lora(lm, rank=section.lora_rank, alpha=section.lora_alpha,
                     dropout=section.lora_dropout,
-                    targets=list(section.lora_target_modules or ALL_LINEAR),
+                    targets=list(section.lora_target_modules or default_targets(lm)),
                     seed=seed_for(seed, "critic_lora"))
 
 

@@ -413,3 +413,35 @@ def test_an_agent_that_hangs_is_killed_at_its_deadline_and_the_others_go_on(play
     assert failure.startswith("--agent-command agent --flag: session ")
     assert failure.endswith("ran past --agent-timeout 3 s and was killed"), failure
     assert model.keys == [[(1, 0)], [(1, 1)]]
+
+
+class MoeModel(Model):
+    """:class:`Model` as a mixture of experts: its record of column c of a call is c + 10 * the
+    call's number, in both layers and both slots (2 MoE layers, top-2)."""
+
+    def __call__(self, ids, mask, k, cache=None, keys=None):
+        out = super().__call__(ids, mask, k, cache, keys)
+        cols = torch.arange(ids.shape[1] + k, dtype=torch.int16) + 10 * len(self.calls)
+        out.routed_experts = cols[None, :, None, None].expand(len(ids), -1, 2, 2).clone()
+        return out
+
+
+def test_agent_turns_carry_the_routing_record_of_the_model_tokens(play, tok):
+    def agent(env):
+        task = _task(env)
+        url = env["RELAX_BASE_URL"] + "/chat/completions"
+        messages = [{"role": "user", "content": task["prompt"]}]
+        _, first = _call(url, {"messages": messages})
+        messages += [first["choices"][0]["message"], {"role": "user", "content": "again"}]
+        _call(url, {"messages": messages, "max_tokens": 2})
+        return _reward(env, 1.0)
+
+    played, _, model = play(agent, n=1, model=MoeModel(tok))
+    r = played.rollout
+    response, trained = r.routed_experts[0, r.prompt_ids.shape[1]:], r.response_mask[0]
+    assert (r.routed_experts[0, :r.prompt_ids.shape[1]] == -1).all()
+    assert (response[~trained] == -1).all()  # the message's tokens and the padding
+    # each turn's tokens carry their call's record at their columns of that call
+    (ctx1, _), (ctx2, _) = model.calls
+    want = [10 + len(ctx1[0]) + j for j in range(3)] + [20 + len(ctx2[0]) + j for j in range(2)]
+    assert response[trained][:, 0, 0].tolist() == want

@@ -135,3 +135,25 @@ def test_a_raising_environment_fails_its_episode_only(tiny):
     assert played.turns == [2, 3, 2, 3]
     assert played.rewards[0] == 0.0 and played.rewards[2] == 0.0
     assert bool(played.rollout.truncated[0]) and not bool(played.rollout.truncated[1])
+
+
+def test_a_mixture_of_experts_records_the_model_tokens_only():
+    """Each model turn's record (the decode's, at the tokens it sampled) at those tokens'
+    columns; the prompt and the environment's tokens have none (-1)."""
+    from relax.tiny_model import build_tiny_moe
+
+    tok = build_tokenizer()
+    model = build_tiny_moe(tok, seed=0).eval()
+    played, calls = _play(tok, model, [3, 8])
+    r = played.rollout
+    P = r.prompt_ids.shape[1]
+    rec = r.routed_experts
+    assert rec.shape[:2] == (2, P + r.response_ids.shape[1])
+    assert (rec[:, :P] == -1).all()
+    response = rec[:, P:]
+    trained, context = r.response_mask, r.context_mask
+    assert (response[context & ~trained] == -1).all()  # the environment's tokens
+    assert (response[~context] == -1).all()
+    for i in range(2):
+        turns = [c[2].routed_experts[i, c[0].shape[1]:][c[2].response_mask[i]] for c in calls]
+        assert torch.equal(response[i][trained[i]], torch.cat(turns))

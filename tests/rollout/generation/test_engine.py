@@ -4,12 +4,18 @@ rest; one prefill per distinct prompt; the same sampled tokens as the model-forw
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 import relax.rollout.generation.generate as generate_module
 from relax.rollout.generation.engine import DecodeEngine, unsupported_reason
 from relax.rollout.generation.generate import generate, tokenize_prompts
-from relax.tiny_model import build_tiny_model, build_tokenizer
+from relax.tiny_model import build_tiny_model, build_tiny_moe, build_tokenizer
 
 EOS, PAD = 1, 0
 DIMS = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -19,6 +25,8 @@ DIMS = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_laye
 def _model(config):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).double().eval()
+    if config.model_type == "qwen3_moe":  # transformers' grouped_mm has no float64 kernel
+        model.set_experts_implementation("eager")
     with torch.no_grad():  # non-trivial norm weights and biases, so a dropped one shows
         for p in model.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -33,6 +41,14 @@ CONFIGS = {
     "llama3 rope scaling": lambda: LlamaConfig(**DIMS, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}),
+    # mixture of experts: top-2 of 4 renormalized (Qwen3-30B-A3B's router); top-3 of 5 with
+    # the full softmax's weights and a dense first layer (``mlp_only_layers``)
+    "qwen3_moe": lambda: Qwen3MoeConfig(**DIMS, head_dim=8, moe_intermediate_size=16,
+                                        num_experts=4, num_experts_per_tok=2,
+                                        norm_topk_prob=True),
+    "qwen3_moe (dense layer, unnormalized top-3)": lambda: Qwen3MoeConfig(
+        **DIMS, head_dim=8, moe_intermediate_size=16, num_experts=5, num_experts_per_tok=3,
+        norm_topk_prob=False, mlp_only_layers=[0]),
 }
 
 
@@ -157,3 +173,26 @@ def test_engine_samples_the_tokens_the_model_forward_samples(monkeypatch):
     # the sampler's log-probs too: rows dropped from the engine keep theirs, 0 after the mask
     torch.testing.assert_close(lean.log_probs, reference.log_probs, atol=1e-5, rtol=0)
     assert (lean.log_probs[~lean.response_mask] == 0).all()
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_the_engine_samples_the_tiny_moe_as_the_model_forward_does(monkeypatch, seed):
+    """The tiny Qwen3-MoE (relax/tiny_model.py) through the engine: the generic loop's tokens
+    for a seeded run, the sampler's log-probs within float rounding."""
+    tok = build_tokenizer()
+    model = build_tiny_moe(tok, seed=seed).eval()
+    assert unsupported_reason(model) is None
+    prompts = [p for p in ("12+3=", "ab=", "x=", "7*7=") for _ in range(8)]
+    ids, mask = tokenize_prompts(tok, prompts, "cpu")
+
+    def run():
+        return generate(model, ids, mask, max_new_tokens=24, eos_token_ids=[EOS],
+                        pad_token_id=PAD, generator=torch.Generator().manual_seed(11))
+
+    lean = run()
+    monkeypatch.setattr(generate_module, "unsupported_reason", lambda model: "forced")
+    reference = run()
+    assert torch.equal(lean.response_ids, reference.response_ids)
+    assert torch.equal(lean.response_mask, reference.response_mask)
+    torch.testing.assert_close(lean.log_probs, reference.log_probs, atol=1e-5, rtol=0)
+    assert lean.response_mask.sum() > 32  # the runs sampled something to compare

@@ -113,3 +113,19 @@ def test_a_bad_limit_in_the_environment_is_one_line_naming_it(env, raw, monkeypa
         else (lambda: measure_bandwidth(torch.device("cpu")))
     with pytest.raises(InputError, match=rf"^{env}='{raw}': must be a number > 0"):
         measure()
+
+
+def test_a_mixture_of_experts_counts_its_active_weights():
+    """The tiny Qwen3-MoE with transformers' eager experts (each token through its top_k
+    experts): the router and the active experts' matmuls, as FlopCounterMode counts them."""
+    from relax.tiny_model import build_tiny_moe
+
+    model = build_tiny_moe(build_tokenizer(), seed=0)
+    model.config._attn_implementation = "eager"
+    model.set_experts_implementation("eager")
+    B, n, k = 2, 11, 3
+    ids = torch.randint(3, model.config.vocab_size, (B, n))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, logits_to_keep=k)
+    ours = ModelShape.of(model).forward_flops(torch.full((B,), n), torch.full((B,), k))
+    assert ours == counter.get_total_flops()
