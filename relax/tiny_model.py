@@ -60,14 +60,22 @@ def build_tokenizer(vocab_size: int | None = None):
 
 def build_tiny_model(tokenizer, seed: int, **overrides):
     """A randomly initialized Qwen3 causal LM; the same seed gives the same weights."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import Qwen3Config
 
-    cfg = Qwen3Config(
+    return _build(Qwen3Config, TINY_MODEL, tokenizer, seed, overrides)
+
+
+def _build(config_cls, shapes: dict, tokenizer, seed: int, overrides: dict):
+    """A randomly initialized causal LM of ``config_cls`` with ``shapes`` (and ``overrides``)
+    around ``tokenizer``, seeded by ``seed`` without moving the caller's RNG."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = config_cls(
         vocab_size=len(tokenizer),
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **{**TINY_MODEL, **overrides},
+        **{**shapes, **overrides},
     )
     # Fork the RNG so building the model does not move the caller's global stream.
     with torch.random.fork_rng(devices=[]):
@@ -88,18 +96,6 @@ TINY_MOE = dict(TINY_MODEL, intermediate_size=192, moe_intermediate_size=64, num
 def build_tiny_moe(tokenizer, seed: int, **overrides):
     """A randomly initialized tiny ``Qwen3MoeForCausalLM`` (:data:`TINY_MOE`); the same seed
     gives the same weights. ``save_pretrained`` makes a directory for ``--hf-checkpoint``."""
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers import Qwen3MoeConfig
 
-    cfg = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **{**TINY_MOE, **overrides},
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    return _build(Qwen3MoeConfig, TINY_MOE, tokenizer, seed, overrides)
