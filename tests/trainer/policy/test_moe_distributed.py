@@ -13,10 +13,10 @@ from tests.trainer.workers import B, one_step, one_step_cases
 pytestmark = pytest.mark.subprocess
 
 # (estimator, per_token, fsdp, micro batch, inert, shared prompts, tied, off_policy,
-#  recompute, layout, opsd, moe, router_coef, replay): with the router's aux loss and
+#  recompute, layout, opsd, correction, moe, router_coef, replay): with the router's aux loss and
 #  metrics, and R3 of a random routing record
 CASES = {fsdp: ("grpo", False, fsdp, B // 4, False, True, True, False, None, "packed",
-                False, True, 0.05, True) for fsdp in (False, True)}
+                False, False, True, 0.05, True) for fsdp in (False, True)}
 
 
 def test_two_ranks_equal_one_process_under_ddp_and_fsdp2():
