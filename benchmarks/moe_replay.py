@@ -1,4 +1,4 @@
-"""Issue 48, item 4: what routing replay does to a mixture-of-experts policy's sampler/trainer
+"""What routing replay (docs/algorithms/moe.md §M5) does to a mixture-of-experts policy's sampler/trainer
 mismatch, and what a MoE step costs against a dense model of the same active size. Not part
 of the test suite; written, checked for 2 steps on the tiny MoE, NOT yet measured::
 

@@ -1,5 +1,5 @@
-"""Rollout corrections and length control on a real sampler-trainer mismatch (issue 47, item 4;
-reinforce_plus_plus.md §7c, §7d): SmolLM2-135M-Instruct on a reasoning-gym task, two seeds per
+"""Rollout corrections and length control on a real sampler-trainer mismatch
+(docs/algorithms/reinforce_plus_plus.md §7c, §7d): SmolLM2-135M-Instruct on a reasoning-gym task, two seeds per
 arm, one report with tables, curves and the commands.
 
 Part ``correction``: a bf16 sampler against the trainer (``--bf16``: the sampler's decode and

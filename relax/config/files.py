@@ -34,7 +34,7 @@ from relax.errors import ConfigError
 SUFFIXES = (".yaml", ".yml", ".toml", ".json")
 
 # The one table of renamed fields: a field's former name (path by section) -> its name now,
-# the flag's (issue 45: one name per setting). Read in a file or a checkpoint's saved
+# the flag's (docs/configuration.md, "Field names that differ from their flags"). Read in a file or a checkpoint's saved
 # configuration, never written.
 RENAMED: dict[str, str] = {
     "algorithm.estimator": "advantage_estimator",
