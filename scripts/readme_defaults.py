@@ -61,6 +61,41 @@ def rewards(output_dir: str | Path) -> tuple[float, float]:
     return sum(values[:5]) / 5, sum(values[-5:]) / 5
 
 
+def cpu_kind() -> str:
+    """What decides the order a CPU sums in, in one line: the vendor (MKL, which does the
+    matrix products, picks its code path by vendor and instruction set), torch's kernel level
+    (the vector width of its reductions and elementwise kernels) and the vector instruction
+    sets the CPU offers, and the torch version. A seeded run repeats bit for bit on one kind;
+    two kinds sum in different orders and give different, equally repeatable, rewards: the
+    same recipe gave a last-5 reward of 0.184 on the machine that first wrote the table and
+    0.231 on an AMD EPYC with AVX2 and no AVX-512 (transformers 5.24 and 5.25 alike)."""
+    import platform
+
+    import torch
+
+    vendor, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    vendor = value.strip()
+                elif key.strip() in ("flags", "Features"):  # x86, arm64
+                    flags |= set(value.split())
+    except OSError:  # not Linux: the vendor string and torch's kernel level only
+        pass
+    isa = sorted(f for f in flags if re.match(r"(avx|fma|amx|f16c|sve|asimd)", f))
+    return (f"{vendor}, torch {torch.__version__.split('+')[0]} "
+            f"{torch.backends.cpu.get_cpu_capability()} kernels, {' '.join(isa) or 'no vector flags'}")
+
+
+def table_cpu(text: str) -> str | None:
+    """The CPU kind README's table was measured on, as its note names it (None: not named)."""
+    body = text.split(BEGIN, 1)[-1].split(END, 1)[0]
+    found = re.search(r"CPU: `([^`]+)`", body)
+    return found.group(1) if found else None
+
+
 def row(label: str, first: float, last: float, seconds: float) -> str:
     return f"| {label} | {first:.3f} | {last:.3f} | {seconds:.0f} s |"
 
@@ -104,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [measure(label, flags, root) for label, flags in RECIPES]
     text = README.read_text(encoding="utf-8")
     if args.check:
+        if table_cpu(text) != cpu_kind():
+            print(f"README.md's table was measured on CPU {table_cpu(text)!r}, this is "
+                  f"{cpu_kind()!r}: another kind sums in another order, nothing to compare")
+            return 1
         want = table_rows(text)
         got = table_rows(f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}")
         stale = [label for label in got if want.get(label) != got[label]]
@@ -113,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     header = "| recipe | first 5 steps | last 5 steps | wall time |\n|---|---:|---:|---:|"
     load = os.getloadavg()[1]  # the 5-minute mean: other work slows the wall times, never the rewards
     note = (f"(Seed 1234, {THREADS} intra-op threads, commit {commit()}, load average {load:.1f} "
-            f"on {os.cpu_count()} cores; `scripts/readme_defaults.py` wrote this table.)")
+            f"on {os.cpu_count()} cores, CPU: `{cpu_kind()}`; `scripts/readme_defaults.py` wrote this "
+            f"table.)")
     block = f"{BEGIN}\n{header}\n" + "\n".join(rows) + f"\n\n{note}\n{END}"
     README.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text,
                              flags=re.S), encoding="utf-8")
