@@ -58,26 +58,6 @@ def gone(pgid: int, timeout: float = 30.0) -> bool:
     return True
 
 
-def test_two_steps_end_to_end(tmp_path, model_dir):
-    reward = write_reward(tmp_path)
-    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
-                      "--custom-rm-path", f"{reward}:parity", *SMALL,
-                      output_dir=tmp_path / "run")
-    _, history, moved = fit(cfg)
-    assert moved > 1e-4, "the update did not change the parameters"
-    rows = read_metrics(tmp_path / "run")
-    assert [r["rollout/step"] for r in rows] == [1, 2]
-    for row in rows:
-        # step 2 samples after an update: a missed sync would put the step's movement here
-        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
-        assert row["rollout/policy_lag"] == 0 and row["vllm/weight_sync_bytes"] > 0
-        assert row["perf/weight_sync_time"] > 0
-    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
-    assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
-    assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
-    assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
-
-
 def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
     """--lora-rank: the server serves --hf-checkpoint with --enable-lora and loads the
     adapter after each update; step 2 samples with step 1's adapter (a missed load would
@@ -161,16 +141,32 @@ def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
         assert gone(server_group(run / f"vllm-rank{rank}.log"))
 
 
-def test_a_resumed_run_pushes_its_weights_first(tmp_path, model_dir):
-    """The server starts on the loaded model's weights; a resumed run's checkpoint moved
-    them, so it pushes them before its first step: that step's mismatch stays at rounding
-    (without the push it would carry two steps of lr 1e-2)."""
+def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, model_dir):
+    """Two steps end to end: the server samples with the trainer's weights after each update,
+    so the mismatch stays at fp32 rounding, and it is gone with the run. Then the run is
+    resumed from its checkpoint: the server starts on the loaded model's weights, which the
+    checkpoint moved, so the resumed run pushes them before its first step and that step's
+    mismatch stays at rounding too (without the push it would carry two steps of lr 1e-2).
+    One test, so that one owned server start serves both (each costs ~30 s of a worker)."""
     reward = write_reward(tmp_path)
     common = ["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
               "--custom-rm-path", f"{reward}:parity", *SMALL]
+    first = tmp_path / "first"
     _, _, moved = fit(make_config(*common, "--save", str(tmp_path / "ckpt"), "--save-interval",
-                                  "1", output_dir=tmp_path / "first"))
-    assert moved > 1e-4
+                                  "1", output_dir=first))
+    assert moved > 1e-4, "the update did not change the parameters"
+    rows = read_metrics(first)
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    for row in rows:
+        # step 2 samples after an update: a missed sync would put the step's movement here
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+        assert row["rollout/policy_lag"] == 0 and row["vllm/weight_sync_bytes"] > 0
+        assert row["perf/weight_sync_time"] > 0
+    samples = [json.loads(line) for line in open(first / "samples.jsonl")]
+    assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
+    assert os.listdir(first / "vllm-weights-rank0") == ["v2"]
+    assert gone(server_group(first / "vllm-rank0.log"))
+
     fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",
                     output_dir=tmp_path / "resumed"))
     row = read_metrics(tmp_path / "resumed")[-1]
