@@ -3,7 +3,7 @@ sampler/trainer mismatch, and what a MoE step costs against a dense model of the
 size (docs/reports/moe-replay.md holds the measurement). Not part of the test suite::
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/moe_replay.py \\
-        --parts runs cost --steps 24 --cost-repeats 15 --out docs/reports/moe-replay.json
+        --parts runs bf16 cost --steps 24 --cost-repeats 15 --out docs/reports/moe-replay.json
 
 The model: the tiny Qwen3-MoE of relax/tiny_model.py (4 experts, top-2) from a random
 initialization (``--seed``), built in code; the reward: :func:`odd_share`.
@@ -16,6 +16,11 @@ Each step's reward, the share of (token, MoE layer) pairs of the update whose ex
 from the sampler's (``train/moe_replayed_routing_mismatch``; ``train/moe_routing_mismatch``:
 the router's own choice against the sampler's), and the log-prob mismatch between the
 sampler and the trainer's pi_old (``rollout/logprob_abs_diff`` mean and max, k3).
+
+``bf16``: what the bf16 sampler is on this CPU: the share of a bf16-autocast linear layer's
+outputs that are the correctly rounded bf16 value of the float64 product of its bf16-rounded
+inputs, and the sampler's decode of one batch under bf16 autocast against fp32 (alternated,
+medians in seconds).
 
 ``cost``: one update step (a packed forward and backward of one sampled batch and an AdamW
 step) of the MoE against a dense Qwen3 whose MLP width is the active experts'
@@ -118,22 +123,57 @@ def _summary(rows: list[dict]) -> dict:
             "reward_mean_last_4": statistics.fmean(r["rollout/raw_reward"] for r in rows[-4:])}
 
 
+def _decode(model, tok, args, bf16: bool):
+    """The engine's decode of one batch of 16 rows (4 prompts x 4) at the sampler's precision."""
+    import torch
+
+    from relax.precision import autocast
+    from relax.rollout.generation.generate import generate, tokenize_prompts
+
+    ids, mask = tokenize_prompts(tok, [p for p in PROMPTS[:4] for _ in range(4)], "cpu")
+    with torch.no_grad(), autocast(torch.device("cpu"), bf16):
+        return generate(model, ids, mask, max_new_tokens=args.new_tokens,
+                        eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                        generator=torch.Generator().manual_seed(args.seed))
+
+
+def bf16(args) -> dict:
+    """How bf16 autocast computes here, and what it costs the sampler."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(256, 64, generator=gen), torch.randn(192, 64, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.nn.functional.linear(x, w)
+    exact = (x.bfloat16().double() @ w.bfloat16().double().T).bfloat16()
+    tok, moe = _moe(args.seed)
+    times: dict[str, list[float]] = {"bf16": [], "fp32": []}
+    for _ in range(args.cost_repeats // 3 or 1):
+        for name in times:
+            start = time.perf_counter()
+            _decode(moe, tok, args, name == "bf16")
+            times[name].append(time.perf_counter() - start)
+    flags = open("/proc/cpuinfo", encoding="utf-8").read().split()
+    return {"output_dtype": str(y.dtype),
+            "correctly_rounded_share": (y == exact).double().mean().item(),
+            "largest_relative_error_in_bf16_eps": ((y.double() - exact.double()).abs()
+                                           / torch.finfo(torch.bfloat16).eps
+                                           / exact.double().abs().clamp_min(1e-30)).max().item(),
+            "cpu_bf16_instructions": sorted({f for f in flags if "bf16" in f}),
+            "decode_s": times, "decode_median_s": {k: statistics.median(v)
+                                                   for k, v in times.items()}}
+
+
 def cost(args) -> dict:
     """One update step of each model on the same sampled batch, alternated."""
     import torch
 
-    from relax.rollout.generation.generate import generate, tokenize_prompts
     from relax.trainer.policy.experience import experience_from_rollout
     from relax.trainer.policy.logprobs import response_log_probs
 
     tok, moe = _moe(args.seed)
     dense = _dense(tok, moe, args.seed)
-    ids, mask = tokenize_prompts(tok, [p for p in PROMPTS[:4] for _ in range(4)], "cpu")
-    with torch.no_grad():
-        r = generate(moe, ids, mask, max_new_tokens=args.new_tokens,
-                     eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
-                     generator=torch.Generator().manual_seed(args.seed))
-    exp = experience_from_rollout(r)
+    exp = experience_from_rollout(_decode(moe, tok, args, bf16=False))
     models = {"moe": moe, "dense": dense}
     optims = {k: torch.optim.AdamW(m.parameters(), lr=1e-6) for k, m in models.items()}
     times: dict[str, list[float]] = {k: [] for k in models}
@@ -152,7 +192,7 @@ def cost(args) -> dict:
         for name in models:
             times[name].append(step(name))
     count = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
-    return {"threads": torch.get_num_threads(), "rows": int(ids.shape[0]),
+    return {"threads": torch.get_num_threads(), "rows": len(exp),
             "response_tokens": int(exp.response_mask.sum()),
             "parameters": count, "seconds": times,
             "median_s": {k: statistics.median(v) for k, v in times.items()},
@@ -162,7 +202,8 @@ def cost(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", nargs="+", choices=("runs", "cost"), default=["runs", "cost"])
+    ap.add_argument("--parts", nargs="+", choices=("runs", "bf16", "cost"),
+                    default=["runs", "bf16", "cost"])
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=16)
@@ -171,15 +212,31 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     sys.path.insert(0, REPO)
-    result = {"argv": sys.argv[1:], "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    import torch
+    import transformers
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    result = {"argv": sys.argv[1:], "commit": commit,
+              "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+              "torch": torch.__version__, "transformers": transformers.__version__}
+    result["wall_s"] = walls = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if "runs" in args.parts:
             result["runs"] = runs(args, tmp)
+            walls["runs"] = round(time.perf_counter() - start, 1)
+    if "bf16" in args.parts:
+        begin = time.perf_counter()
+        result["bf16"] = bf16(args)
+        walls["bf16"] = round(time.perf_counter() - begin, 1)
+        print("bf16", json.dumps(result["bf16"]["decode_median_s"]), flush=True)
     if "cost" in args.parts:
+        begin = time.perf_counter()
         result["cost"] = cost(args)
+        walls["cost"] = round(time.perf_counter() - begin, 1)
         print("cost", json.dumps(result["cost"]["median_s"]), flush=True)
-    result["wall_s"] = round(time.perf_counter() - start, 1)
+    walls["total"] = round(time.perf_counter() - start, 1)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
