@@ -93,9 +93,9 @@ class BackendSection(Section):
     rollout_bf16: bool | None = option(
         None,
         "The sampler's precision apart from the trainer's (--bf16): Relax's engine decodes "
-        "under bf16 autocast (--no-rollout-bf16: in fp32), and the "
-        "vLLM servers Relax starts get --dtype bfloat16 (or float32); the sampler's log-probs "
-        "are then a bf16 model's against an fp32 trainer (relax/precision.py). Refused with "
+        "under bf16 autocast (--no-rollout-bf16: in fp32), and the vLLM servers Relax starts "
+        "get vLLM's --dtype bfloat16 (or float32); the sampler's log-probs are then a bf16 "
+        "model's against an fp32 trainer (relax/precision.py). Refused with "
         "--vllm-url (those servers run at the dtype their user gave them).",
         default_text="the sampler follows --bf16")
 
@@ -104,8 +104,8 @@ class BackendSection(Section):
             # the dtype is a server's start-up argument: Relax sets it only on servers it starts
             raise ConfigError("--rollout-bf16" if self.rollout_bf16 else "--no-rollout-bf16",
                               "sets the dtype of the vLLM servers Relax starts, and the "
-                              "--vllm-url servers are not Relax's (their dtype is their "
-                              "user's --dtype); remove this flag or --vllm-url")
+                              "--vllm-url servers are not Relax's (their dtype is the one "
+                              "their user started them with); remove this flag or --vllm-url")
         if self.rollout_backend == "vllm":
             for url in self.vllm_url or ():
                 check_url(self, "vllm_url", url)
