@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from relax.agreement import GroupAgreement
 from relax.rollout.backends.vllm.vllm_server import ServerDown, ServerError, healthy
 
 HEALTH_EVERY_S = 2.0  # how often a server out of the pool is asked for /health
@@ -215,14 +216,16 @@ class ServerPool:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ weights
-    def load(self, version: int, load: Callable, *, mine: Callable[[int], bool] | None = None,
-             group=None, device="cpu") -> None:
+    def load(self, version: int, load: Callable, *, catch_up: Callable | None = None,
+             mine: Callable[[int], bool] | None = None, group=None, device="cpu") -> None:
         """Each server in the pool runs ``load(client)`` (at once, one thread each) and
         serves ``version`` from then on; one whose ``load`` raises a ServerError leaves the
-        pool. ``mine(index)``: the servers this process loads (None: all; FSDP2 ranks share
-        the servers, each loaded once); ``group``: the ranks whose failures every rank's pool
-        hears of (one MAX all-reduce), so they all take out the same servers. Another error
-        is raised after that all-reduce; an empty pool raises its one line."""
+        pool. ``catch_up(client)``: what a server out of the pool runs before it rejoins
+        (default ``load``). ``mine(index)``: the servers this process loads (None: all;
+        FSDP2 ranks pool the same servers, each loaded by one rank); ``group``: the ranks
+        pooling the same servers, whose failures every rank hears of (one MAX all-reduce),
+        so that they all take out the same ones. Another error is raised after that
+        all-reduce; an empty pool raises its one line."""
         with self._cond:
             members = [m for m in self.members if m.in_pool]
         own = [m for m in members if mine is None or mine(m.index)]
@@ -241,12 +244,12 @@ class ServerPool:
             flags = torch.zeros(len(self.members), device=device)
             for k, m in enumerate(self.members):
                 flags[k] = float(m.index in failures)
-            dist.all_reduce(flags, dist.ReduceOp.MAX, group=group)
+            flags = GroupAgreement(group, device).reduce(flags, dist.ReduceOp.MAX)
             for k, m in enumerate(self.members):
                 if flags[k] and m.index not in failures:
                     failures[m.index] = "its update failed on another rank"
         with self._cond:
-            self.loader, self.version = load, version
+            self.loader, self.version = catch_up or load, version
             self.sessions.clear()  # the reload dropped every prefix cache
             for m in members:
                 if m.index in failures:

@@ -111,9 +111,12 @@ class DiskSync:
         try:
             if self.shards is None:
                 self.pool.load(version, _reload(path))
-            else:
+            else:  # --vllm-url (``mine``): every rank pools the same servers, agreeing on
+                # which failed; an owned server is its rank's alone
+                shared = self.shards.mine is not None
                 self.pool.load(version, _reload(path), mine=self.shards.mine,
-                               group=self.shards.ctx.group, device=self.shards.ctx.device)
+                               group=self.shards.ctx.group if shared else None,
+                               device=self.shards.ctx.device)
         except Exception as e:
             error = e
         if self.shards is not None:  # every server holds the new folder before the old goes
@@ -142,7 +145,9 @@ class LoraSync:
         path = os.path.join(self.folder, f"v{version}")
         nbytes = write_adapter(module, self.tuner, path)
         name = f"{ADAPTER_PREFIX}{version}"
-        self.pool.load(version, _adapter(name, path, self.name))
+        # a server catching up may have restarted without the previous adapter
+        self.pool.load(version, _adapter(name, path, self.name),
+                       catch_up=_adapter(name, path, None))
         self.name = name
         if self.current not in (None, path):
             shutil.rmtree(self.current, ignore_errors=True)

@@ -24,8 +24,7 @@ from relax.metrics.tracker import MetricTracker
 from relax.rollout.backends.vllm.router import ServerPool
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
-from relax.rollout.backends.vllm.vllm_sync import DiskSync
+from relax.rollout.backends.vllm.vllm_server import VllmClient
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams
 from relax.rollout.generation.turn_cache import TurnCache
@@ -91,6 +90,17 @@ def _pool(stubs_, **kw) -> ServerPool:
 def _request(seed: int) -> dict:
     return dict(max_tokens=2, temperature=1.0, top_p=1.0, top_k=-1, seed=seed,
                 stop_token_ids=[EOS])
+
+
+def _reload(path: str):
+    """A server's part of a disk weight sync (vllm_sync.py ``DiskSync``): paused, reloaded."""
+    def reload(client) -> None:
+        client.pause()
+        try:
+            client.reload_weights(path)
+        finally:
+            client.resume()
+    return reload
 
 
 def _sampler(target) -> VllmSampler:
@@ -178,13 +188,11 @@ def test_a_server_killed_mid_step_its_requests_finish_elsewhere(stubs, capsys):
     assert torch.equal(out.log_probs, again.log_probs)
 
 
-def test_a_server_failing_its_update_leaves_the_pool(stubs, tmp_path, capsys):
-    from relax.tiny_model import build_tiny_model, build_tokenizer
-
+def test_a_server_failing_its_update_leaves_the_pool(stubs, capsys):
     good, bad = stubs(2, each=[(), ("--fail-reload",)])
     pool = _pool([good, bad])
     try:
-        DiskSync(pool, str(tmp_path / "w")).push(build_tiny_model(build_tokenizer(), seed=0), 1)
+        pool.load(1, _reload("/weights/v1"))
         assert [os.path.basename(p) for p in good.get("/stats")["reloads"]] == ["v1"]
         err = [ln for ln in capsys.readouterr().err.splitlines() if "left the pool" in ln]
         assert len(err) == 1 and bad.url in err[0]
@@ -224,15 +232,13 @@ def test_an_episodes_turns_stay_on_one_server(stubs):
     assert {k for servers in where.values() for k in servers} == {0, 1}
 
 
-def test_a_server_rejoins_after_health_and_the_weights(stubs, tmp_path, capsys):
+def test_a_server_rejoins_after_health_and_the_weights(stubs, capsys):
     """Server 1 stops answering: its request goes to server 0; once it answers /health
     again it reloads the pool's current weights, then rejoins."""
-    from relax.tiny_model import build_tiny_model, build_tokenizer
-
     a, b = stubs(2)
     pool = _pool([a, b], health_every=0.2)
     try:
-        DiskSync(pool, str(tmp_path / "w")).push(build_tiny_model(build_tokenizer(), seed=0), 3)
+        pool.load(3, _reload("/weights/v3"))
         b.control(down=True)
         pool.sessions["s"] = pool.members[1]  # a session that went to b
         answer = pool.complete([3, 4], session="s", **_request(5))
@@ -295,3 +301,29 @@ def test_every_server_gone_ends_the_run_in_one_line(stubs, tmp_path, capsys):
     assert sum("left the pool" in ln for ln in err.splitlines()) == 2
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or metrics.read_text() == ""
+
+
+def _load_on_two_ranks(urls: list[str]) -> dict:
+    """One Gloo rank: its pool of the three URLs, entry j reloaded by rank j mod 2 (FSDP2's
+    split), the failures agreed; what the pool holds after."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    pool = ServerPool([VllmClient(u, timeout=30) for u in urls], health_every=600)
+    try:
+        pool.load(1, _reload("/weights/v1"), mine=lambda j: j % 2 == rank, group=dist.group.WORLD)
+        return {"in_pool": [m.in_pool for m in pool.members],
+                "version": [m.version for m in pool.members]}
+    finally:
+        pool.close()
+
+
+def test_ranks_sharing_servers_take_out_the_same_failed_one(stubs):
+    """Two ranks pool three servers; server 1 (reloaded by rank 1) fails its update: both
+    ranks' pools drop it, each other server was reloaded once, by rank 0."""
+    from tests.distributed_utils import run_distributed
+
+    servers = stubs(3, each=[(), ("--fail-reload",), ()])
+    results = run_distributed(_load_on_two_ranks, 2, [s.url for s in servers], timeout=120)
+    assert results == [{"in_pool": [True, False, True], "version": [1, 0, 1]}] * 2
+    assert [len(s.get("/stats")["reloads"]) for s in servers] == [1, 0, 1]
