@@ -27,7 +27,7 @@ one that answers loads the weights the pool serves (the last :meth:`load`) and r
 When no server is left, the next request (or the update that emptied the pool) raises a
 :class:`ServerError` naming the last failure: the run ends with that one line, exit 1.
 
-Not built: owned servers (``--vllm-num-servers``) pooled across ranks (each rank still owns
+Not built: owned servers pooled across ranks (a number the launcher places; each rank still owns
 one and pools only it); the version a server reports serving (the version here is the one
 this process last loaded into it); in-memory weight transfer (vllm_sync.py).
 """
