@@ -25,7 +25,9 @@ fails a weight update (:meth:`load`) leaves the pool too, instead of sampling st
 Every :data:`HEALTH_EVERY_S` seconds the servers out of the pool are asked for ``/health``;
 one that answers loads the weights the pool serves (the last :meth:`load`) and rejoins.
 When no server is left, the next request (or the update that emptied the pool) raises a
-:class:`ServerError` naming the last failure: the run ends with that one line, exit 1.
+:class:`ServerError` naming the last failure: the run ends with that one line, exit 1. A
+pool of one server (an owned one, or one URL) raises that server's own error, as before
+pools: there is nowhere else to send the request.
 
 Not built: owned servers pooled across ranks (a number the launcher places; each rank still owns
 one and pools only it); the version a server reports serving (the version here is the one
@@ -92,6 +94,7 @@ class ServerPool:
         self.loader: Callable | None = None  # what the last load did to each server
         self.sessions: dict[Hashable, Member] = {}
         self.last_failure = ""
+        self.last_error: ServerError | None = None
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -155,7 +158,7 @@ class ServerPool:
             member.in_flight -= 1
             if failure is not None:
                 member.failures += 1
-                self._take_out(member, str(failure))
+                self._take_out(member, str(failure), failure)
             else:
                 member.requests += 1
                 member.tokens += tokens
@@ -164,12 +167,15 @@ class ServerPool:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ membership
-    def _take_out(self, member: Member, why: str) -> None:
-        """Under the lock: ``member`` leaves the pool, said in one line."""
+    def _take_out(self, member: Member, why: str, error: ServerError) -> None:
+        """Under the lock: ``member`` leaves the pool, said in one line (a pool of one server
+        says nothing: its error ends the run, as it did before pools)."""
         if not member.in_pool:
             return
         member.in_pool = False
-        self.last_failure = why
+        self.last_failure, self.last_error = why, error
+        if len(self.members) == 1:
+            return
         left = sum(m.in_pool for m in self.members)
         print(f"relax: warning: vLLM server {member.url} left the pool ({why}); {left} of "
               f"{len(self.members)} left", file=sys.stderr, flush=True)
@@ -180,6 +186,8 @@ class ServerPool:
         self._cond.notify_all()
 
     def _gone(self) -> ServerError:
+        if len(self.members) == 1 and self.last_error is not None:
+            return self.last_error  # one line naming the server (and an owned one's log)
         urls = " ".join(m.url for m in self.members)
         return ServerError(f"every vLLM server of the pool ({urls}) is gone; the last "
                            f"failure: {self.last_failure}")
@@ -229,7 +237,7 @@ class ServerPool:
         with self._cond:
             members = [m for m in self.members if m.in_pool]
         own = [m for m in members if mine is None or mine(m.index)]
-        failures: dict[int, str] = {}
+        failures: dict[int, ServerError] = {}
         fatal = None
         with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
             futures = [(m, threads.submit(load, m.client)) for m in own]
@@ -237,7 +245,7 @@ class ServerPool:
                 try:
                     f.result()
                 except ServerError as e:
-                    failures[m.index] = str(e)
+                    failures[m.index] = e
                 except Exception as e:  # noqa: BLE001 - raised below, after the all-reduce
                     fatal = fatal or e
         if group is not None:
@@ -247,7 +255,8 @@ class ServerPool:
             flags = GroupAgreement(group, device).reduce(flags, dist.ReduceOp.MAX)
             for k, m in enumerate(self.members):
                 if flags[k] and m.index not in failures:
-                    failures[m.index] = "its update failed on another rank"
+                    failures[m.index] = ServerError(f"{m.client.describe()}: its update "
+                                                    "failed on another rank")
         with self._cond:
             self.loader, self.version = catch_up or load, version
             self.sessions.clear()  # the reload dropped every prefix cache
@@ -255,7 +264,7 @@ class ServerPool:
                 if m.index in failures:
                     m.failures += 1
                     self._take_out(m, f"missed the update to weights version {version}: "
-                                      f"{failures[m.index]}")
+                                      f"{failures[m.index]}", failures[m.index])
                 else:
                     m.version = version
             empty = not any(m.in_pool for m in self.members)

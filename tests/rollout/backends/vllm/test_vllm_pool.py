@@ -24,7 +24,7 @@ from relax.metrics.tracker import MetricTracker
 from relax.rollout.backends.vllm.router import ServerPool
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import VllmClient
+from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams
 from relax.rollout.generation.turn_cache import TurnCache
@@ -186,6 +186,20 @@ def test_a_server_killed_mid_step_its_requests_finish_elsewhere(stubs, capsys):
         alone.close()
     assert torch.equal(out.response_ids, again.response_ids)
     assert torch.equal(out.log_probs, again.log_probs)
+
+
+def test_a_pool_of_one_server_ends_with_that_servers_own_error(stubs, capsys):
+    """One server (an owned one, or one URL): nowhere else to go, so its own error ends the
+    run as before pools, without a line about the pool."""
+    (only,) = stubs(1, "--kill-after", "0")
+    pool = _pool([only])
+    try:
+        with pytest.raises(ServerError) as e:
+            pool.complete([3, 4], **_request(0))
+    finally:
+        pool.close()
+    assert str(e.value).startswith(f"vLLM server {only.url} failed on /v1/completions: ")
+    assert "pool" not in capsys.readouterr().err
 
 
 def test_a_server_failing_its_update_leaves_the_pool(stubs, capsys):
