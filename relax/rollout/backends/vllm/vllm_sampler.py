@@ -150,7 +150,8 @@ def _sessions(cache, rows: int) -> list:
     keys = getattr(cache, "keys", None)
     if keys is None:
         return [None] * rows
-    return [(id(cache.cache), key) for key in keys]
+    owner = id(getattr(cache, "cache", cache))  # the TurnCache: its keys are its own
+    return [(owner, key) for key in keys]
 
 
 def _seeds(generator, rows) -> list[int]:
