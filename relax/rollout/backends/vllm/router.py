@@ -225,18 +225,23 @@ class ServerPool:
 
     # ------------------------------------------------------------------ weights
     def load(self, version: int, load: Callable, *, catch_up: Callable | None = None,
-             mine: Callable[[int], bool] | None = None, group=None, device="cpu") -> None:
+             apply: Callable | None = None, mine: Callable[[int], bool] | None = None,
+             group=None, device="cpu") -> None:
         """Each server in the pool runs ``load(client)`` (at once, one thread each) and
         serves ``version`` from then on; one whose ``load`` raises a ServerError leaves the
         pool. ``catch_up(client)``: what a server out of the pool runs before it rejoins
-        (default ``load``). ``mine(index)``: the servers this process loads (None: all;
-        FSDP2 ranks pool the same servers, each loaded by one rank); ``group``: the ranks
+        (default ``load``); ``apply(client)``: run here on every server that holds
+        ``version`` after, whoever loaded it (the client's own state, such as the adapter's
+        name). ``mine(index)``: the servers this process loads (None: all; ranks that pool
+        the same servers load each once); ``group``: the ranks
         pooling the same servers, whose failures every rank hears of (one MAX all-reduce),
         so that they all take out the same ones. Another error is raised after that
         all-reduce; an empty pool raises its one line."""
         with self._cond:
             members = [m for m in self.members if m.in_pool]
-        own = [m for m in members if mine is None or mine(m.index)]
+        # with ``mine`` a server is this process's to load even when out of its own pool: the
+        # other ranks' pools may hold it and count on this load (the watcher rejoins it here)
+        own = members if mine is None else [m for m in self.members if mine(m.index)]
         failures: dict[int, ServerError] = {}
         fatal = None
         with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
@@ -267,6 +272,8 @@ class ServerPool:
                                       f"{failures[m.index]}", failures[m.index])
                 else:
                     m.version = version
+                    if apply is not None:
+                        apply(m.client)
             empty = not any(m.in_pool for m in self.members)
         if fatal is not None:
             raise fatal

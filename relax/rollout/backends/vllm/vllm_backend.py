@@ -46,7 +46,7 @@ from relax.rollout.backends.vllm.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync, Shards
+from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync, Shards, Split
 from relax.rollout.backends.vllm.vllm_weights import lora_rank_slot
 from relax.rollout.generation.sampler import SamplingParams
 
@@ -107,14 +107,16 @@ class VllmBackend:
 
     def __init__(self, settings: VllmSettings, rank: int, device,
                  target: VllmClient | ServerPool | None, *, python: str | None = None,
-                 ctx=None):
+                 ctx=None, ranks=None):
         """``target``: the pool of ``--vllm-url`` servers (or one client of one), None for
-        an owned server (started by :meth:`start`)."""
+        an owned server (started by :meth:`start`); ``ctx``: the ranks an FSDP2 model is
+        sharded over; ``ranks``: the ranks whose pools hold the same servers (a colocated
+        run's training ranks; default ``ctx``), each server then loaded by one of them."""
         self.settings, self.rank, self.device = settings, rank, device
         self.pool = None if target is None else ServerPool.of(target)
         self.server = None
         self.python = python  # the vLLM environment an owned server starts from
-        self.sync = self._disk_sync(ctx)
+        self.sync = self._disk_sync(ctx, ranks or ctx)
         self.samplers: list[VllmSampler] = []
         self.version = 0  # the trainer steps behind the server's weights
         self.vocab_size: int | None = None  # the policy's token ids: [0, vocab_size)
@@ -124,36 +126,36 @@ class VllmBackend:
         """The first server's client (the only one of an owned server)."""
         return None if self.pool is None else self.pool.clients[0]
 
-    def _disk_sync(self, ctx) -> DiskSync:
-        """Rank r's own folder, reloaded by every server of its pool, or under FSDP2 one
-        folder that rank 0 writes for all, each ``--vllm-url`` server reloaded by one rank
-        (entry j by rank j mod the ranks; an owned server by its rank)."""
+    def _disk_sync(self, ctx, ranks) -> DiskSync:
+        """Rank r's own folder, or under FSDP2 one folder that rank 0 writes for all; a
+        ``--vllm-url`` server shared by ``ranks`` is reloaded by one of them (entry j by rank
+        j mod their number, vllm_sync.py ``Split``), an owned server by its rank."""
         conf = self.settings
+        shared = conf.urls is not None and ranks is not None and ranks.world_size > 1
+        split = Split(ranks) if shared else None
         if not conf.fsdp:
             return DiskSync(self.pool, os.path.join(conf.run_dir,
-                                                    f"vllm-weights-rank{self.rank}"))
-        mine = None
-        if conf.urls is not None:
-            ranks = ctx.world_size
-            mine = lambda index: index % ranks == self.rank % ranks  # noqa: E731
+                                                    f"vllm-weights-rank{self.rank}"),
+                            split=split)
         return DiskSync(self.pool, os.path.join(conf.run_dir, "vllm-weights"),
-                        Shards(ctx, conf.bucket_bytes, mine))
+                        Shards(ctx, conf.bucket_bytes), split=split)
 
     @classmethod
     def open(cls, settings: VllmSettings, rank: int, device, ctx=None, *,
-             slot: tuple[int, int] | None = None) -> VllmBackend:
+             slot: tuple[int, int] | None = None, ranks=None) -> VllmBackend:
         """Before any model loads: every ``--vllm-url`` server of the pool must answer (else
         exit 2); for an owned server the vLLM environment must exist at a supported version.
         ``ctx`` (``group``, ``device``, ``is_main``): the ranks an FSDP2 model is sharded over;
         ``slot`` (i, R): pool only entries i, i+R, ... (rollout rank i of R under
-        --fully-async, so that the rollout ranks never share a server); None: all of them."""
+        --fully-async, so that the rollout ranks never share a server); None: all of them;
+        ``ranks``: the ranks pooling the same servers (a colocated run's training ranks)."""
         if settings.urls:
             first, stride = slot if slot is not None else (0, 1)
             indices = list(range(first, len(settings.urls), stride))
             clients = [connect(settings.urls[i], "--vllm-url", timeout=settings.request_timeout)
                        for i in indices]
             pool = ServerPool(clients, indices, total=len(settings.urls))
-            return cls(settings, rank, device, pool, ctx=ctx)
+            return cls(settings, rank, device, pool, ctx=ctx, ranks=ranks)
         python = vllm_python()
         installed_version(python)
         return cls(settings, rank, device, None, python=python, ctx=ctx)
@@ -164,7 +166,7 @@ class VllmBackend:
         peft's tuner of a ``--lora-rank`` policy, whose adapter is then loaded by name."""
         self.vocab_size = getattr(getattr(module, "config", None), "vocab_size", None)
         if lora is not None:
-            self.sync = LoraSync(self.pool, self.sync.folder, lora)
+            self.sync = LoraSync(self.pool, self.sync.folder, lora, split=self.sync.split)
         if self.pool is None:
             self._start_owned(module, bf16=bf16, lora=lora)
         else:

@@ -318,26 +318,38 @@ def test_every_server_gone_ends_the_run_in_one_line(stubs, tmp_path, capsys):
 
 
 def _load_on_two_ranks(urls: list[str]) -> dict:
-    """One Gloo rank: its pool of the three URLs, entry j reloaded by rank j mod 2 (FSDP2's
-    split), the failures agreed; what the pool holds after."""
+    """One Gloo rank of a colocated run: its pool of the three URLs, entry j reloaded by
+    rank j mod 2 (vllm_sync.py ``Split``), the failures agreed; rank 0 had taken server 0
+    out of its own pool before the sync (a failed request), and loads it all the same for
+    rank 1's pool. What the pool holds after, and the model name each client now asks for."""
     import torch.distributed as dist
+
+    from relax.rollout.backends.vllm.vllm_sync import Split
+    from relax.trainer.distributed import DistContext
 
     rank = dist.get_rank()
     pool = ServerPool([VllmClient(u, timeout=30) for u in urls], health_every=600)
+    if rank == 0:
+        pool.members[0].in_pool = False
     try:
-        pool.load(1, _reload("/weights/v1"), mine=lambda j: j % 2 == rank, group=dist.group.WORLD)
+        Split(DistContext(rank, 2, rank, torch.device("cpu"), dist.group.WORLD)).load(
+            pool, 1, _reload("/weights/v1"), apply=lambda c: setattr(c, "model", "v1"))
         return {"in_pool": [m.in_pool for m in pool.members],
-                "version": [m.version for m in pool.members]}
+                "version": [m.version for m in pool.members],
+                "model": [m.client.model for m in pool.members]}
     finally:
         pool.close()
 
 
 def test_ranks_sharing_servers_take_out_the_same_failed_one(stubs):
     """Two ranks pool three servers; server 1 (reloaded by rank 1) fails its update: both
-    ranks' pools drop it, each other server was reloaded once, by rank 0."""
+    ranks' pools drop it; servers 0 and 2 were reloaded once each, by rank 0, and every
+    rank's clients of the servers holding version 1 name its model."""
     from tests.distributed_utils import run_distributed
 
     servers = stubs(3, each=[(), ("--fail-reload",), ()])
     results = run_distributed(_load_on_two_ranks, 2, [s.url for s in servers], timeout=120)
-    assert results == [{"in_pool": [True, False, True], "version": [1, 0, 1]}] * 2
+    assert results == [
+        {"in_pool": [False, False, True], "version": [0, 0, 1], "model": [None, None, "v1"]},
+        {"in_pool": [True, False, True], "version": [1, 0, 1], "model": ["v1", None, "v1"]}]
     assert [len(s.get("/stats")["reloads"]) for s in servers] == [1, 0, 1]
