@@ -353,3 +353,37 @@ def test_ranks_sharing_servers_take_out_the_same_failed_one(stubs):
         {"in_pool": [False, False, True], "version": [0, 0, 1], "model": [None, None, "v1"]},
         {"in_pool": [True, False, True], "version": [1, 0, 1], "model": ["v1", None, "v1"]}]
     assert [len(s.get("/stats")["reloads"]) for s in servers] == [1, 0, 1]
+
+
+def test_fully_async_rollout_rank_records_its_pool_for_two_training_ranks(stubs, tmp_path):
+    """``--fully-async`` with two training ranks and one rollout rank pooling three stub
+    servers: the run trains, every step's samples are counted once over the servers, each
+    server reloaded each version once, and both training ranks reduce the same metric names
+    (the second share's are zeros)."""
+    from relax.tiny_model import build_tiny_model, build_tokenizer
+    from tests.distributed_utils import torchrun_relax
+    from tests.trainer.helpers import RECIPES, read_metrics, write_reward
+
+    model = tmp_path / "model"
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer, seed=0, tie_word_embeddings=False).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    servers = stubs(3, "--model-dir", str(model))
+    run = tmp_path / "run"
+    done = torchrun_relax(
+        *RECIPES["grpo"], "--fully-async", "--rollout-num-gpus", "1", "--max-staleness", "0",
+        "--rollout-backend", "vllm", "--vllm-url", *(s.url for s in servers),
+        "--hf-checkpoint", str(model), "--custom-rm-path", f"{write_reward(tmp_path)}:parity",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "4", "--num-rollout", "3", "--output-dir", str(run),
+        "--device", "cpu", nproc=3, timeout=300, hang="a --fully-async pool run did not finish")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2, 3]
+    for step, row in enumerate(rows):
+        assert sum(row[f"rollout/server{i}/requests"] for i in range(3)) == 4, row
+        assert all(row[f"rollout/server{i}/in_pool"] == 1.0 for i in range(3)), row
+        assert all(row[f"rollout/server{i}/weight_version"] == step for i in range(3)), row
+        assert all(row[f"rollout/server{i}/failures"] == 0 for i in range(3)), row
+    reloads = [[os.path.basename(p) for p in s.get("/stats")["reloads"]] for s in servers]
+    assert reloads == [["v1", "v2"]] * 3
