@@ -69,6 +69,8 @@ class Member:
     failures: int = 0
     tokens: int = 0
     busy: list = field(default_factory=lambda: [None, None])  # first start, last end
+    # one load at a time (a sync's and a catch-up's), the later one loading the newest weights
+    loading: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
@@ -201,18 +203,20 @@ class ServerPool:
                 out = [m for m in self.members if not m.in_pool]
                 if not out or len(out) == len(self.members):
                     return
-                loader, version = self.loader, self.version
             for member in out:
-                self._try_rejoin(member, loader, version)
+                self._try_rejoin(member)
 
-    def _try_rejoin(self, member: Member, loader, version: int) -> None:
+    def _try_rejoin(self, member: Member) -> None:
         if not healthy(member.url, timeout=self.health_every):
             return
-        try:
-            if loader is not None:  # a restarted server serves its start-up weights
-                loader(member.client)
-        except ServerError:
-            return  # still out; asked again at the next round
+        with member.loading:  # after a sync's load of this server, never under it
+            with self._cond:
+                loader, version = self.loader, self.version
+            try:
+                if loader is not None:  # a restarted server serves its start-up weights
+                    loader(member.client)
+            except ServerError:
+                return  # still out; asked again at the next round
         with self._cond:
             if self.version != version or self._closed.is_set():
                 return  # an update came meanwhile: load that one first
@@ -239,13 +243,15 @@ class ServerPool:
         all-reduce; an empty pool raises its one line."""
         with self._cond:
             members = [m for m in self.members if m.in_pool]
+            # set first: a catch-up from now on loads this version (the sync wrote it)
+            self.loader, self.version = catch_up or load, version
         # with ``mine`` a server is this process's to load even when out of its own pool: the
         # other ranks' pools may hold it and count on this load (the watcher rejoins it here)
         own = members if mine is None else [m for m in self.members if mine(m.index)]
         failures: dict[int, ServerError] = {}
         fatal = None
         with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
-            futures = [(m, threads.submit(load, m.client)) for m in own]
+            futures = [(m, threads.submit(_locked, m.loading, load, m.client)) for m in own]
             for m, f in futures:
                 try:
                     f.result()
@@ -263,7 +269,6 @@ class ServerPool:
                     failures[m.index] = ServerError(f"{m.client.describe()}: its update "
                                                     "failed on another rank")
         with self._cond:
-            self.loader, self.version = catch_up or load, version
             self.sessions.clear()  # the reload dropped every prefix cache
             for m in members:
                 if m.index in failures:
@@ -310,6 +315,11 @@ class ServerPool:
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(timeout=self.health_every + 6.0)
+
+
+def _locked(lock: threading.Lock, call: Callable, *args):
+    with lock:
+        return call(*args)
 
 
 SERVER_METRICS = ("requests", "failures", "in_flight", "tokens_per_s", "in_pool",
