@@ -260,14 +260,7 @@ class ServerPool:
                 except Exception as e:  # noqa: BLE001 - raised below, after the all-reduce
                     fatal = fatal or e
         if group is not None:
-            flags = torch.zeros(len(self.members), device=device)
-            for k, m in enumerate(self.members):
-                flags[k] = float(m.index in failures)
-            flags = GroupAgreement(group, device).reduce(flags, dist.ReduceOp.MAX)
-            for k, m in enumerate(self.members):
-                if flags[k] and m.index not in failures:
-                    failures[m.index] = ServerError(f"{m.client.describe()}: its update "
-                                                    "failed on another rank")
+            self._agree(failures, group, device)
         with self._cond:
             self.sessions.clear()  # the reload dropped every prefix cache
             for m in members:
@@ -284,6 +277,18 @@ class ServerPool:
             raise fatal
         if empty:
             raise self._gone()
+
+    def _agree(self, failures: dict[int, ServerError], group, device) -> None:
+        """Add to ``failures`` the servers another rank of ``group`` failed to load (one MAX
+        all-reduce of a flag per server)."""
+        flags = torch.zeros(len(self.members), device=device)
+        for k, m in enumerate(self.members):
+            flags[k] = float(m.index in failures)
+        flags = GroupAgreement(group, device).reduce(flags, dist.ReduceOp.MAX)
+        for k, m in enumerate(self.members):
+            if flags[k] and m.index not in failures:
+                failures[m.index] = ServerError(f"{m.client.describe()}: its update failed "
+                                                "on another rank")
 
     # ------------------------------------------------------------------ metrics
     def record(self, tracker) -> None:
