@@ -252,7 +252,7 @@ def _backend(ctx, layout, *, rollout, placement, model, run, fsdp: bool) -> Roll
     if layout is not None:
         return LocalBackend(ctx.device)
     return open_backend(rollout, ctx.rank, ctx.device, placement=placement, model=model,
-                        run=run, shards=ctx if fsdp else None, release=reshard)
+                        run=run, shards=ctx if fsdp else None, ranks=ctx, release=reshard)
 
 
 def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distillation, critic,

@@ -181,6 +181,7 @@ class Trainer:
         versions = b.rollout.policy_version
         if versions is not None and len(versions):  # a vLLM server sampled the batch
             self.tracker.add_max("rollout/policy_lag", step - 1 - int(versions.min()))
+        self.parts.backend.record(self.tracker)  # each vLLM server's (rollout/server<i>/)
         metrics = {**self.step_metrics.row(b, self.timer.pop()), **evaluation}
         self.logger.log(step, metrics)
         if self.ctx.is_main and self.cfg.run.log_samples:

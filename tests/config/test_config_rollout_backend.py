@@ -76,7 +76,7 @@ def test_fully_async_rollout_ranks_each_need_a_server(cli, rejected, vllm, monke
     assert cli([*lagless, "--vllm-url", *urls]).config()["vllm_url"] == urls
     rejected(cli([*lagless, "--vllm-url", urls[0]]),
              "--vllm-url http://127.0.0.1:8000", "--rollout-num-gpus 2",
-             "1 server(s) for 2 rollout ranks", "one URL per rollout rank")
+             "1 server(s) for 2 rollout ranks", "at least one URL per rollout rank")
 
 
 def test_vllm_needs_a_model_directory(cli, rejected):

@@ -58,8 +58,10 @@ class BackendSection(Section):
         None,
         'With --rollout-backend vllm: base URLs of vLLM servers already running (started with '
         "VLLM_SERVER_DEV_MODE=1, serving the model, sharing this machine's file system for the"
-        ' weight sync); rank r uses URL r mod their number (with --fully-async: rollout rank r, '
-        'one URL per rollout rank). Must answer when the command starts.',
+        ' weight sync), any number: each rank pools them all behind a router (least-loaded, an '
+        "episode's turns on one server, a failed server taken out and its requests sent "
+        'elsewhere; with --fully-async rollout rank i of R pools URLs i, i+R, ...). Must all '
+        'answer when the command starts.',
         nargs='+',
         metavar='URL',
         default_text='Relax starts and owns one server per rank',
@@ -125,12 +127,12 @@ def check_vllm_backend(cfg, explicit: set[str]) -> None:
     _check_log_prob_mode(cfg)
     urls = cfg.rollout.backend.vllm_url
     if cfg.placement.fully_async and urls and len(urls) < cfg.placement.rollout_num_gpus:
-        # each rollout rank pushes its weights to its server when its schedule says; two
+        # each rollout rank pushes its weights to its servers when its schedule says; two
         # sharing one would reload it under each other's requests
         reject(cfg, ("vllm_url", "rollout_num_gpus"), f"{len(urls)} server(s) for "
                f"{cfg.placement.rollout_num_gpus} rollout ranks: with --fully-async each "
-               "rollout rank needs a server of its own (rollout rank i uses URL i); pass one "
-               "URL per rollout rank, or leave out --vllm-url")
+               "rollout rank needs servers of its own (rollout rank i of R pools URLs i, i+R, "
+               "...); pass at least one URL per rollout rank, or leave out --vllm-url")
     if cfg.lora.lora_rank > MAX_LORA_RANK:
         reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
                f"{MAX_LORA_RANK}; use a smaller --lora-rank")

@@ -48,5 +48,8 @@ class LocalBackend:
     def push(self, module: torch.nn.Module, version: int, tracker=None) -> int:
         return 0
 
+    def record(self, tracker) -> None:
+        pass  # the engine's metrics are the step's own (perf/)
+
     def close(self) -> None:
         pass  # nothing started

@@ -18,13 +18,15 @@ from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 
 
 def open_backend(rollout, rank: int, device: torch.device, *, placement, model, run,
-                 shards=None, slot: int | None = None,
+                 shards=None, slot: tuple[int, int] | None = None, ranks=None,
                  release: Callable[[torch.nn.Module], None] | None = None) -> RolloutBackend:
     """``relax train``'s backend on rank ``rank`` (a training rank's, or under --fully-async a
     rollout rank's world rank), checked before any model loads: an unreachable --vllm-url or
     a missing vLLM install exits 2 here. ``shards`` (``group``, ``device``, ``is_main``): the
-    ranks an FSDP2 module is sharded over, None for a whole module; ``slot``: which
-    --vllm-url entry (mod their number) when not ``rank``'s; ``release``: frees what a
+    ranks an FSDP2 module is sharded over, None for a whole module; ``slot`` (i, R): pool
+    only --vllm-url entries i, i+R, ... (rollout rank i of R), None: every one; ``ranks``: the
+    training ranks of a colocated run, which pool the same servers (each reloads its share
+    of them, vllm_sync.py ``Split``); ``release``: frees what a
     sharded module's no-grad pass gathered (local.py). ``rollout``, ``placement``, ``model``,
     ``run``: the configuration's sections (the backend, its sampling temperature, the
     --hf-checkpoint it serves, the run's directory and seed)."""
@@ -37,7 +39,7 @@ def open_backend(rollout, rank: int, device: torch.device, *, placement, model, 
         backend, placement, model_dir=model.hf_checkpoint, run_dir=run.output_dir,
         seed=run.seed, temperature=rollout.sampling.rollout_temperature,
         fsdp=shards is not None)
-    return VllmBackend.open(settings, rank, device, shards, slot=slot)
+    return VllmBackend.open(settings, rank, device, shards, slot=slot, ranks=ranks)
 
 
 def open_eval_backend(rollout, device: torch.device, *, checkpoint: str, run) -> RolloutBackend:

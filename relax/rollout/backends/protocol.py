@@ -10,6 +10,7 @@ trainer's weights. Relax's own engine on the policy's module (local.py) and vLLM
         backend.push(module, version, tracker)      the sampler uses ``version``'s weights
     if backend.behind(version):                     a rollout rank: after weights arrived
         backend.push(module, version)
+    backend.record(tracker)                         after a step: its own metrics, if any
     backend.close()                                 whatever the backend started is gone
 
 ``relax eval`` is ``start`` on the checkpoint and ``sampler`` at the evaluation's sampling
@@ -56,6 +57,11 @@ class RolloutBackend(Protocol):
     def push(self, module: torch.nn.Module, version: int, tracker=None) -> int:
         """The samples come from ``module``'s weights (``version``) from now on; returns the
         bytes sent (``tracker``: records them, if the backend sends any)."""
+        ...
+
+    def record(self, tracker) -> None:
+        """This step's metrics of the backend itself into ``tracker``
+        (relax/metrics/tracker.py; vLLM: each server's, ``rollout/server<i>/...``)."""
         ...
 
     def close(self) -> None:

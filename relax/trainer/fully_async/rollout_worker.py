@@ -133,6 +133,7 @@ class RolloutWorker:
                 return
             batches = self.lockstep.run([functools.partial(self.collectors[v].collect, step)
                                          for v in self.shares])
+            self._record_backend()
             now = time.perf_counter()
             for v, batch in zip(self.shares, batches, strict=True):
                 message = {"step": step, "version": self.version, "batch": batch.to("cpu"),
@@ -222,6 +223,18 @@ class RolloutWorker:
             self.trackers[v].add_max("vllm/weight_sync_bytes", nbytes)
             self.timers[v].add("vllm_sync", seconds)
 
+    def _record_backend(self) -> None:
+        """The backend's metrics of the step (its servers') are this rank's, not a share's:
+        counted with the first share, the others given the same names at zero (every
+        training rank reduces the same names, relax/metrics/tracker.py)."""
+        probe = MetricTracker()
+        self.backend.record(probe)
+        records = probe.export()
+        zero = {"sums": {n: [0.0, 0.0] for n in records["sums"]}, "kinds": records["kinds"],
+                "max": {n: 0.0 for n in records["max"]}, "global": {}, "ess": {}}
+        for k, v in enumerate(self.shares):
+            self.trackers[v].merge(records if k == 0 else zero)
+
     def _guard(self, trainer: int, doing: str, call):
         return naming_the_peer(f"rollout rank {self.layout.rank} {doing}: training rank "
                                f"{trainer}", self.timeout, call)
@@ -234,18 +247,20 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
     if ctx.device.type == "cpu":  # the host's cores shared between all local processes
         torch.set_num_threads(cpu_threads(
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    # --rollout-backend vllm: this rank's server, checked before any model loads: owned,
-    # its log and weights named by the world rank, or --vllm-url entry i for rollout
-    # rank i. The rank holds the whole model (the weights arrive whole), so it writes
+    # --rollout-backend vllm: this rank's servers, checked before any model loads: owned,
+    # its log and weights named by the world rank, or the pool of --vllm-url entries i,
+    # i+R, ... for rollout rank i of R (each server reloaded by one rollout rank, on its
+    # schedule). The rank holds the whole model (the weights arrive whole), so it writes
     # them alone even when the training ranks use FSDP2. Closed if anything below fails
     backend = open_backend(cfg.rollout, layout.rank, ctx.device, placement=cfg.placement,
-                           model=cfg.model, run=cfg.run, slot=ctx.rank)
+                           model=cfg.model, run=cfg.run, slot=(ctx.rank, layout.rollouts))
     try:
         bf16 = use_bf16(cfg.system.bf16, ctx.device)
         b = cfg.batches
         worker = RolloutWorker(
             ctx, layout, backend, model_dir=cfg.model.hf_checkpoint, lora=cfg.lora,
-            seed=cfg.run.seed, bf16=use_rollout_bf16(cfg.rollout.backend.rollout_bf16, bf16), bucket_mb=cfg.placement.weight_sync_bucket_mb,
+            seed=cfg.run.seed, bf16=use_rollout_bf16(cfg.rollout.backend.rollout_bf16, bf16),
+            bucket_mb=cfg.placement.weight_sync_bucket_mb,
             timeout_minutes=cfg.run.distributed_timeout_minutes,
             rows=b.rollout_batch_size // layout.trainers * b.n_samples_per_prompt)
         side = build_rollout_side(cfg, worker.share_contexts(), device=ctx.device, bf16=bf16,

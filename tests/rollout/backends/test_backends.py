@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from relax.config.sections import RewardsSection
+from relax.metrics.tracker import MetricTracker
 from relax.rollout.backends.local import LocalBackend
 from relax.rollout.backends.open import open_backend, open_eval_backend
 from relax.rollout.backends.protocol import RolloutBackend
@@ -27,7 +28,7 @@ from relax.rollout.reward.sources import (
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from tests.trainer.helpers import RECIPES, make_config
 
-METHODS = ("start", "sampler", "due", "behind", "push", "close")
+METHODS = ("start", "sampler", "due", "behind", "push", "record", "close")
 
 
 def test_the_protocol_is_complete():
@@ -55,6 +56,9 @@ def test_the_local_engine_samples_its_module_in_place_and_is_never_pushed():
     assert sampler.sync_group is None and sampler.after is None
     assert not backend.remote and not backend.due(4) and not backend.behind(4)
     assert backend.push(module, 4) == 0
+    tracker = MetricTracker()
+    backend.record(tracker)  # the engine's metrics are the step's own
+    assert tracker.reduce() == {}
     backend.close()
 
 

@@ -11,9 +11,10 @@ by ``--vllm-url``), the sampler the collectors call and the weight sync after up
     backend.close()                                    # an owned server is gone
 
 Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
-``RUN_DIR/vllm-weights-rank<r>/``) or uses ``--vllm-url`` entry r mod their number (under
-``--fully-async`` r is the world rank of a rollout rank, and rollout rank i of the
-rollout ranks uses entry i: ``slot``). An
+``RUN_DIR/vllm-weights-rank<r>/``) or pools every ``--vllm-url`` server behind a router
+(router.py: least-loaded, episodes kept on one server, a failed server taken out and its
+requests sent again elsewhere); under ``--fully-async`` rollout rank i of R pools entries
+i, i+R, ... (``slot``), so two rollout ranks never reload one server. An
 owned server starts once the model is loaded, from that model's weights written as ``v0``
 (untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
 FSDP2 rank 0 writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
@@ -35,6 +36,7 @@ from relax.config.sections.backend import BackendSection, log_probs_mode
 from relax.config.sections.placement import PlacementSection
 from relax.config.sections.system import SystemSection
 from relax.errors import InputError
+from relax.rollout.backends.vllm.router import ServerPool
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import (
     ServerError,
@@ -44,7 +46,7 @@ from relax.rollout.backends.vllm.vllm_server import (
     installed_version,
     vllm_python,
 )
-from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync, Shards
+from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync, Shards, Split
 from relax.rollout.backends.vllm.vllm_weights import lora_rank_slot
 from relax.rollout.generation.sampler import SamplingParams
 
@@ -103,38 +105,57 @@ class VllmBackend:
 
     remote = True  # the server generates; the weights reach it only by push
 
-    def __init__(self, settings: VllmSettings, rank: int, device, client: VllmClient | None,
-                 *, python: str | None = None, ctx=None):
+    def __init__(self, settings: VllmSettings, rank: int, device,
+                 target: VllmClient | ServerPool | None, *, python: str | None = None,
+                 ctx=None, ranks=None):
+        """``target``: the pool of ``--vllm-url`` servers (or one client of one), None for
+        an owned server (started by :meth:`start`); ``ctx``: the ranks an FSDP2 model is
+        sharded over; ``ranks``: the ranks whose pools hold the same servers (a colocated
+        run's training ranks; default ``ctx``), each server then loaded by one of them."""
         self.settings, self.rank, self.device = settings, rank, device
-        self.client, self.server = client, None
+        self.pool = None if target is None else ServerPool.of(target)
+        self.server = None
         self.python = python  # the vLLM environment an owned server starts from
-        self.sync = self._disk_sync(ctx)
+        self.sync = self._disk_sync(ctx, ranks or ctx)
         self.samplers: list[VllmSampler] = []
         self.version = 0  # the trainer steps behind the server's weights
         self.vocab_size: int | None = None  # the policy's token ids: [0, vocab_size)
 
-    def _disk_sync(self, ctx) -> DiskSync:
-        """Rank r's own folder, or under FSDP2 one folder that rank 0 writes for all (with
-        ``--vllm-url``, ranks below the URLs' number reload: one per distinct server)."""
+    @property
+    def client(self) -> VllmClient | None:
+        """The first server's client (the only one of an owned server)."""
+        return None if self.pool is None else self.pool.clients[0]
+
+    def _disk_sync(self, ctx, ranks) -> DiskSync:
+        """Rank r's own folder, or under FSDP2 one folder that rank 0 writes for all; a
+        ``--vllm-url`` server shared by ``ranks`` is reloaded by one of them (entry j by rank
+        j mod their number, vllm_sync.py ``Split``), an owned server by its rank."""
         conf = self.settings
+        shared = conf.urls is not None and ranks is not None and ranks.world_size > 1
+        split = Split(ranks) if shared else None
         if not conf.fsdp:
-            return DiskSync(self.client, os.path.join(conf.run_dir,
-                                                      f"vllm-weights-rank{self.rank}"))
-        reloads = conf.urls is None or self.rank < len(conf.urls)
-        return DiskSync(self.client, os.path.join(conf.run_dir, "vllm-weights"),
-                        Shards(ctx, conf.bucket_bytes, reloads))
+            return DiskSync(self.pool, os.path.join(conf.run_dir,
+                                                    f"vllm-weights-rank{self.rank}"),
+                            split=split)
+        return DiskSync(self.pool, os.path.join(conf.run_dir, "vllm-weights"),
+                        Shards(ctx, conf.bucket_bytes), split=split)
 
     @classmethod
     def open(cls, settings: VllmSettings, rank: int, device, ctx=None, *,
-             slot: int | None = None) -> VllmBackend:
-        """Before any model loads: a ``--vllm-url`` server must answer (else exit 2); for an
-        owned server the vLLM environment must exist at a supported version. ``ctx``
-        (``group``, ``device``, ``is_main``): the ranks an FSDP2 model is sharded over;
-        ``slot``: which ``--vllm-url`` entry (mod their number) when not ``rank``'s."""
+             slot: tuple[int, int] | None = None, ranks=None) -> VllmBackend:
+        """Before any model loads: every ``--vllm-url`` server of the pool must answer (else
+        exit 2); for an owned server the vLLM environment must exist at a supported version.
+        ``ctx`` (``group``, ``device``, ``is_main``): the ranks an FSDP2 model is sharded over;
+        ``slot`` (i, R): pool only entries i, i+R, ... (rollout rank i of R under
+        --fully-async, so that the rollout ranks never share a server); None: all of them;
+        ``ranks``: the ranks pooling the same servers (a colocated run's training ranks)."""
         if settings.urls:
-            url = settings.urls[(rank if slot is None else slot) % len(settings.urls)]
-            client = connect(url, "--vllm-url", timeout=settings.request_timeout)
-            return cls(settings, rank, device, client, ctx=ctx)
+            first, stride = slot if slot is not None else (0, 1)
+            indices = list(range(first, len(settings.urls), stride))
+            clients = [connect(settings.urls[i], "--vllm-url", timeout=settings.request_timeout)
+                       for i in indices]
+            pool = ServerPool(clients, indices, total=len(settings.urls))
+            return cls(settings, rank, device, pool, ctx=ctx, ranks=ranks)
         python = vllm_python()
         installed_version(python)
         return cls(settings, rank, device, None, python=python, ctx=ctx)
@@ -145,19 +166,21 @@ class VllmBackend:
         peft's tuner of a ``--lora-rank`` policy, whose adapter is then loaded by name."""
         self.vocab_size = getattr(getattr(module, "config", None), "vocab_size", None)
         if lora is not None:
-            self.sync = LoraSync(self.client, self.sync.folder, lora)
-        if self.client is None:
+            self.sync = LoraSync(self.pool, self.sync.folder, lora, split=self.sync.split)
+        if self.pool is None:
             self._start_owned(module, bf16=bf16, lora=lora)
         else:
-            self._check_served(module, lora=lora)
+            for client in self.pool.clients:
+                self._check_served(client, module, lora=lora)
         if lora is not None:
             self._load_first_adapter(module, lora)
-        try:
-            self.client.complete([0], max_tokens=1, temperature=1.0, top_p=1.0, top_k=-1,
-                                 seed=0, stop_token_ids=[])
-        except ServerError as e:
-            raise InputError(f"the model {self.settings.model_dir} does not run on vLLM: "
-                             f"{e}") from e
+        for client in self.pool.clients:
+            try:
+                client.complete([0], max_tokens=1, temperature=1.0, top_p=1.0, top_k=-1,
+                                seed=0, stop_token_ids=[])
+            except ServerError as e:
+                raise InputError(f"the model {self.settings.model_dir} does not run on "
+                                 f"vLLM: {e}") from e
 
     def _start_owned(self, module, *, bf16: bool, lora) -> None:
         """A server of this rank's own on version 0: the trainer's weights written untied
@@ -175,7 +198,9 @@ class VllmBackend:
             dtype="bfloat16" if bf16 else "float32", seed=conf.seed,
             logprobs_mode=log_probs_mode(conf.temperature), python=self.python,
             max_lora_rank=lora and lora_rank_slot(lora.peft_config["default"].r))
-        self.client = self.sync.client = self.server.client(conf.request_timeout)
+        # the rank's own server, alone in its pool, named by the rank in the metrics
+        self.pool = self.sync.pool = ServerPool([self.server.client(conf.request_timeout)],
+                                                [self.rank])
         self.server.wait_ready(conf.startup_timeout)
         self.client.served_model()
 
@@ -188,27 +213,27 @@ class VllmBackend:
         except ServerError as e:
             how = ("" if self.server else f"; start it with --enable-lora --max-lora-rank "
                    f"{lora_rank_slot(rank)} and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
-            raise InputError(f"--lora-rank {rank}: {self.client.describe()} cannot load the "
+            raise InputError(f"--lora-rank {rank}: {self.pool.describe()} cannot load the "
                              f"adapter ({e}){how}") from e
 
-    def _check_served(self, module, *, lora) -> None:
+    def _check_served(self, client, module, *, lora) -> None:
         """A ``--vllm-url`` server serves the model, untied unless only an adapter is
         loaded (see vllm_weights.py)."""
-        served = self.client.served_model()
+        served = client.served_model()
         root = str(served.get("root") or served["id"])
         if os.path.realpath(root) != os.path.realpath(self.settings.model_dir):
-            raise InputError(f"{self.client.describe()} serves {root!r}, not the model "
+            raise InputError(f"{client.describe()} serves {root!r}, not the model "
                              f"{self.settings.model_dir}; start it on that model or correct "
                              "the URL")
         if lora is None and getattr(module.config, "tie_word_embeddings", False):
-            raise InputError(f"--vllm-url {self.client.url}: the model ties its word "
+            raise InputError(f"--vllm-url {client.url}: the model ties its word "
                              "embeddings, and vLLM 0.32's weight reload would leave the "
                              "server's output layer at the start-up weights; leave out "
                              "--vllm-url (Relax then starts a server on an untied copy)")
 
     def sampler(self, params: SamplingParams, *, eos_token_ids: list[int],
                 pad_token_id: int) -> VllmSampler:
-        s = VllmSampler(self.client, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+        s = VllmSampler(self.pool, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                         params=params, device=self.device, version=self.version,
                         chunk=self.settings.partial_chunk, vocab_size=self.vocab_size)
         self.samplers.append(s)
@@ -235,9 +260,18 @@ class VllmBackend:
             tracker.add_max("vllm/weight_sync_bytes", nbytes)
         return nbytes
 
+    def record(self, tracker) -> None:
+        """This step's per-server metrics of the ``--vllm-url`` servers (router.py
+        ``record``): ``rollout/server<i>/...``. An owned server is its rank's alone and not
+        recorded (the ranks' names would differ)."""
+        if self.pool is not None and self.settings.urls:
+            self.pool.record(tracker)
+
     def close(self) -> None:
         """An owned server stops; ``relax eval``'s weight copy and scratch folder go."""
         try:
+            if self.pool is not None:
+                self.pool.close()
             if self.server is not None:
                 self.server.close()
         finally:

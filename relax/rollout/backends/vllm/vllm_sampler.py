@@ -61,29 +61,38 @@ class VllmSampler:
                  generator: torch.Generator | list[torch.Generator] | None = None, *,
                  budgets=None, stop=None, cache=None) -> Rollout:
         """``generator``: one stream for the batch or a list of one per row (each row's
-        request seeds drawn from its own). ``budgets`` [B]: fewer tokens for some rows. ``cache`` is not needed (vLLM keeps
-        its own prefix cache); ``stop(finished [B] bool) -> bool``: end the decode early
-        (partial rollouts), asked after every round of ``chunk`` tokens."""
+        request seeds drawn from its own). ``budgets`` [B]: fewer tokens for some rows.
+        ``cache`` (a turn cache's rows, relax/rollout/generation/turn_cache.py): only its
+        keys are read, as each row's session, so that a pool of servers (router.py) keeps an
+        episode's turns on the server whose prefix cache holds its context;
+        ``stop(finished [B] bool) -> bool``: end the decode early (partial rollouts), asked
+        after every round of ``chunk`` tokens."""
         B = ids.shape[0]
         prompts = [row[keep].tolist() for row, keep in zip(ids.cpu(), mask.cpu(), strict=True)]
         limits = [max_new_tokens] * B if budgets is None else [
             min(max_new_tokens, int(b)) for b in budgets.tolist()]
+        sessions = _sessions(cache, B)
         if stop is not None:
-            return self._rollout(ids, mask, self._rounds(prompts, limits, generator, stop))
+            return self._rollout(ids, mask, self._rounds(prompts, limits, generator, stop,
+                                                         sessions))
         return self._rollout(ids, mask, self._complete(prompts, limits,
-                                                       _seeds(generator, range(B)), range(B)))
+                                                       _seeds(generator, range(B)), range(B),
+                                                       sessions))
 
     def _complete(self, prompts: list[list[int]], limits: list[int],
-                  seeds: list[int], rows) -> list[dict]:
+                  seeds: list[int], rows, sessions: list) -> list[dict]:
         """One request per row (``rows``: their rows in the batch, named by a bad answer's
-        error), sent together (the server batches them)."""
-        p = self.params
+        error; ``sessions``: every row's of the batch), sent together (the server batches
+        them)."""
+        p, rows = self.params, list(rows)
+        sessions = [sessions[i] for i in rows]
         with ThreadPoolExecutor(max_workers=max(1, min(len(prompts), MAX_IN_FLIGHT))) as pool:
             futures = [pool.submit(
                 self.client.complete, prompt, max_tokens=limit, temperature=p.temperature,
                 top_p=p.top_p, top_k=p.top_k, seed=seed, stop_token_ids=self.eos_token_ids,
-                vocab_size=self.vocab_size, label=f"sample {row} of the batch")
-                for prompt, limit, seed, row in zip(prompts, limits, seeds, rows, strict=True)]
+                vocab_size=self.vocab_size, label=f"sample {row} of the batch", session=session)
+                for prompt, limit, seed, row, session in zip(prompts, limits, seeds, rows,
+                                                             sessions, strict=True)]
             try:
                 return [future_result(f) for f in futures]
             except BaseException:
@@ -92,7 +101,7 @@ class VllmSampler:
                 raise
 
     def _rounds(self, prompts: list[list[int]], limits: list[int], generator,
-                stop) -> list[dict]:
+                stop, sessions: list) -> list[dict]:
         """Each row's tokens and log-probs, decoded ``chunk`` tokens per round until every
         row ended (EOS or its limit) or ``stop(finished)`` holds after a round."""
         answers = [{"token_ids": [], "log_probs": []} for _ in prompts]
@@ -103,7 +112,7 @@ class VllmSampler:
             parts = self._complete(
                 [prompts[i] + answers[i]["token_ids"] for i in live],
                 [min(self.chunk, limits[i] - len(answers[i]["token_ids"])) for i in live],
-                _seeds(generator, live), live)
+                _seeds(generator, live), live, sessions)
             for i, part in zip(live, parts, strict=True):
                 a = answers[i]
                 a["token_ids"] += part["token_ids"]
@@ -133,6 +142,16 @@ class VllmSampler:
                        log_probs=log_probs.to(d),
                        policy_version=torch.full((B,), self.version, dtype=torch.long,
                                                  device=d))
+
+
+def _sessions(cache, rows: int) -> list:
+    """Each row's session: its turn cache's key (with the cache, whose keys are its own), or
+    None for a single-turn call."""
+    keys = getattr(cache, "keys", None)
+    if keys is None:
+        return [None] * rows
+    owner = id(getattr(cache, "cache", cache))  # the TurnCache: its keys are its own
+    return [(owner, key) for key in keys]
 
 
 def _seeds(generator, rows) -> list[int]:

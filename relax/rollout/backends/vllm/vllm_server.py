@@ -358,6 +358,13 @@ class ServerError(RelaxError):
     """A vLLM server failed, died or hung during the run."""
 
 
+class ServerDown(ServerError):
+    """A server refused the connection, reset it or did not answer in time: the server is at
+    fault, not the request, so a pool (router.py) takes it out and sends the request again
+    elsewhere. An answer that came back wrong (an HTTP error, a bad completion) stays a
+    :class:`ServerError`: sent again it would be as wrong."""
+
+
 class VllmClient:
     """Blocking JSON requests to one server; every failure is one line naming the server
     (and, for an owned one, its log and exit status)."""
@@ -378,10 +385,12 @@ class VllmClient:
             answer = http_post.request(method, self.url + path, data, limit=self.timeout,
                                        max_bytes=MAX_ANSWER_BYTES)
         except TimeoutError as e:
-            raise self._failure(f"failed on {path}: timed out ({e})") from e
-        except (OSError, ValueError, http.client.HTTPException, http_post.TooLarge) as e:
-            raise self._failure(f"failed on {path}: {type(e).__name__}: {e}",
+            raise self._failure(f"failed on {path}: timed out ({e})", ServerDown) from e
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, cut short
+            raise self._failure(f"failed on {path}: {type(e).__name__}: {e}", ServerDown,
                                 dying=isinstance(e, ConnectionError)) from e
+        except (ValueError, http_post.TooLarge) as e:
+            raise self._failure(f"failed on {path}: {type(e).__name__}: {e}") from e
         if answer.status >= 300:
             detail = answer.body.decode(errors="replace")[:300]
             raise self._failure(f"answered {path} with HTTP {answer.status}: {detail}")
@@ -392,7 +401,8 @@ class VllmClient:
         except ValueError:  # the LoRA routes answer plain text
             return answer.body.decode(errors="replace")
 
-    def _failure(self, what: str, dying: bool = False) -> ServerError:
+    def _failure(self, what: str, kind: type[ServerError] = ServerError,
+                 dying: bool = False) -> ServerError:
         # a refused or reset connection is how a killed server first shows: its process may
         # take seconds to end (a large address space to tear down, an engine child still
         # holding the listening socket), so its exit status is waited for a little then
@@ -402,7 +412,7 @@ class VllmClient:
             what = f"exited with status {status} ({last_error(self.server.log_path)})"
         elif "timed out" in what:
             what = f"did not answer within --vllm-request-timeout {self.timeout:g} s ({what})"
-        return ServerError(f"{self.describe()} {what}")
+        return kind(f"{self.describe()} {what}")
 
     def served_model(self) -> dict:
         """The first (only) entry of ``/v1/models``: ``id`` and ``root`` (its path)."""
@@ -421,9 +431,11 @@ class VllmClient:
 
     def complete(self, prompt: list[int], *, max_tokens: int, temperature: float,
                  top_p: float, top_k: int, seed: int, stop_token_ids: list[int],
-                 vocab_size: int | None = None, label: str = "a prompt") -> dict:
+                 vocab_size: int | None = None, label: str = "a prompt",
+                 session=None) -> dict:
         """One sampled response: ``{"token_ids", "log_probs", "finish_reason"}``; the
-        log-probs are each sampled token's under the server's ``--logprobs-mode``. The answer
+        log-probs are each sampled token's under the server's ``--logprobs-mode``
+        (``session``: the episode it continues, which only a pool routes by). The answer
         is checked first (vllm_answers.py ``completion``): one line naming the server,
         ``label`` (which request) and what came back when it cannot be used."""
         body = {"model": self.model, "prompt": [prompt], "max_tokens": max_tokens,

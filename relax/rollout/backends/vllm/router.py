@@ -1,0 +1,343 @@
+"""One pool of vLLM servers behind a router, per rank process (``--rollout-backend vllm``):
+every ``--vllm-url`` server (under ``--fully-async``, rollout rank i of R pools URLs i, i+R,
+...), or the rank's one owned server.
+
+    pool = ServerPool([client0, client1], [0, 1])   # the clients of the URLs, their entries
+    answer = pool.complete(prompt, session=key, max_tokens=..., seed=..., ...)
+    pool.load(version, lambda client: ...)          # each server in the pool loads version
+    pool.record(tracker)                            # rollout/server<i>/... for the step
+    pool.close()
+
+Routing: a request goes to the server with the fewest requests in flight from this process,
+each server taking at most ``cap`` at once (ceil(64 / servers): the sampler's 64 in flight
+spread evenly), the lowest entry on a tie; a request naming a ``session`` (the key of an
+episode's or agent session's turn cache, relax/rollout/generation/turn_cache.py) goes where
+that session's first turn went, whose prefix cache holds its context, unless that server
+left the pool. A slow server holds its requests longer, so it is given fewer.
+
+Failures: a server that refuses a connection, resets it or does not answer within
+--vllm-request-timeout (vllm_server.py ``ServerDown``) leaves the pool with one line on
+stderr, and the request is sent again to another server with the same seed: the answer is
+checked as every answer is (vllm_answers.py), and only an answer that came back counts, so
+no sample is lost and none is counted twice. An answer that came back wrong (an HTTP error,
+a malformed completion) still ends the run: it would be as wrong elsewhere. A server that
+fails a weight update (:meth:`load`) leaves the pool too, instead of sampling stale weights.
+Every :data:`HEALTH_EVERY_S` seconds the servers out of the pool are asked for ``/health``;
+one that answers loads the weights the pool serves (the last :meth:`load`) and rejoins.
+When no server is left, the next request (or the update that emptied the pool) raises a
+:class:`ServerError` naming the last failure: the run ends with that one line, exit 1. A
+pool of one server (an owned one, or one URL) raises that server's own error, as before
+pools: there is nowhere else to send the request.
+
+Not built: owned servers pooled across ranks (a number the launcher places; each rank still owns
+one and pools only it); the version a server reports serving (the version here is the one
+this process last loaded into it); in-memory weight transfer (vllm_sync.py).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from relax.agreement import GroupAgreement
+from relax.rollout.backends.vllm.vllm_server import ServerDown, ServerError, healthy
+
+HEALTH_EVERY_S = 2.0  # how often a server out of the pool is asked for /health
+IN_FLIGHT = 64  # the sampler's requests at once (vllm_sampler.py MAX_IN_FLIGHT)
+
+
+@dataclass
+class Member:
+    """One server of the pool: ``index`` its --vllm-url entry (its metrics' ``server<i>``),
+    the counts since the last :meth:`ServerPool.record`."""
+
+    client: object
+    index: int
+    in_pool: bool = True
+    version: int = 0  # the weights this process last loaded into it
+    in_flight: int = 0
+    peak: int = 0  # the most in flight since the last record
+    requests: int = 0  # answers that came back
+    failures: int = 0
+    tokens: int = 0
+    busy: list = field(default_factory=lambda: [None, None])  # first start, last end
+    # one load at a time (a sync's and a catch-up's), the later one loading the newest weights
+    loading: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return getattr(self.client, "url", f"server {self.index}")
+
+
+class ServerPool:
+    """``clients``: one per server (vllm_server.py ``VllmClient``, or anything with its
+    methods); ``indices``: their --vllm-url entries (default 0, 1, ...); ``cap``: the most
+    requests in flight per server (default ceil(64 / servers))."""
+
+    def __init__(self, clients: list, indices: list[int] | None = None, *,
+                 cap: int | None = None, health_every: float = HEALTH_EVERY_S,
+                 total: int | None = None):
+        indices = list(range(len(clients))) if indices is None else list(indices)
+        # the --vllm-url entries of every pool (other ranks' too): recorded by every rank,
+        # zeros for the servers not here, since the metrics' reduction needs the same names
+        self.total = total or max(indices) + 1
+        self.members = [Member(c, i) for c, i in zip(clients, indices, strict=True)]
+        self.cap = cap or max(1, math.ceil(IN_FLIGHT / len(clients)))
+        self.health_every = health_every
+        self.version = 0
+        self.loader: Callable | None = None  # what the last load did to each server
+        self.sessions: dict[Hashable, Member] = {}
+        self.last_failure = ""
+        self.last_error: ServerError | None = None
+        self._cond = threading.Condition()
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @classmethod
+    def of(cls, target) -> ServerPool | None:
+        """``target`` as a pool: itself, a pool of that one client, or None (an owned server
+        not started yet)."""
+        if target is None or isinstance(target, ServerPool):
+            return target
+        return cls([target])
+
+    @property
+    def clients(self) -> list:
+        return [m.client for m in self.members]
+
+    def describe(self) -> str:
+        if len(self.members) == 1:
+            return self.members[0].client.describe()
+        return f"the pool of {len(self.members)} vLLM servers"
+
+    # ------------------------------------------------------------------ sampling
+    def complete(self, prompt: list[int], *, session: Hashable | None = None, **request) -> dict:
+        """One sampled response (``VllmClient.complete``'s keywords), from the server the
+        routing picks; sent again elsewhere, with the same seed, when that server is down."""
+        while True:
+            member = self._acquire(session)
+            start = time.perf_counter()
+            try:
+                answer = member.client.complete(prompt, **request)
+            except ServerDown as e:
+                self._release(member, start, failure=e)
+                continue
+            except BaseException:
+                self._release(member, start)
+                raise
+            self._release(member, start, tokens=len(answer["token_ids"]))
+            return answer
+
+    def _acquire(self, session: Hashable | None) -> Member:
+        with self._cond:
+            while True:
+                live = [m for m in self.members if m.in_pool]
+                if not live:
+                    raise self._gone()
+                member = self.sessions.get(session) if session is not None else None
+                if member is None or not member.in_pool:
+                    member = min(live, key=lambda m: m.in_flight)  # the first on a tie
+                    if session is not None:
+                        self.sessions[session] = member
+                if member.in_flight < self.cap:
+                    member.in_flight += 1
+                    member.peak = max(member.peak, member.in_flight)
+                    return member
+                # a slot frees, or a server leaves or joins (the timeout only re-checks)
+                self._cond.wait(timeout=self.health_every)
+
+    def _release(self, member: Member, start: float, *, tokens: int = 0,
+                 failure: ServerError | None = None) -> None:
+        with self._cond:
+            member.in_flight -= 1
+            if failure is not None:
+                member.failures += 1
+                self._take_out(member, str(failure), failure)
+            else:
+                member.requests += 1
+                member.tokens += tokens
+                first = member.busy[0]
+                member.busy = [start if first is None else first, time.perf_counter()]
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ membership
+    def _take_out(self, member: Member, why: str, error: ServerError) -> None:
+        """Under the lock: ``member`` leaves the pool, said in one line (a pool of one server
+        says nothing: its error ends the run, as it did before pools)."""
+        if not member.in_pool:
+            return
+        member.in_pool = False
+        self.last_failure, self.last_error = why, error
+        if len(self.members) == 1:
+            return
+        left = sum(m.in_pool for m in self.members)
+        print(f"relax: warning: vLLM server {member.url} left the pool ({why}); {left} of "
+              f"{len(self.members)} left", file=sys.stderr, flush=True)
+        if left and (self._watcher is None or not self._watcher.is_alive()):
+            self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                             name="relax-vllm-pool-health")
+            self._watcher.start()
+        self._cond.notify_all()
+
+    def _gone(self) -> ServerError:
+        if len(self.members) == 1 and self.last_error is not None:
+            return self.last_error  # one line naming the server (and an owned one's log)
+        urls = " ".join(m.url for m in self.members)
+        return ServerError(f"every vLLM server of the pool ({urls}) is gone; the last "
+                           f"failure: {self.last_failure}")
+
+    def _watch(self) -> None:
+        """Every ``health_every`` s: each server out of the pool that answers ``/health``
+        loads the pool's weights and rejoins; ends once every server is back, the pool is
+        closed or none is left."""
+        while not self._closed.wait(self.health_every):
+            with self._cond:
+                out = [m for m in self.members if not m.in_pool]
+                if not out or len(out) == len(self.members):
+                    return
+            for member in out:
+                self._try_rejoin(member)
+
+    def _try_rejoin(self, member: Member) -> None:
+        if not healthy(member.url, timeout=self.health_every):
+            return
+        with member.loading:  # after a sync's load of this server, never under it
+            with self._cond:
+                loader, version = self.loader, self.version
+            try:
+                if loader is not None:  # a restarted server serves its start-up weights
+                    loader(member.client)
+            except ServerError:
+                return  # still out; asked again at the next round
+        with self._cond:
+            if self.version != version or self._closed.is_set():
+                return  # an update came meanwhile: load that one first
+            member.in_pool, member.version = True, version
+            left = sum(m.in_pool for m in self.members)
+            print(f"relax: vLLM server {member.url} rejoined the pool at weights version "
+                  f"{version}; {left} of {len(self.members)} in it", file=sys.stderr,
+                  flush=True)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ weights
+    def load(self, version: int, load: Callable, *, catch_up: Callable | None = None,
+             apply: Callable | None = None, mine: Callable[[int], bool] | None = None,
+             group=None, device="cpu") -> None:
+        """Each server in the pool runs ``load(client)`` (at once, one thread each) and
+        serves ``version`` from then on; one whose ``load`` raises a ServerError leaves the
+        pool. ``catch_up(client)``: what a server out of the pool runs before it rejoins
+        (default ``load``); ``apply(client)``: run here on every server that holds
+        ``version`` after, whoever loaded it (the client's own state, such as the adapter's
+        name). ``mine(index)``: the servers this process loads (None: all; ranks that pool
+        the same servers load each once); ``group``: the ranks
+        pooling the same servers, whose failures every rank hears of (one MAX all-reduce),
+        so that they all take out the same ones. Another error is raised after that
+        all-reduce; an empty pool raises its one line."""
+        with self._cond:
+            members = [m for m in self.members if m.in_pool]
+            # set first: a catch-up from now on loads this version (the sync wrote it)
+            self.loader, self.version = catch_up or load, version
+        # with ``mine`` a server is this process's to load even when out of its own pool: the
+        # other ranks' pools may hold it and count on this load (the watcher rejoins it here)
+        own = members if mine is None else [m for m in self.members if mine(m.index)]
+        failures: dict[int, ServerError] = {}
+        fatal = None
+        with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
+            futures = [(m, threads.submit(_locked, m.loading, load, m.client)) for m in own]
+            for m, f in futures:
+                try:
+                    f.result()
+                except ServerError as e:
+                    failures[m.index] = e
+                except Exception as e:  # noqa: BLE001 - raised below, after the all-reduce
+                    fatal = fatal or e
+        if group is not None:
+            self._agree(failures, group, device)
+        with self._cond:
+            self.sessions.clear()  # the reload dropped every prefix cache
+            for m in members:
+                if m.index in failures:
+                    m.failures += 1
+                    self._take_out(m, f"missed the update to weights version {version}: "
+                                      f"{failures[m.index]}", failures[m.index])
+                else:
+                    m.version = version
+                    if apply is not None:
+                        apply(m.client)
+            empty = not any(m.in_pool for m in self.members)
+        if fatal is not None:
+            raise fatal
+        if empty:
+            raise self._gone()
+
+    def _agree(self, failures: dict[int, ServerError], group, device) -> None:
+        """Add to ``failures`` the servers another rank of ``group`` failed to load (one MAX
+        all-reduce of a flag per server)."""
+        flags = torch.zeros(len(self.members), device=device)
+        for k, m in enumerate(self.members):
+            flags[k] = float(m.index in failures)
+        flags = GroupAgreement(group, device).reduce(flags, dist.ReduceOp.MAX)
+        for k, m in enumerate(self.members):
+            if flags[k] and m.index not in failures:
+                failures[m.index] = ServerError(f"{m.client.describe()}: its update failed "
+                                                "on another rank")
+
+    # ------------------------------------------------------------------ metrics
+    def record(self, tracker) -> None:
+        """This step's ``rollout/server<i>/...`` (then the counts restart): ``requests``
+        answered, ``failures`` (requests and updates), ``in_flight`` (the most at once),
+        ``tokens_per_s`` (sampled tokens over the span from the first request's start to the
+        last answer; summed over the ranks sharing the server), ``in_pool`` (the share of
+        ranks holding it) and ``weight_version``; zeros for the entries of other ranks'
+        pools (every rank records the same names)."""
+        here = {m.index for m in self.members}
+        for index in sorted(set(range(self.total)) - here):
+            record_server(tracker, index, {})
+        with self._cond:
+            for m in self.members:
+                first, last = m.busy
+                span = (last - first) if first is not None else 0.0
+                record_server(tracker, m.index, {
+                    "requests": m.requests, "failures": m.failures, "in_flight": m.peak,
+                    "tokens_per_s": m.tokens / span if span > 0 else 0.0,
+                    "in_pool": float(m.in_pool), "weight_version": m.version})
+                m.requests = m.failures = m.tokens = 0
+                m.peak, m.busy = m.in_flight, [None, None]
+
+    def close(self) -> None:
+        """The health checks stop (within one round)."""
+        self._closed.set()
+        with self._cond:
+            self._cond.notify_all()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=self.health_every + 6.0)
+
+
+def _locked(lock: threading.Lock, call: Callable, *args):
+    with lock:
+        return call(*args)
+
+
+SERVER_METRICS = ("requests", "failures", "in_flight", "tokens_per_s", "in_pool",
+                  "weight_version")
+
+
+def record_server(tracker, index: int, values: dict) -> None:
+    """``rollout/server<index>/...`` of :data:`SERVER_METRICS`: ``values`` (absent: 0, and
+    ``in_pool`` counts no rank); sums but ``in_flight`` and ``weight_version`` (the most
+    over ranks) and ``in_pool`` (a ratio over the ranks that pool the server)."""
+    name = f"rollout/server{index}/"
+    for key in ("requests", "failures", "tokens_per_s"):
+        tracker.add_sum(name + key, values.get(key, 0.0))
+    for key in ("in_flight", "weight_version"):
+        tracker.add_max(name + key, values.get(key, 0.0))
+    tracker.add_ratio(name + "in_pool", values.get("in_pool", 0.0), 1.0 if values else 0.0)

@@ -1,0 +1,129 @@
+"""A stub of a vLLM 0.32 OpenAI-compatible server as a real process on 127.0.0.1, for the
+pool's tests (test_vllm_pool.py): the routes Relax calls, an answer that depends only on
+the request (so a request sent again to another stub comes back the same), and faults on
+demand. Standard library only: it starts in a fraction of a second.
+
+    python stub_vllm.py --model-dir DIR [--delay S] [--fail-reload] [--kill-after K]
+
+It binds port 0 and prints ``PORT <port>`` as its first line, so the port is the one the
+child holds (never chosen by the parent, released and bound again).
+
+- ``/v1/completions``: ``max_tokens`` ids ``5 + (seed + sum(prompt) + k) % 7`` with
+  log-prob -0.25 each, after ``--delay`` seconds; ``--kill-after K``: the (K+1)-th request
+  to arrive SIGKILLs the process (a server dying mid-step, its requests in flight unanswered).
+- ``/collective_rpc`` (the weight reload): HTTP 500 with ``--fail-reload``, else recorded.
+- ``GET /stats``: the prompts answered and the reload paths, in order.
+- ``POST /control`` ``{"down": bool}``: while down, every route but ``/control`` and
+  ``/stats`` closes the connection without an answer (a hung or unreachable server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def tokens(prompt: list[int], seed: int, n: int) -> list[int]:
+    return [5 + (seed + sum(prompt) + k) % 7 for k in range(n)]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802
+        state = self.server.state
+        if self.path == "/stats":
+            with state["lock"]:
+                return self._send(200, {"prompts": state["prompts"], "reloads": state["reloads"]})
+        if state["down"]:
+            return self._drop()
+        routes = {"/health": b"", "/version": {"version": "0.32.0"},
+                  "/v1/models": {"data": [{"id": "m", "root": state["model_dir"]}]}}
+        if self.path in routes:
+            return self._send(200, routes[self.path])
+        return self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self):  # noqa: N802
+        state = self.server.state
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/control":
+            state["down"] = bool(body.get("down", state["down"]))
+            return self._send(200, b"")
+        if state["down"]:
+            return self._drop()
+        if self.path == "/v1/completions":
+            return self._complete(state, body)
+        if self.path == "/collective_rpc":
+            if state["fail_reload"]:
+                return self._send(500, {"detail": "reload failed"})
+            with state["lock"]:
+                state["reloads"].append(body["kwargs"]["weights_path"])
+        return self._send(200, b"")  # /pause, /resume, /reset_prefix_cache
+
+    def _complete(self, state, body) -> None:
+        with state["lock"]:
+            state["arrived"] += 1
+            if state["kill_after"] is not None and state["arrived"] > state["kill_after"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(state["delay"])
+        prompt, n = body["prompt"][0], body["max_tokens"]
+        ids = tokens(prompt, body["seed"], n)
+        with state["lock"]:
+            state["prompts"].append(prompt)
+        self._send(200, {"choices": [{"index": 0, "text": "", "token_ids": ids,
+                                      "finish_reason": "length",
+                                      "logprobs": {"token_logprobs": [-0.25] * n}}]})
+
+    def _drop(self) -> None:
+        self.close_connection = True  # no status line: the client sees the connection end
+
+    def _send(self, status: int, payload) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # uvicorn's backlog is 2048; the default 5 resets a burst of 64
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--fail-reload", action="store_true")
+    parser.add_argument("--kill-after", type=int, default=None)
+    args = parser.parse_args()
+    server = Server(("127.0.0.1", 0), Handler)
+    server.state = {"model_dir": args.model_dir, "delay": args.delay, "down": False,
+                    "fail_reload": args.fail_reload, "kill_after": args.kill_after,
+                    "arrived": 0, "prompts": [], "reloads": [], "lock": threading.Lock()}
+    print(f"PORT {server.server_address[1]}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    server.serve_forever(0.05)
+
+
+def _exit_with_parent() -> None:
+    """A test process that dies without its fixture's cleanup leaves no stub behind."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
