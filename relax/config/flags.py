@@ -19,7 +19,7 @@ import math
 
 from relax.config.schema import EVAL_FLAGS, EvalConfig, TrainConfig
 from relax.config.section import dest_of, help_text, leaves
-from relax.config.sections.backend import EVAL_HELP
+from relax.config.sections.backend import EVAL_HELP, EVAL_REFUSED
 from relax.errors import ConfigError, invalid_text
 
 TRAIN_DESCRIPTION = (
@@ -75,7 +75,11 @@ _TYPES = {"float": (finite_float, "X"), "int": (integer, "N"), "str": (text, "ST
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """ArgumentParser whose errors become one-line :class:`ConfigError` s."""
+    """ArgumentParser whose errors become one-line :class:`ConfigError` s. ``refused``:
+    flags it does not have that get their own line instead of "unknown flag" (flag ->
+    reason; both spellings of a switch)."""
+
+    refused: dict[str, str] = {}
 
     def error(self, message: str):
         hint = f"see {self.prog} --help"
@@ -91,6 +95,8 @@ class OneLineParser(argparse.ArgumentParser):
             name = token.split("=", 1)[0]
             if name in REMOVED:
                 raise ConfigError(name, REMOVED[name])
+            if name in self.refused:
+                raise ConfigError(name, self.refused[name])
         ns, extras = self.parse_known_args(argv)
         if extras:
             token = extras[0]
@@ -174,8 +180,11 @@ def build_train_parser(prog: str = "relax train", suppress_defaults: bool = Fals
 
 def build_eval_parser(suppress_defaults: bool = False) -> OneLineParser:
     """The ``relax eval CHECKPOINT`` parser (same one-line errors as ``relax train``)."""
-    return _build(EvalConfig, "relax eval", EVAL_DESCRIPTION, suppress_defaults, EVAL_FLAGS,
-                  {**EVAL_HELP, "output_dir": _EVAL_OUTPUT_HELP})
+    parser = _build(EvalConfig, "relax eval", EVAL_DESCRIPTION, suppress_defaults, EVAL_FLAGS,
+                    {**EVAL_HELP, "output_dir": _EVAL_OUTPUT_HELP})
+    parser.refused = {f"--{no}{dest.replace('_', '-')}": reason
+                      for dest, reason in EVAL_REFUSED.items() for no in ("", "no-")}
+    return parser
 
 
 def explicit_dests(parser_builder, argv: list[str]) -> set[str]:

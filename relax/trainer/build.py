@@ -36,7 +36,7 @@ from relax.errors import InputError
 from relax.eval.sets import load_eval_sets
 from relax.metrics.sinks import MetricsLogger, build_logger
 from relax.metrics.tracker import MetricTracker
-from relax.precision import use_bf16
+from relax.precision import use_bf16, use_rollout_bf16
 from relax.rollout.assembly import build_rollout_side
 from relax.rollout.backends.local import LocalBackend
 from relax.rollout.backends.open import open_backend
@@ -288,7 +288,9 @@ def _models(p: _Draft, ctx, *, model, run, rollout, algorithm, batches, distilla
     # the router's metrics and --moe-aux-loss-coef (their hooks see the replayed experts)
     _add(p, _routing_replay(p, module, rollout.off_policy, ctx))
     _add(p, RouterTerm.build(module, algorithm.moe_aux_loss_coef, ctx.group))
-    p.backend.start(module, bf16=p.bf16, lora=p.policy.lora)
+    # the sampler at its own precision (--rollout-bf16), the trainer's passes at --bf16
+    p.backend.start(module, bf16=use_rollout_bf16(rollout.backend.rollout_bf16, p.bf16),
+                    lora=p.policy.lora)
 
 
 def _routing_replay(p: _Draft, module, off_policy, ctx) -> RoutingReplay | None:

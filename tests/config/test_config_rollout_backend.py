@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from relax.config.sections.backend import log_probs_mode
+from relax.precision import use_rollout_bf16
 
 BASE = ["train", "--dry-run", "--num-rollout", "2"]
 
@@ -97,3 +98,23 @@ def test_log_probs_mode_follows_the_temperature():
     # truncation, which validation leaves only when there is no truncation
     assert log_probs_mode(1.0) == "raw_logprobs"
     assert log_probs_mode(0.7) == "processed_logprobs"
+
+
+def test_rollout_bf16_sets_the_sampler_apart_from_the_trainer(cli, vllm):
+    """--rollout-bf16 / --no-rollout-bf16: the sampler's precision (Relax's engine, an owned
+    vLLM server); unset, it follows the trainer's resolved --bf16 (relax/precision.py)."""
+    assert cli(BASE).config()["rollout_bf16"] is None
+    assert cli([*BASE, "--rollout-bf16"]).config()["rollout_bf16"] is True
+    assert cli([*BASE, "--bf16", "--no-rollout-bf16"]).config()["rollout_bf16"] is False
+    assert cli([*vllm, "--rollout-bf16"]).config()["rollout_bf16"] is True  # owned servers
+    for flag, trainer, sampler in ((None, False, False), (None, True, True),
+                                   (True, False, True), (False, True, False),
+                                   (True, True, True), (False, False, False)):
+        assert use_rollout_bf16(flag, trainer) is sampler
+
+
+@pytest.mark.parametrize("flag", ["--rollout-bf16", "--no-rollout-bf16"])
+def test_rollout_bf16_is_refused_with_servers_not_relax_s(cli, rejected, vllm, flag):
+    # a --vllm-url server's dtype is its user's: Relax cannot set it
+    rejected(cli([*vllm, flag, "--vllm-url", "http://127.0.0.1:8000"]), flag, "--vllm-url",
+             "servers Relax starts")

@@ -67,6 +67,9 @@ def test_data_file_names_the_metrics(tiny_checkpoint, tmp_path):
     (["CKPT", "--eval-top-p", "0"], "--eval-top-p"),
     (["CKPT", "--n-samples-per-eval-prompt", "0"], "--n-samples-per-eval-prompt"),
     (["CKPT", "--eval-interval", "2"], "unknown flag"),
+    # the sampler's precision apart from the trainer's is relax train's alone
+    (["CKPT", "--rollout-bf16"], "--rollout-bf16: a relax train flag"),
+    (["CKPT", "--no-rollout-bf16"], "--no-rollout-bf16: a relax train flag"),
     (["CKPT", "--apply-chat-template"], "no chat template"),
     ([], "CHECKPOINT"),
 ])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import read_metrics
+from tests.trainer.helpers import read_metrics, write_reward
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(1500)]
 
@@ -146,6 +146,39 @@ def test_a_fully_async_lag_one_run_repeats_two_at_a_time_under_load(tmp_path):
     _both([[*torchrun, *flags, "--output-dir", str(r)] for r in runs], {**os.environ, **THREADS})
     a, b = read_metrics(runs[0]), read_metrics(runs[1])
     assert max(m.get("async/staleness", 0) for m in a) == 1  # trained one step behind
+    _assert_equal(a, b)
+
+
+def test_a_moe_run_with_replay_and_a_bf16_sampler_repeats_two_at_a_time_under_load(tmp_path):
+    """The tiny Qwen3-MoE with R3, the router's aux loss and a bf16 sampler against the fp32
+    trainer (--rollout-bf16), twice at once at two threads beside a busy core: equal in every
+    metric. A discrete choice rides on every float here (a last-bit difference in a router's
+    logits can flip a token's experts, and from then on the runs part). Each step runs every
+    MoE kernel: the bf16 decode and its routing record, the replayed packed passes (two
+    optimizer steps per rollout step) and the aux loss's backward. The steps are small: a
+    run's CPU time is mostly its start (importing torch and transformers, about 5 of 7 CPU
+    seconds on this machine), so 10 steps (20 optimizer steps) cost about 1 s more than 3."""
+    from relax.tiny_model import build_tiny_moe, build_tokenizer
+
+    tok, model_dir = build_tokenizer(), tmp_path / "tiny_moe"
+    build_tiny_moe(tok, seed=1).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    reward = write_reward(tmp_path)  # the share of odd character codes: a gradient at once
+    flags = ["--hf-checkpoint", str(model_dir), "--custom-rm-path", f"{reward}:parity",
+             "--use-rollout-routing-replay",
+             "--moe-aux-loss-coef", "0.01", "--rollout-bf16", "--num-rollout", "10",
+             "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+             "--num-steps-per-rollout", "2", "--rollout-max-response-len", "8",
+             "--advantage-estimator", "grpo", "--lr", "1e-3", "--log-samples", "0",
+             "--seed", "5"]
+    runs = [tmp_path / "a", tmp_path / "b"]
+    env = {**os.environ, **THREADS, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    _both([_relax(r, *flags) for r in runs], env)
+    a, b = read_metrics(runs[0]), read_metrics(runs[1])
+    assert all(m["train/moe_replayed_routing_mismatch"] == 0.0 for m in a)  # R3 replayed
+    assert any(m["train/moe_routing_mismatch"] > 0.0 for m in a)  # the router alone differs
+    assert len({m["rollout/raw_reward"] for m in a}) > 1  # a policy gradient moved the policy
     _assert_equal(a, b)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from relax.config.checks import check_url
 from relax.config.section import Needs, Section, option, reject
+from relax.errors import ConfigError
 
 BACKENDS = ("relax", "vllm")
 MAKE_TARGET = "make vllm"
@@ -25,6 +26,12 @@ EVAL_HELP = {
     "rollout_backend": "Who samples the evaluation: relax (the built-in decode engine) or vllm "
                        "(a vLLM OpenAI server on the checkpoint's weights, started from the "
                        f"environment `{MAKE_TARGET}` builds unless --vllm-url names running ones).",
+}
+# flags of this section that ``relax eval`` refuses by name rather than as unknown ones
+# (relax/config/flags.py): why each is relax train's alone
+EVAL_REFUSED = {
+    "rollout_bf16": "a relax train flag (the sampler's precision against the trainer's); "
+                    "relax eval has one model and samples at --bf16 / --no-bf16",
 }
 
 
@@ -85,7 +92,22 @@ class BackendSection(Section):
                                     "has no effect without --partial-rollout; add it or remove "
                                     "this flag")))
 
+    rollout_bf16: bool | None = option(
+        None,
+        "The sampler's precision apart from the trainer's (--bf16): Relax's engine decodes "
+        "under bf16 autocast (--no-rollout-bf16: in fp32), and the vLLM servers Relax starts "
+        "get vLLM's --dtype bfloat16 (or float32); the sampler's log-probs are then a bf16 "
+        "model's against an fp32 trainer (relax/precision.py). Refused with "
+        "--vllm-url (those servers run at the dtype their user gave them).",
+        default_text="the sampler follows --bf16")
+
     def check(self) -> None:
+        if self.rollout_bf16 is not None and self.vllm_url:
+            # the dtype is a server's start-up argument: Relax sets it only on servers it starts
+            raise ConfigError("--rollout-bf16" if self.rollout_bf16 else "--no-rollout-bf16",
+                              "sets the dtype of the vLLM servers Relax starts, and the "
+                              "--vllm-url servers are not Relax's (their dtype is the one "
+                              "their user started them with); remove this flag or --vllm-url")
         if self.rollout_backend == "vllm":
             for url in self.vllm_url or ():
                 check_url(self, "vllm_url", url)

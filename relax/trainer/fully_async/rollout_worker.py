@@ -41,7 +41,7 @@ from relax.agreement import Lockstep
 from relax.cpu_threads import cpu_threads
 from relax.errors import InputError, Interrupted, PeerFailure
 from relax.metrics.tracker import MetricTracker
-from relax.precision import use_bf16
+from relax.precision import use_bf16, use_rollout_bf16
 from relax.rollout.assembly import build_rollout_side
 from relax.rollout.backends.open import open_backend
 from relax.rollout.backends.protocol import RolloutBackend
@@ -259,7 +259,8 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
         b = cfg.batches
         worker = RolloutWorker(
             ctx, layout, backend, model_dir=cfg.model.hf_checkpoint, lora=cfg.lora,
-            seed=cfg.run.seed, bf16=bf16, bucket_mb=cfg.placement.weight_sync_bucket_mb,
+            seed=cfg.run.seed, bf16=use_rollout_bf16(cfg.rollout.backend.rollout_bf16, bf16),
+            bucket_mb=cfg.placement.weight_sync_bucket_mb,
             timeout_minutes=cfg.run.distributed_timeout_minutes,
             rows=b.rollout_batch_size // layout.trainers * b.n_samples_per_prompt)
         side = build_rollout_side(cfg, worker.share_contexts(), device=ctx.device, bf16=bf16,

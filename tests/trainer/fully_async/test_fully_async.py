@@ -134,6 +134,17 @@ def test_staleness_zero_is_the_colocated_run_and_lora_sends_the_adapter(tmp_path
     assert 0 < adapter[0]["async/weight_sync_bytes"] < lagless[0]["async/weight_sync_bytes"] / 5
 
 
+def test_a_bf16_rollout_rank_samples_as_the_colocated_bf16_sampler(tmp_path):
+    """--rollout-bf16 under --fully-async (relax/precision.py ``use_rollout_bf16``): the
+    rollout rank decodes under bf16 autocast while the training rank stays fp32, as the
+    colocated run's engine does: the same numbers, and a mismatch of bf16's size."""
+    short = ("--rollout-bf16", "--num-rollout", "2")
+    colocated = _run(tmp_path, "colocated", *short, nproc=1)
+    lagless = _run(tmp_path, "async", *short, "--fully-async", "--max-staleness", "0", nproc=2)
+    _same(lagless, colocated)
+    assert all(r["rollout/logprob_abs_diff"] > 1e-4 for r in lagless)  # fp32 on both: ~1e-7
+
+
 def test_two_fsdp_training_ranks_served_by_one_rollout_rank(tmp_path):
     colocated = _run(tmp_path, "colocated", "--fsdp", nproc=2)
     # small buckets: every sync streams many, each gathered from both training ranks' shards

@@ -77,6 +77,22 @@ def test_a_run_with_tis_and_opsm_logs_the_corrections_and_the_mismatch(tmp_path)
     assert not any(name in fit(off)[1][0] for name in MISMATCH_METRICS)
 
 
+def test_a_bf16_sampler_against_an_fp32_trainer(tmp_path):
+    """--rollout-bf16 (relax/precision.py ``use_rollout_bf16``): the engine samples under bf16
+    autocast while pi_old and the update stay fp32, so the sampler's log-probs are a bf16
+    model's: the logged mismatch is bf16 rounding (a mean of about 6e-4 here), where one fp32
+    model on both sides agrees to float rounding (about 1e-7)."""
+    reward = write_reward(tmp_path)
+    flags = [*RECIPES["grpo"], "--custom-rm-path", f"{reward}:parity", "--num-rollout", "1"]
+    trainer, (row,), _ = fit(make_config(*flags, "--rollout-bf16", output_dir=tmp_path / "mix"))
+    assert trainer.parts.backend.bf16 and not trainer.policy.bf16
+    assert row["rollout/logprob_abs_diff"] > 2e-4
+    assert row["rollout/logprob_abs_diff_max"] > 1e-3
+    trainer, (row,), _ = fit(make_config(*flags, output_dir=tmp_path / "fp32"))
+    assert not trainer.parts.backend.bf16 and not trainer.policy.bf16  # the CPU's default: fp32
+    assert row["rollout/logprob_abs_diff"] < 2e-5
+
+
 @pytest.mark.parametrize("estimator", ["reinforce_plus_plus", "reinforce_plus_plus_baseline",
                                        "grpo", "gspo", "sapo", "cispo", "rloo"])
 def test_the_weight_enters_every_estimators_policy_loss_and_not_the_kl_loss(model, estimator):

@@ -58,6 +58,21 @@ def gone(pgid: int, timeout: float = 30.0) -> bool:
     return True
 
 
+def test_rollout_bf16_starts_the_owned_server_in_bf16(tmp_path, model_dir):
+    """--rollout-bf16 (relax/precision.py ``use_rollout_bf16``): the owned server runs at
+    dtype bfloat16 while the trainer stays fp32, so the sampler's log-probs are a bf16 model's:
+    their gap to the trainer's is far above the fp32 server's rounding (TOL_FP32)."""
+    reward = write_reward(tmp_path)
+    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                      "--custom-rm-path", f"{reward}:parity", *SMALL, "--num-rollout", "1",
+                      "--rollout-bf16", output_dir=tmp_path / "run")
+    trainer, (row,), _ = fit(cfg)
+    assert not trainer.policy.bf16
+    log = (tmp_path / "run" / "vllm-rank0.log").read_text(errors="replace")
+    assert "'dtype': 'bfloat16'" in log  # the server's own record of its arguments
+    assert row["rollout/logprob_abs_diff_max"] > 100 * TOL_FP32, row
+
+
 def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
     """--lora-rank: the server serves --hf-checkpoint with --enable-lora and loads the
     adapter after each update; step 2 samples with step 1's adapter (a missed load would
