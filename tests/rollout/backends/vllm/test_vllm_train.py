@@ -58,21 +58,6 @@ def gone(pgid: int, timeout: float = 30.0) -> bool:
     return True
 
 
-def test_rollout_bf16_starts_the_owned_server_in_bf16(tmp_path, model_dir):
-    """--rollout-bf16 (relax/precision.py ``use_rollout_bf16``): the owned server runs at
-    dtype bfloat16 while the trainer stays fp32, so the sampler's log-probs are a bf16 model's:
-    their gap to the trainer's is far above the fp32 server's rounding (TOL_FP32)."""
-    reward = write_reward(tmp_path)
-    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
-                      "--custom-rm-path", f"{reward}:parity", *SMALL, "--num-rollout", "1",
-                      "--rollout-bf16", output_dir=tmp_path / "run")
-    trainer, (row,), _ = fit(cfg)
-    assert not trainer.policy.bf16
-    log = (tmp_path / "run" / "vllm-rank0.log").read_text(errors="replace")
-    assert "'dtype': 'bfloat16'" in log  # the server's own record of its arguments
-    assert row["rollout/logprob_abs_diff_max"] > 100 * TOL_FP32, row
-
-
 def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
     """--lora-rank: the server serves --hf-checkpoint with --enable-lora and loads the
     adapter after each update; step 2 samples with step 1's adapter (a missed load would
@@ -195,10 +180,16 @@ def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, m
 def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
     """Inside step 2's reward: the server is killed (the run then fails at the weight sync,
     naming the server and its log) or the trainer gets SIGTERM (it stops after the step);
-    either way no server process is left."""
+    either way no server process is left.
+
+    The SIGTERM run also samples with --rollout-bf16 (relax/precision.py ``use_rollout_bf16``),
+    so that one server start checks it too: the owned server runs at dtype bfloat16 while the
+    trainer stays fp32, and the sampler/trainer gap is then a bf16 model's, far above the fp32
+    server's rounding (TOL_FP32)."""
     run = tmp_path / "run"
+    bf16 = ["--rollout-bf16"] if stop == "SIGTERM" else []
     proc = start_train(["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
-                        "--custom-rm-path", write_gate_reward(tmp_path), *SMALL,
+                        "--custom-rm-path", write_gate_reward(tmp_path), *SMALL, *bf16,
                         "--num-rollout", "20", "--output-dir", str(run), "--device", "cpu"],
                        gate_env(tmp_path, at=2, go=True))
     try:
@@ -215,6 +206,12 @@ def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
     line = err.strip().splitlines()[-1]
     if stop == "SIGTERM":
         assert status == 143, err[-2000:]
+        log = (run / "vllm-rank0.log").read_text(errors="replace")
+        assert "'dtype': 'bfloat16'" in log  # the server's own record of its arguments
+        config = json.loads((run / "config.json").read_text())["system"]
+        assert config["bf16"] is None and config["device"] == "cpu"  # the trainer: fp32 on a CPU
+        rows = read_metrics(run)
+        assert rows and all(r["rollout/logprob_abs_diff_max"] > 100 * TOL_FP32 for r in rows), rows
     else:
         assert status == 1, err[-2000:]
         assert line.startswith("relax train: error: vLLM server http://127.0.0.1:"), line
