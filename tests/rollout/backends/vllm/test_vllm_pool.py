@@ -25,6 +25,7 @@ from relax.rollout.backends.vllm.router import ServerPool
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
+from relax.rollout.backends.vllm.vllm_sync import _reload  # a server's part of a disk sync
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams
 from relax.rollout.generation.turn_cache import TurnCache
@@ -90,17 +91,6 @@ def _pool(stubs_, **kw) -> ServerPool:
 def _request(seed: int) -> dict:
     return dict(max_tokens=2, temperature=1.0, top_p=1.0, top_k=-1, seed=seed,
                 stop_token_ids=[EOS])
-
-
-def _reload(path: str):
-    """A server's part of a disk weight sync (vllm_sync.py ``DiskSync``): paused, reloaded."""
-    def reload(client) -> None:
-        client.pause()
-        try:
-            client.reload_weights(path)
-        finally:
-            client.resume()
-    return reload
 
 
 def _sampler(target) -> VllmSampler:
