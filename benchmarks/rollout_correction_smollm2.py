@@ -127,9 +127,9 @@ def read_rows(out: Path) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict[str, float]:
-    """One run's numbers: the mean over steps of the mismatch and correction metrics, the
-    last step's held-out pass@1 (or mean reward where the set has no pass@k), the first and
-    last response length."""
+    """One run's numbers: the mean over steps of the mismatch and correction metrics (the
+    maximum of a ``_max``), the last step's held-out pass@1 (or mean reward where the set has
+    no pass@k), the first and last response length, the training reward's mean and last."""
     out = {}
     names = sorted({k for r in rows for k in r
                     if k in MISMATCH_ALL or k.startswith(CORRECTION_PREFIXES)
@@ -145,8 +145,8 @@ def summary(rows: list[dict]) -> dict[str, float]:
         if keys:
             out["held-out " + keys[0].split("/")[-1]] = last_eval[-1][keys[0]]
     out["length first"], out["length last"] = rows[0][LENGTH], rows[-1][LENGTH]
-    out["reward first 3"] = statistics.mean(r["rollout/raw_reward"] for r in rows[:3])
-    out["reward last 3"] = statistics.mean(r["rollout/raw_reward"] for r in rows[-3:])
+    out["reward mean"] = statistics.mean(r["rollout/raw_reward"] for r in rows)
+    out["reward last"] = rows[-1]["rollout/raw_reward"]
     return out
 
 
@@ -249,6 +249,8 @@ def main(argv=None) -> None:
     p.add_argument("--resume", action="store_true",
                    help="keep the runs of OUT that finished with the same command")
     p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: the report and JSON of the runs of OUT that finished")
     a = p.parse_args(argv)
     out = Path(a.out)
     a.report = a.report or str(out / "report.md")
@@ -266,8 +268,11 @@ def main(argv=None) -> None:
     for (part, arm, seed), cmd in commands.items():
         run_dir = out / f"{part}-{arm}-seed{seed}"
         done = run_dir / "wall_s.json"  # a finished run of the same command is kept
-        if a.resume and done.exists() and json.loads(done.read_text())["command"] == cmd:
+        if (a.resume or a.report_only) and done.exists() and \
+                json.loads(done.read_text())["command"] == cmd:
             walls[part, arm, seed] = json.loads(done.read_text())["wall_s"]
+        elif a.report_only:  # not run (or not finished): left out of the report
+            continue
         else:
             walls[part, arm, seed] = run(cmd, run_dir, a.timeout)
             done.write_text(json.dumps({"command": cmd, "wall_s": walls[part, arm, seed]}))
