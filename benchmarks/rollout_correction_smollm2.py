@@ -85,9 +85,9 @@ def base_flags(a, seed: int, max_len: int) -> list[str]:
     if a.model == "tiny":  # the built-in tiny model and task, with their held-out set
         return [*common, "--lr", "1e-2"]
     return [*common, "--hf-checkpoint", a.model, "--lr", str(a.lr), "--clip-grad", "1.0",
-            "--prompt-data", f"{TASK}&size={a.prompts * a.steps}", "--rollout-shuffle",
+            "--prompt-data", f"{a.task}&size={a.prompts * a.steps}", "--rollout-shuffle",
             "--reasoning-gym-answer", "last_number", "--apply-chat-template",
-            "--eval-prompt-data", "heldout", f"{TASK}&size={a.eval_size}",
+            "--eval-prompt-data", "heldout", f"{a.task}&size={a.eval_size}",
             "--eval-temperature", "0", "--eval-max-response-len", str(a.eval_max_len)]
 
 
@@ -193,7 +193,7 @@ def report(a, parts: dict, commands: dict, walls: dict) -> str:
              "benchmarks/rollout_correction_smollm2.py.", ""]
     for part, runs in parts.items():
         names = (LENGTH, *MISMATCH) if part == "correction" else (LENGTH,)
-        image = image_dir / f"rollout-correction-{part}.png"
+        image = image_dir / f"{Path(a.report).stem}-{part}.png"
         curves(runs, names, image)
         lines += [f"## {part}", "", *table({k: summary(v) for k, v in runs.items()}), "",
                   f"![{part}]({os.path.relpath(image, Path(a.report).parent) if a.report else image})",
@@ -228,6 +228,7 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="models/SmolLM2-135M-Instruct",
                    help="a Hugging Face model directory, or tiny (the built-in model)")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--task", default=TASK, help="the reasoning-gym dataset (without size)")
     p.add_argument("--prompts", type=int, default=2, help="--rollout-batch-size")
     p.add_argument("--samples", type=int, default=4, help="--n-samples-per-prompt")
     p.add_argument("--lr", type=float, default=1e-4)
