@@ -10,6 +10,10 @@ import pytest
 import torch
 
 from relax.algorithms import rollout_correction as rc
+from relax.algorithms.losses import response_mean, token_mean
+from relax.algorithms.registry import ESTIMATORS
+from relax.config.sections.algorithm import AlgorithmSection
+from tests.algorithms import reference as ref
 from tests.algorithms.helpers import assert_ref, assert_zero_outside, poison, random_mask
 
 DTYPES = [torch.float64, torch.float32]
@@ -193,3 +197,97 @@ def test_weight_sums():
     assert np.allclose(got, want, rtol=1e-12, atol=0)
     empty = rc.weight_sums(torch.full((2, 3), float("nan")), torch.zeros(2, 3, dtype=bool))
     assert empty.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+# ------------------------------------------------- the weight in every estimator's policy loss
+
+def _local_ref(kind, lp, old, adv, m, eps_low, eps_high, tau_pos, tau_neg):
+    """float64 ``(pg [B, T], d pg[i,t] / d lp[i,t] [B, T])`` of a per-token policy loss (§5a,
+    §5b, §7), from tests/algorithms/reference.py's values and the derivatives written here."""
+    rho = np.exp(lp - old)
+    if kind == "ppo_clip":
+        pg, clipped = ref.ppo_clip_loss(lp, old, adv, m, eps_clip=eps_low, eps_clip_high=eps_high)
+        return pg, np.where(clipped, 0.0, -adv * rho)  # the clipped branch is constant
+    if kind == "sapo":
+        tau = np.where(adv > 0, tau_pos, tau_neg)
+        sig = 1.0 / (1.0 + np.exp(-tau * (rho - 1.0)))
+        return (ref.sapo_loss(lp, old, adv, m, tau_pos=tau_pos, tau_neg=tau_neg),
+                -adv * 4.0 * sig * (1.0 - sig) * rho)
+    if kind == "cispo":
+        pg, w_cispo, _ = ref.cispo_loss(lp, old, adv, m, eps_clip=eps_low, eps_clip_high=eps_high)
+        return pg, -w_cispo * adv  # the CISPO weight is detached (§5b)
+    if kind == "rloo":
+        return ref.rloo_loss(lp, adv, m), -adv
+    raise KeyError(kind)
+
+
+def ref_weighted_loss(kind, lp, old, adv, m, w, *, per_token, **knobs):
+    """float64 ``(L, dL / d lp)`` of §7c's ``L = reduce(w * pg)``: §7's response mean (or the
+    global token mean) of each token's policy-loss term times its weight. GSPO's term is a
+    function of its row's sequence ratio ``s_i``, so a token's gradient collects the weighted
+    terms of its whole row: ``dL/dlp[i,t] = c_i * sum_u w[i,u] dpg[i,u]/ds_i * s_i / L_i``."""
+    lengths = m.sum(-1)
+    coef = np.where(lengths > 0, 1.0 / np.maximum(lengths, 1), 0.0) / m.shape[0]
+    if per_token:
+        coef = np.full(m.shape[0], 1.0 / m.sum())
+    if kind == "gspo":
+        pg, clipped = ref.gspo_loss(lp, old, adv, m, eps_clip=knobs["eps_low"],
+                                    eps_clip_high=knobs["eps_high"])
+        s = ref.gspo_ratios(lp, old, m)
+        dpg_ds = np.where(clipped | ~m, 0.0, -adv)
+        row = (w * dpg_ds).sum(-1) * s / np.maximum(lengths, 1)
+        grad = m * (coef * row)[:, None]
+    else:
+        pg, dpg = _local_ref(kind, lp, old, adv, m, **knobs)
+        grad = m * coef[:, None] * w * dpg
+    return float((coef[:, None] * w * pg * m).sum()), grad
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_every_estimators_policy_loss_takes_the_weight(name):
+    """§7c "Where it enters the loss" (and §7a's TIS weight, the same place): for every
+    registered estimator, ``reduce(w * pg)`` of its production per-token policy loss and its
+    gradient in the log-probs equal the float64 reference of each token's term times its
+    weight. So a weight of 0 removes a token's term (and, for every per-token loss, its
+    gradient; GSPO's terms share the sequence ratio, so there a row of zeros has none), and
+    a weight w scales it. A new estimator needs a reference here before it passes."""
+    est = ESTIMATORS[name]
+    kind, per_token = est.facts.policy_loss, est.facts.requires_per_token_loss
+    rng = np.random.default_rng(sorted(ESTIMATORS).index(name))
+    B, T = 6, 7
+    mask = random_mask(rng, B, T, masked_rows=(4,))
+    m = mask.numpy()
+    lp = np.log(rng.uniform(0.05, 0.9, (B, T)))
+    old = lp - rng.uniform(-0.3, 0.3, (B, T))  # ratios in [0.74, 1.35]: some clipped
+    adv = rng.normal(size=(B, T))
+    w = rng.uniform(0.0, 2.0, (B, T)) * (rng.random((B, T)) > 0.3)  # ~30% exact zeros
+    w[2] = 0.0  # a whole row weighted 0
+    knobs = dict(eps_low=0.2, eps_high=0.28, tau_pos=1.0, tau_neg=1.05)
+    section = AlgorithmSection(eps_clip=0.2, eps_clip_high=0.28, sapo_tau_pos=1.0,
+                               sapo_tau_neg=1.05)
+
+    def loss(weight):
+        x = torch.tensor(lp, dtype=torch.float64, requires_grad=True)
+        pg, _ = est.policy_loss(x, torch.tensor(old), torch.tensor(adv), mask, section)
+        weighted = pg * torch.tensor(weight)  # the factor of relax/trainer/terms (§7a, §7c)
+        value = token_mean(weighted, mask) if per_token else response_mean(weighted, mask)
+        value.backward()
+        return value, x.grad
+
+    try:
+        want, want_grad = ref_weighted_loss(kind, lp, old, adv, m, w, per_token=per_token,
+                                            **knobs)
+    except KeyError:
+        pytest.fail(f"{name}: no float64 reference for its policy loss {kind!r}; add one to "
+                    "ref_weighted_loss so the §7c weight is checked in it")
+    got, grad = loss(w)
+    assert got.item() == pytest.approx(want, rel=1e-10, abs=1e-12), name
+    assert_ref(grad, want_grad, torch.float64, what=f"{name}: d loss / d log-probs")
+    assert torch.all(grad[2] == 0), f"{name}: a row weighted 0 still has a gradient"
+    if kind != "gspo":
+        zero = torch.from_numpy((w == 0) & m)
+        assert zero.any() and torch.all(grad[zero] == 0), f"{name}: a token weighted 0 moved"
+    # the weights change the result: without them the test could not fail
+    plain, plain_grad = loss(np.ones((B, T)))
+    assert plain.item() != pytest.approx(got.item(), rel=1e-6)
+    assert not torch.allclose(plain_grad, grad)

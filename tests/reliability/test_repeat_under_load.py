@@ -134,11 +134,26 @@ def test_an_env_run_repeats_two_at_a_time_under_load(tmp_path):
     _assert_equal(read_metrics(runs[0]), read_metrics(runs[1]))
 
 
+# each correction and length control of the fully-async pair, and the metric that shows it acted
+# (reinforce_plus_plus.md §7c, §7d): a nonzero value at some step of the run
+FIRED = {"train/rollout_is_truncated_fraction": "--rollout-is sequence (truncate, 1.2)",
+         "train/rollout_rs_masked_fraction": "--rollout-rs token (IcePop, 1.05)",
+         "rollout/overlong_penalty": "--overlong-buffer-len 2",
+         "rollout/overlong_filtered_fraction": "--overlong-filter"}
+
+
 def test_a_fully_async_lag_one_run_repeats_two_at_a_time_under_load(tmp_path):
     """``--fully-async --max-staleness 1`` (a training rank and a rollout rank under torchrun)
-    at two threads per rank, two jobs at once beside a busy core: equal in every metric."""
-    flags = ["--fully-async", "--max-staleness", "1", "--use-tis", "--num-rollout", "40",
-             "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+    with a sequence-level importance weight, IcePop rejection, the soft overlong punishment
+    and the overlong filter (§7c, §7d), at two threads per rank, two jobs at once beside a
+    busy core: each of the four acts (its metric is nonzero at some step) and the runs are
+    equal in every metric. The thresholds are tight (1.2, 1.05) so that the lag of one step
+    alone moves ratios past them; a 5-token limit with a 2-token buffer makes the tiny
+    model's responses overlong."""
+    flags = ["--fully-async", "--max-staleness", "1", "--rollout-is", "sequence",
+             "--rollout-is-threshold", "1.2", "--rollout-rs", "token",
+             "--rollout-rs-threshold", "1.05", "--overlong-buffer-len", "2", "--overlong-filter",
+             "--num-rollout", "40", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
              "--rollout-max-response-len", "5", "--log-samples", "0", "--seed", "3"]
     runs = [tmp_path / "a", tmp_path / "b"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -146,6 +161,8 @@ def test_a_fully_async_lag_one_run_repeats_two_at_a_time_under_load(tmp_path):
     _both([[*torchrun, *flags, "--output-dir", str(r)] for r in runs], {**os.environ, **THREADS})
     a, b = read_metrics(runs[0]), read_metrics(runs[1])
     assert max(m.get("async/staleness", 0) for m in a) == 1  # trained one step behind
+    for key, flag in FIRED.items():
+        assert any(m.get(key, 0) != 0 for m in a), f"{flag} never acted: {key} is 0 throughout"
     _assert_equal(a, b)
 
 

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from relax.algorithms.registry import ESTIMATORS
 from relax.config.sections import OffPolicySection
 from relax.errors import RelaxError
 from relax.metrics.tracker import MetricTracker
@@ -25,9 +26,11 @@ def model():
     return build_tiny_model(build_tokenizer(), seed=7)
 
 
-def _row_stats(model, exp, section: OffPolicySection | None):
+def _row_stats(model, exp, section: OffPolicySection | None, estimator: str = "grpo"):
     """Each row's metrics alone (``num_responses=B``, so each is its share of the batch)."""
-    s = replace_loss(settings("grpo"), entropy_coef=0.0, use_kl_loss=False)
+    per_token = ESTIMATORS[estimator].facts.requires_per_token_loss
+    s = replace_loss(settings(estimator, per_token=per_token), entropy_coef=0.0,
+                     use_kl_loss=False)
     term = RolloutCorrection.build(section) if section is not None else None
     terms = loss_terms(s, (term,) if term is not None else ())
     rows = []
@@ -88,6 +91,26 @@ def test_the_weight_multiplies_each_rows_policy_loss(model, level, mode):
     assert values["train/rollout_is_weight_max"] == pytest.approx(max(weights), rel=1e-6)
     ess = sum(weights) ** 2 / (len(weights) * sum(w * w for w in weights))
     assert values["train/rollout_is_ess"] == pytest.approx(ess, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_every_estimator_takes_the_weight_in_the_update(model, name):
+    """The update applies the factor whatever the estimator (§7c "Where it enters the loss"):
+    each row's policy loss is its float64 sequence weight times the unweighted one, for
+    every registered estimator (tests/algorithms/test_rollout_correction.py checks each
+    policy loss's gradient under a per-token weight)."""
+    exp = _shifted(model, SHIFTS)
+    low, high = 0.7, 1.4
+    plain, _ = _row_stats(model, exp, None, name)
+    got, _ = _row_stats(model, exp, OffPolicySection(
+        rollout_is="sequence", rollout_is_threshold=high, rollout_is_threshold_lower=low), name)
+    changed = 0
+    for i, length in enumerate(_lengths(exp)):
+        w = math.exp(min(max(SHIFTS[i] * length, math.log(low)), math.log(high)))
+        assert got[i]["train/pg_loss"] == pytest.approx(w * plain[i]["train/pg_loss"],
+                                                        rel=1e-5, abs=1e-9), (name, i)
+        changed += w != 1.0 and abs(plain[i]["train/pg_loss"]) > 1e-6
+    assert changed >= 3  # rows whose loss the weight moved: the test can fail
 
 
 def test_rejection_and_veto_drop_rows_and_tokens(model):
