@@ -269,8 +269,9 @@ def main(argv=None) -> None:
     for (part, arm, seed), cmd in commands.items():
         run_dir = out / f"{part}-{arm}-seed{seed}"
         done = run_dir / "wall_s.json"  # a finished run of the same command is kept
+        # the same command but for the interpreter's path (another checkout's venv)
         if (a.resume or a.report_only) and done.exists() and \
-                json.loads(done.read_text())["command"] == cmd:
+                json.loads(done.read_text())["command"][1:] == cmd[1:]:
             walls[part, arm, seed] = json.loads(done.read_text())["wall_s"]
         elif a.report_only:  # not run (or not finished): left out of the report
             continue
