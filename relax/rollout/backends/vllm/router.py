@@ -26,6 +26,11 @@ fails a weight update (:meth:`load`) leaves the pool too, instead of sampling st
 Every :data:`HEALTH_EVERY_S` seconds the servers out of the pool are asked for ``/health``;
 one that answers loads the weights the pool serves (the last :meth:`load`) and rejoins.
 
+When no server is left, the next request (or the update that emptied the pool) raises a
+:class:`ServerError` naming the last failure: the run ends with that one line, exit 1. A
+pool of one server (an owned one, or one URL) raises that server's own error, as before
+pools: there is nowhere else to send the request.
+
 Versions are checked, not assumed: after every load (an update's, a catch-up's) the server is
 told the version it now serves (vLLM's ``POST /update_weight_version``) and asked which it
 serves (``GET /weight_info``, :func:`confirm`); its answer is ``Member.version``. A server
@@ -35,10 +40,6 @@ line naming its URL, the version it reports and the one expected, and rejoins on
 catch-up makes it report the pool's version. Each answer of :meth:`complete` carries the
 version its server reported when the request was sent (``version``), which the sampler
 records per row (``Rollout.policy_version``).
-When no server is left, the next request (or the update that emptied the pool) raises a
-:class:`ServerError` naming the last failure: the run ends with that one line, exit 1. A
-pool of one server (an owned one, or one URL) raises that server's own error, as before
-pools: there is nowhere else to send the request.
 
 Not built: owned servers pooled across ranks (a number the launcher places; each rank still owns
 one and pools only it); the version of each token: vLLM 0.32's ``/v1/completions`` answer
