@@ -78,13 +78,17 @@ class EpisodeCollector(StreamPosition):
 
     def collect(self, step: int) -> StepBatch:
         generator = rollout_generator(self.seed, self.ctx.rank, step, 0, self.ctx.device)
+        served: list[int] = []  # the oldest version each turn's sampling reports (vLLM)
 
         def sample(ids, mask, max_new_tokens, cache=None, keys=None):
             # an agent call's row draws from its own stream, whatever else is in its batch
             rows = generator if keys is None else [
                 agent_call_generator(self.seed, step, index, turn, self.ctx.device)
                 for index, turn in keys]
-            return self.sampler(ids, mask, max_new_tokens, rows, cache=cache)
+            out = self.sampler(ids, mask, max_new_tokens, rows, cache=cache)
+            if out.policy_version is not None and len(out.policy_version):
+                served.append(int(out.policy_version.min()))
+            return out
 
         with self.timer("generate"):  # an episode interleaves generation and the environment
             if self.envs is not None:
@@ -96,7 +100,9 @@ class EpisodeCollector(StreamPosition):
         self.tracker.add_ratio("rollout/episode_turns", sum(played.turns), len(played.turns))
         self.cursor = (step + 1) * self.batch_size
         rollout = played.rollout
-        version = getattr(self.sampler, "version", None)  # a vLLM server's weights (all turns)
+        # a vLLM server's weights, as its servers reported them: the oldest of the step's
+        # turns for every episode (an episode's turns are not told apart)
+        version = min(served) if served else getattr(self.sampler, "version", None)
         if version is not None:
             rollout = dataclasses.replace(rollout, policy_version=torch.full(
                 (len(played.turns),), version, dtype=torch.long, device=self.ctx.device))

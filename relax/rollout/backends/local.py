@@ -48,6 +48,9 @@ class LocalBackend:
     def push(self, module: torch.nn.Module, version: int, tracker=None) -> int:
         return 0
 
+    def served(self) -> None:
+        return None  # the engine samples with the weights this process holds
+
     def record(self, tracker) -> None:
         pass  # the engine's metrics are the step's own (perf/)
 

@@ -10,6 +10,7 @@ trainer's weights. Relax's own engine on the policy's module (local.py) and vLLM
         backend.push(module, version, tracker)      the sampler uses ``version``'s weights
     if backend.behind(version):                     a rollout rank: after weights arrived
         backend.push(module, version)
+    backend.served()                                after sampling: the oldest version, where
     backend.record(tracker)                         after a step: its own metrics, if any
     backend.close()                                 whatever the backend started is gone
 
@@ -57,6 +58,12 @@ class RolloutBackend(Protocol):
     def push(self, module: torch.nn.Module, version: int, tracker=None) -> int:
         """The samples come from ``module``'s weights (``version``) from now on; returns the
         bytes sent (``tracker``: records them, if the backend sends any)."""
+        ...
+
+    def served(self) -> tuple[int, str] | None:
+        """The oldest weights version the samples since the last call were drawn with, as the
+        server that drew them reported it, and where (a vLLM server's URL); None when the
+        samples come from the weights this process holds (Relax's engine)."""
         ...
 
     def record(self, tracker) -> None:

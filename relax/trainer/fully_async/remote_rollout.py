@@ -17,7 +17,8 @@ of waiting on each other.
 
 Metrics (reinforce_plus_plus.md §10; per rollout step, reduced over the training ranks):
 ``async/staleness`` (steps between the weights a batch was sampled with and the weights it
-trains), ``async/train_idle_fraction`` (share of the step cycle this training rank waited for
+trains; with ``--rollout-backend vllm`` the oldest weights the servers reported for its
+samples, :func:`served_version`), ``async/train_idle_fraction`` (share of the step cycle this training rank waited for
 its batch), ``async/rollout_idle_fraction`` (share of the rollout ranks' time spent waiting
 for weights), ``async/weight_sync_time`` and ``async/weight_sync_bytes``,
 ``async/train_samples_per_s`` and ``async/rollout_samples_per_s``, and the rollout ranks'
@@ -31,7 +32,7 @@ import contextlib
 import sys
 import time
 
-from relax.errors import InputError
+from relax.errors import InputError, RelaxError
 from relax.rollout.generation.batch import StepBatch
 from relax.trainer.fully_async import weight_sync
 from relax.trainer.fully_async.async_layout import (
@@ -209,11 +210,32 @@ class RemoteRollout:
         t.merge(message["records"])
         for name, seconds in message["times"].items():
             t.add_max(f"async/rollout_{name}_time", seconds)
-        t.add_max("async/staleness", step - message["version"])
+        t.add_max("async/staleness", step - served_version(step, message, self.schedule))
         t.add_max("async/train_idle_fraction", waited / max(cycle, 1e-9))
         t.add_ratio("async/rollout_idle_fraction", message["idle"], message["cycle"])
         t.add_sum("async/train_samples_per_s", rows / max(cycle, 1e-9))
         t.add_sum("async/rollout_samples_per_s", rows / max(message["cycle"], 1e-9))
+
+
+def served_version(step: int, message: dict, schedule: Schedule) -> int:
+    """The weights version batch ``step`` (a rollout rank's ``message``) was sampled with: the
+    oldest its vLLM servers reported for its samples (``served``: version and URL), else the
+    version the rollout rank held (Relax's engine samples the weights it holds; a batch
+    stored by an older checkpoint). A served version further behind than the fixed lag
+    allows is refused in one line: the rollout rank pushed the schedule's weights, so a
+    server sampled with older ones while reporting them as current."""
+    served = message.get("served")
+    if served is None:
+        return int(message["version"])
+    version, url = int(served[0]), served[1]
+    if step - version > schedule.max_lag:
+        raise RelaxError(f"step {step + 1}'s batch holds samples that vLLM server {url} drew "
+                         f"with weights version {version}, {step - version} steps behind, "
+                         f"more than --max-staleness {schedule.staleness} "
+                         f"--update-weights-interval {schedule.interval} allow "
+                         f"({schedule.max_lag}): that server kept older weights than the "
+                         f"version {message['version']} pushed to it")
+    return version
 
 
 def _rows(message: dict) -> int:

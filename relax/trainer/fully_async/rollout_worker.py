@@ -21,7 +21,8 @@ this rank owns (or a ``--vllm-url`` one), fed every weight version the rank rece
 shares of this rank run on one thread each and agree with each other, then with the other
 rollout ranks (relax/agreement.py: dynamic sampling's rounds, partial rollouts' prompt
 counts, a failure of one share is every share's). Each message carries the step, the weights version it
-was sampled with, the rows per training rank of this configuration, the collector's state
+was sampled with (and with ``--rollout-backend vllm`` the oldest version the servers reported
+for its samples, and the URL of one that served it), the rows per training rank of this configuration, the collector's state
 after it (what a checkpoint holds: the prompt cursor, partial rollouts' carried groups), the
 collector's metric records and phase times, and this rank's idle and cycle seconds for the
 throughput metrics (relax/trainer/fully_async/remote_rollout.py).
@@ -134,9 +135,11 @@ class RolloutWorker:
             batches = self.lockstep.run([functools.partial(self.collectors[v].collect, step)
                                          for v in self.shares])
             self._record_backend()
+            served = self.backend.served()  # what the vLLM servers report, checked by the trainer
             now = time.perf_counter()
             for v, batch in zip(self.shares, batches, strict=True):
-                message = {"step": step, "version": self.version, "batch": batch.to("cpu"),
+                message = {"step": step, "version": self.version, "served": served,
+                           "batch": batch.to("cpu"),
                            "rows": self.rows, "state": self.collectors[v].state_dict(),
                            "records": self.trackers[v].export(), "times": self.timers[v].pop(),
                            "idle": idle, "cycle": now - clock}

@@ -28,7 +28,7 @@ from relax.rollout.reward.sources import (
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from tests.trainer.helpers import RECIPES, make_config
 
-METHODS = ("start", "sampler", "due", "behind", "push", "record", "close")
+METHODS = ("start", "sampler", "due", "behind", "push", "served", "record", "close")
 
 
 def test_the_protocol_is_complete():
@@ -56,6 +56,7 @@ def test_the_local_engine_samples_its_module_in_place_and_is_never_pushed():
     assert sampler.sync_group is None and sampler.after is None
     assert not backend.remote and not backend.due(4) and not backend.behind(4)
     assert backend.push(module, 4) == 0
+    assert backend.served() is None  # its version is the weights it holds: nothing to report
     tracker = MetricTracker()
     backend.record(tracker)  # the engine's metrics are the step's own
     assert tracker.reduce() == {}

@@ -21,9 +21,11 @@ import sys
 
 import pytest
 
+from relax.errors import RelaxError
 from relax.ports import PortReservation
 from relax.trainer.fully_async import weight_sync
 from relax.trainer.fully_async.async_layout import Schedule
+from relax.trainer.fully_async.remote_rollout import served_version
 from relax.trainer.state import sharded_state
 from tests.distributed_utils import torchrun_relax
 from tests.reliability.helpers import finish_all, kill_left, start_ranks
@@ -93,6 +95,20 @@ def test_the_schedule_is_a_fixed_lag():
     assert list(every_2.in_flight(3)) == [3, 4]  # version 2 < 3: the checkpoint cannot redo them
     assert list(Schedule(0, 1, 4).in_flight(2)) == []  # K = 0: nothing in flight
     assert s.end == 6 and list(s.in_flight(6)) == []  # without --save nothing after the end
+
+
+def test_the_staleness_counts_the_version_the_vllm_servers_reported():
+    """A batch's version is the oldest its servers reported (else the rollout rank's, as for
+    Relax's engine); one further behind than the lag allows names the server, in one line."""
+    s = Schedule(staleness=1, interval=2, total_steps=8)  # lags up to 1 + 2 - 1 = 2
+    assert served_version(5, {"version": 4}, s) == 4
+    assert served_version(5, {"version": 4, "served": None}, s) == 4
+    assert served_version(5, {"version": 4, "served": (3, "http://a:1")}, s) == 3
+    with pytest.raises(RelaxError) as e:
+        served_version(5, {"version": 4, "served": (2, "http://b:2")}, s)
+    line = str(e.value)
+    assert "\n" not in line and "vLLM server http://b:2" in line and "version 2" in line
+    assert "--max-staleness 1 --update-weights-interval 2 allow (2)" in line, line
 
 
 def test_the_final_checkpoint_carries_the_batches_in_flight_after_the_last_step():

@@ -5,6 +5,7 @@ every ``--vllm-url`` server (under ``--fully-async``, rollout rank i of R pools 
     pool = ServerPool([client0, client1], [0, 1])   # the clients of the URLs, their entries
     answer = pool.complete(prompt, session=key, max_tokens=..., seed=..., ...)
     pool.load(version, lambda client: ...)          # each server in the pool loads version
+    pool.served()                                   # the oldest version sampled, and where
     pool.record(tracker)                            # rollout/server<i>/... for the step
     pool.close()
 
@@ -24,14 +25,27 @@ a malformed completion) still ends the run: it would be as wrong elsewhere. A se
 fails a weight update (:meth:`load`) leaves the pool too, instead of sampling stale weights.
 Every :data:`HEALTH_EVERY_S` seconds the servers out of the pool are asked for ``/health``;
 one that answers loads the weights the pool serves (the last :meth:`load`) and rejoins.
+
 When no server is left, the next request (or the update that emptied the pool) raises a
 :class:`ServerError` naming the last failure: the run ends with that one line, exit 1. A
 pool of one server (an owned one, or one URL) raises that server's own error, as before
 pools: there is nowhere else to send the request.
 
+Versions are checked, not assumed: after every load (an update's, a catch-up's) the server is
+told the version it now serves (vLLM's ``POST /update_weight_version``) and asked which it
+serves (``GET /weight_info``, :func:`confirm`); its answer is ``Member.version``. A server
+that reports another version, or an answer that is not a version (vllm_answers.py
+``weight_version``), missed the update: it leaves the pool as a failed load does, with one
+line naming its URL, the version it reports and the one expected, and rejoins only once a
+catch-up makes it report the pool's version. Each answer of :meth:`complete` carries the
+version its server reported when the request was sent (``version``), which the sampler
+records per row (``Rollout.policy_version``).
+
 Not built: owned servers pooled across ranks (a number the launcher places; each rank still owns
-one and pools only it); the version a server reports serving (the version here is the one
-this process last loaded into it); in-memory weight transfer (vllm_sync.py).
+one and pools only it); the version of each token: vLLM 0.32's ``/v1/completions`` answer
+carries none (only its token-in-token-out route records weight version spans), so a response
+is tagged with the version its server reported before it was sent; in-memory weight transfer
+(vllm_sync.py).
 """
 
 from __future__ import annotations
@@ -62,7 +76,7 @@ class Member:
     client: object
     index: int
     in_pool: bool = True
-    version: int = 0  # the weights this process last loaded into it
+    version: int = 0  # the weights version the server reported after its last load
     in_flight: int = 0
     peak: int = 0  # the most in flight since the last record
     requests: int = 0  # answers that came back
@@ -96,6 +110,7 @@ class ServerPool:
         self.loader: Callable | None = None  # what the last load did to each server
         self.sessions: dict[Hashable, Member] = {}
         self.last_failure = ""
+        self.oldest: tuple[int, str] | None = None  # (version, URL): the oldest that sampled
         self.last_error: ServerError | None = None
         self._cond = threading.Condition()
         self._closed = threading.Event()
@@ -121,9 +136,15 @@ class ServerPool:
     # ------------------------------------------------------------------ sampling
     def complete(self, prompt: list[int], *, session: Hashable | None = None, **request) -> dict:
         """One sampled response (``VllmClient.complete``'s keywords), from the server the
-        routing picks; sent again elsewhere, with the same seed, when that server is down."""
+        routing picks; sent again elsewhere, with the same seed, when that server is down.
+        The answer's ``version``: the weights version the server reported when the request
+        was sent. vLLM 0.32's completion answer names no version, and a server's version
+        changes only by a load, which pauses it letting the requests in flight finish on the
+        weights they started with (vllm_sync.py); a request sent during a load's pause may
+        run on the newer weights, so the version recorded is never newer than the one that
+        sampled."""
         while True:
-            member = self._acquire(session)
+            member, version = self._acquire(session)
             start = time.perf_counter()
             try:
                 answer = member.client.complete(prompt, **request)
@@ -133,10 +154,17 @@ class ServerPool:
             except BaseException:
                 self._release(member, start)
                 raise
-            self._release(member, start, tokens=len(answer["token_ids"]))
-            return answer
+            self._release(member, start, tokens=len(answer["token_ids"]), version=version)
+            return {**answer, "version": version}
 
-    def _acquire(self, session: Hashable | None) -> Member:
+    def served(self) -> tuple[int, str] | None:
+        """The oldest weights version that sampled an answer since the last call, and the
+        URL of a server that sampled with it; None when nothing was sampled."""
+        with self._cond:
+            oldest, self.oldest = self.oldest, None
+        return oldest
+
+    def _acquire(self, session: Hashable | None) -> tuple[Member, int]:
         with self._cond:
             while True:
                 live = [m for m in self.members if m.in_pool]
@@ -150,12 +178,12 @@ class ServerPool:
                 if member.in_flight < self.cap:
                     member.in_flight += 1
                     member.peak = max(member.peak, member.in_flight)
-                    return member
+                    return member, member.version
                 # a slot frees, or a server leaves or joins (the timeout only re-checks)
                 self._cond.wait(timeout=self.health_every)
 
     def _release(self, member: Member, start: float, *, tokens: int = 0,
-                 failure: ServerError | None = None) -> None:
+                 failure: ServerError | None = None, version: int | None = None) -> None:
         with self._cond:
             member.in_flight -= 1
             if failure is not None:
@@ -166,6 +194,8 @@ class ServerPool:
                 member.tokens += tokens
                 first = member.busy[0]
                 member.busy = [start if first is None else first, time.perf_counter()]
+                if version is not None and (self.oldest is None or version < self.oldest[0]):
+                    self.oldest = (version, member.url)
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ membership
@@ -207,6 +237,8 @@ class ServerPool:
                 self._try_rejoin(member)
 
     def _try_rejoin(self, member: Member) -> None:
+        """``member`` back in the pool once it answers ``/health``, has loaded the pool's
+        weights and reports their version."""
         if not healthy(member.url, timeout=self.health_every):
             return
         with member.loading:  # after a sync's load of this server, never under it
@@ -215,12 +247,13 @@ class ServerPool:
             try:
                 if loader is not None:  # a restarted server serves its start-up weights
                     loader(member.client)
+                reported = confirm(member.client, version)
             except ServerError:
                 return  # still out; asked again at the next round
         with self._cond:
             if self.version != version or self._closed.is_set():
                 return  # an update came meanwhile: load that one first
-            member.in_pool, member.version = True, version
+            member.in_pool, member.version = True, reported
             left = sum(m.in_pool for m in self.members)
             print(f"relax: vLLM server {member.url} rejoined the pool at weights version "
                   f"{version}; {left} of {len(self.members)} in it", file=sys.stderr,
@@ -232,8 +265,8 @@ class ServerPool:
              apply: Callable | None = None, mine: Callable[[int], bool] | None = None,
              group=None, device="cpu") -> None:
         """Each server in the pool runs ``load(client)`` (at once, one thread each) and
-        serves ``version`` from then on; one whose ``load`` raises a ServerError leaves the
-        pool. ``catch_up(client)``: what a server out of the pool runs before it rejoins
+        serves ``version`` from then on, which it must then report (:func:`confirm`); one
+        whose ``load`` or report raises a ServerError leaves the pool. ``catch_up(client)``: what a server out of the pool runs before it rejoins
         (default ``load``); ``apply(client)``: run here on every server that holds
         ``version`` after, whoever loaded it (the client's own state, such as the adapter's
         name). ``mine(index)``: the servers this process loads (None: all; ranks that pool
@@ -249,12 +282,14 @@ class ServerPool:
         # other ranks' pools may hold it and count on this load (the watcher rejoins it here)
         own = members if mine is None else [m for m in self.members if mine(m.index)]
         failures: dict[int, ServerError] = {}
+        reported: dict[int, int] = {}
         fatal = None
         with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
-            futures = [(m, threads.submit(_locked, m.loading, load, m.client)) for m in own]
+            futures = [(m, threads.submit(_locked, m.loading, _load_confirmed, load, m.client,
+                                          version)) for m in own]
             for m, f in futures:
                 try:
-                    f.result()
+                    reported[m.index] = f.result()
                 except ServerError as e:
                     failures[m.index] = e
                 except Exception as e:  # noqa: BLE001 - raised below, after the all-reduce
@@ -268,8 +303,8 @@ class ServerPool:
                     m.failures += 1
                     self._take_out(m, f"missed the update to weights version {version}: "
                                       f"{failures[m.index]}", failures[m.index])
-                else:
-                    m.version = version
+                else:  # what it reported (a server another rank loaded: that rank checked it)
+                    m.version = reported.get(m.index, version)
                     if apply is not None:
                         apply(m.client)
             empty = not any(m.in_pool for m in self.members)
@@ -277,6 +312,15 @@ class ServerPool:
             raise fatal
         if empty:
             raise self._gone()
+
+    def announce(self, version: int) -> None:
+        """Every server of the pool told it serves ``version`` (the start-up weights, which
+        no load put there) and checked to report it; a ServerError for the first that
+        does not."""
+        for m in self.members:
+            confirmed = confirm(m.client, version)
+            with self._cond:
+                m.version = confirmed
 
     def _agree(self, failures: dict[int, ServerError], group, device) -> None:
         """Add to ``failures`` the servers another rank of ``group`` failed to load (one MAX
@@ -325,6 +369,24 @@ class ServerPool:
 def _locked(lock: threading.Lock, call: Callable, *args):
     with lock:
         return call(*args)
+
+
+def confirm(client, version: int) -> int:
+    """Tell the server behind ``client`` that it serves ``version`` and read back the version
+    it reports (``VllmClient.set_weight_version``, ``weight_version``): ``version``, or a
+    ServerError naming the server, the version it reports and the one expected (it missed
+    the update: a proxy sending the routes to different servers, a restart in between)."""
+    client.set_weight_version(version)
+    reported = client.weight_version()
+    if reported != version:
+        raise ServerError(f"{client.describe()} reports weights version {reported} after the "
+                          f"update to version {version}")
+    return reported
+
+
+def _load_confirmed(load: Callable, client, version: int) -> int:
+    load(client)
+    return confirm(client, version)
 
 
 SERVER_METRICS = ("requests", "failures", "in_flight", "tokens_per_s", "in_pool",

@@ -2,6 +2,8 @@
 sampler's answer (:func:`completion`, one sampled response) and the distillation teacher's
 (:func:`prompt_log_probs`, the log-probs of the tokens sent).
 
+:func:`weight_version` checks the weights version a server reports (``GET /weight_info``).
+
 The answer comes from another process, possibly another machine or a proxy in front of it, so
 it is checked as input: the JSON shape, one entry per token, token ids that are integers of the
 trainer's vocabulary, no more tokens than asked, and log-probs that are finite and <= 0.
@@ -57,6 +59,23 @@ def completion(answer, *, max_tokens: int, vocab_size: int | None = None) -> dic
     return {"token_ids": ids, "log_probs": [log_prob(v, f"log-prob {k}")
                                             for k, v in enumerate(values)],
             "finish_reason": finish}
+
+
+def weight_version(answer) -> int:
+    """The version of ``GET /weight_info``'s answer ``{"weight_version": ...}``: vLLM 0.32
+    keeps the version as the string ``POST /update_weight_version`` set (the trainer steps
+    behind the weights, written in decimal), ``"default"`` until one is set; a JSON integer
+    is taken too. Anything else is not a version."""
+    value = answer.get("weight_version") if isinstance(answer, dict) else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if value == "default":
+        raise BadAnswer("weight_version 'default', vLLM's value before any version is set "
+                        "(restarted since the update?)")
+    raise BadAnswer(f"weight_version {value_summary(value)}, not a version (the trainer "
+                    f"steps behind the weights): the answer was {value_summary(answer)}")
 
 
 def prompt_log_probs(answer, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:

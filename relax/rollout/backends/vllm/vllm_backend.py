@@ -181,6 +181,11 @@ class VllmBackend:
             except ServerError as e:
                 raise InputError(f"the model {self.settings.model_dir} does not run on "
                                  f"vLLM: {e}") from e
+        try:  # the servers report the version they serve from now on (router.py)
+            self.pool.announce(self.version)
+        except ServerError as e:
+            raise InputError(f"{e}; Relax tells each server the weights version it serves "
+                             "(VLLM_SERVER_DEV_MODE=1 routes)") from e
 
     def _start_owned(self, module, *, bf16: bool, lora) -> None:
         """A server of this rank's own on version 0: the trainer's weights written untied
@@ -259,6 +264,11 @@ class VllmBackend:
         if tracker is not None:
             tracker.add_max("vllm/weight_sync_bytes", nbytes)
         return nbytes
+
+    def served(self) -> tuple[int, str] | None:
+        """The oldest weights version the servers reported for the answers since the last
+        call, and a URL that served it (router.py ``served``)."""
+        return None if self.pool is None else self.pool.served()
 
     def record(self, tracker) -> None:
         """This step's per-server metrics of the ``--vllm-url`` servers (router.py

@@ -44,8 +44,9 @@ MAX_IN_FLIGHT = 64  # requests per rank at once; the server's scheduler batches 
 class VllmSampler:
     """``sampler(ids, mask, max_new_tokens, generator) -> Rollout`` for left-padded prompts
     ``ids`` / ``mask`` [B, P], like :class:`~relax.rollout.generation.sampler.Sampler`; ``version`` is
-    the trainer step whose weights the server holds (relax/rollout/backends/vllm/vllm_sync.py sets it) and
-    goes into ``Rollout.policy_version``. ``vocab_size``: the policy's embedding rows; a token
+    the trainer step whose weights the server holds (relax/rollout/backends/vllm/vllm_sync.py sets it).
+    ``Rollout.policy_version`` holds each row's version as its server reported it (a pool's
+    answers carry it, router.py; over rounds the oldest), else ``version``. ``vocab_size``: the policy's embedding rows; a token
     id the server answers outside them stops the run (vllm_answers.py), as would one past
     ``max_new_tokens`` or a log-prob that is not finite and <= 0."""
 
@@ -104,7 +105,7 @@ class VllmSampler:
                 stop, sessions: list) -> list[dict]:
         """Each row's tokens and log-probs, decoded ``chunk`` tokens per round until every
         row ended (EOS or its limit) or ``stop(finished)`` holds after a round."""
-        answers = [{"token_ids": [], "log_probs": []} for _ in prompts]
+        answers = [{"token_ids": [], "log_probs": [], "version": None} for _ in prompts]
         finished = [limit <= 0 for limit in limits]
         eos = set(self.eos_token_ids)
         while not all(finished):
@@ -117,6 +118,7 @@ class VllmSampler:
                 a = answers[i]
                 a["token_ids"] += part["token_ids"]
                 a["log_probs"] += part["log_probs"]
+                a["version"] = _oldest(a["version"], part.get("version"))
                 finished[i] = (len(a["token_ids"]) >= limits[i]
                                or bool(part["token_ids"]) and part["token_ids"][-1] in eos)
             if stop(torch.tensor(finished, dtype=torch.bool, device=self.device)):
@@ -130,6 +132,7 @@ class VllmSampler:
         response_mask = torch.zeros((B, T), dtype=torch.bool)
         log_probs = torch.zeros((B, T), dtype=torch.float32)
         ended = torch.zeros(B, dtype=torch.bool)
+        versions = [self.version if a.get("version") is None else a["version"] for a in answers]
         eos = set(self.eos_token_ids)
         for i, a in enumerate(answers):
             n = len(a["token_ids"])
@@ -140,8 +143,12 @@ class VllmSampler:
         d = self.device
         return Rollout(ids, mask, response.to(d), response_mask.to(d), (~ended).to(d),
                        log_probs=log_probs.to(d),
-                       policy_version=torch.full((B,), self.version, dtype=torch.long,
-                                                 device=d))
+                       policy_version=torch.tensor(versions, dtype=torch.long, device=d))
+
+
+def _oldest(a: int | None, b: int | None) -> int | None:
+    """The older of two versions, either of which may be unknown (None)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _sessions(cache, rows: int) -> list:

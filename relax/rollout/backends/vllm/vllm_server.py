@@ -429,6 +429,21 @@ class VllmClient:
         answer = self.request("/version", method="GET")
         return str(answer.get("version", "")) if isinstance(answer, dict) else ""
 
+    def set_weight_version(self, version: int) -> None:
+        """Tell the server the weights it serves are ``version`` (a dev route; vLLM 0.32's
+        route takes a string)."""
+        self.request("/update_weight_version", {"new_version": str(version)})
+
+    def weight_version(self) -> int:
+        """The weights version the server reports serving (``GET /weight_info``), checked
+        (vllm_answers.py ``weight_version``): one line naming the server and what came back
+        when it is not a version."""
+        answer = self.request("/weight_info", method="GET")
+        try:
+            return vllm_answers.weight_version(answer)
+        except vllm_answers.BadAnswer as e:
+            raise ServerError(f"{self.describe()} answered /weight_info with {e}") from None
+
     def complete(self, prompt: list[int], *, max_tokens: int, temperature: float,
                  top_p: float, top_k: int, seed: int, stop_token_ids: list[int],
                  vocab_size: int | None = None, label: str = "a prompt",

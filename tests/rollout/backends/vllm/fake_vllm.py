@@ -22,7 +22,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         fake = self.server.fake
         routes = {"/health": b"", "/version": {"version": "0.32.0"},
-                  "/v1/models": {"data": [{"id": "m", "root": fake["model_dir"]}]}}
+                  "/v1/models": {"data": [{"id": "m", "root": fake["model_dir"]}]},
+                  "/weight_info": {"weight_version": fake["weight_version"]}}
         if self.path in routes:
             self._send(200, routes[self.path])
         else:
@@ -38,6 +39,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"tokens": ids})
         elif self.path == "/tokenize":
             self._send(404, {"detail": "Not Found"})
+        elif self.path == "/update_weight_version":  # vLLM keeps the string it is given
+            fake["weight_version"] = body["new_version"]
+            self._send(200, {"success": True, "new_version": body["new_version"]})
         else:  # /pause, /resume, /collective_rpc, /reset_prefix_cache
             self._send(200, b"")
 
@@ -58,7 +62,8 @@ def fake_vllm(answer, *, model_dir: str = "m", tokenizer=None):
     """The server, serving until the block ends; yields its URL."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
-    server.fake = {"answer": answer, "model_dir": str(model_dir), "tokenizer": tokenizer}
+    server.fake = {"answer": answer, "model_dir": str(model_dir), "tokenizer": tokenizer,
+                   "weight_version": "default"}
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:

@@ -4,6 +4,7 @@ the request (so a request sent again to another stub comes back the same), and f
 demand. Standard library only: it starts in a fraction of a second.
 
     python stub_vllm.py --model-dir DIR [--delay S] [--fail-reload] [--kill-after K]
+                        [--misreport JSON]
 
 It binds port 0 and prints ``PORT <port>`` as its first line, so the port is the one the
 child holds (never chosen by the parent, released and bound again).
@@ -12,9 +13,15 @@ child holds (never chosen by the parent, released and bound again).
   log-prob -0.25 each, after ``--delay`` seconds; ``--kill-after K``: the (K+1)-th request
   to arrive SIGKILLs the process (a server dying mid-step, its requests in flight unanswered).
 - ``/collective_rpc`` (the weight reload): HTTP 500 with ``--fail-reload``, else recorded.
-- ``GET /stats``: the prompts answered and the reload paths, in order.
-- ``POST /control`` ``{"down": bool}``: while down, every route but ``/control`` and
-  ``/stats`` closes the connection without an answer (a hung or unreachable server).
+- ``POST /update_weight_version`` ``{"new_version": str}`` and ``GET /weight_info``
+  ``{"weight_version": str}``: vLLM 0.32's routes, the version kept as the string set
+  (``"default"`` until one is; a body that is not a string is HTTP 422, as FastAPI answers);
+  ``--misreport JSON``: ``/weight_info`` answers that value instead (a server that missed
+  the update, or an answer that is not a version).
+- ``GET /stats``: the prompts answered, the reload paths and the versions set, in order.
+- ``POST /control`` ``{"down": bool, "misreport": JSON or null}``: while down, every route
+  but ``/control`` and ``/stats`` closes the connection without an answer (a hung or
+  unreachable server); ``misreport`` replaces ``--misreport`` (null: answer the truth).
 """
 
 from __future__ import annotations
@@ -40,9 +47,15 @@ class Handler(BaseHTTPRequestHandler):
         state = self.server.state
         if self.path == "/stats":
             with state["lock"]:
-                return self._send(200, {"prompts": state["prompts"], "reloads": state["reloads"]})
+                return self._send(200, {"prompts": state["prompts"], "reloads": state["reloads"],
+                                        "versions": state["versions"]})
         if state["down"]:
             return self._drop()
+        if self.path == "/weight_info":
+            with state["lock"]:
+                told = state["versions"][-1] if state["versions"] else "default"
+                shown = told if state["misreport"] is None else state["misreport"]["value"]
+            return self._send(200, {"weight_version": shown})
         routes = {"/health": b"", "/version": {"version": "0.32.0"},
                   "/v1/models": {"data": [{"id": "m", "root": state["model_dir"]}]}}
         if self.path in routes:
@@ -53,12 +66,21 @@ class Handler(BaseHTTPRequestHandler):
         state = self.server.state
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path == "/control":
-            state["down"] = bool(body.get("down", state["down"]))
+            with state["lock"]:
+                state["down"] = bool(body.get("down", state["down"]))
+                if "misreport" in body:
+                    state["misreport"] = _misreport(body["misreport"])
             return self._send(200, b"")
         if state["down"]:
             return self._drop()
         if self.path == "/v1/completions":
             return self._complete(state, body)
+        if self.path == "/update_weight_version":
+            if not isinstance(body.get("new_version"), str):
+                return self._send(422, {"detail": "new_version: Input should be a valid string"})
+            with state["lock"]:
+                state["versions"].append(body["new_version"])
+            return self._send(200, {"success": True, "new_version": body["new_version"]})
         if self.path == "/collective_rpc":
             if state["fail_reload"]:
                 return self._send(500, {"detail": "reload failed"})
@@ -106,15 +128,24 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--fail-reload", action="store_true")
     parser.add_argument("--kill-after", type=int, default=None)
+    parser.add_argument("--misreport", type=json.loads, default=None)
     args = parser.parse_args()
     server = Server(("127.0.0.1", 0), Handler)
     server.state = {"model_dir": args.model_dir, "delay": args.delay, "down": False,
                     "fail_reload": args.fail_reload, "kill_after": args.kill_after,
-                    "arrived": 0, "prompts": [], "reloads": [], "lock": threading.Lock()}
+                    "arrived": 0, "prompts": [], "reloads": [], "versions": [],
+                    "misreport": None if args.misreport is None else _misreport(args.misreport),
+                    "lock": threading.Lock()}
     print(f"PORT {server.server_address[1]}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     threading.Thread(target=_exit_with_parent, daemon=True).start()
     server.serve_forever(0.05)
+
+
+def _misreport(value) -> dict | None:
+    """What ``/weight_info`` answers in place of the version set (None: that version); a
+    box, so that a JSON null can be misreported too."""
+    return None if value is None else {"value": value}
 
 
 def _exit_with_parent() -> None:

@@ -11,7 +11,12 @@ import math
 import pytest
 import torch
 
-from relax.rollout.backends.vllm.vllm_answers import BadAnswer, completion, prompt_log_probs
+from relax.rollout.backends.vllm.vllm_answers import (
+    BadAnswer,
+    completion,
+    prompt_log_probs,
+    weight_version,
+)
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
 from relax.rollout.generation.generate import left_pad
@@ -29,6 +34,27 @@ def test_a_good_answer_passes_as_it_came():
                      vocab_size=VOCAB)
     assert got == {"token_ids": [5, 6, EOS], "log_probs": [-0.5, 0.0, -3.0],
                    "finish_reason": "stop"}
+
+
+def test_a_weight_version_is_the_decimal_string_vllm_keeps():
+    assert weight_version({"weight_version": "12"}) == 12
+    assert weight_version({"weight_version": 0}) == 0  # a JSON integer is taken too
+
+
+@pytest.mark.parametrize("answer,says", [
+    ({"weight_version": "default"}, "'default', vLLM's value before any version is set"),
+    ({"weight_version": "v3"}, "weight_version str 'v3', not a version"),
+    ({"weight_version": "-1"}, "not a version"),
+    ({"weight_version": "٣"}, "not a version"),  # an Arabic-Indic 3: isdigit, not ASCII
+    ({"weight_version": True}, "weight_version bool True, not a version"),
+    ({"weight_version": 1.0}, "not a version"),
+    ({"version": "3"}, "weight_version NoneType"),
+    ("3", "not a version"),
+])
+def test_an_answer_that_is_no_weight_version_is_refused(answer, says):
+    with pytest.raises(BadAnswer) as e:
+        weight_version(answer)
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 NAN, INF = float("nan"), float("inf")

@@ -2,7 +2,9 @@
 stub servers that are real processes on 127.0.0.1 (stub_vllm.py): least-loaded routing, a
 slow server given less work, a server killed mid-step whose requests finish elsewhere (every
 sample once, the same as on one server), a server failing its weight update leaving the
-pool, an episode's turns on one server, a rejoin after /health and the weights caught up,
+pool, a server reporting another weights version than it was told (or no version) leaving
+it until it reports the right one, an episode's turns on one server, a rejoin after /health
+and the weights caught up,
 and a run whose every server is gone ending in one line with exit 1. Assertions are on
 counts and order, never on durations; every wait is bounded."""
 
@@ -207,6 +209,63 @@ def test_a_server_failing_its_update_leaves_the_pool(stubs, capsys):
         assert (m["rollout/server0/requests"], m["rollout/server1/requests"]) == (6, 0)
         assert (m["rollout/server0/weight_version"], m["rollout/server1/weight_version"]) == (1, 0)
         assert m["rollout/server1/failures"] == 1 and m["rollout/server1/in_pool"] == 0.0
+    finally:
+        pool.close()
+
+
+def test_a_server_reporting_a_stale_version_leaves_the_pool(stubs, capsys):
+    """Server 1 reloads but reports version 2 after the update to 3 (it missed it): it
+    leaves the pool in one line naming its URL, what it reports and what was expected; the
+    step's 8 samples come from server 0, each recording the version server 0 reported."""
+    good, stale = stubs(2, each=[(), ("--misreport", '"2"')])
+    pool = _pool([good, stale], health_every=600)
+    try:
+        pool.load(3, _reload("/weights/v3"))
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "left the pool" in ln]
+        assert f"vLLM server {stale.url} left the pool" in line
+        assert f"{stale.url} reports weights version 2 after the update to version 3" in line
+        assert [m.in_pool for m in pool.members] == [True, False]
+        assert good.get("/stats")["versions"] == ["3"]  # told as vLLM keeps it: a string
+        ids, mask = _batch(8)
+        out = _sampler(pool)(ids, mask, 2, torch.Generator().manual_seed(0))
+        assert out.policy_version.tolist() == [3] * 8
+        assert pool.served() == (3, good.url) and pool.served() is None
+        m = _metrics(pool)
+        assert (m["rollout/server0/requests"], m["rollout/server1/requests"]) == (8, 0)
+        assert m["rollout/server1/failures"] == 1 and m["rollout/server1/weight_version"] == 0
+    finally:
+        pool.close()
+
+
+def test_a_stale_server_rejoins_only_once_it_reports_the_pools_version(stubs, capsys):
+    """The watcher's catch-ups reload server 1 while it still reports version 2: it stays
+    out; once it reports what it is told it rejoins, at version 3."""
+    good, stale = stubs(2, each=[(), ("--misreport", '"2"')])
+    pool = _pool([good, stale], health_every=0.2)
+    try:
+        pool.load(3, _reload("/weights/v3"))
+        assert _until(lambda: len(stale.get("/stats")["reloads"]) >= 3)  # two catch-ups
+        assert not pool.members[1].in_pool
+        stale.control(misreport=None)
+        assert _until(lambda: pool.members[1].in_pool)
+        assert pool.members[1].version == 3
+        err = capsys.readouterr().err
+        assert f"vLLM server {stale.url} rejoined the pool at weights version 3" in err
+        assert sum("left the pool" in ln for ln in err.splitlines()) == 1
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("answer", ['"latest"', "-1", '"default"'])
+def test_a_weight_info_answer_that_is_no_version_is_one_line(stubs, capsys, answer):
+    good, odd = stubs(2, each=[(), ("--misreport", answer)])
+    pool = _pool([good, odd], health_every=600)
+    try:
+        pool.load(1, _reload("/weights/v1"))
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "left the pool" in ln]
+        assert f"vLLM server {odd.url} answered /weight_info with weight_version " in line
+        assert ("'default'" if answer == '"default"' else "not a version") in line, line
+        assert [m.in_pool for m in pool.members] == [True, False]
     finally:
         pool.close()
 

@@ -1,6 +1,7 @@
 """Real vLLM servers (``make vllm``'s environment) on tiny models built here: the sampled
 tokens' log-probs against a float64 forward of the same weights, in fp32 and bf16; the weight
-sync (the server follows an optimizer step, and not the old weights); pause and resume; and
+sync (the server follows an optimizer step, and not the old weights, and reports the version
+it was told); pause and resume; and
 the one-line refusals of a server serving another model and of a model vLLM cannot run.
 
 One fp32 server is shared by the module (a start takes 20-40 s on this machine); the bf16
@@ -172,11 +173,15 @@ def test_server_follows_the_weights_after_an_optimizer_step(fp32_server, model_d
     sync = DiskSync(client, str(tmp_path / "weights"))
     try:
         assert sync.push(model, 1) > 0
+        # the server itself reports the trainer's version, kept as the string it was told
+        assert client.request("/weight_info", method="GET") == {"weight_version": "1"}
+        assert sync.pool.members[0].version == 1
         rollout = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
         assert gap(rollout, reference(model, rollout, 1.0)) < TOL_FP32
         assert gap(rollout, reference(before, rollout, 1.0)) > 100 * TOL_FP32
     finally:
         sync.push(before, 2)  # the module's server serves the original weights again
+    assert client.weight_version() == 2
     rollout = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
     assert gap(rollout, reference(before, rollout, 1.0)) < TOL_FP32
 

@@ -24,6 +24,12 @@ class Client:
     def __init__(self, fail: bool = False):
         self.events, self.fail = [], fail
 
+    def set_weight_version(self, version):
+        self.served = version  # what vLLM's /weight_info then reports
+
+    def weight_version(self):
+        return self.served
+
     def pause(self):
         self.events.append("pause")
 
