@@ -8,7 +8,7 @@ by ``--vllm-url``), the sampler the collectors call and the weight sync after up
     sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
     if backend.due(version):                           # every --update-weights-interval steps
         backend.push(module, version, tracker)
-    backend.close()                                    # an owned server is gone
+    backend.close()                                    # the servers it started are gone
 
 The ranks pool their servers behind a router (router.py: least-loaded, episodes kept on
 one server, a failed server taken out and its requests sent again elsewhere): every
