@@ -65,7 +65,7 @@ class BackendSection(Section):
         'answer when the command starts.',
         nargs='+',
         metavar='URL',
-        default_text='Relax starts and owns one server per rank',
+        default_text='Relax starts and owns the servers (--vllm-num-servers)',
         requires=NEEDS_VLLM)
     vllm_num_servers: int | None = option(
         None,
