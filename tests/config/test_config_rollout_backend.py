@@ -118,3 +118,21 @@ def test_rollout_bf16_is_refused_with_servers_not_relax_s(cli, rejected, vllm, f
     # a --vllm-url server's dtype is its user's: Relax cannot set it
     rejected(cli([*vllm, flag, "--vllm-url", "http://127.0.0.1:8000"]), flag, "--vllm-url",
              "servers Relax starts")
+
+
+def test_vllm_num_servers_counts_the_owned_servers(cli, rejected, vllm, monkeypatch):
+    """--vllm-num-servers: any number >= 1 of owned servers, none with --vllm-url (those are
+    the user's), and under --fully-async at least one per rollout rank (each reloads its own
+    on its schedule)."""
+    assert cli(vllm).config()["vllm_num_servers"] is None  # one per rank
+    assert cli([*vllm, "--vllm-num-servers", "3"]).config()["vllm_num_servers"] == 3
+    rejected(cli([*vllm, "--vllm-num-servers", "0"]), "--vllm-num-servers 0", ">= 1 servers")
+    rejected(cli([*vllm, "--vllm-num-servers", "2", "--vllm-url", "http://127.0.0.1:8000"]),
+             "--vllm-num-servers 2 --vllm-url http://127.0.0.1:8000", "remove one of them")
+    rejected(cli([*BASE, "--vllm-num-servers", "2"]), "--vllm-num-servers 2", "has no effect")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    lagless = [*vllm, "--fully-async", "--max-staleness", "0", "--rollout-num-gpus", "2"]
+    assert cli([*lagless, "--vllm-num-servers", "3"]).config()["vllm_num_servers"] == 3
+    rejected(cli([*lagless, "--vllm-num-servers", "1"]), "--vllm-num-servers 1",
+             "--rollout-num-gpus 2", "1 server(s) for 2 rollout ranks",
+             "at least one server per rollout rank")

@@ -73,9 +73,9 @@ def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
         assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
         assert 0 < row["vllm/weight_sync_bytes"] < 1 << 20, row  # the adapter, not the model
     assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
-    log = (tmp_path / "run" / "vllm-rank0.log").read_text()
+    log = (tmp_path / "run" / "vllm-server0.log").read_text()
     assert "'enable_lora': True" in log and "adapter: name 'relax-lora-v2'" in log
-    assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
+    assert gone(server_group(tmp_path / "run" / "vllm-server0.log"))
 
 
 def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
@@ -99,9 +99,10 @@ def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
 
 
 def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
-    """torchrun with two Gloo ranks: a server per rank (its own log and weights), both
-    following the update (the mismatch, reduced over the ranks, stays at rounding), both gone
-    at the end."""
+    """torchrun with two Gloo ranks: a server per rank (server k started by rank k, its log
+    vllm-server<k>.log, the rank's weights), both ranks pooling both servers, both servers
+    answering completions and following the update (the mismatch, reduced over the ranks,
+    stays at rounding; each loaded once per version by its rank), both gone at the end."""
     run = tmp_path / "run"
     done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
                           "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
@@ -112,20 +113,31 @@ def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
     assert [r["rollout/step"] for r in rows] == [1, 2]
     assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
     assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
-    for rank in (0, 1):
-        assert os.listdir(run / f"vllm-weights-rank{rank}") == ["v2"]
-        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+    for row in rows:  # one pool: every rank records both servers under the same names
+        assert sum(row[f"rollout/server{k}/requests"] for k in (0, 1)) == 4, row  # 2 x 2
+        assert all(row[f"rollout/server{k}/in_pool"] == 1.0 for k in (0, 1)), row
+        # the step's update, pushed before its row is written
+        assert all(row[f"rollout/server{k}/weight_version"] == row["rollout/step"]
+                   for k in (0, 1)), row
+    for k in (0, 1):
+        assert os.listdir(run / f"vllm-weights-rank{k}") == ["v2"]
+        log = (run / f"vllm-server{k}.log").read_text(errors="replace")
+        assert '"POST /v1/completions HTTP/1.1" 200' in log, log[-2000:]
+        # reloaded once per version (v1, v2), by the rank that started it, not by both
+        assert log.count('"POST /collective_rpc HTTP/1.1" 200') == 2, log[-2000:]
+        assert gone(server_group(run / f"vllm-server{k}.log"))
 
 
 def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
-    """--fsdp on two Gloo ranks: the weights are gathered bucket by bucket and written once,
-    by rank 0, into one folder that both ranks' servers reload; both follow the update (the
-    mismatch, reduced over the ranks, stays at rounding), both are gone at the end."""
+    """--fsdp on two Gloo ranks with --vllm-num-servers 1: the weights are gathered bucket by
+    bucket and written once, by rank 0, into one folder that the one server (rank 0's)
+    reloads; rank 1 starts none and samples from it too (the pool of both ranks), so the
+    mismatch, reduced over the ranks, stays at rounding; the server is gone at the end."""
     run = tmp_path / "run"
     done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
                           "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
                           "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
-                          "--output-dir", str(run), "--device", "cpu",
+                          "--vllm-num-servers", "1", "--output-dir", str(run), "--device", "cpu",
                           timeout=900, hang="a two-rank FSDP vLLM run did not finish")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(run)
@@ -137,8 +149,9 @@ def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
     written = os.listdir(run / "vllm-weights" / "v2")
     assert "model.safetensors.index.json" in written
     assert sum(f.endswith(".safetensors") for f in written) > 2  # one file per bucket
-    for rank in (0, 1):
-        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+    assert not (run / "vllm-server1.log").exists()  # rank 1 started none
+    assert rows[-1]["rollout/server0/requests"] == 4  # both ranks' samples (2 x 2)
+    assert gone(server_group(run / "vllm-server0.log"))
 
 
 def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, model_dir):
@@ -165,7 +178,7 @@ def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, m
     samples = [json.loads(line) for line in open(first / "samples.jsonl")]
     assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
     assert os.listdir(first / "vllm-weights-rank0") == ["v2"]
-    assert gone(server_group(first / "vllm-rank0.log"))
+    assert gone(server_group(first / "vllm-server0.log"))
 
     fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",
                     output_dir=tmp_path / "resumed"))
@@ -194,7 +207,7 @@ def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
                        gate_env(tmp_path, at=2, go=True))
     try:
         wait_for_file(tmp_path / "gate_ready", proc, timeout=600)
-        pgid = server_group(run / "vllm-rank0.log")
+        pgid = server_group(run / "vllm-server0.log")
         if stop == "SIGTERM":
             proc.send_signal(signal.SIGTERM)
         else:
@@ -206,7 +219,7 @@ def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
     line = err.strip().splitlines()[-1]
     if stop == "SIGTERM":
         assert status == 143, err[-2000:]
-        log = (run / "vllm-rank0.log").read_text(errors="replace")
+        log = (run / "vllm-server0.log").read_text(errors="replace")
         assert "'dtype': 'bfloat16'" in log  # the server's own record of its arguments
         config = json.loads((run / "config.json").read_text())["system"]
         assert config["bf16"] is None and config["device"] == "cpu"  # the trainer: fp32 on a CPU
@@ -215,5 +228,5 @@ def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
     else:
         assert status == 1, err[-2000:]
         assert line.startswith("relax train: error: vLLM server http://127.0.0.1:"), line
-        assert str(run / "vllm-rank0.log") in line and "exited with status -9" in line, line
+        assert str(run / "vllm-server0.log") in line and "exited with status -9" in line, line
     assert gone(pgid)
