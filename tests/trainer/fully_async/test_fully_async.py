@@ -440,11 +440,14 @@ def test_ppo_with_staleness_zero_is_the_colocated_run_and_lag_one_resumes_exactl
     assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in lagless)
     assert lagless[-1]["critic/values_mean"] != lagless[0]["critic/values_mean"]
 
+    # from the checkpoint of step 1 that the uninterrupted run wrote on its way (a run cut
+    # there writes the same: test_lag_one_trains_on_older_samples_and_resumes_exactly). The
+    # tail saves too: with --save the last step also sends the weights that sample the batch
+    # its final checkpoint carries, which async/weight_sync_bytes counts
     lag = [*ppo, "--fully-async", "--max-staleness", "1", "--use-tis"]
-    first = _run(tmp_path, "first", *lag, nproc=2)
     save = tmp_path / "ckpt"
-    cut = _run(tmp_path, "resumed", *lag, "--save", str(save), "--exit-duration-in-mins",
-               "1e-6", nproc=2)
-    assert len(cut) == 1
-    tail = _run(tmp_path, "resumed", *lag, "--load", str(save), nproc=2)
-    _same(tail[1:], first[1:])
+    first = _run(tmp_path, "first", *lag, "--save", str(save), "--save-interval", "1", nproc=2)
+    tail = _run(tmp_path, "resumed", *lag, "--save", str(tmp_path / "ckpt-tail"), "--load",
+                str(save / "rollout_000001"), nproc=2)
+    assert [r["rollout/step"] for r in tail] == [2, 3, 4]
+    _same(tail, first[1:])

@@ -6,9 +6,8 @@ For each mode: ``--max-staleness 0`` gives the colocated run's numbers, and with
 run continued with ``--load`` from the checkpoint of its first step (the batch in flight and
 the rollout side's state, e.g. the carried groups, from the checkpoint) repeats the
 uninterrupted run exactly. That checkpoint is the one the uninterrupted run wrote
-(``--save-interval 1``), not a second run's cut short: one launch fewer per mode; a run
-stopped there holds the same batch in flight and rollout state (test_fully_async.py cuts and
-resumes one; its weight-sync byte counts, which all ``async/`` skipped here, differ).
+(``--save-interval 1``), not a second run's cut short: one launch fewer per mode, and a run
+stopped mid-way writes the same checkpoint (test_fully_async.py cuts and resumes one).
 Dynamic sampling runs two training ranks on one rollout rank, whose two shares
 agree on every round (relax/agreement.py), and on two rollout ranks, which agree over
 their own group: the same batches. Partial rollouts of ``--env`` episodes carry episodes (with
@@ -91,8 +90,8 @@ def test_a_rollout_mode_under_fully_async_keeps_the_fixed_lag_promise(tmp_path, 
 
     lag = ["--fully-async", "--max-staleness", "1", "--use-tis"]
     # the uninterrupted run writes the checkpoint of its first step on the way; a second run
-    # cut there by --exit-duration-in-mins holds the same batch and rollout state
-    # (test_fully_async.py's lag-one and PPO tests cut runs that way and check it)
+    # cut there by --exit-duration-in-mins wrote the same (test_fully_async.py's lag-one and
+    # PPO tests cut runs that way and check it)
     save = tmp_path / "ckpt"
     first = _run(tmp_path, "first", mode, *lag, "--save", str(save), "--save-interval", "1",
                  nproc=trainers + 1)
