@@ -64,10 +64,15 @@ def torchrun_relax(*flags: str, timeout: float = 180, nproc: int = 2,
                    hang: str = "torchrun did not finish") -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node NPROC -m relax train FLAGS`` on 127.0.0.1, one intra-op
     thread per rank (the ranks share the CI machine's cores). A run past ``timeout`` seconds fails
-    the test with ``hang`` and the ranks' stderr: a hang is a failure, never a stalled suite."""
+    the test with ``hang`` and the ranks' stderr: a hang is a failure, never a stalled suite.
+
+    ``nproc=1`` runs ``python -m relax train FLAGS`` itself: a world of one joins no process
+    group (relax/trainer/distributed.py ``init_distributed``), so under torchrun it ran the
+    same code, after ~2 s of CPU for torchrun's agent and rendezvous."""
     import pytest
 
-    cmd = [*TORCHRUN, "--nproc_per_node", str(nproc), "-m", "relax", "train", *flags]
+    launch = TORCHRUN + ["--nproc_per_node", str(nproc)] if nproc > 1 else [sys.executable]
+    cmd = [*launch, "-m", "relax", "train", *flags]
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -14,7 +14,6 @@ train, under one torchrun, with a fixed lag. Real Gloo processes, bounded waits.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -194,16 +193,16 @@ def test_lag_one_trains_on_older_samples_and_resumes_exactly(tmp_path, lag_one):
 def test_async_save_writes_on_the_training_ranks_and_resumes_exactly(tmp_path):
     """--async-save: two training ranks write the interval checkpoint on their background
     thread through a Gloo group of their own, which the rollout rank created with them; the
-    run continued from it is the uninterrupted run."""
+    run continued from it is the uninterrupted run (the one that wrote it: one launch fewer
+    than a second run to write it)."""
     lag = ["--fully-async", "--max-staleness", "1", "--use-tis", "--num-rollout", "3"]
-    whole = _run(tmp_path, "whole", *lag, nproc=3)
     save = tmp_path / "save"
-    _run(tmp_path, "part", *lag, "--num-rollout", "2", "--save", str(save), "--save-interval",
-         "1", "--async-save", nproc=3)
-    shutil.rmtree(save / "rollout_000002")  # the final save is synchronous: resume step 1's
-    _, state = sharded_state.read_rank_file(str(save / "rollout_000001"), 1)
+    whole = _run(tmp_path, "whole", *lag, "--save", str(save), "--save-interval", "1",
+                 "--async-save", nproc=3)
+    step_1 = save / "rollout_000001"  # the final save is synchronous: resume step 1's
+    _, state = sharded_state.read_rank_file(str(step_1), 1)
     assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
-    tail = _run(tmp_path, "tail", *lag, "--load", str(save), nproc=3)
+    tail = _run(tmp_path, "tail", *lag, "--load", str(step_1), nproc=3)
     assert [r["rollout/step"] for r in tail] == [2, 3]
     _same(tail, whole[1:], skip=("async/weight_sync_bytes",))
 
@@ -441,11 +440,14 @@ def test_ppo_with_staleness_zero_is_the_colocated_run_and_lag_one_resumes_exactl
     assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in lagless)
     assert lagless[-1]["critic/values_mean"] != lagless[0]["critic/values_mean"]
 
+    # from the checkpoint of step 1 that the uninterrupted run wrote on its way (a run cut
+    # there writes the same: test_lag_one_trains_on_older_samples_and_resumes_exactly). The
+    # tail saves too: with --save the last step also sends the weights that sample the batch
+    # its final checkpoint carries, which async/weight_sync_bytes counts
     lag = [*ppo, "--fully-async", "--max-staleness", "1", "--use-tis"]
-    first = _run(tmp_path, "first", *lag, nproc=2)
     save = tmp_path / "ckpt"
-    cut = _run(tmp_path, "resumed", *lag, "--save", str(save), "--exit-duration-in-mins",
-               "1e-6", nproc=2)
-    assert len(cut) == 1
-    tail = _run(tmp_path, "resumed", *lag, "--load", str(save), nproc=2)
-    _same(tail[1:], first[1:])
+    first = _run(tmp_path, "first", *lag, "--save", str(save), "--save-interval", "1", nproc=2)
+    tail = _run(tmp_path, "resumed", *lag, "--save", str(tmp_path / "ckpt-tail"), "--load",
+                str(save / "rollout_000001"), nproc=2)
+    assert [r["rollout/step"] for r in tail] == [2, 3, 4]
+    _same(tail, first[1:])

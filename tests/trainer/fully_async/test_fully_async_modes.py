@@ -3,9 +3,12 @@ collector (relax/rollout/assembly.py), so dynamic sampling, partial rollouts, ``
 episodes and agent programs keep the fixed-lag promise. Real Gloo processes, bounded waits.
 
 For each mode: ``--max-staleness 0`` gives the colocated run's numbers, and with ``K = 1`` a
-run cut after its first step and continued with ``--load`` (the batch in flight and the
-rollout side's state, e.g. the carried groups, from the checkpoint) repeats the uninterrupted
-run exactly. Dynamic sampling runs two training ranks on one rollout rank, whose two shares
+run continued with ``--load`` from the checkpoint of its first step (the batch in flight and
+the rollout side's state, e.g. the carried groups, from the checkpoint) repeats the
+uninterrupted run exactly. That checkpoint is the one the uninterrupted run wrote
+(``--save-interval 1``), not a second run's cut short: one launch fewer per mode, and a run
+stopped mid-way writes the same checkpoint (test_fully_async.py cuts and resumes one).
+Dynamic sampling runs two training ranks on one rollout rank, whose two shares
 agree on every round (relax/agreement.py), and on two rollout ranks, which agree over
 their own group: the same batches. Partial rollouts of ``--env`` episodes carry episodes (with
 their environments) between steps, and the checkpoint holds them. The agent programs think for
@@ -86,20 +89,23 @@ def test_a_rollout_mode_under_fully_async_keeps_the_fixed_lag_promise(tmp_path, 
         assert max(r["rollout/partial_carried_groups"] for r in lagless) > 0
 
     lag = ["--fully-async", "--max-staleness", "1", "--use-tis"]
-    first = _run(tmp_path, "first", mode, *lag, nproc=trainers + 1)
-    assert [r["async/staleness"] for r in first] == [0, 1, 1]
+    # the uninterrupted run writes the checkpoint of its first step on the way; a second run
+    # cut there by --exit-duration-in-mins wrote the same (test_fully_async.py's lag-one and
+    # PPO tests cut runs that way and check it)
     save = tmp_path / "ckpt"
-    cut = _run(tmp_path, "cut", mode, *lag, "--save", str(save), "--exit-duration-in-mins",
-               "1e-6", nproc=trainers + 1)
-    assert len(cut) == 1
-    _, state = sharded_state.read_rank_file(str(save / "rollout_000001"), 0)
+    first = _run(tmp_path, "first", mode, *lag, "--save", str(save), "--save-interval", "1",
+                 nproc=trainers + 1)
+    assert [r["async/staleness"] for r in first] == [0, 1, 1]
+    cut = save / "rollout_000001"
+    _, state = sharded_state.read_rank_file(str(cut), 0)
     assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
     if mode in ("partial", "partial-env"):  # the rollout side's carried groups travel with it
         assert "carried" in state["rollout"]
     if mode == "partial-env":  # episodes cut between turns: the resume replays their envs
         assert any(e["live"] and e["turns"] > 0 for g in state["rollout"]["carried"] for e in g)
-    tail = _run(tmp_path, "cut", mode, *lag, "--load", str(save), nproc=trainers + 1)
-    _same(tail[1:], first[1:])
+    tail = _run(tmp_path, "tail", mode, *lag, "--load", str(cut), nproc=trainers + 1)
+    assert [r["rollout/step"] for r in tail] == [2, 3]
+    _same(tail, first[1:])
 
 
 def test_a_share_that_fails_stops_its_rollout_rank_with_its_own_line(tmp_path):
