@@ -32,11 +32,12 @@ import shutil
 from dataclasses import dataclass
 
 from relax.config.section import default_of
-from relax.config.sections.backend import BackendSection, log_probs_mode
+from relax.config.sections.backend import BackendSection, log_probs_mode, weight_sync
 from relax.config.sections.placement import PlacementSection
 from relax.config.sections.system import SystemSection
 from relax.errors import InputError
 from relax.rollout.backends.vllm.router import ServerPool
+from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import (
     ServerError,
@@ -71,6 +72,7 @@ class VllmSettings:
     # sections' defaults, written once there
     bucket_bytes: int = int(default_of(PlacementSection, "weight_sync_bucket_mb") * 2**20)
     partial_chunk: int = default_of(BackendSection, "vllm_partial_chunk_tokens")
+    sync: str = "disk"  # --vllm-weight-sync as resolved: "collective" or "disk"
     keep_weights: bool = True  # False (relax eval): the written weights go at close
     scratch: bool = False  # run_dir is the command's scratch folder, removed at close
 
@@ -85,7 +87,8 @@ class VllmSettings:
                    startup_timeout=backend.vllm_startup_timeout,
                    request_timeout=backend.vllm_request_timeout, fsdp=fsdp,
                    bucket_bytes=int(placement.weight_sync_bucket_mb * 2**20),
-                   partial_chunk=backend.vllm_partial_chunk_tokens)
+                   partial_chunk=backend.vllm_partial_chunk_tokens,
+                   sync=weight_sync(backend))
 
     @classmethod
     def of_eval(cls, backend, *, model_dir: str, run_dir: str, seed: int,
@@ -116,7 +119,14 @@ class VllmBackend:
         self.pool = None if target is None else ServerPool.of(target)
         self.server = None
         self.python = python  # the vLLM environment an owned server starts from
-        self.sync = self._disk_sync(ctx, ranks or ctx)
+        # the start-up weights (v0 of an owned server) always go by disk; the updates by
+        # --vllm-weight-sync's choice
+        self.disk = self._disk_sync(ctx, ranks or ctx)
+        self.sync: DiskSync | CollectiveSync | LoraSync = self.disk
+        if settings.sync == "collective":
+            self.sync = CollectiveSync(self.pool, timeout=settings.request_timeout,
+                                       bucket_bytes=settings.bucket_bytes,
+                                       shards=self.disk.shards, split=self.disk.split)
         self.samplers: list[VllmSampler] = []
         self.version = 0  # the trainer steps behind the server's weights
         self.vocab_size: int | None = None  # the policy's token ids: [0, vocab_size)
@@ -166,7 +176,7 @@ class VllmBackend:
         peft's tuner of a ``--lora-rank`` policy, whose adapter is then loaded by name."""
         self.vocab_size = getattr(getattr(module, "config", None), "vocab_size", None)
         if lora is not None:
-            self.sync = LoraSync(self.pool, self.sync.folder, lora, split=self.sync.split)
+            self.sync = LoraSync(self.pool, self.disk.folder, lora, split=self.disk.split)
         if self.pool is None:
             self._start_owned(module, bf16=bf16, lora=lora)
         else:
@@ -193,8 +203,8 @@ class VllmBackend:
         the --hf-checkpoint itself (its weights never change, only the adapter does)."""
         conf = self.settings
         if lora is None:
-            self.sync.current = path = os.path.join(self.sync.folder, "v0")
-            self.sync.write(module, path)
+            self.disk.current = path = os.path.join(self.disk.folder, "v0")
+            self.disk.write(module, path)
         else:
             path = os.path.abspath(conf.model_dir)
         self.server = VllmServer.start(
@@ -202,10 +212,11 @@ class VllmBackend:
             log_path=os.path.join(conf.run_dir, f"vllm-rank{self.rank}.log"),
             dtype="bfloat16" if bf16 else "float32", seed=conf.seed,
             logprobs_mode=log_probs_mode(conf.temperature), python=self.python,
-            max_lora_rank=lora and lora_rank_slot(lora.peft_config["default"].r))
+            max_lora_rank=lora and lora_rank_slot(lora.peft_config["default"].r),
+            weight_transfer=ENGINE if isinstance(self.sync, CollectiveSync) else None)
         # the rank's own server, alone in its pool, named by the rank in the metrics
-        self.pool = self.sync.pool = ServerPool([self.server.client(conf.request_timeout)],
-                                                [self.rank])
+        self.pool = self.disk.pool = self.sync.pool = ServerPool(
+            [self.server.client(conf.request_timeout)], [self.rank])
         self.server.wait_ready(conf.startup_timeout)
         self.client.served_model()
 
@@ -256,7 +267,8 @@ class VllmBackend:
 
     def push(self, module, version: int, tracker=None) -> int:
         """The server samples with ``module``'s weights (``version``) from now on; returns
-        the bytes written (also ``vllm/weight_sync_bytes`` in ``tracker``, if given)."""
+        the bytes written or streamed (also ``vllm/weight_sync_bytes`` in ``tracker``, if
+        given)."""
         nbytes = self.sync.push(module, version)
         self.version = version
         for s in self.samplers:
@@ -286,6 +298,6 @@ class VllmBackend:
                 self.server.close()
         finally:
             if not self.settings.keep_weights:
-                shutil.rmtree(self.sync.folder, ignore_errors=True)  # a copy of the checkpoint
+                shutil.rmtree(self.disk.folder, ignore_errors=True)  # a copy of the checkpoint
             if self.settings.scratch:
                 shutil.rmtree(self.settings.run_dir, ignore_errors=True)

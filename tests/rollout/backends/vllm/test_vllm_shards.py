@@ -56,7 +56,7 @@ def _sync_from_shards(folder: str) -> dict:
     rank = dist.get_rank()
     ctx = DistContext(rank, 2, rank, torch.device("cpu"), dist.group.WORLD)
     model = wrap_model(build_tiny_model(build_tokenizer(), seed=0), ctx, fsdp=True)
-    alive, peak, gather = [], [0], vllm_weights._full
+    alive, peak, gather = [], [0], vllm_weights.full_tensor
 
     def counting_full(tensor):
         full = gather(tensor)
@@ -64,7 +64,7 @@ def _sync_from_shards(folder: str) -> dict:
         peak[0] = max(peak[0], sum(n for ref, n in alive if ref() is not None))
         return full
 
-    vllm_weights._full = counting_full
+    vllm_weights.full_tensor = counting_full
     client = Client()
     sync = DiskSync(client, folder, Shards(ctx, BUCKET))
     first = sync.push(model, 1)
