@@ -117,12 +117,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _transfer(self, state, body) -> None:
         """Relax's engine's part, with the plugin's own receiving code."""
+        if self.path == "/init_weight_transfer_engine" and state["fail_transfer"]:
+            return self._send(500, {"detail": "Weight transfer not configured"})
         sys.path.insert(0, PLUGIN)
         from relax_vllm_plugin import wire  # torch: imported by the first transfer only
 
         if self.path == "/init_weight_transfer_engine":
-            if state["fail_transfer"]:
-                return self._send(500, {"detail": "Weight transfer not configured"})
             import torch.distributed as dist
             info = body["init_info"]
             store = dist.TCPStore(info["master_address"], info["master_port"],

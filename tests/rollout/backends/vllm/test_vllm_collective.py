@@ -64,6 +64,8 @@ def _sums(model) -> list:
     return [float(t.double().sum()) for t in model.state_dict().values()]
 
 
+@pytest.mark.subprocess
+@pytest.mark.subprocess
 def test_streamed_weights_reach_each_server_and_a_failing_one_leaves(stubs, capsys):  # noqa: F811
     """Two stubs receive over their own groups, in buckets of at most 40 bytes; the
     third fails its init: it leaves the pool with one line naming it and the two ways out,
@@ -98,6 +100,8 @@ def test_streamed_weights_reach_each_server_and_a_failing_one_leaves(stubs, caps
         pool.close()
 
 
+@pytest.mark.subprocess
+@pytest.mark.subprocess
 def test_a_server_out_of_the_pool_rejoins_at_the_next_streamed_load(stubs, capsys):  # noqa: F811
     """A streamed load leaves nothing to catch up to: a server that missed one stays out
     while the pool waits (no load, no version set), and the next load, which finds it
@@ -130,6 +134,8 @@ def test_a_server_out_of_the_pool_rejoins_at_the_next_streamed_load(stubs, capsy
         pool.close()
 
 
+@pytest.mark.subprocess
+@pytest.mark.subprocess
 def test_a_pool_of_one_server_that_fails_its_init_is_its_one_line(stubs):  # noqa: F811
     [bad] = stubs(1, "--fail-transfer")
     with pytest.raises(ServerError, match="--weight-transfer-config") as e:
