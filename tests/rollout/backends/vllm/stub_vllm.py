@@ -41,7 +41,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-
 PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 4,
                       "vllm_plugin")
 
