@@ -58,7 +58,9 @@ def test_lagless_batches_are_sampled_by_the_rollout_ranks_server_on_the_newest_w
     assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1), (3, 2)}
     # the rollout rank (world rank 1) owned the only server; the training rank started none
     assert not (run / "vllm-rank0.log").exists()
-    assert os.listdir(run / "vllm-weights-rank1") == ["v2"]
+    # the start-up weights alone on disk: the rollout rank streamed its versions
+    # (--vllm-weight-sync collective, the default for owned servers)
+    assert os.listdir(run / "vllm-weights-rank1") == ["v0"]
     assert gone(server_group(run / "vllm-rank1.log"))
 
 

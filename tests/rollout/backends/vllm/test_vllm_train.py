@@ -1,6 +1,6 @@
 """``relax train --rollout-backend vllm`` with a real owned vLLM server: two steps end to end
-(the server samples with the trainer's weights after each update, so the mismatch stays at
-fp32 rounding), a server killed mid-run (one line naming it and its log, exit 1, no process
+(the server samples with the trainer's weights after each update, streamed by default or
+from disk, so the mismatch stays at fp32 rounding), a server killed mid-run (one line naming it and its log, exit 1, no process
 left) and a SIGTERM (exit 143, the server gone with the run)."""
 
 from __future__ import annotations
@@ -98,34 +98,40 @@ def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
     assert samples and all(s["reward"] in (0.0, 1.0) for s in samples)
 
 
-def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
-    """torchrun with two Gloo ranks: a server per rank (its own log and weights), both
-    following the update (the mismatch, reduced over the ranks, stays at rounding), both gone
-    at the end."""
-    run = tmp_path / "run"
-    done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
-                          "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
-                          "--num-rollout", "2", "--output-dir", str(run), "--device", "cpu",
-                          timeout=900, hang="a two-rank vLLM run did not finish")
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = read_metrics(run)
-    assert [r["rollout/step"] for r in rows] == [1, 2]
-    assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
-    assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
-    for rank in (0, 1):
-        assert os.listdir(run / f"vllm-weights-rank{rank}") == ["v2"]
-        assert gone(server_group(run / f"vllm-rank{rank}.log"))
-
-
-def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
-    """--fsdp on two Gloo ranks: the weights are gathered bucket by bucket and written once,
-    by rank 0, into one folder that both ranks' servers reload; both follow the update (the
-    mismatch, reduced over the ranks, stays at rounding), both are gone at the end."""
+def test_fsdp_ranks_stream_their_gathered_buckets_to_their_servers(tmp_path, model_dir):
+    """--fsdp on two Gloo ranks, each owning a server, the weights streamed (the default
+    --vllm-weight-sync collective): every rank gathers each bucket and sends it to its own
+    server; both follow the update (the mismatch, reduced over the ranks, stays at
+    rounding), only the start-up weights were written, both servers are gone at the end."""
     run = tmp_path / "run"
     done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
                           "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
                           "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
                           "--output-dir", str(run), "--device", "cpu",
+                          timeout=900, hang="a two-rank FSDP vLLM run did not finish")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2]
+    assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
+    assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
+    assert os.listdir(run / "vllm-weights") == ["v0"]
+    for rank in (0, 1):
+        log = (run / f"vllm-rank{rank}.log").read_text(errors="replace")
+        assert "relax_gloo" in log  # the server's own record of its engine
+        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+
+
+def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
+    """--fsdp on two Gloo ranks, --vllm-weight-sync disk: the weights are gathered bucket by
+    bucket and written once, by rank 0, into one folder that both ranks' servers reload;
+    both follow the update (the mismatch, reduced over the ranks, stays at rounding), both
+    are gone at the end."""
+    run = tmp_path / "run"
+    done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                          "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
+                          "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
+                          "--vllm-weight-sync", "disk", "--output-dir", str(run),
+                          "--device", "cpu",
                           timeout=900, hang="a two-rank FSDP vLLM run did not finish")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(run)
@@ -164,7 +170,8 @@ def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, m
         assert row["perf/weight_sync_time"] > 0
     samples = [json.loads(line) for line in open(first / "samples.jsonl")]
     assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
-    assert os.listdir(first / "vllm-weights-rank0") == ["v2"]
+    # streamed (the default for an owned server): the start-up weights alone were written
+    assert os.listdir(first / "vllm-weights-rank0") == ["v0"]
     assert gone(server_group(first / "vllm-rank0.log"))
 
     fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",
