@@ -204,7 +204,7 @@ class CollectiveSync:
 
     def _send(self, client, relay: Relay) -> None:
         """One server's part of a push (on the pool's thread for it)."""
-        seen = 0
+        seen, ended = 0, False
         try:
             group = self._connect(client)
             client.pause()
@@ -213,6 +213,7 @@ class CollectiveSync:
                 while True:
                     seen, chunk = relay.take(seen)
                     if chunk is Relay.END:
+                        ended = True
                         relay.done()
                         break
                     try:
@@ -224,7 +225,8 @@ class CollectiveSync:
                 client.resume()
         except BaseException:
             self.groups.pop(id(client), None)  # the next push connects afresh
-            relay.drain(seen)
+            if not ended:  # after the end nothing more comes: draining would wait forever
+                relay.drain(seen)
             raise
 
     def _send_chunk(self, client, group, chunk: Chunk) -> None:

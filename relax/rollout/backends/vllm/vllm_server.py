@@ -486,22 +486,18 @@ class VllmClient:
     def unload_lora_adapter(self, name: str) -> None:
         self.request("/v1/unload_lora_adapter", {"lora_name": name})
 
+    # vLLM's weight transfer routes (vllm_collective.py); each answers once its step is done
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        """Have the server's weight transfer engine (its ``--weight-transfer-config``) join
-        the trainer; for Relax's ``relax_gloo`` (vllm_collective.py) the answer comes once
-        the worker has joined the group."""
         self.request("/init_weight_transfer_engine", {"init_info": init_info})
 
     def start_weight_update(self) -> None:
         self.request("/start_weight_update")
 
     def update_weights(self, update_info: dict) -> None:
-        """One chunk of weights; answers once the worker has received and loaded it."""
         self.request("/update_weights", {"update_info": update_info})
 
     def finish_weight_update(self) -> None:
-        """The update complete (the layers reloaded), then the prefix cache the old weights
-        computed dropped."""
+        """The update complete, then the prefix cache the old weights computed dropped."""
         self.request("/finish_weight_update")
         self.request("/reset_prefix_cache")
 
