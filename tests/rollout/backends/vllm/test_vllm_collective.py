@@ -142,3 +142,39 @@ def test_a_pool_of_one_server_that_fails_its_init_is_its_one_line(stubs):  # noq
         CollectiveSync(VllmClient(bad.url, timeout=30), timeout=30,
                        bucket_bytes=1 << 20).push(_model(), 1)
     assert bad.url in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_server_failing_after_its_last_bucket_leaves_without_a_hang(monkeypatch):
+    """/finish_weight_update failing once every bucket went (the layers' reload): the push
+    ends with that server's line instead of its sender waiting for buckets that never
+    come. No server: the client's steps are stand-ins, the group a no-op."""
+    import threading
+
+    class Client:
+        url = "http://127.0.0.1:9"
+        pause = resume = start_weight_update = lambda self: None
+
+        def describe(self):
+            return f"vLLM server {self.url}"
+
+        def finish_weight_update(self):
+            raise ServerError(f"{self.describe()}: /finish_weight_update answered HTTP 500")
+
+    sync = CollectiveSync(Client(), timeout=5, bucket_bytes=40)
+    monkeypatch.setattr(sync, "_connect", lambda client: None)
+    monkeypatch.setattr(sync, "_send_chunk", lambda client, group, chunk: None)
+    raised = []
+    pusher = threading.Thread(target=lambda: raised.append(_raises(sync.push, _model(), 1)),
+                              daemon=True)
+    pusher.start()
+    pusher.join(60)
+    assert not pusher.is_alive(), "the push hung after a failed /finish_weight_update"
+    assert isinstance(raised[0], ServerError) and "finish_weight_update" in str(raised[0])
+
+
+def _raises(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - returned for the assertion
+        return e
+    return None
