@@ -16,8 +16,11 @@ Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
 requests sent again elsewhere); under ``--fully-async`` rollout rank i of R pools entries
 i, i+R, ... (``slot``), so two rollout ranks never reload one server. An
 owned server starts once the model is loaded, from that model's weights written as ``v0``
-(untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
-FSDP2 rank 0 writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
+(untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights.
+The updates are streamed from memory (``--vllm-weight-sync collective``, the default for owned
+servers, which then start with Relax's transfer engine: vllm_collective.py) or written like
+``v0`` and reloaded (``disk``, the default for ``--vllm-url`` servers); under FSDP2 rank 0
+writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
 LoRA run (``lora``: peft's tuner) serves --hf-checkpoint itself with ``--enable-lora`` and
 loads the adapter by name after each update (vllm_sync.py ``LoraSync``).
 :meth:`VllmBackend.start` waits for it (at most ``--vllm-startup-timeout``) and
