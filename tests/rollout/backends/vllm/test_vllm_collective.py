@@ -178,3 +178,42 @@ def _raises(fn, *args):
     except Exception as e:  # noqa: BLE001 - returned for the assertion
         return e
     return None
+
+
+def test_a_push_holds_one_packed_bucket_and_one_whole_tensor_at_most(monkeypatch):
+    """What FSDP2 ranks count on (vllm_collective.py): while a tensor is gathered, the
+    packed buckets still alive (the producer's, each sender's) and the gathered tensors add
+    up to one bucket and one tensor at most. Gathers stand in as copies; no server."""
+    import weakref
+
+    from relax.rollout.backends.vllm import router, vllm_collective
+
+    alive, peak = [], [0]
+
+    def gather(tensor):
+        full = tensor.detach().clone()
+        alive.append(weakref.ref(full))
+        peak[0] = max(peak[0], sum(r().numel() * r().element_size() for r in alive
+                                   if r() is not None))
+        return full
+
+    def sent(client, group, chunk):
+        alive.append(weakref.ref(chunk.data))
+
+    class Client:
+        url = "http://127.0.0.1:9"
+        pause = resume = start_weight_update = finish_weight_update = lambda self: None
+
+        def describe(self):
+            return f"vLLM server {self.url}"
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16, bias=False) for _ in range(6)])
+    tensor = 16 * 16 * 4
+    monkeypatch.setattr(vllm_collective, "full_tensor", gather)
+    monkeypatch.setattr(router, "confirm", lambda client, version: version)
+    pool = ServerPool([Client(), Client()])
+    sync = CollectiveSync(pool, timeout=5, bucket_bytes=2 * tensor)  # two tensors a bucket
+    monkeypatch.setattr(sync, "_connect", lambda client: None)
+    monkeypatch.setattr(sync, "_send_chunk", sent)
+    assert sync.push(model, 1) == 6 * tensor
+    assert peak[0] <= 2 * tensor + tensor
