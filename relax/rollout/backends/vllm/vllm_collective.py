@@ -24,9 +24,10 @@ the trainer's dtype (the server converts).
 
 Under FSDP2 (``shards``) every rank gathers the model bucket by bucket (the same order
 everywhere, ``DTensor.full_tensor``), and sends each gathered bucket to the servers it
-loads; a rank loading none still joins the gathers. No rank holds more than one gathered
-bucket beyond its shard: the next gather starts once every server of this rank has taken
-the current one. A server that fails keeps taking the buckets, unsent, so the gathers never
+loads; a rank loading none still joins the gathers. No rank holds more than one packed
+bucket and one gathered tensor beyond its shard: each tensor is copied into the bucket and
+dropped as it arrives, and the next bucket is gathered once every server of this rank has
+taken the current one and nothing holds it any more. A server that fails keeps taking the buckets, unsent, so the gathers never
 wait for it.
 
 The wire format (the same text is in vllm_plugin/relax_vllm_plugin/wire.py, which receives
@@ -78,15 +79,19 @@ class Chunk:
         return self.data.numel()
 
 
-def pack(names: list[str], tensors: list[torch.Tensor]) -> Chunk:
+def pack(names: list[str], tensors: list[torch.Tensor], whole=None) -> Chunk:
     """The wire format's chunk of ``tensors`` (any device, any dtype): one uint8 CPU tensor
-    of their contiguous bytes in order, and the names, dtype names and shapes."""
-    flat = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    data = torch.empty(sum(f.numel() for f in flat), dtype=torch.uint8)
+    of their contiguous bytes in order, and the names, dtype names and shapes. ``whole``:
+    each tensor's whole one (FSDP2: ``full_tensor``, a collective), taken one at a time and
+    dropped once copied, so that the chunk and one whole tensor are all this holds."""
+    data = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
     offset = 0
-    for f in flat:
-        data[offset:offset + f.numel()].copy_(f)
-        offset += f.numel()
+    for t in tensors:
+        full = t if whole is None else whole(t)
+        flat = full.detach().contiguous().reshape(-1).view(torch.uint8)
+        data[offset:offset + flat.numel()].copy_(flat)
+        offset += flat.numel()
+        del full, flat
     info = {"names": list(names), "dtype_names": [str(t.dtype).removeprefix("torch.")
                                                   for t in tensors],
             "shapes": [list(t.shape) for t in tensors]}
@@ -175,10 +180,10 @@ class CollectiveSync:
             try:
                 for bucket in buckets:
                     with torch.no_grad():
-                        part = [full_tensor(tensors[j]) for j in bucket]
-                    chunk = pack([names[j] for j in bucket], part)
-                    del part
+                        chunk = pack([names[j] for j in bucket],
+                                     [tensors[j] for j in bucket], whole=full_tensor)
                     relay[0].put(chunk)
+                    del chunk  # gone before the next bucket is gathered
             finally:
                 relay[0].put(Relay.END)
 
@@ -219,6 +224,7 @@ class CollectiveSync:
                     try:
                         self._send_chunk(client, group, chunk)
                     finally:
+                        chunk = None  # not held while the next bucket is gathered
                         relay.done()
                 client.finish_weight_update()
             finally:
