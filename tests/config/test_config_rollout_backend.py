@@ -139,3 +139,21 @@ def test_the_weight_sync_defaults_to_collective_for_owned_servers_only(cli, vllm
                 "collective"]).config()["vllm_weight_sync"] == "collective"
     assert cli([*vllm, "--lora-rank", "4", "--vllm-weight-sync",
                 "disk"]).config()["vllm_weight_sync"] == "disk"
+
+
+def test_vllm_num_servers_counts_the_owned_servers(cli, rejected, vllm, monkeypatch):
+    """--vllm-num-servers: any number >= 1 of owned servers, none with --vllm-url (those are
+    the user's), and under --fully-async at least one per rollout rank (each reloads its own
+    on its schedule)."""
+    assert cli(vllm).config()["vllm_num_servers"] is None  # one per rank
+    assert cli([*vllm, "--vllm-num-servers", "3"]).config()["vllm_num_servers"] == 3
+    rejected(cli([*vllm, "--vllm-num-servers", "0"]), "--vllm-num-servers 0", ">= 1 servers")
+    rejected(cli([*vllm, "--vllm-num-servers", "2", "--vllm-url", "http://127.0.0.1:8000"]),
+             "--vllm-num-servers 2 --vllm-url http://127.0.0.1:8000", "remove one of them")
+    rejected(cli([*BASE, "--vllm-num-servers", "2"]), "--vllm-num-servers 2", "has no effect")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    lagless = [*vllm, "--fully-async", "--max-staleness", "0", "--rollout-num-gpus", "2"]
+    assert cli([*lagless, "--vllm-num-servers", "3"]).config()["vllm_num_servers"] == 3
+    rejected(cli([*lagless, "--vllm-num-servers", "1"]), "--vllm-num-servers 1",
+             "--rollout-num-gpus 2", "1 server(s) for 2 rollout ranks",
+             "at least one server per rollout rank")

@@ -53,7 +53,8 @@ class BackendSection(Section):
     rollout_backend: str = option(
         'relax',
         'Who samples the rollouts: relax (the built-in decode engine, in the training process)'
-        ' or vllm (vLLM OpenAI servers, one per rank (with --fully-async: per rollout rank), started from the environment '
+        ' or vllm (vLLM OpenAI servers, one per rank (with --fully-async: per rollout rank) or '
+        '--vllm-num-servers of them, started from the environment '
         f'`{MAKE_TARGET}` builds unless --vllm-url names running ones; the weights reach them after every '
         '--update-weights-interval steps).',
         choices=BACKENDS)
@@ -67,7 +68,18 @@ class BackendSection(Section):
         'answer when the command starts.',
         nargs='+',
         metavar='URL',
-        default_text='Relax starts and owns one server per rank',
+        default_text='Relax starts and owns the servers (--vllm-num-servers)',
+        requires=NEEDS_VLLM)
+    vllm_num_servers: int | None = option(
+        None,
+        'With --rollout-backend vllm: how many vLLM servers Relax starts and owns, apart from '
+        'the rank count: server k is started by rank k mod R of the R sampling ranks (its log '
+        'OUTPUT_DIR/vllm-server<k>.log), and every rank pools all of them behind the router '
+        'of --vllm-url (with --fully-async rollout rank i pools only the servers i, i+R, ... '
+        'it started, so at least one per rollout rank). Refused with --vllm-url.',
+        metavar='N',
+        bound=(lambda v: v is None or v >= 1, "must be >= 1 servers, e.g. 2"),
+        default_text='one server per rank (with --fully-async: per rollout rank)',
         requires=NEEDS_VLLM)
     vllm_weight_sync: str | None = option(
         None,
@@ -123,6 +135,12 @@ class BackendSection(Section):
                               "sets the dtype of the vLLM servers Relax starts, and the "
                               "--vllm-url servers are not Relax's (their dtype is the one "
                               "their user started them with); remove this flag or --vllm-url")
+        if self.vllm_num_servers is not None and self.vllm_url:
+            # the servers are either Relax's (started here) or the user's (named): not both
+            raise ConfigError(f"--vllm-num-servers {self.vllm_num_servers} --vllm-url "
+                              f"{' '.join(self.vllm_url)}", "--vllm-num-servers counts the "
+                              "servers Relax starts, and with --vllm-url it starts none; "
+                              "remove one of them")
         if self.rollout_backend == "vllm":
             for url in self.vllm_url or ():
                 check_url(self, "vllm_url", url)
@@ -152,6 +170,14 @@ def check_vllm_backend(cfg, explicit: set[str]) -> None:
         reject(cfg, ("vllm_weight_sync", "lora_rank"), "a LoRA run sends only its adapter (a "
                "few MiB), which vLLM loads by name from disk: leave out --vllm-weight-sync "
                "collective or --lora-rank")
+    owned = cfg.rollout.backend.vllm_num_servers
+    if cfg.placement.fully_async and owned is not None and owned < cfg.placement.rollout_num_gpus:
+        # as with --vllm-url: rollout rank i owns servers i, i+R, ... and reloads them alone
+        reject(cfg, ("vllm_num_servers", "rollout_num_gpus"), f"{owned} server(s) for "
+               f"{cfg.placement.rollout_num_gpus} rollout ranks: with --fully-async each "
+               "rollout rank needs servers of its own (rollout rank i of R starts and pools "
+               "servers i, i+R, ...); pass at least one server per rollout rank, or leave out "
+               "--vllm-num-servers")
     if cfg.lora.lora_rank > MAX_LORA_RANK:
         reject(cfg, ("rollout_backend", "lora_rank"), f"vLLM 0.32 loads adapters up to rank "
                f"{MAX_LORA_RANK}; use a smaller --lora-rank")

@@ -24,9 +24,10 @@ def open_backend(rollout, rank: int, device: torch.device, *, placement, model, 
     rollout rank's world rank), checked before any model loads: an unreachable --vllm-url or
     a missing vLLM install exits 2 here. ``shards`` (``group``, ``device``, ``is_main``): the
     ranks an FSDP2 module is sharded over, None for a whole module; ``slot`` (i, R): pool
-    only --vllm-url entries i, i+R, ... (rollout rank i of R), None: every one; ``ranks``: the
-    training ranks of a colocated run, which pool the same servers (each reloads its share
-    of them, vllm_sync.py ``Split``); ``release``: frees what a
+    only --vllm-url entries (or owned servers) i, i+R, ... (rollout rank i of R), None: every
+    one; ``ranks``: the training ranks of a colocated run, which start the owned servers
+    between them and pool the same servers (each reloads its share of them, vllm_sync.py
+    ``Split``); ``release``: frees what a
     sharded module's no-grad pass gathered (local.py). ``rollout``, ``placement``, ``model``,
     ``run``: the configuration's sections (the backend, its sampling temperature, the
     --hf-checkpoint it serves, the run's directory and seed)."""

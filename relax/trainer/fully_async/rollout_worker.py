@@ -250,11 +250,12 @@ def serve_rollouts(cfg, ctx: DistContext, layout: AsyncLayout, stop) -> None:
     if ctx.device.type == "cpu":  # the host's cores shared between all local processes
         torch.set_num_threads(cpu_threads(
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    # --rollout-backend vllm: this rank's servers, checked before any model loads: owned,
-    # its log and weights named by the world rank, or the pool of --vllm-url entries i,
-    # i+R, ... for rollout rank i of R (each server reloaded by one rollout rank, on its
-    # schedule). The rank holds the whole model (the weights arrive whole), so it writes
-    # them alone even when the training ranks use FSDP2. Closed if anything below fails
+    # --rollout-backend vllm: this rank's servers, checked before any model loads: the
+    # owned servers i, i+R, ... (logs vllm-server<k>.log, weights named by the world rank),
+    # or the pool of --vllm-url entries i, i+R, ..., for rollout rank i of R (each server
+    # reloaded by one rollout rank, on its schedule). The rank holds the whole model (the
+    # weights arrive whole), so it writes them alone even when the training ranks use FSDP2.
+    # Closed if anything below fails
     backend = open_backend(cfg.rollout, layout.rank, ctx.device, placement=cfg.placement,
                            model=cfg.model, run=cfg.run, slot=(ctx.rank, layout.rollouts))
     try:

@@ -1,6 +1,7 @@
 """One pool of vLLM servers behind a router, per rank process (``--rollout-backend vllm``):
-every ``--vllm-url`` server (under ``--fully-async``, rollout rank i of R pools URLs i, i+R,
-...), or the rank's one owned server.
+every ``--vllm-url`` server, or every one of the ``--vllm-num-servers`` servers Relax owns
+(server k started by sampling rank k mod R, vllm_backend.py ``Owned``); under
+``--fully-async`` rollout rank i of R pools only URLs (or owned servers) i, i+R, ...
 
     pool = ServerPool([client0, client1], [0, 1])   # the clients of the URLs, their entries
     answer = pool.complete(prompt, session=key, max_tokens=..., seed=..., ...)
@@ -34,7 +35,8 @@ load and version check succeed (one line saying so).
 When no server is left, the next request (or the update that emptied the pool) raises a
 :class:`ServerError` naming the last failure: the run ends with that one line, exit 1. A
 pool of one server (an owned one, or one URL) raises that server's own error, as before
-pools: there is nowhere else to send the request.
+pools: there is nowhere else to send the request. An owned server that died stays out (Relax
+does not restart it; it never answers ``/health`` again).
 
 Versions are checked, not assumed: after every load (an update's, a catch-up's) the server is
 told the version it now serves (vLLM's ``POST /update_weight_version``) and asked which it
@@ -46,8 +48,7 @@ catch-up makes it report the pool's version. Each answer of :meth:`complete` car
 version its server reported when the request was sent (``version``), which the sampler
 records per row (``Rollout.policy_version``).
 
-Not built: owned servers pooled across ranks (a number the launcher places; each rank still owns
-one and pools only it); the version of each token: vLLM 0.32's ``/v1/completions`` answer
+Not built: the version of each token: vLLM 0.32's ``/v1/completions`` answer
 carries none (only its token-in-token-out route records weight version spans), so a response
 is tagged with the version its server reported before it was sent.
 """
@@ -74,8 +75,8 @@ IN_FLIGHT = 64  # the sampler's requests at once (vllm_sampler.py MAX_IN_FLIGHT)
 
 @dataclass
 class Member:
-    """One server of the pool: ``index`` its --vllm-url entry (its metrics' ``server<i>``),
-    the counts since the last :meth:`ServerPool.record`."""
+    """One server of the pool: ``index`` its --vllm-url entry or owned server's number (its
+    metrics' ``server<i>``), the counts since the last :meth:`ServerPool.record`."""
 
     client: object
     index: int
@@ -97,15 +98,15 @@ class Member:
 
 class ServerPool:
     """``clients``: one per server (vllm_server.py ``VllmClient``, or anything with its
-    methods); ``indices``: their --vllm-url entries (default 0, 1, ...); ``cap``: the most
-    requests in flight per server (default ceil(64 / servers))."""
+    methods); ``indices``: their --vllm-url entries or owned servers' numbers (default 0, 1,
+    ...); ``cap``: the most requests in flight per server (default ceil(64 / servers))."""
 
     def __init__(self, clients: list, indices: list[int] | None = None, *,
                  cap: int | None = None, health_every: float = HEALTH_EVERY_S,
                  total: int | None = None):
         indices = list(range(len(clients))) if indices is None else list(indices)
-        # the --vllm-url entries of every pool (other ranks' too): recorded by every rank,
-        # zeros for the servers not here, since the metrics' reduction needs the same names
+        # the servers of every pool (other ranks' too): recorded by every rank, zeros for
+        # the servers not here, since the metrics' reduction needs the same names
         self.total = total or max(indices) + 1
         self.members = [Member(c, i) for c, i in zip(clients, indices, strict=True)]
         self.cap = cap or max(1, math.ceil(IN_FLIGHT / len(clients)))

@@ -8,19 +8,25 @@ by ``--vllm-url``), the sampler the collectors call and the weight sync after up
     sampler = backend.sampler(params, eos_token_ids=eos, pad_token_id=pad)
     if backend.due(version):                           # every --update-weights-interval steps
         backend.push(module, version, tracker)
-    backend.close()                                    # an owned server is gone
+    backend.close()                                    # the servers it started are gone
 
-Rank r owns one server (its log ``RUN_DIR/vllm-rank<r>.log``, its weights
-``RUN_DIR/vllm-weights-rank<r>/``) or pools every ``--vllm-url`` server behind a router
-(router.py: least-loaded, episodes kept on one server, a failed server taken out and its
-requests sent again elsewhere); under ``--fully-async`` rollout rank i of R pools entries
-i, i+R, ... (``slot``), so two rollout ranks never reload one server. An
-owned server starts once the model is loaded, from that model's weights written as ``v0``
+The ranks pool their servers behind a router (router.py: least-loaded, episodes kept on
+one server, a failed server taken out and its requests sent again elsewhere): every
+``--vllm-url`` server, or the N servers Relax starts and owns (``--vllm-num-servers``,
+default one per sampling rank; :class:`Owned`: server k is started by sampling rank k mod R,
+its log ``RUN_DIR/vllm-server<k>.log``, and the ranks learn each other's URLs with one
+``all_gather_object``). Each server is reloaded by one rank (server j by rank j mod R,
+vllm_sync.py ``Split``), from that rank's weights ``RUN_DIR/vllm-weights-rank<r>/``. Under
+``--fully-async`` rollout rank i of R pools only entries (or owned servers) i, i+R, ...
+(``slot``), so two rollout ranks, which reload on schedules of their own, never share one.
+An owned server starts once the model is loaded, from that model's weights written as ``v0``
 (untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights.
 The updates are streamed from memory (``--vllm-weight-sync collective``, the default for owned
-servers, which then start with Relax's transfer engine: vllm_collective.py) or written like
-``v0`` and reloaded (``disk``, the default for ``--vllm-url`` servers); under FSDP2 rank 0
-writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
+servers, which then start with Relax's transfer engine: vllm_collective.py; each rank streams
+to the servers it reloads) or written like ``v0`` and reloaded (``disk``, the default for
+``--vllm-url`` servers); under FSDP2 rank 0 writes every version into
+``RUN_DIR/vllm-weights/`` for all ranks' servers, or every rank gathers each bucket and
+streams it to its own. A
 LoRA run (``lora``: peft's tuner) serves --hf-checkpoint itself with ``--enable-lora`` and
 loads the adapter by name after each update (vllm_sync.py ``LoraSync``).
 :meth:`VllmBackend.start` waits for it (at most ``--vllm-startup-timeout``) and
@@ -34,6 +40,9 @@ import os
 import shutil
 from dataclasses import dataclass
 
+import torch.distributed as dist
+
+from relax.agreement import GroupAgreement
 from relax.config.section import default_of
 from relax.config.sections.backend import BackendSection, log_probs_mode, weight_sync
 from relax.config.sections.placement import PlacementSection
@@ -60,7 +69,8 @@ class VllmSettings:
     """What the backend reads of a command's configuration (relax/rollout/backends/open.py
     fills it): ``urls`` (``--vllm-url``, None: owned servers), ``model_dir`` (the model and
     its tokenizer), ``run_dir`` (logs and weight directories), the sampling ``temperature``
-    (picks the log-prob mode) and the sync ``interval``."""
+    (picks the log-prob mode), the sync ``interval`` and ``num_servers`` (the owned servers,
+    ``--vllm-num-servers``; None: one per sampling rank)."""
 
     urls: tuple[str, ...] | None
     model_dir: str
@@ -78,6 +88,7 @@ class VllmSettings:
     sync: str = "disk"  # --vllm-weight-sync as resolved: "collective" or "disk"
     keep_weights: bool = True  # False (relax eval): the written weights go at close
     scratch: bool = False  # run_dir is the command's scratch folder, removed at close
+    num_servers: int | None = None
 
     @classmethod
     def of_train(cls, backend, placement, *, model_dir: str, run_dir: str, seed: int,
@@ -91,7 +102,7 @@ class VllmSettings:
                    request_timeout=backend.vllm_request_timeout, fsdp=fsdp,
                    bucket_bytes=int(placement.weight_sync_bucket_mb * 2**20),
                    partial_chunk=backend.vllm_partial_chunk_tokens,
-                   sync=weight_sync(backend))
+                   num_servers=backend.vllm_num_servers, sync=weight_sync(backend))
 
     @classmethod
     def of_eval(cls, backend, *, model_dir: str, run_dir: str, seed: int,
@@ -106,25 +117,64 @@ class VllmSettings:
                    scratch=scratch)
 
 
+@dataclass(frozen=True)
+class Owned:
+    """Where the ``servers`` owned servers run and who pools them, for sampling rank ``rank``
+    of ``ranks``: server k (0 .. servers - 1) is started by rank k mod ``ranks``. A colocated
+    rank pools all of them (a rank that starts none too), each reloaded by the rank that
+    started it (vllm_sync.py ``Split``: server j by rank j mod R); ``own_only``
+    (--fully-async's rollout ranks, which reload on independent schedules): only those it
+    started, i, i + R, ..."""
+
+    servers: int
+    ranks: int = 1
+    rank: int = 0
+    own_only: bool = False
+
+    @property
+    def started(self) -> list[int]:
+        """The servers this rank starts (and closes)."""
+        return list(range(self.rank, self.servers, self.ranks))
+
+    @property
+    def pooled(self) -> list[int]:
+        """The servers in this rank's pool."""
+        return self.started if self.own_only else list(range(self.servers))
+
+    @classmethod
+    def of(cls, servers: int | None, *, slot: tuple[int, int] | None, ranks) -> Owned:
+        """``servers``: --vllm-num-servers (None: one per sampling rank); ``slot`` (i, R):
+        rollout rank i of R under --fully-async; ``ranks``: the colocated training ranks
+        (``rank``, ``world_size``; None: this process alone, as ``relax eval``)."""
+        if slot is not None:
+            first, stride = slot
+            return cls(servers or stride, stride, first, own_only=True)
+        count, rank = (ranks.world_size, ranks.rank) if ranks is not None else (1, 0)
+        return cls(servers or count, count, rank)
+
+
 class VllmBackend:
-    """One rank's vLLM server as a rollout backend (relax/rollout/backends/protocol.py)."""
+    """One rank's vLLM servers as a rollout backend (relax/rollout/backends/protocol.py)."""
 
     remote = True  # the server generates; the weights reach it only by push
 
     def __init__(self, settings: VllmSettings, rank: int, device,
                  target: VllmClient | ServerPool | None, *, python: str | None = None,
-                 ctx=None, ranks=None):
+                 ctx=None, ranks=None, owned: Owned | None = None):
         """``target``: the pool of ``--vllm-url`` servers (or one client of one), None for
-        an owned server (started by :meth:`start`); ``ctx``: the ranks an FSDP2 model is
-        sharded over; ``ranks``: the ranks whose pools hold the same servers (a colocated
-        run's training ranks; default ``ctx``), each server then loaded by one of them."""
+        owned servers (started by :meth:`start` where ``owned`` says, default this rank's
+        one); ``ctx``: the ranks an FSDP2 model is sharded over; ``ranks``: the ranks whose
+        pools hold the same servers (a colocated run's training ranks; default ``ctx``),
+        each server then loaded by one of them."""
         self.settings, self.rank, self.device = settings, rank, device
         self.pool = None if target is None else ServerPool.of(target)
-        self.server = None
+        self.owned = owned or Owned(1)
+        self.ranks = ranks or ctx
+        self.servers: list[VllmServer] = []  # the servers this rank started
         self.python = python  # the vLLM environment an owned server starts from
         # the start-up weights (v0 of an owned server) always go by disk; the updates by
         # --vllm-weight-sync's choice
-        self.disk = self._disk_sync(ctx, ranks or ctx)
+        self.disk = self._disk_sync(ctx, self.ranks)
         self.sync: DiskSync | CollectiveSync | LoraSync = self.disk
         if settings.sync == "collective":
             self.sync = CollectiveSync(self.pool, timeout=settings.request_timeout,
@@ -136,15 +186,22 @@ class VllmBackend:
 
     @property
     def client(self) -> VllmClient | None:
-        """The first server's client (the only one of an owned server)."""
+        """The first server's client (the only one of a pool of one)."""
         return None if self.pool is None else self.pool.clients[0]
+
+    @property
+    def server(self) -> VllmServer | None:
+        """The first server this rank started."""
+        return self.servers[0] if self.servers else None
 
     def _disk_sync(self, ctx, ranks) -> DiskSync:
         """Rank r's own folder, or under FSDP2 one folder that rank 0 writes for all; a
-        ``--vllm-url`` server shared by ``ranks`` is reloaded by one of them (entry j by rank
-        j mod their number, vllm_sync.py ``Split``), an owned server by its rank."""
+        server shared by ``ranks`` (a ``--vllm-url`` one, or an owned one pooled by all) is
+        reloaded by one of them (entry j by rank j mod their number, vllm_sync.py ``Split``),
+        which for an owned server is the rank that started it."""
         conf = self.settings
-        shared = conf.urls is not None and ranks is not None and ranks.world_size > 1
+        shared = (ranks is not None and ranks.world_size > 1
+                  and (conf.urls is not None or not self.owned.own_only))
         split = Split(ranks) if shared else None
         if not conf.fsdp:
             return DiskSync(self.pool, os.path.join(conf.run_dir,
@@ -159,9 +216,10 @@ class VllmBackend:
         """Before any model loads: every ``--vllm-url`` server of the pool must answer (else
         exit 2); for an owned server the vLLM environment must exist at a supported version.
         ``ctx`` (``group``, ``device``, ``is_main``): the ranks an FSDP2 model is sharded over;
-        ``slot`` (i, R): pool only entries i, i+R, ... (rollout rank i of R under
-        --fully-async, so that the rollout ranks never share a server); None: all of them;
-        ``ranks``: the ranks pooling the same servers (a colocated run's training ranks)."""
+        ``slot`` (i, R): pool only entries (or owned servers) i, i+R, ... (rollout rank i of R
+        under --fully-async, so that the rollout ranks never share a server); None: all of
+        them; ``ranks``: the ranks pooling the same servers (a colocated run's training
+        ranks), which start the owned ones between them (:class:`Owned`)."""
         if settings.urls:
             first, stride = slot if slot is not None else (0, 1)
             indices = list(range(first, len(settings.urls), stride))
@@ -171,7 +229,9 @@ class VllmBackend:
             return cls(settings, rank, device, pool, ctx=ctx, ranks=ranks)
         python = vllm_python()
         installed_version(python)
-        return cls(settings, rank, device, None, python=python, ctx=ctx)
+        owned = Owned.of(settings.num_servers, slot=slot, ranks=ranks)
+        return cls(settings, rank, device, None, python=python, ctx=ctx, ranks=ranks,
+                   owned=owned)
 
     def start(self, module, *, bf16: bool, lora=None) -> None:
         """Owned: write ``module``'s weights (version 0) and serve them; either way the
@@ -201,27 +261,56 @@ class VllmBackend:
                              "(VLLM_SERVER_DEV_MODE=1 routes)") from e
 
     def _start_owned(self, module, *, bf16: bool, lora) -> None:
-        """A server of this rank's own on version 0: the trainer's weights written untied
-        (vllm_weights.py; under FSDP2 gathered and written once, by rank 0), or with LoRA
-        the --hf-checkpoint itself (its weights never change, only the adapter does)."""
-        conf = self.settings
+        """This rank's share of the owned servers (:class:`Owned`) on version 0: the
+        trainer's weights written untied (vllm_weights.py; under FSDP2 gathered and written
+        once, by rank 0), or with LoRA the --hf-checkpoint itself (its weights never change,
+        only the adapter does); then the pool of the servers this rank pools, every rank's
+        started and answering first."""
+        conf, owned = self.settings, self.owned
         if lora is None:
             self.disk.current = path = os.path.join(self.disk.folder, "v0")
             self.disk.write(module, path)
         else:
             path = os.path.abspath(conf.model_dir)
-        self.server = VllmServer.start(
-            path, tokenizer=os.path.abspath(conf.model_dir),
-            log_path=os.path.join(conf.run_dir, f"vllm-rank{self.rank}.log"),
-            dtype="bfloat16" if bf16 else "float32", seed=conf.seed,
-            logprobs_mode=log_probs_mode(conf.temperature), python=self.python,
-            max_lora_rank=lora and lora_rank_slot(lora.peft_config["default"].r),
-            weight_transfer=ENGINE if isinstance(self.sync, CollectiveSync) else None)
-        # the rank's own server, alone in its pool, named by the rank in the metrics
+        error = None
+        try:  # all started before any is waited for: they load their models side by side
+            for k in owned.started:
+                self.servers.append(VllmServer.start(
+                    path, tokenizer=os.path.abspath(conf.model_dir),
+                    log_path=os.path.join(conf.run_dir, f"vllm-server{k}.log"),
+                    dtype="bfloat16" if bf16 else "float32", seed=conf.seed,
+                    logprobs_mode=log_probs_mode(conf.temperature), python=self.python,
+                    max_lora_rank=lora and lora_rank_slot(lora.peft_config["default"].r),
+                    weight_transfer=ENGINE if isinstance(self.sync, CollectiveSync) else None))
+            for server in self.servers:
+                server.wait_ready(conf.startup_timeout)
+        except Exception as e:  # the other ranks must not wait for URLs that never come
+            error = e
+        clients = self._pooled_clients(error)
         self.pool = self.disk.pool = self.sync.pool = ServerPool(
-            [self.server.client(conf.request_timeout)], [self.rank])
-        self.server.wait_ready(conf.startup_timeout)
-        self.client.served_model()
+            clients, owned.pooled, total=owned.servers)
+        for client in clients:
+            client.served_model()
+
+    def _pooled_clients(self, error: Exception | None) -> list[VllmClient]:
+        """The clients of the servers this rank pools (``owned.pooled``), once every rank
+        pooling them has started its own (``error``: this rank's failure to, raised on
+        every rank): the URLs of the others' from one ``all_gather_object``."""
+        timeout = self.settings.request_timeout
+        shared = self.disk.split is not None
+        if shared:
+            GroupAgreement(self.ranks.group, self.ranks.device).raise_together(error)
+        elif error is not None:
+            raise error
+        mine = {k: s.client(timeout)
+                for k, s in zip(self.owned.started, self.servers, strict=True)}
+        urls = {k: c.url for k, c in mine.items()}
+        if shared:
+            gathered: list = [None] * self.ranks.world_size
+            dist.all_gather_object(gathered, urls, group=self.ranks.group)
+            urls = {k: url for part in gathered for k, url in part.items()}
+        return [mine[k] if k in mine else VllmClient(urls[k], timeout=timeout)
+                for k in self.owned.pooled]
 
     def _load_first_adapter(self, module, lora) -> None:
         """Version 0's adapter (or a resumed one's, later) loaded by name: a server that
@@ -230,8 +319,9 @@ class VllmBackend:
         try:
             self.sync.push(module, self.version)
         except ServerError as e:
-            how = ("" if self.server else f"; start it with --enable-lora --max-lora-rank "
-                   f"{lora_rank_slot(rank)} and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+            how = ("" if self.settings.urls is None else f"; start it with --enable-lora "
+                   f"--max-lora-rank {lora_rank_slot(rank)} and "
+                   "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
             raise InputError(f"--lora-rank {rank}: {self.pool.describe()} cannot load the "
                              f"adapter ({e}){how}") from e
 
@@ -286,19 +376,19 @@ class VllmBackend:
         return None if self.pool is None else self.pool.served()
 
     def record(self, tracker) -> None:
-        """This step's per-server metrics of the ``--vllm-url`` servers (router.py
-        ``record``): ``rollout/server<i>/...``. An owned server is its rank's alone and not
-        recorded (the ranks' names would differ)."""
-        if self.pool is not None and self.settings.urls:
+        """This step's per-server metrics (router.py ``record``): ``rollout/server<i>/...``,
+        ``i`` the ``--vllm-url`` entry or the owned server's number, the same on every rank."""
+        if self.pool is not None:
             self.pool.record(tracker)
 
     def close(self) -> None:
-        """An owned server stops; ``relax eval``'s weight copy and scratch folder go."""
+        """The servers this rank started stop; ``relax eval``'s weight copy and scratch
+        folder go."""
         try:
             if self.pool is not None:
                 self.pool.close()
-            if self.server is not None:
-                self.server.close()
+            for server in self.servers:
+                server.close()
         finally:
             if not self.settings.keep_weights:
                 shutil.rmtree(self.disk.folder, ignore_errors=True)  # a copy of the checkpoint

@@ -31,7 +31,7 @@ def test_greedy_vllm_evaluation_equals_relax_engine(tmp_path):
     vllm = json.loads(out)
     relax.pop("perf/eval_time"), vllm.pop("perf/eval_time")
     assert vllm == pytest.approx(relax, abs=1e-12)
-    assert gone(server_group(tmp_path / "ev" / "vllm-rank0.log"))
+    assert gone(server_group(tmp_path / "ev" / "vllm-server0.log"))
     assert not (tmp_path / "ev" / "vllm-weights-rank0").exists()
 
 

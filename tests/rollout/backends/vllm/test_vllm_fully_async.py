@@ -56,12 +56,14 @@ def test_lagless_batches_are_sampled_by_the_rollout_ranks_server_on_the_newest_w
     assert "vllm/weight_sync_bytes" not in rows[0]
     samples = [json.loads(line) for line in open(run / "samples.jsonl")]
     assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1), (3, 2)}
-    # the rollout rank (world rank 1) owned the only server; the training rank started none
-    assert not (run / "vllm-rank0.log").exists()
+    # the rollout rank (world rank 1, rollout rank 0) owned the only server, server 0; the
+    # training rank started none
+    assert sorted(f for f in os.listdir(run) if f.startswith("vllm-server")) == [
+        "vllm-server0.log"]
     # the start-up weights alone on disk: the rollout rank streamed its versions
     # (--vllm-weight-sync collective, the default for owned servers)
     assert os.listdir(run / "vllm-weights-rank1") == ["v0"]
-    assert gone(server_group(run / "vllm-rank1.log"))
+    assert gone(server_group(run / "vllm-server0.log"))
 
 
 def test_a_killed_rollout_rank_takes_its_server_with_it(tmp_path):
@@ -77,7 +79,7 @@ def test_a_killed_rollout_rank_takes_its_server_with_it(tmp_path):
     ranks = start_ranks(flags, {**os.environ, "OMP_NUM_THREADS": "1"}, world=2)
     try:
         ranks[0].wait_for_line("step 2/500", timeout=600)
-        pgid = server_group(run / "vllm-rank1.log")
+        pgid = server_group(run / "vllm-server0.log")
         ranks[1].proc.kill()
         assert ranks[0].finish(timeout=120) == 1
     finally:

@@ -243,5 +243,5 @@ def test_a_model_vllm_cannot_run_is_one_line_and_leaves_no_process(tmp_path):
             backend.start(load(narrow), bf16=False)
     finally:
         backend.close()
-    assert "\n" not in str(e.value) and "vllm-rank0.log" in str(e.value)
+    assert "\n" not in str(e.value) and "vllm-server0.log" in str(e.value)
     assert not group_alive(backend.server.process.pid)  # the whole process group is gone

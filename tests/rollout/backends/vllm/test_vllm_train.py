@@ -73,9 +73,9 @@ def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
         assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
         assert 0 < row["vllm/weight_sync_bytes"] < 1 << 20, row  # the adapter, not the model
     assert os.listdir(tmp_path / "run" / "vllm-weights-rank0") == ["v2"]
-    log = (tmp_path / "run" / "vllm-rank0.log").read_text()
+    log = (tmp_path / "run" / "vllm-server0.log").read_text()
     assert "'enable_lora': True" in log and "adapter: name 'relax-lora-v2'" in log
-    assert gone(server_group(tmp_path / "run" / "vllm-rank0.log"))
+    assert gone(server_group(tmp_path / "run" / "vllm-server0.log"))
 
 
 def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
@@ -98,11 +98,13 @@ def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
     assert samples and all(s["reward"] in (0.0, 1.0) for s in samples)
 
 
-def test_fsdp_ranks_stream_their_gathered_buckets_to_their_servers(tmp_path, model_dir):
-    """--fsdp on two Gloo ranks, each owning a server, the weights streamed (the default
-    --vllm-weight-sync collective): every rank gathers each bucket and sends it to its own
-    server; both follow the update (the mismatch, reduced over the ranks, stays at
-    rounding), only the start-up weights were written, both servers are gone at the end."""
+def test_two_fsdp_ranks_each_own_a_server_and_stream_to_it(tmp_path, model_dir):
+    """--fsdp on two Gloo ranks, a server per rank (server k started by rank k, its log
+    vllm-server<k>.log), both ranks pooling both servers, the weights streamed (the default
+    --vllm-weight-sync collective): every rank gathers each bucket and sends it to the
+    server it started, once per version over one transfer group; both servers answer
+    completions and follow the update (the mismatch, reduced over the ranks, stays at
+    rounding), only the start-up weights were written, both are gone at the end."""
     run = tmp_path / "run"
     done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
                           "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
@@ -114,24 +116,36 @@ def test_fsdp_ranks_stream_their_gathered_buckets_to_their_servers(tmp_path, mod
     assert [r["rollout/step"] for r in rows] == [1, 2]
     assert rows[0]["train/grad_norm"] > 0  # the weights moved before step 2 sampled
     assert all(r["rollout/logprob_abs_diff_max"] < TOL_FP32 for r in rows), rows
-    assert os.listdir(run / "vllm-weights") == ["v0"]
-    for rank in (0, 1):
-        log = (run / f"vllm-rank{rank}.log").read_text(errors="replace")
-        assert "relax_gloo" in log  # the server's own record of its engine
-        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+    for row in rows:  # one pool: every rank records both servers under the same names
+        assert sum(row[f"rollout/server{k}/requests"] for k in (0, 1)) == 4, row  # 2 x 2
+        assert all(row[f"rollout/server{k}/in_pool"] == 1.0 for k in (0, 1)), row
+        # the step's update, pushed before its row is written
+        assert all(row[f"rollout/server{k}/weight_version"] == row["rollout/step"]
+                   for k in (0, 1)), row
+    assert os.listdir(run / "vllm-weights") == ["v0"]  # under FSDP2 one folder, rank 0's
+    for k in (0, 1):
+        log = (run / f"vllm-server{k}.log").read_text(errors="replace")
+        assert '"POST /v1/completions HTTP/1.1" 200' in log, log[-2000:]
+        # one group set up, one update per version (v1, v2) by the rank that started it
+        assert log.count('"POST /init_weight_transfer_engine HTTP/1.1" 200') == 1, log[-2000:]
+        assert log.count('"POST /start_weight_update HTTP/1.1" 200') == 2, log[-2000:]
+        assert log.count('"POST /update_weights HTTP/1.1" 200') > 2  # several buckets each
+        assert '"POST /collective_rpc' not in log  # nothing reloaded from disk
+        assert gone(server_group(run / f"vllm-server{k}.log"))
 
 
 def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
-    """--fsdp on two Gloo ranks, --vllm-weight-sync disk: the weights are gathered bucket by
-    bucket and written once, by rank 0, into one folder that both ranks' servers reload;
-    both follow the update (the mismatch, reduced over the ranks, stays at rounding), both
-    are gone at the end."""
+    """--fsdp on two Gloo ranks with --vllm-num-servers 1 and --vllm-weight-sync disk: the
+    weights are gathered bucket by bucket and written once, by rank 0, into one folder that
+    the one server (rank 0's) reloads; rank 1 starts none and samples from it too (the pool
+    of both ranks), so the mismatch, reduced over the ranks, stays at rounding; the server
+    is gone at the end."""
     run = tmp_path / "run"
     done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
                           "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
                           "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
-                          "--vllm-weight-sync", "disk", "--output-dir", str(run),
-                          "--device", "cpu",
+                          "--vllm-num-servers", "1", "--vllm-weight-sync", "disk",
+                          "--output-dir", str(run), "--device", "cpu",
                           timeout=900, hang="a two-rank FSDP vLLM run did not finish")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(run)
@@ -143,8 +157,9 @@ def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
     written = os.listdir(run / "vllm-weights" / "v2")
     assert "model.safetensors.index.json" in written
     assert sum(f.endswith(".safetensors") for f in written) > 2  # one file per bucket
-    for rank in (0, 1):
-        assert gone(server_group(run / f"vllm-rank{rank}.log"))
+    assert not (run / "vllm-server1.log").exists()  # rank 1 started none
+    assert rows[-1]["rollout/server0/requests"] == 4  # both ranks' samples (2 x 2)
+    assert gone(server_group(run / "vllm-server0.log"))
 
 
 def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, model_dir):
@@ -172,7 +187,7 @@ def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, m
     assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
     # streamed (the default for an owned server): the start-up weights alone were written
     assert os.listdir(first / "vllm-weights-rank0") == ["v0"]
-    assert gone(server_group(first / "vllm-rank0.log"))
+    assert gone(server_group(first / "vllm-server0.log"))
 
     fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",
                     output_dir=tmp_path / "resumed"))
@@ -201,7 +216,7 @@ def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
                        gate_env(tmp_path, at=2, go=True))
     try:
         wait_for_file(tmp_path / "gate_ready", proc, timeout=600)
-        pgid = server_group(run / "vllm-rank0.log")
+        pgid = server_group(run / "vllm-server0.log")
         if stop == "SIGTERM":
             proc.send_signal(signal.SIGTERM)
         else:
@@ -213,7 +228,7 @@ def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
     line = err.strip().splitlines()[-1]
     if stop == "SIGTERM":
         assert status == 143, err[-2000:]
-        log = (run / "vllm-rank0.log").read_text(errors="replace")
+        log = (run / "vllm-server0.log").read_text(errors="replace")
         assert "'dtype': 'bfloat16'" in log  # the server's own record of its arguments
         config = json.loads((run / "config.json").read_text())["system"]
         assert config["bf16"] is None and config["device"] == "cpu"  # the trainer: fp32 on a CPU
@@ -222,5 +237,5 @@ def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
     else:
         assert status == 1, err[-2000:]
         assert line.startswith("relax train: error: vLLM server http://127.0.0.1:"), line
-        assert str(run / "vllm-rank0.log") in line and "exited with status -9" in line, line
+        assert str(run / "vllm-server0.log") in line and "exited with status -9" in line, line
     assert gone(pgid)

@@ -1,6 +1,6 @@
 """The vLLM backend's pieces without a server: the sampler's assembly of answers into a
-Rollout, its per-row seeds and budgets, the weight sync's order of requests, and the
-one-line errors of a missing environment and a failing server. The real servers are
+Rollout, its per-row seeds and budgets, the weight sync's order of requests, where the
+owned servers run and who pools them, and the one-line errors of a missing environment and a failing server. The real servers are
 tests/rollout/backends/vllm/test_vllm_server.py."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from relax.errors import InputError
-from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_backend import Owned, VllmBackend, VllmSettings
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import (
     PORT_TRIES,
@@ -293,6 +293,30 @@ def test_a_url_server_without_lora_is_one_line_naming_the_flags(tmp_path):
     assert client.events[-1] == "resume"
     assert [lora_rank_slot(r) for r in (1, 2, 8, 9, 300, 512, 513)] == [
         1, 8, 8, 16, 320, 512, None]
+
+
+class Ranks:
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+
+def test_owned_servers_are_started_by_rank_k_mod_r_and_pooled_by_every_colocated_rank():
+    """--vllm-num-servers N over R sampling ranks: server k started by rank k mod R (each
+    exactly once, the loader Split picks); colocated ranks pool all N, a rank starting none
+    too; a --fully-async rollout rank i only i, i+R, ... (its own reload schedule)."""
+    for n, r in ((1, 2), (2, 2), (3, 2), (5, 3), (2, 4)):
+        colocated = [Owned.of(n, slot=None, ranks=Ranks(i, r)) for i in range(r)]
+        started = [k for o in colocated for k in o.started]
+        assert sorted(started) == list(range(n))  # every server once
+        for i, o in enumerate(colocated):
+            assert all(k % r == i for k in o.started)  # Split's loader is its starter
+            assert o.pooled == list(range(n))
+    assert [Owned.of(1, slot=None, ranks=Ranks(i, 2)).started for i in (0, 1)] == [[0], []]
+    assert [Owned.of(5, slot=(i, 2), ranks=None).pooled for i in (0, 1)] == [[0, 2, 4], [1, 3]]
+    assert [Owned.of(None, slot=(i, 2), ranks=None).started for i in (0, 1)] == [[0], [1]]
+    # unset: one per sampling rank; one process alone (relax eval) starts server 0
+    assert Owned.of(None, slot=None, ranks=Ranks(1, 2)) == Owned(2, 2, 1)
+    assert Owned.of(None, slot=None, ranks=None).started == [0]
 
 
 def test_missing_environment_names_the_make_target(monkeypatch, tmp_path):
