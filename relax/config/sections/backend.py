@@ -19,6 +19,7 @@ from relax.config.section import Needs, Section, option, reject
 from relax.errors import ConfigError
 
 BACKENDS = ("relax", "vllm")
+WEIGHT_SYNCS = ("collective", "disk")
 MAKE_TARGET = "make vllm"
 MAX_LORA_RANK = 512  # vLLM 0.32's largest --max-lora-rank
 # ``relax eval``'s words for the flags it shares (relax/config/flags.py)
@@ -30,6 +31,8 @@ EVAL_HELP = {
 # flags of this section that ``relax eval`` refuses by name rather than as unknown ones
 # (relax/config/flags.py): why each is relax train's alone
 EVAL_REFUSED = {
+    "vllm_weight_sync": "a relax train flag (how the trainer's weights reach the vLLM "
+                        "servers after an update); relax eval pushes no weights",
     "rollout_bf16": "a relax train flag (the sampler's precision against the trainer's); "
                     "relax eval has one model and samples at --bf16 / --no-bf16",
 }
@@ -77,6 +80,18 @@ class BackendSection(Section):
         metavar='N',
         bound=(lambda v: v is None or v >= 1, "must be >= 1 servers, e.g. 2"),
         default_text='one server per rank (with --fully-async: per rollout rank)',
+        requires=NEEDS_VLLM)
+    vllm_weight_sync: str | None = option(
+        None,
+        'How the weights reach the vLLM servers after an update: collective (streamed from '
+        "the trainer's memory over a Gloo group per server, by vLLM's weight transfer routes "
+        "and Relax's engine relax_gloo: a --vllm-url server needs Relax's vLLM plugin and "
+        """--weight-transfer-config '{"backend": "relax_gloo"}') or disk (a safetensors """
+        'directory each server reloads; a --vllm-url server must share this file system). '
+        'With --lora-rank the adapter always goes by disk.',
+        choices=WEIGHT_SYNCS,
+        default_text='collective for the servers Relax starts, disk for --vllm-url servers '
+                     'and with --lora-rank',
         requires=NEEDS_VLLM)
     vllm_startup_timeout: float = option(
         600.0,
@@ -151,6 +166,10 @@ def check_vllm_backend(cfg, explicit: set[str]) -> None:
                f"{cfg.placement.rollout_num_gpus} rollout ranks: with --fully-async each "
                "rollout rank needs servers of its own (rollout rank i of R pools URLs i, i+R, "
                "...); pass at least one URL per rollout rank, or leave out --vllm-url")
+    if cfg.rollout.backend.vllm_weight_sync == "collective" and cfg.lora.lora_rank > 0:
+        reject(cfg, ("vllm_weight_sync", "lora_rank"), "a LoRA run sends only its adapter (a "
+               "few MiB), which vLLM loads by name from disk: leave out --vllm-weight-sync "
+               "collective or --lora-rank")
     owned = cfg.rollout.backend.vllm_num_servers
     if cfg.placement.fully_async and owned is not None and owned < cfg.placement.rollout_num_gpus:
         # as with --vllm-url: rollout rank i owns servers i, i+R, ... and reloads them alone
@@ -180,6 +199,16 @@ def _check_log_prob_mode(cfg) -> None:
                "vLLM cannot return softmax(z / T) before top-p/top-k truncation (the "
                "distribution the trainer's log-probs describe) when both are set: use "
                "--rollout-temperature 1 or switch the truncation off")
+
+
+def weight_sync(backend) -> str:
+    """``--vllm-weight-sync`` as resolved: the flag, else disk for ``--vllm-url`` servers
+    (their start-up flags are their user's), collective for the servers Relax starts. A
+    LoRA run sends its adapter by disk whatever this says (vllm_backend.py ``start``; the
+    flag itself is refused with --lora-rank above)."""
+    if backend.vllm_weight_sync is not None:
+        return backend.vllm_weight_sync
+    return "disk" if backend.vllm_url else "collective"
 
 
 def log_probs_mode(temperature: float) -> str:

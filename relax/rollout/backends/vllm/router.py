@@ -26,6 +26,11 @@ a malformed completion) still ends the run: it would be as wrong elsewhere. A se
 fails a weight update (:meth:`load`) leaves the pool too, instead of sampling stale weights.
 Every :data:`HEALTH_EVERY_S` seconds the servers out of the pool are asked for ``/health``;
 one that answers loads the weights the pool serves (the last :meth:`load`) and rejoins.
+Weights streamed from memory (``load(..., streamed=True)``, vllm_collective.py) exist only
+during a push, so there is nothing to catch up to in between: no server is asked, and a
+server out of the pool rejoins at the NEXT :meth:`load` instead, which also runs on each
+server of this process out of the pool that answers ``/health`` and puts it back once its
+load and version check succeed (one line saying so).
 
 When no server is left, the next request (or the update that emptied the pool) raises a
 :class:`ServerError` naming the last failure: the run ends with that one line, exit 1. A
@@ -45,8 +50,7 @@ records per row (``Rollout.policy_version``).
 
 Not built: the version of each token: vLLM 0.32's ``/v1/completions`` answer
 carries none (only its token-in-token-out route records weight version spans), so a response
-is tagged with the version its server reported before it was sent; in-memory weight transfer
-(vllm_sync.py).
+is tagged with the version its server reported before it was sent.
 """
 
 from __future__ import annotations
@@ -109,6 +113,7 @@ class ServerPool:
         self.health_every = health_every
         self.version = 0
         self.loader: Callable | None = None  # what the last load did to each server
+        self.streamed = False  # the last load streamed its weights: no catch-up between loads
         self.sessions: dict[Hashable, Member] = {}
         self.last_failure = ""
         self.oldest: tuple[int, str] | None = None  # (version, URL): the oldest that sampled
@@ -212,7 +217,8 @@ class ServerPool:
         left = sum(m.in_pool for m in self.members)
         print(f"relax: warning: vLLM server {member.url} left the pool ({why}); {left} of "
               f"{len(self.members)} left", file=sys.stderr, flush=True)
-        if left and (self._watcher is None or not self._watcher.is_alive()):
+        if left and not self.streamed and (self._watcher is None
+                                           or not self._watcher.is_alive()):
             self._watcher = threading.Thread(target=self._watch, daemon=True,
                                              name="relax-vllm-pool-health")
             self._watcher.start()
@@ -232,7 +238,7 @@ class ServerPool:
         while not self._closed.wait(self.health_every):
             with self._cond:
                 out = [m for m in self.members if not m.in_pool]
-                if not out or len(out) == len(self.members):
+                if not out or len(out) == len(self.members) or self.streamed:
                     return
             for member in out:
                 self._try_rejoin(member)
@@ -252,42 +258,55 @@ class ServerPool:
             except ServerError:
                 return  # still out; asked again at the next round
         with self._cond:
-            if self.version != version or self._closed.is_set():
+            if self.version != version or self._closed.is_set() or self.streamed:
                 return  # an update came meanwhile: load that one first
-            member.in_pool, member.version = True, reported
-            left = sum(m.in_pool for m in self.members)
-            print(f"relax: vLLM server {member.url} rejoined the pool at weights version "
-                  f"{version}; {left} of {len(self.members)} in it", file=sys.stderr,
-                  flush=True)
-            self._cond.notify_all()
+            self._put_back(member, reported)
 
     # ------------------------------------------------------------------ weights
     def load(self, version: int, load: Callable, *, catch_up: Callable | None = None,
              apply: Callable | None = None, mine: Callable[[int], bool] | None = None,
-             group=None, device="cpu") -> None:
+             group=None, device="cpu", streamed: bool = False,
+             feed: Callable[[int], None] | None = None) -> None:
         """Each server in the pool runs ``load(client)`` (at once, one thread each) and
         serves ``version`` from then on, which it must then report (:func:`confirm`); one
-        whose ``load`` or report raises a ServerError leaves the pool. ``catch_up(client)``: what a server out of the pool runs before it rejoins
-        (default ``load``); ``apply(client)``: run here on every server that holds
-        ``version`` after, whoever loaded it (the client's own state, such as the adapter's
-        name). ``mine(index)``: the servers this process loads (None: all; ranks that pool
-        the same servers load each once); ``group``: the ranks
-        pooling the same servers, whose failures every rank hears of (one MAX all-reduce),
-        so that they all take out the same ones. Another error is raised after that
-        all-reduce; an empty pool raises its one line."""
+        whose ``load`` or report raises a ServerError leaves the pool. ``catch_up(client)``:
+        what a server out of the pool runs before it rejoins (default ``load``);
+        ``apply(client)``: run here on every server that holds ``version`` after, whoever
+        loaded it (the client's own state, such as the adapter's name). ``mine(index)``: the
+        servers this process loads (None: all; ranks that pool the same servers load each
+        once); ``group``: the ranks pooling the same servers, whose failures every rank hears
+        of (one MAX all-reduce), so that they all take out the same ones. Another error is
+        raised after that all-reduce; an empty pool raises its one line.
+
+        ``streamed``: the weights exist only during this call (vllm_collective.py): no
+        catch-up between loads; this process's servers out of the pool that answer
+        ``/health`` load too and rejoin once they report ``version``. ``feed(n)``: run on this
+        thread while the ``n`` loads run (the collective gathers that feed them), before the
+        all-reduce, so that no two threads of a rank use ``group`` at once."""
         with self._cond:
             members = [m for m in self.members if m.in_pool]
             # set first: a catch-up from now on loads this version (the sync wrote it)
             self.loader, self.version = catch_up or load, version
+            self.streamed = streamed
         # with ``mine`` a server is this process's to load even when out of its own pool: the
         # other ranks' pools may hold it and count on this load (the watcher rejoins it here)
         own = members if mine is None else [m for m in self.members if mine(m.index)]
+        if streamed:  # a server out of the pool rejoins now or at a later load
+            own = [m for m in own if m.in_pool] + [
+                m for m in self.members if not m.in_pool and (mine is None or mine(m.index))
+                and healthy(m.url, timeout=self.health_every)]
+        back = {m.index for m in own if not m.in_pool} if streamed else set()
         failures: dict[int, ServerError] = {}
         reported: dict[int, int] = {}
         fatal = None
         with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
             futures = [(m, threads.submit(_locked, m.loading, _load_confirmed, load, m.client,
                                           version)) for m in own]
+            if feed is not None:
+                try:
+                    feed(len(own))
+                except Exception as e:  # noqa: BLE001 - raised below, after the all-reduce
+                    fatal = e
             for m, f in futures:
                 try:
                     reported[m.index] = f.result()
@@ -297,6 +316,8 @@ class ServerPool:
                     fatal = fatal or e
         if group is not None:
             self._agree(failures, group, device)
+            if streamed:
+                back = self._agree_back(back - set(failures), group, device)
         with self._cond:
             self.sessions.clear()  # the reload dropped every prefix cache
             for m in members:
@@ -308,11 +329,24 @@ class ServerPool:
                     m.version = reported.get(m.index, version)
                     if apply is not None:
                         apply(m.client)
+            for m in self.members:
+                if m.index in back and m.index not in failures and not m.in_pool:
+                    self._put_back(m, reported.get(m.index, version))
+                    if apply is not None:
+                        apply(m.client)
             empty = not any(m.in_pool for m in self.members)
         if fatal is not None:
             raise fatal
         if empty:
             raise self._gone()
+
+    def _put_back(self, member: Member, version: int) -> None:
+        """Under the lock: ``member`` rejoins at ``version``, said in one line."""
+        member.in_pool, member.version = True, version
+        left = sum(m.in_pool for m in self.members)
+        print(f"relax: vLLM server {member.url} rejoined the pool at weights version "
+              f"{version}; {left} of {len(self.members)} in it", file=sys.stderr, flush=True)
+        self._cond.notify_all()
 
     def announce(self, version: int) -> None:
         """Every server of the pool told it serves ``version`` (the start-up weights, which
@@ -334,6 +368,13 @@ class ServerPool:
             if flags[k] and m.index not in failures:
                 failures[m.index] = ServerError(f"{m.client.describe()}: its update failed "
                                                 "on another rank")
+
+    def _agree_back(self, back: set[int], group, device) -> set[int]:
+        """The servers out of the pool that some rank of ``group`` loaded at this streamed
+        load (one MAX all-reduce): every rank puts them back."""
+        flags = torch.tensor([float(m.index in back) for m in self.members], device=device)
+        flags = GroupAgreement(group, device).reduce(flags, dist.ReduceOp.MAX)
+        return {m.index for k, m in enumerate(self.members) if flags[k]}
 
     # ------------------------------------------------------------------ metrics
     def record(self, tracker) -> None:

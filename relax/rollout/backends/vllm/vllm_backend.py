@@ -20,8 +20,13 @@ vllm_sync.py ``Split``), from that rank's weights ``RUN_DIR/vllm-weights-rank<r>
 ``--fully-async`` rollout rank i of R pools only entries (or owned servers) i, i+R, ...
 (``slot``), so two rollout ranks, which reload on schedules of their own, never share one.
 An owned server starts once the model is loaded, from that model's weights written as ``v0``
-(untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights. Under
-FSDP2 rank 0 writes every version into ``RUN_DIR/vllm-weights/`` for all ranks' servers. A
+(untied: relax/rollout/backends/vllm/vllm_weights.py), so it samples exactly the trainer's weights.
+The updates are streamed from memory (``--vllm-weight-sync collective``, the default for owned
+servers, which then start with Relax's transfer engine: vllm_collective.py; each rank streams
+to the servers it reloads) or written like ``v0`` and reloaded (``disk``, the default for
+``--vllm-url`` servers); under FSDP2 rank 0 writes every version into
+``RUN_DIR/vllm-weights/`` for all ranks' servers, or every rank gathers each bucket and
+streams it to its own. A
 LoRA run (``lora``: peft's tuner) serves --hf-checkpoint itself with ``--enable-lora`` and
 loads the adapter by name after each update (vllm_sync.py ``LoraSync``).
 :meth:`VllmBackend.start` waits for it (at most ``--vllm-startup-timeout``) and
@@ -39,11 +44,12 @@ import torch.distributed as dist
 
 from relax.agreement import GroupAgreement
 from relax.config.section import default_of
-from relax.config.sections.backend import BackendSection, log_probs_mode
+from relax.config.sections.backend import BackendSection, log_probs_mode, weight_sync
 from relax.config.sections.placement import PlacementSection
 from relax.config.sections.system import SystemSection
 from relax.errors import InputError
 from relax.rollout.backends.vllm.router import ServerPool
+from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import (
     ServerError,
@@ -79,6 +85,7 @@ class VllmSettings:
     # sections' defaults, written once there
     bucket_bytes: int = int(default_of(PlacementSection, "weight_sync_bucket_mb") * 2**20)
     partial_chunk: int = default_of(BackendSection, "vllm_partial_chunk_tokens")
+    sync: str = "disk"  # --vllm-weight-sync as resolved: "collective" or "disk"
     keep_weights: bool = True  # False (relax eval): the written weights go at close
     scratch: bool = False  # run_dir is the command's scratch folder, removed at close
     num_servers: int | None = None
@@ -95,7 +102,7 @@ class VllmSettings:
                    request_timeout=backend.vllm_request_timeout, fsdp=fsdp,
                    bucket_bytes=int(placement.weight_sync_bucket_mb * 2**20),
                    partial_chunk=backend.vllm_partial_chunk_tokens,
-                   num_servers=backend.vllm_num_servers)
+                   num_servers=backend.vllm_num_servers, sync=weight_sync(backend))
 
     @classmethod
     def of_eval(cls, backend, *, model_dir: str, run_dir: str, seed: int,
@@ -165,7 +172,14 @@ class VllmBackend:
         self.ranks = ranks or ctx
         self.servers: list[VllmServer] = []  # the servers this rank started
         self.python = python  # the vLLM environment an owned server starts from
-        self.sync = self._disk_sync(ctx, self.ranks)
+        # the start-up weights (v0 of an owned server) always go by disk; the updates by
+        # --vllm-weight-sync's choice
+        self.disk = self._disk_sync(ctx, self.ranks)
+        self.sync: DiskSync | CollectiveSync | LoraSync = self.disk
+        if settings.sync == "collective":
+            self.sync = CollectiveSync(self.pool, timeout=settings.request_timeout,
+                                       bucket_bytes=settings.bucket_bytes,
+                                       shards=self.disk.shards, split=self.disk.split)
         self.samplers: list[VllmSampler] = []
         self.version = 0  # the trainer steps behind the server's weights
         self.vocab_size: int | None = None  # the policy's token ids: [0, vocab_size)
@@ -225,7 +239,7 @@ class VllmBackend:
         peft's tuner of a ``--lora-rank`` policy, whose adapter is then loaded by name."""
         self.vocab_size = getattr(getattr(module, "config", None), "vocab_size", None)
         if lora is not None:
-            self.sync = LoraSync(self.pool, self.sync.folder, lora, split=self.sync.split)
+            self.sync = LoraSync(self.pool, self.disk.folder, lora, split=self.disk.split)
         if self.pool is None:
             self._start_owned(module, bf16=bf16, lora=lora)
         else:
@@ -254,8 +268,8 @@ class VllmBackend:
         started and answering first."""
         conf, owned = self.settings, self.owned
         if lora is None:
-            self.sync.current = path = os.path.join(self.sync.folder, "v0")
-            self.sync.write(module, path)
+            self.disk.current = path = os.path.join(self.disk.folder, "v0")
+            self.disk.write(module, path)
         else:
             path = os.path.abspath(conf.model_dir)
         error = None
@@ -266,13 +280,15 @@ class VllmBackend:
                     log_path=os.path.join(conf.run_dir, f"vllm-server{k}.log"),
                     dtype="bfloat16" if bf16 else "float32", seed=conf.seed,
                     logprobs_mode=log_probs_mode(conf.temperature), python=self.python,
-                    max_lora_rank=lora and lora_rank_slot(lora.peft_config["default"].r)))
+                    max_lora_rank=lora and lora_rank_slot(lora.peft_config["default"].r),
+                    weight_transfer=ENGINE if isinstance(self.sync, CollectiveSync) else None))
             for server in self.servers:
                 server.wait_ready(conf.startup_timeout)
         except Exception as e:  # the other ranks must not wait for URLs that never come
             error = e
         clients = self._pooled_clients(error)
-        self.pool = self.sync.pool = ServerPool(clients, owned.pooled, total=owned.servers)
+        self.pool = self.disk.pool = self.sync.pool = ServerPool(
+            clients, owned.pooled, total=owned.servers)
         for client in clients:
             client.served_model()
 
@@ -281,7 +297,7 @@ class VllmBackend:
         pooling them has started its own (``error``: this rank's failure to, raised on
         every rank): the URLs of the others' from one ``all_gather_object``."""
         timeout = self.settings.request_timeout
-        shared = self.sync.split is not None
+        shared = self.disk.split is not None
         if shared:
             GroupAgreement(self.ranks.group, self.ranks.device).raise_together(error)
         elif error is not None:
@@ -344,7 +360,8 @@ class VllmBackend:
 
     def push(self, module, version: int, tracker=None) -> int:
         """The server samples with ``module``'s weights (``version``) from now on; returns
-        the bytes written (also ``vllm/weight_sync_bytes`` in ``tracker``, if given)."""
+        the bytes written or streamed (also ``vllm/weight_sync_bytes`` in ``tracker``, if
+        given)."""
         nbytes = self.sync.push(module, version)
         self.version = version
         for s in self.samplers:
@@ -374,6 +391,6 @@ class VllmBackend:
                 server.close()
         finally:
             if not self.settings.keep_weights:
-                shutil.rmtree(self.sync.folder, ignore_errors=True)  # a copy of the checkpoint
+                shutil.rmtree(self.disk.folder, ignore_errors=True)  # a copy of the checkpoint
             if self.settings.scratch:
                 shutil.rmtree(self.settings.run_dir, ignore_errors=True)

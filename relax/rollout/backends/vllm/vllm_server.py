@@ -21,8 +21,10 @@ An owned server's port is chosen here and held reserved until the server answers
 (relax/ports.py), since vLLM binds it only after 10-30 s of imports; should it still find
 the port taken ("Address already in use" in its log), it starts again on a fresh one, at
 most :data:`PORT_TRIES` times, saying so in one line.
-The development routes the weight sync uses (``/pause``, ``/resume``, ``/collective_rpc``)
-need ``VLLM_SERVER_DEV_MODE=1``; owned servers get it.
+The development routes the weight sync uses (``/pause``, ``/resume``, ``/collective_rpc``,
+the weight transfer routes) need ``VLLM_SERVER_DEV_MODE=1``; owned servers get it, and
+``--weight-transfer-config '{"backend": "relax_gloo"}'`` when the sync streams the weights
+(``weight_transfer``; vllm_collective.py).
 """
 
 from __future__ import annotations
@@ -166,11 +168,13 @@ class VllmServer:
     def start(cls, model: str, *, log_path: str, dtype: str, seed: int, logprobs_mode: str,
               tokenizer: str | None = None, max_model_len: int | None = None,
               python: str | None = None, port: int | None = None,
-              max_lora_rank: int | None = None) -> VllmServer:
+              max_lora_rank: int | None = None, weight_transfer: str | None = None
+              ) -> VllmServer:
         """Start serving ``model`` (a Hugging Face directory; ``tokenizer``: another
         directory holding its tokenizer) on 127.0.0.1; returns at once (:meth:`wait_ready`
         waits for it). ``max_lora_rank``: LoRA adapters up to that rank are loaded at run
-        time (relax/rollout/backends/vllm/vllm_sync.py ``LoraSync``)."""
+        time (relax/rollout/backends/vllm/vllm_sync.py ``LoraSync``); ``weight_transfer``:
+        the weight transfer engine it creates (``relax_gloo``: vllm_collective.py)."""
         python = python or vllm_python()
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--host", "127.0.0.1", "--dtype", dtype, "--enforce-eager",
@@ -182,6 +186,8 @@ class VllmServer:
                "--enable-prefix-caching"]
         if tokenizer:
             cmd += ["--tokenizer", tokenizer]
+        if weight_transfer:
+            cmd += ["--weight-transfer-config", json.dumps({"backend": weight_transfer})]
         if max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
         env = {**SERVER_ENV, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}
@@ -479,6 +485,21 @@ class VllmClient:
 
     def unload_lora_adapter(self, name: str) -> None:
         self.request("/v1/unload_lora_adapter", {"lora_name": name})
+
+    # vLLM's weight transfer routes (vllm_collective.py); each answers once its step is done
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.request("/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.request("/start_weight_update")
+
+    def update_weights(self, update_info: dict) -> None:
+        self.request("/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        """The update complete, then the prefix cache the old weights computed dropped."""
+        self.request("/finish_weight_update")
+        self.request("/reset_prefix_cache")
 
     def reload_weights(self, path: str) -> None:
         """Load the Hugging Face safetensors directory ``path`` into the running model

@@ -23,10 +23,10 @@ then on, and the previous version's name is unloaded. A new name per version rat
 the adapter from disk at every engine step, and a new name gets a new adapter id, so no
 prefix-cache entry of the old adapter is reused.
 
-Not built: vLLM's native transfer (``/init_weight_transfer_engine``, ``/update_weights``:
-NCCL between GPUs or CUDA IPC on one GPU), the faster path on GPUs. It would be a third
-class with the same ``push`` and its own test on GPUs with vLLM; nothing here can run it
-(docs/configuration.md, "Rollout backend").
+The third transport, weights streamed from memory over vLLM's weight transfer routes and
+Relax's Gloo engine (``--vllm-weight-sync collective``, the default for owned servers), is
+vllm_collective.py's :class:`CollectiveSync`, with the same ``push``. Not used: vLLM's own
+NCCL and CUDA IPC engines (GPUs only; nothing here can run them).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def write_weights(module: torch.nn.Module, path: str) -> int:
     return os.path.getsize(os.path.join(path, "model.safetensors"))
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor: an FSDP2 shard (a DTensor) is gathered, a collective of the group
     that shards it; a plain tensor is itself."""
     full = getattr(tensor, "full_tensor", None)
@@ -89,6 +89,18 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
+def named_weights(module: torch.nn.Module) -> tuple[list[str], list[torch.Tensor]]:
+    """What a server loads of ``module``, in order: its state dict's Hugging Face names and
+    tensors (FSDP2 shards as they are: their global shapes say the buckets), with
+    ``lm_head.weight`` added where tied embeddings left it out (servers are untied)."""
+    state = module.state_dict()
+    config = getattr(module, "config", None)
+    if (getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state
+            and hasattr(module, "get_input_embeddings")):
+        state["lm_head.weight"] = module.get_input_embeddings().weight
+    return list(state), list(state.values())
+
+
 def write_sharded(module: torch.nn.Module, path: str, *, is_main: bool,
                   bucket_bytes: int) -> int:
     """Every rank of an FSDP2 ``module``'s group calls this: the whole model written by
@@ -101,7 +113,7 @@ def write_sharded(module: torch.nn.Module, path: str, *, is_main: bool,
     (rank 0; 0 elsewhere)."""
     from safetensors.torch import save_file
 
-    names, tensors = zip(*module.state_dict().items(), strict=True)
+    names, tensors = named_weights(module)
     buckets = plan_buckets([t.numel() * t.element_size() for t in tensors], bucket_bytes)
     tmp = _fresh(path) if is_main else None
     if is_main:
@@ -109,7 +121,7 @@ def write_sharded(module: torch.nn.Module, path: str, *, is_main: bool,
     weight_map, nbytes = {}, 0
     for i, bucket in enumerate(buckets):
         with torch.no_grad():
-            part = {names[j]: _full(tensors[j]) for j in bucket}
+            part = {names[j]: full_tensor(tensors[j]) for j in bucket}
         if not is_main:
             del part
             continue

@@ -4,7 +4,7 @@ the request (so a request sent again to another stub comes back the same), and f
 demand. Standard library only: it starts in a fraction of a second.
 
     python stub_vllm.py --model-dir DIR [--delay S] [--fail-reload] [--kill-after K]
-                        [--misreport JSON]
+                        [--misreport JSON] [--fail-transfer]
 
 It binds port 0 and prints ``PORT <port>`` as its first line, so the port is the one the
 child holds (never chosen by the parent, released and bound again).
@@ -18,7 +18,13 @@ child holds (never chosen by the parent, released and bound again).
   (``"default"`` until one is; a body that is not a string is HTTP 422, as FastAPI answers);
   ``--misreport JSON``: ``/weight_info`` answers that value instead (a server that missed
   the update, or an answer that is not a version).
-- ``GET /stats``: the prompts answered, the reload paths and the versions set, in order.
+- The weight transfer routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
+  ``/update_weights``, ``/finish_weight_update``): a real receiver of Relax's engine
+  ``relax_gloo`` (vllm_plugin/relax_vllm_plugin/wire.py; torch imported at the first
+  init only), each chunk's names and the sum of its float32 values recorded;
+  ``--fail-transfer``: the init answers HTTP 500 as a server without the engine does.
+- ``GET /stats``: the prompts answered, the reload paths, the versions set and the chunks
+  received (``[[names], sum]``), in order.
 - ``POST /control`` ``{"down": bool, "misreport": JSON or null}``: while down, every route
   but ``/control`` and ``/stats`` closes the connection without an answer (a hung or
   unreachable server); ``misreport`` replaces ``--misreport`` (null: answer the truth).
@@ -35,6 +41,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 4,
+                      "vllm_plugin")
+
 
 def tokens(prompt: list[int], seed: int, n: int) -> list[int]:
     return [5 + (seed + sum(prompt) + k) % 7 for k in range(n)]
@@ -48,7 +57,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/stats":
             with state["lock"]:
                 return self._send(200, {"prompts": state["prompts"], "reloads": state["reloads"],
-                                        "versions": state["versions"]})
+                                        "versions": state["versions"],
+                                        "chunks": state["chunks"]})
         if state["down"]:
             return self._drop()
         if self.path == "/weight_info":
@@ -81,6 +91,8 @@ class Handler(BaseHTTPRequestHandler):
             with state["lock"]:
                 state["versions"].append(body["new_version"])
             return self._send(200, {"success": True, "new_version": body["new_version"]})
+        if self.path in ("/init_weight_transfer_engine", "/update_weights"):
+            return self._transfer(state, body)
         if self.path == "/collective_rpc":
             if state["fail_reload"]:
                 return self._send(500, {"detail": "reload failed"})
@@ -101,6 +113,31 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, {"choices": [{"index": 0, "text": "", "token_ids": ids,
                                       "finish_reason": "length",
                                       "logprobs": {"token_logprobs": [-0.25] * n}}]})
+
+    def _transfer(self, state, body) -> None:
+        """Relax's engine's part, with the plugin's own receiving code."""
+        if self.path == "/init_weight_transfer_engine" and state["fail_transfer"]:
+            return self._send(500, {"detail": "Weight transfer not configured"})
+        sys.path.insert(0, PLUGIN)
+        from relax_vllm_plugin import wire  # torch: imported by the first transfer only
+
+        if self.path == "/init_weight_transfer_engine":
+            import torch.distributed as dist
+            info = body["init_info"]
+            store = dist.TCPStore(info["master_address"], info["master_port"],
+                                  is_master=False)
+            state["group"] = (store, wire.join_group(
+                store, info["group_name"], info["rank_offset"], info["world_size"],
+                info["timeout_s"], wire.local_address(info["master_address"],
+                                                      info["master_port"])))
+            return self._send(200, {"message": "Weight transfer initialized"})
+        info = body["update_info"]
+        weights = wire.receive(state["group"][1], info["names"], info["dtype_names"],
+                               info["shapes"])
+        with state["lock"]:
+            state["chunks"].append([[n for n, _ in weights],
+                                    float(sum(t.double().sum() for _, t in weights))])
+        return self._send(200, {"message": "Weights updated"})
 
     def _drop(self) -> None:
         self.close_connection = True  # no status line: the client sees the connection end
@@ -129,11 +166,13 @@ def main() -> None:
     parser.add_argument("--fail-reload", action="store_true")
     parser.add_argument("--kill-after", type=int, default=None)
     parser.add_argument("--misreport", type=json.loads, default=None)
+    parser.add_argument("--fail-transfer", action="store_true")
     args = parser.parse_args()
     server = Server(("127.0.0.1", 0), Handler)
     server.state = {"model_dir": args.model_dir, "delay": args.delay, "down": False,
                     "fail_reload": args.fail_reload, "kill_after": args.kill_after,
                     "arrived": 0, "prompts": [], "reloads": [], "versions": [],
+                    "fail_transfer": args.fail_transfer, "chunks": [], "group": None,
                     "misreport": None if args.misreport is None else _misreport(args.misreport),
                     "lock": threading.Lock()}
     print(f"PORT {server.server_address[1]}", flush=True)

@@ -60,7 +60,9 @@ def test_lagless_batches_are_sampled_by_the_rollout_ranks_server_on_the_newest_w
     # training rank started none
     assert sorted(f for f in os.listdir(run) if f.startswith("vllm-server")) == [
         "vllm-server0.log"]
-    assert os.listdir(run / "vllm-weights-rank1") == ["v2"]
+    # the start-up weights alone on disk: the rollout rank streamed its versions
+    # (--vllm-weight-sync collective, the default for owned servers)
+    assert os.listdir(run / "vllm-weights-rank1") == ["v0"]
     assert gone(server_group(run / "vllm-server0.log"))
 
 

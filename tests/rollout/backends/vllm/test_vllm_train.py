@@ -1,6 +1,6 @@
 """``relax train --rollout-backend vllm`` with a real owned vLLM server: two steps end to end
-(the server samples with the trainer's weights after each update, so the mismatch stays at
-fp32 rounding), a server killed mid-run (one line naming it and its log, exit 1, no process
+(the server samples with the trainer's weights after each update, streamed by default or
+from disk, so the mismatch stays at fp32 rounding), a server killed mid-run (one line naming it and its log, exit 1, no process
 left) and a SIGTERM (exit 143, the server gone with the run)."""
 
 from __future__ import annotations
@@ -98,16 +98,19 @@ def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
     assert samples and all(s["reward"] in (0.0, 1.0) for s in samples)
 
 
-def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
-    """torchrun with two Gloo ranks: a server per rank (server k started by rank k, its log
-    vllm-server<k>.log, the rank's weights), both ranks pooling both servers, both servers
-    answering completions and following the update (the mismatch, reduced over the ranks,
-    stays at rounding; each loaded once per version by its rank), both gone at the end."""
+def test_two_fsdp_ranks_each_own_a_server_and_stream_to_it(tmp_path, model_dir):
+    """--fsdp on two Gloo ranks, a server per rank (server k started by rank k, its log
+    vllm-server<k>.log), both ranks pooling both servers, the weights streamed (the default
+    --vllm-weight-sync collective): every rank gathers each bucket and sends it to the
+    server it started, once per version over one transfer group; both servers answer
+    completions and follow the update (the mismatch, reduced over the ranks, stays at
+    rounding), only the start-up weights were written, both are gone at the end."""
     run = tmp_path / "run"
     done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
                           "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
-                          "--num-rollout", "2", "--output-dir", str(run), "--device", "cpu",
-                          timeout=900, hang="a two-rank vLLM run did not finish")
+                          "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
+                          "--output-dir", str(run), "--device", "cpu",
+                          timeout=900, hang="a two-rank FSDP vLLM run did not finish")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(run)
     assert [r["rollout/step"] for r in rows] == [1, 2]
@@ -119,25 +122,30 @@ def test_two_ranks_each_own_and_sync_a_server(tmp_path, model_dir):
         # the step's update, pushed before its row is written
         assert all(row[f"rollout/server{k}/weight_version"] == row["rollout/step"]
                    for k in (0, 1)), row
+    assert os.listdir(run / "vllm-weights") == ["v0"]  # under FSDP2 one folder, rank 0's
     for k in (0, 1):
-        assert os.listdir(run / f"vllm-weights-rank{k}") == ["v2"]
         log = (run / f"vllm-server{k}.log").read_text(errors="replace")
         assert '"POST /v1/completions HTTP/1.1" 200' in log, log[-2000:]
-        # reloaded once per version (v1, v2), by the rank that started it, not by both
-        assert log.count('"POST /collective_rpc HTTP/1.1" 200') == 2, log[-2000:]
+        # one group set up, one update per version (v1, v2) by the rank that started it
+        assert log.count('"POST /init_weight_transfer_engine HTTP/1.1" 200') == 1, log[-2000:]
+        assert log.count('"POST /start_weight_update HTTP/1.1" 200') == 2, log[-2000:]
+        assert log.count('"POST /update_weights HTTP/1.1" 200') > 2  # several buckets each
+        assert '"POST /collective_rpc' not in log  # nothing reloaded from disk
         assert gone(server_group(run / f"vllm-server{k}.log"))
 
 
 def test_fsdp_ranks_write_one_folder_from_their_shards(tmp_path, model_dir):
-    """--fsdp on two Gloo ranks with --vllm-num-servers 1: the weights are gathered bucket by
-    bucket and written once, by rank 0, into one folder that the one server (rank 0's)
-    reloads; rank 1 starts none and samples from it too (the pool of both ranks), so the
-    mismatch, reduced over the ranks, stays at rounding; the server is gone at the end."""
+    """--fsdp on two Gloo ranks with --vllm-num-servers 1 and --vllm-weight-sync disk: the
+    weights are gathered bucket by bucket and written once, by rank 0, into one folder that
+    the one server (rank 0's) reloads; rank 1 starts none and samples from it too (the pool
+    of both ranks), so the mismatch, reduced over the ranks, stays at rounding; the server
+    is gone at the end."""
     run = tmp_path / "run"
     done = torchrun_relax("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
                           "--custom-rm-path", f"{write_reward(tmp_path)}:parity", *SMALL,
                           "--fsdp", "--weight-sync-bucket-mb", "0.05", "--num-rollout", "2",
-                          "--vllm-num-servers", "1", "--output-dir", str(run), "--device", "cpu",
+                          "--vllm-num-servers", "1", "--vllm-weight-sync", "disk",
+                          "--output-dir", str(run), "--device", "cpu",
                           timeout=900, hang="a two-rank FSDP vLLM run did not finish")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(run)
@@ -177,7 +185,8 @@ def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, m
         assert row["perf/weight_sync_time"] > 0
     samples = [json.loads(line) for line in open(first / "samples.jsonl")]
     assert {(s["step"], s["policy_version"]) for s in samples} == {(1, 0), (2, 1)}
-    assert os.listdir(first / "vllm-weights-rank0") == ["v2"]
+    # streamed (the default for an owned server): the start-up weights alone were written
+    assert os.listdir(first / "vllm-weights-rank0") == ["v0"]
     assert gone(server_group(first / "vllm-server0.log"))
 
     fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",

@@ -1,0 +1,93 @@
+"""The receiving half of Relax's in-memory weight transfer (engine ``relax_gloo``): the Gloo
+group a server's worker joins and how one chunk of weights arrives. Torch only, no vLLM
+import, so that tests can run it in any process.
+
+The wire format (the same text is in Relax's relax/rollout/backends/vllm/vllm_collective.py,
+which sends it):
+
+    group:   one Gloo process group per server: the trainer's sending rank is rank 0, the
+             server's worker rank 1 (``rank_offset`` + the worker's rank), world size 2;
+             built from the trainer's TCPStore at ``master_address:master_port`` under the
+             key prefix ``group_name``.
+    chunk:   ``update_info`` = {"names": [str], "dtype_names": [str], "shapes": [[int]]}:
+             the tensors of one bucket, in order; ``dtype_names`` are torch dtype names
+             ("float32", "bfloat16"); then ONE broadcast from rank 0 of a uint8 tensor of
+             sum(numel * itemsize) bytes: each tensor's contiguous bytes (native byte order)
+             one after the other, no padding, no header.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+READY_KEY = "ready"  # set by the worker in the group's prefix once it is about to join
+
+
+def local_address(host: str, port: int) -> str:
+    """The address of this machine's interface that reaches ``host:port`` (a UDP connect
+    sends nothing; it only picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
+
+
+def join_group(store: dist.Store, group_name: str, rank: int, world_size: int,
+               timeout_s: float, address: str) -> dist.ProcessGroupGloo:
+    """A Gloo group of ``world_size`` built on ``store`` under ``group_name``, without
+    ``init_process_group`` (the process's default group, vLLM's own, stays untouched);
+    ``address``: the interface Gloo binds (one that reaches the other rank)."""
+    prefixed = dist.PrefixStore(group_name, store)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    options._timeout = timedelta(seconds=timeout_s)
+    if rank != 0:
+        prefixed.set(f"{READY_KEY}{rank}", b"1")
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, options)
+
+
+def layout(dtype_names: list[str], shapes: list[list[int]]) -> list[tuple[torch.dtype, tuple, int, int]]:
+    """(dtype, shape, offset, nbytes) of each tensor of a chunk, in order."""
+    out, offset = [], 0
+    for dtype_name, shape in zip(dtype_names, shapes, strict=True):
+        dtype = getattr(torch, dtype_name)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"not a torch dtype: {dtype_name!r}")
+        numel = 1
+        for n in shape:
+            numel *= int(n)
+        nbytes = numel * dtype.itemsize
+        out.append((dtype, tuple(int(n) for n in shape), offset, nbytes))
+        offset += nbytes
+    return out
+
+
+def unpack(buffer: torch.Tensor, names: list[str], dtype_names: list[str],
+           shapes: list[list[int]]) -> list[tuple[str, torch.Tensor]]:
+    """The chunk's ``(name, tensor)`` pairs from its uint8 ``buffer``: views of it, or a copy
+    where a tensor's offset is not a multiple of its item size (a view needs alignment)."""
+    pieces = layout(dtype_names, shapes)
+    total = sum(nbytes for *_, nbytes in pieces)
+    if buffer.numel() != total:
+        raise ValueError(f"a chunk of {buffer.numel()} bytes for tensors of {total}")
+    out = []
+    for name, (dtype, shape, offset, nbytes) in zip(names, pieces, strict=True):
+        raw = buffer[offset:offset + nbytes]
+        if offset % dtype.itemsize:
+            raw = raw.clone()
+        out.append((name, raw.view(dtype).reshape(shape)))
+    return out
+
+
+def receive(group: dist.ProcessGroup, names: list[str], dtype_names: list[str],
+            shapes: list[list[int]]) -> list[tuple[str, torch.Tensor]]:
+    """One chunk broadcast by rank 0 of ``group``, unpacked (CPU tensors)."""
+    total = sum(nbytes for *_, nbytes in layout(dtype_names, shapes))
+    buffer = torch.empty(total, dtype=torch.uint8)
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    group.broadcast([buffer], options).wait()
+    return unpack(buffer, names, dtype_names, shapes)
