@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 
 from tests.distributed_utils import torchrun_relax
-from tests.reliability.helpers import kill_left, start_ranks
+from tests.reliability.helpers import finish_all, kill_left, start_ranks
 from tests.rollout.backends.vllm.test_vllm_server import TOL_FP32, VLLM_PYTHON, build_model_dir
 from tests.rollout.backends.vllm.test_vllm_train import gone, server_group
 from tests.trainer.helpers import RECIPES, read_metrics, write_reward
@@ -87,3 +88,38 @@ def test_a_killed_rollout_rank_takes_its_server_with_it(tmp_path):
     assert gone(pgid)
     (line,) = ranks[0].errors()
     assert "[rank 0 training]" in line and "rollout rank 1" in line, line
+
+
+def test_a_pool_of_two_servers_trains_through_the_death_of_one(tmp_path):
+    """One rollout rank pools two owned servers (``--vllm-num-servers 2``) and streams every
+    version to both; server 1 is SIGKILLed once step 1 is logged. Its requests go to server 0
+    and it leaves the pool (one line), so the run trains every step on complete batches (each
+    sample counted once, drawn with the newest weights: the mismatch stays at fp32 rounding)
+    and ends with exit 0 and no server left."""
+    model_dir = build_model_dir(tmp_path / "model")
+    run = tmp_path / "run"
+    flags = [*RECIPES["grpo"], "--fully-async", "--max-staleness", "0", "--rollout-backend",
+             "vllm", "--vllm-num-servers", "2", "--hf-checkpoint", str(model_dir),
+             "--custom-rm-path", f"{write_reward(tmp_path)}:parity", "--rollout-batch-size",
+             "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--lr",
+             "1e-2", "--num-rollout", "4", "--output-dir", str(run), "--device", "cpu"]
+    ranks = start_ranks(flags, {**os.environ, "OMP_NUM_THREADS": "1"}, world=2)
+    try:
+        ranks[0].wait_for_line("step 1/4", timeout=600)
+        survivor, killed = (server_group(run / f"vllm-server{k}.log") for k in (0, 1))
+        os.killpg(killed, signal.SIGKILL)
+        assert finish_all(ranks, timeout=600) == [0, 0], "\n".join(ranks[1].lines[-30:])
+    finally:
+        kill_left(ranks)
+    left = [x for x in ranks[1].lines if "left the pool" in x]
+    assert len(left) == 1 and "1 of 2 left" in left[0], ranks[1].lines[-30:]
+    rows = read_metrics(run)
+    assert [r["rollout/step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
+    samples = [json.loads(line) for line in open(run / "samples.jsonl")]
+    assert sorted(s["step"] for s in samples) == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4
+    assert {(s["step"], s["policy_version"]) for s in samples} == {
+        (1, 0), (2, 1), (3, 2), (4, 3)}
+    assert rows[-1]["rollout/server1/in_pool"] == 0 and rows[-1]["rollout/server0/in_pool"] == 1
+    assert gone(survivor) and gone(killed)
