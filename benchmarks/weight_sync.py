@@ -56,7 +56,10 @@ def build(name: str, folder: Path):
         model = Qwen3ForCausalLM(Qwen3Config(
             hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
             num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
-            tie_word_embeddings=True, max_position_embeddings=4096))
+            tie_word_embeddings=True, max_position_embeddings=4096,
+            # a config built in code names no architecture, and vLLM then serves the
+            # directory as an embedding model (Qwen3Model): say it is the causal LM
+            architectures=["Qwen3ForCausalLM"]))
     else:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
         return model, name
