@@ -44,6 +44,21 @@ class Client:
         self.events.append(("reload", os.path.basename(path), sorted(os.listdir(path))))
 
 
+def _count_gathers(module) -> list[int]:
+    """``module.full_tensor`` (the gather a writer or sender calls) replaced by one that
+    records the most gathered bytes alive at once, in the returned one-element list."""
+    alive, peak, gather = [], [0], module.full_tensor
+
+    def counting_full(tensor):
+        full = gather(tensor)
+        alive.append((weakref.ref(full), full.numel() * full.element_size()))
+        peak[0] = max(peak[0], sum(n for ref, n in alive if ref() is not None))
+        return full
+
+    module.full_tensor = counting_full
+    return peak
+
+
 def _sync_from_shards(folder: str) -> dict:
     """One rank: the tiny model sharded by FSDP2, pushed twice; the most gathered bytes alive
     at once, the bytes written and the client's requests; then a third push whose reload
@@ -58,15 +73,7 @@ def _sync_from_shards(folder: str) -> dict:
     rank = dist.get_rank()
     ctx = DistContext(rank, 2, rank, torch.device("cpu"), dist.group.WORLD)
     model = wrap_model(build_tiny_model(build_tokenizer(), seed=0), ctx, fsdp=True)
-    alive, peak, gather = [], [0], vllm_weights.full_tensor
-
-    def counting_full(tensor):
-        full = gather(tensor)
-        alive.append((weakref.ref(full), full.numel() * full.element_size()))
-        peak[0] = max(peak[0], sum(n for ref, n in alive if ref() is not None))
-        return full
-
-    vllm_weights.full_tensor = counting_full
+    peak = _count_gathers(vllm_weights)
     client = Client()
     sync = DiskSync(client, folder, Shards(ctx, BUCKET))
     first = sync.push(model, 1)
@@ -172,15 +179,7 @@ def _stream(ctx, model) -> dict:
     from relax.rollout.backends.vllm.vllm_collective import CollectiveSync
     from relax.rollout.backends.vllm.vllm_sync import Shards
 
-    alive, peak, gather = [], [0], vllm_collective.full_tensor
-
-    def counting_full(tensor):
-        full = gather(tensor)
-        alive.append((weakref.ref(full), full.numel() * full.element_size()))
-        peak[0] = max(peak[0], sum(n for ref, n in alive if ref() is not None))
-        return full
-
-    vllm_collective.full_tensor = counting_full
+    peak = _count_gathers(vllm_collective)
     client = GlooClient()
     nbytes = CollectiveSync(client, timeout=60, bucket_bytes=BUCKET,
                             shards=Shards(ctx, BUCKET)).push(model, 1)
