@@ -1,0 +1,158 @@
+"""``python -m relax`` without paying its imports each time: one process per test worker
+imports torch, transformers and relax once, then forks a child per command, which runs
+``relax`` as ``python -m relax`` would (``runpy``, ``__main__``), in its own session, with
+the command's environment, working directory, empty stdin and stdout/stderr to files, and
+ends the way that process would (its exit status, its atexit handlers, a signal's death).
+
+Why: a hostile case is mostly imports (about 4 of its 4.9 CPU seconds here) and the suite
+runs some fifty of them. What the cases check, exit status, stderr and what is left on
+disk, comes from the child alone. What a fork shares with the preloading process, and so
+is not a fresh process's: the hash seed (cases compare no two runs) and state set at import
+from the environment (the preloader starts with the tests' own environment; the commands
+here change only variables read at run time: OMP_NUM_THREADS is applied by relax itself
+through ``torch.set_num_threads``, RELAX_TEST_*, WORLD_SIZE). A preloader with more than one
+thread could not fork safely: it then refuses to start and :func:`run` falls back to a fresh
+process, as it does whenever the preloader is gone.
+
+    out = run(["train", "--num-rollout", "2"], env=env, cwd=None, timeout=180)
+    # a subprocess.CompletedProcess, as subprocess.run(..., capture_output=True, text=True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+PRELOAD = ("torch", "torch._dynamo", "numpy", "transformers", "transformers.masking_utils",
+           "transformers.models.qwen3.modeling_qwen3", "tokenizers", "safetensors.torch",
+           "relax.cli", "relax.trainer")
+
+
+# ------------------------------------------------------------------ the preloading process
+
+def _child(request: dict) -> None:
+    """In the fork: become the command's process, then run relax as ``-m relax`` does."""
+    import runpy
+
+    os.setsid()  # its own group: a timeout kills what it started too
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    os.close(null)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["relax", *request["args"]]
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # from here on this is the command: SystemExit, an exception or a signal ends the
+    # interpreter exactly as it ends `python -m relax`
+    runpy.run_module("relax", run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+
+def _serve() -> None:
+    """Read one JSON request per line on stdin; answer ``{"pid"}`` once forked and
+    ``{"status"}`` (subprocess's returncode) once the child is over."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    out = sys.stdout
+    tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    if tasks != 1 or threading.active_count() != 1:
+        print(json.dumps({"refused": f"{tasks} threads after the imports"}), file=out,
+              flush=True)
+        return
+    print(json.dumps({"ready": True}), file=out, flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request)
+        print(json.dumps({"pid": pid}), file=out, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), file=out, flush=True)
+
+
+# ------------------------------------------------------------------ the tests' side
+
+class _Preloader:
+    def __init__(self, env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-c",
+                                      "from tests.hostile.preloaded import _serve; _serve()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env,
+                                     cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                                         os.path.abspath(__file__)))))
+        answer = self._read(120)
+        if not answer or not answer.get("ready"):
+            self.close()
+            raise RuntimeError(f"preloader did not start: {answer}")
+
+    def _read(self, timeout: float) -> dict | None:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else None
+
+    def run(self, args: list[str], env: dict, cwd: str, timeout: float):
+        with tempfile.TemporaryDirectory() as folder:
+            paths = {k: os.path.join(folder, k) for k in ("stdout", "stderr")}
+            self.proc.stdin.write(json.dumps({"args": args, "env": env, "cwd": cwd,
+                                              **paths}) + "\n")
+            self.proc.stdin.flush()
+            pid = self._read(30)["pid"]
+            answer = self._read(timeout)
+            if answer is None:  # a hang is a failure: the child and all it started die
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._read(30)
+                raise subprocess.TimeoutExpired(["relax", *args], timeout)
+            text = {k: open(p, errors="replace").read() for k, p in paths.items()}
+        return subprocess.CompletedProcess(["relax", *args], answer["status"], text["stdout"],
+                                           text["stderr"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_PRELOADER: _Preloader | None = None
+_LOCK = threading.Lock()
+
+
+def run(args: list[str], *, env: dict, base_env: dict, cwd: str | None, timeout: float):
+    """``relax ARGS`` with ``env`` as a child of this worker's preloader (started at the
+    first call, with ``base_env``: what every command's environment shares), or as a fresh
+    ``python -m relax`` where no preloader can start."""
+    global _PRELOADER
+    args = [str(a) for a in args]
+    with _LOCK:
+        if _PRELOADER is None or _PRELOADER.proc.poll() is not None:
+            try:
+                _PRELOADER = _Preloader(base_env)
+            except (RuntimeError, OSError):
+                _PRELOADER = None
+        if _PRELOADER is not None:
+            return _PRELOADER.run(args, env, os.path.abspath(cwd or os.getcwd()), timeout)
+    return subprocess.run([sys.executable, "-m", "relax", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+if __name__ == "__main__":
+    _serve()
