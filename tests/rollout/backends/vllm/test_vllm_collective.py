@@ -218,3 +218,81 @@ def test_a_push_holds_one_packed_bucket_and_one_whole_tensor_at_most(monkeypatch
     monkeypatch.setattr(sync, "_send_chunk", sent)
     assert sync.push(model, 1) == 6 * tensor
     assert peak[0] == tensor
+
+
+def test_a_bucket_of_one_contiguous_tensor_is_sent_from_its_own_storage():
+    """No copy where none is needed: a chunk of one contiguous CPU tensor is that tensor's
+    bytes; one of several tensors, or of one strided tensor, is packed into the buffer given
+    (its first bytes), which unpacks to the same tensors."""
+    weight = torch.randn(3, 4)
+    alone = pack(["w"], [weight])
+    assert alone.data.data_ptr() == weight.data_ptr() and alone.nbytes == 48
+    assert alone.info == {"names": ["w"], "dtype_names": ["float32"], "shapes": [[3, 4]]}
+    buffer = torch.empty(100, dtype=torch.uint8)
+    for tensors in ([weight, torch.ones(2)], [weight.t()]):
+        chunk = pack([f"t{i}" for i in range(len(tensors))], tensors, buffer=buffer)
+        assert chunk.data.data_ptr() == buffer.data_ptr()
+        unpacked = _wire().unpack(chunk.data, **chunk.info)
+        assert all(torch.equal(got, want)
+                   for (_, got), want in zip(unpacked, tensors, strict=True))
+
+
+def _push_in_thread(sync, model, version: int, limit: float = 60.0):
+    """``sync.push`` on a thread joined for at most ``limit`` s (far below the group's and the
+    requests' timeout, which is what a push waiting for a peer that never comes would take):
+    what it raised, or None."""
+    import threading
+
+    raised = []
+    pusher = threading.Thread(target=lambda: raised.append(_raises(sync.push, model, version)),
+                              daemon=True)
+    pusher.start()
+    pusher.join(limit)
+    assert not pusher.is_alive(), "the push waited for a server that will not receive"
+    return raised[0]
+
+
+@pytest.mark.subprocess
+@pytest.mark.subprocess
+def test_a_server_refusing_a_chunk_leaves_at_once_and_the_others_finish(stubs, capsys):  # noqa: F811
+    """/update_weights answered with HTTP 500 before the server joins the broadcast: the
+    push notices that answer while its broadcast waits, instead of waiting out the group's
+    timeout (600 s here); that server leaves the pool in one line naming it, the other loads
+    every bucket and holds the version."""
+    good, bad = stubs(2, each=[(), ("--fail-update",)])
+    pool = ServerPool([VllmClient(s.url, timeout=600) for s in (good, bad)])
+    model = _model()
+    try:
+        sync = CollectiveSync(pool, timeout=600, bucket_bytes=40)
+        assert _push_in_thread(sync, model, 1) is None
+        assert [m.in_pool for m in pool.members] == [True, False]
+        assert pool.members[0].version == 1
+        chunks = good.get("/stats")["chunks"]
+        assert len(chunks) == 3
+        assert sum(total for _, total in chunks) == pytest.approx(sum(_sums(model)))
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if "left the pool" in ln]
+        assert len(lines) == 1 and bad.url in lines[0] and "/update_weights" in lines[0]
+    finally:
+        pool.close()
+
+
+@pytest.mark.subprocess
+@pytest.mark.subprocess
+def test_a_stale_update_session_is_finished_before_the_push(stubs):  # noqa: F811
+    """A server whose update session a dead trainer began and never finished refuses a new
+    /start_weight_update (vLLM 0.32's worker): the push finishes that session, starts its
+    own and sends every weight; the server holds the version."""
+    [stale] = stubs(1, "--stale-session")
+    model = _model()
+    client = VllmClient(stale.url, timeout=60)
+    pool = ServerPool([client])
+    try:
+        assert _push_in_thread(CollectiveSync(pool, timeout=60, bucket_bytes=40),
+                               model, 1) is None
+        stats = stale.get("/stats")
+        assert stats["steps"] == ["/start_weight_update", "/finish_weight_update",
+                                  "/start_weight_update", "/finish_weight_update"]
+        assert sum(total for _, total in stats["chunks"]) == pytest.approx(sum(_sums(model)))
+        assert pool.members[0].in_pool and pool.members[0].version == 1
+    finally:
+        pool.close()
