@@ -8,6 +8,8 @@ Like vLLM's NCCL engine it loads checkpoint-format tensors (Hugging Face names) 
 model's ``load_weights`` inside a layerwise reload (start / finish), the path vLLM's own disk
 reload takes; unlike it, the transport is Gloo over TCP, so it runs on the CPU build and
 between machines, and a GPU worker would receive into CPU memory first (not measured here).
+A chunk that names the next one's size (wire.py "next") has that one's receive started
+before it loads, so the next bytes arrive (on Gloo's thread) while this chunk loads.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    next_bytes: int = 0  # the next chunk's bytes (wire.py "next"): its receive starts early
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
@@ -57,6 +60,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self.group: dist.ProcessGroupGloo | None = None
         self.store: dist.TCPStore | None = None
+        self.posted: tuple | None = None  # the next chunk's receive, started (wire.post)
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         """Join the trainer's group (again after a reconnect: the old group is dropped)."""
@@ -77,11 +81,15 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        self._unposted()
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        if self._unposted():
+            raise RuntimeError("relax_gloo: /finish_weight_update before the chunk the last "
+                               "one announced (next_bytes)")
         finalize_layerwise_reload(self.model, self.model_config)
 
     def update_weights(self, update_info: dict) -> None:
@@ -92,12 +100,33 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        """The chunk (its receive started by the previous chunk, when that one said its
+        size), then the next one's receive started, so that its bytes arrive while this one
+        loads; then this one loaded."""
         if self.group is None:
             raise RuntimeError("relax_gloo: /update_weights before /init_weight_transfer_engine")
-        weights = wire.receive(self.group, update_info.names, update_info.dtype_names,
-                               update_info.shapes)
+        posted, self.posted = self.posted, None
+        try:
+            weights = wire.receive(self.group, update_info.names, update_info.dtype_names,
+                                   update_info.shapes, posted=posted)
+        except BaseException:
+            self.shutdown()  # the group's broadcasts are out of step: the trainer reconnects
+            raise
+        if update_info.next_bytes:
+            self.posted = wire.post(self.group, update_info.next_bytes)
         self.model.load_weights(weights)
+
+    def _unposted(self) -> bool:
+        """Whether a receive was started for a chunk that never came (the trainer stopped in
+        the middle of an update); it would take the group's next broadcast, so the group is
+        dropped and the trainer's next update connects afresh (the trainer drops its group
+        on any failure, and a new trainer connects anyway)."""
+        if self.posted is None:
+            return False
+        self.shutdown()
+        return True
 
     def shutdown(self) -> None:
         self.group = None  # its sockets close with it
         self.store = None
+        self.posted = None

@@ -14,6 +14,11 @@ which sends it):
              ("float32", "bfloat16"); then ONE broadcast from rank 0 of a uint8 tensor of
              sum(numel * itemsize) bytes: each tensor's contiguous bytes (native byte order)
              one after the other, no padding, no header.
+    next:    ``update_info`` may also hold ``next_bytes``: the bytes of the chunk that
+             follows in this update (0 or absent: none, or not said). The receiver may then
+             take that chunk's broadcast while it loads this one; the sender broadcasts a
+             chunk before its ``update_info`` goes, and sends the ``update_info`` once the
+             previous chunk's was answered, so chunks are taken in order.
 """
 
 from __future__ import annotations
@@ -82,12 +87,21 @@ def unpack(buffer: torch.Tensor, names: list[str], dtype_names: list[str],
     return out
 
 
-def receive(group: dist.ProcessGroup, names: list[str], dtype_names: list[str],
-            shapes: list[list[int]]) -> list[tuple[str, torch.Tensor]]:
-    """One chunk broadcast by rank 0 of ``group``, unpacked (CPU tensors)."""
-    total = sum(nbytes for *_, nbytes in layout(dtype_names, shapes))
-    buffer = torch.empty(total, dtype=torch.uint8)
+def post(group: dist.ProcessGroup, nbytes: int) -> tuple[object, torch.Tensor]:
+    """The receive of one chunk of ``nbytes`` broadcast by rank 0 of ``group``, started (Gloo
+    fills the buffer on its own thread): its work and its buffer."""
+    buffer = torch.empty(nbytes, dtype=torch.uint8)
     options = dist.BroadcastOptions()
     options.rootRank = 0
-    group.broadcast([buffer], options).wait()
+    return group.broadcast([buffer], options), buffer
+
+
+def receive(group: dist.ProcessGroup, names: list[str], dtype_names: list[str],
+            shapes: list[list[int]], posted: tuple | None = None
+            ) -> list[tuple[str, torch.Tensor]]:
+    """One chunk broadcast by rank 0 of ``group``, unpacked (CPU tensors); ``posted``: its
+    receive started before (:func:`post`, from the previous chunk's ``next_bytes``)."""
+    total = sum(nbytes for *_, nbytes in layout(dtype_names, shapes))
+    work, buffer = posted if posted is not None else post(group, total)
+    work.wait()
     return unpack(buffer, names, dtype_names, shapes)

@@ -28,8 +28,8 @@ packed (under FSDP2 gathered) while the server loads this one; the next bucket's
 once the server answered (its chunks stay in order). A bucket of several tensors is packed
 into one buffer per push (its pages faulted in once); a bucket of one contiguous tensor is
 sent from that tensor's storage, no copy. A server whose ``/update_weights`` answers an
-error while its broadcast waits (it rejected the chunk and will not join) fails at once:
-the group is aborted and the server leaves the pool; the other servers finish the push.
+error while its broadcast waits (it rejected the chunk and will not join) fails at once and
+leaves the pool (its group is dropped); the other servers finish the push.
 
 Under FSDP2 (``shards``) every rank gathers the model bucket by bucket (the same order
 everywhere, ``DTensor.full_tensor``), and sends each gathered bucket to the servers it
@@ -51,6 +51,11 @@ it):
              ("float32", "bfloat16"); then ONE broadcast from rank 0 of a uint8 tensor of
              sum(numel * itemsize) bytes: each tensor's contiguous bytes (native byte order)
              one after the other, no padding, no header.
+    next:    ``update_info`` may also hold ``next_bytes``: the bytes of the chunk that
+             follows in this update (0 or absent: none, or not said). The receiver may then
+             take that chunk's broadcast while it loads this one; the sender broadcasts a
+             chunk before its ``update_info`` goes, and sends the ``update_info`` once the
+             previous chunk's was answered, so chunks are taken in order.
 """
 
 from __future__ import annotations
@@ -139,15 +144,6 @@ def _group(store, name: str, address: str, timeout: float) -> dist.ProcessGroupG
     return dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, 2, options)
 
 
-def _abort(group) -> None:
-    """Ends ``group``'s pending operations (they fail) where Gloo can; else they wait out
-    the group's timeout on Gloo's thread, the push no longer waiting for them."""
-    try:
-        group.abort()
-    except (RuntimeError, NotImplementedError):
-        pass
-
-
 class Relay:
     """The packed buckets from this rank's producer (the push, on the pool's calling thread)
     to its ``n`` senders (one thread per server): :meth:`put` returns once every sender has
@@ -214,11 +210,13 @@ class CollectiveSync:
             many = [sum(sizes[j] for j in b) for b in buckets if len(b) > 1]
             buffer = torch.empty(max(many), dtype=torch.uint8) if many else None
             try:
-                for bucket in buckets:
+                for k, bucket in enumerate(buckets):
                     with torch.no_grad():
                         chunk = pack([names[j] for j in bucket],
                                      [tensors[j] for j in bucket], whole=full_tensor,
                                      buffer=buffer)
+                    if k + 1 < len(buckets):  # the server takes its bytes while loading this
+                        chunk.info["next_bytes"] = sum(sizes[j] for j in buckets[k + 1])
                     relay[0].put(chunk)
                     del chunk  # gone before the next bucket is gathered
             finally:
@@ -247,14 +245,16 @@ class CollectiveSync:
     def _send(self, client, relay: Relay) -> None:
         """One server's part of a push (on the pool's thread for it). A bucket is handed back
         to the producer as soon as its bytes are on the wire, so that the next one is packed
-        (and, under FSDP2, gathered) while the server loads this one; its answer is awaited
-        before the next bucket's names are sent, which keeps the server's chunks in order."""
+        (and, under FSDP2, gathered) while the server loads this one; the next bucket's
+        broadcast starts at once (the server took its receive early: wire format "next"),
+        its names once this one is answered, which keeps the server's chunks in order."""
         seen, ended = 0, False
         try:
             group = self._connect(client)
             client.pause()
             try:
                 self._start(client)
+                answer = None  # the last chunk's
                 with ThreadPoolExecutor(max_workers=1) as thread:
                     while True:
                         seen, chunk = relay.take(seen)
@@ -263,12 +263,12 @@ class CollectiveSync:
                             relay.done()
                             break
                         try:
-                            answer = self._send_chunk(client, group, chunk, thread)
+                            answer = self._send_chunk(client, group, chunk, thread, answer)
                         finally:
                             chunk = None  # not held while the next bucket is gathered
                             relay.done()
-                        if answer is not None:
-                            answer.result()  # loaded: the next chunk's names may go
+                    if answer is not None:
+                        answer.result()
                 client.finish_weight_update()
             finally:
                 client.resume()
@@ -295,25 +295,29 @@ class CollectiveSync:
                 raise e from None
             client.start_weight_update()
 
-    def _send_chunk(self, client, group, chunk: Chunk, thread: ThreadPoolExecutor):
-        """The chunk's names over HTTP (on ``thread``) while its bytes go over the group;
-        returns once the bytes are sent, with the HTTP answer's future (the server answers
-        once its worker has loaded them). An answer that comes back first is an error (the
-        server will not receive these bytes): the group is aborted and that error raised,
-        instead of the broadcast waiting for the group's timeout."""
-        answer = thread.submit(client.update_weights, chunk.info)
+    def _send_chunk(self, client, group, chunk: Chunk, thread: ThreadPoolExecutor, last):
+        """The chunk's bytes over the group, and its names over HTTP (on ``thread``) once
+        ``last`` (the previous chunk's answer) came; returns once the bytes are sent, with
+        this chunk's answer (the server answers once its worker has loaded them). An answer
+        that is an error while the broadcast waits (the server will not receive these bytes)
+        is raised at once instead of the broadcast waiting for the group's timeout: the
+        broadcast is left to Gloo's thread (Gloo's ``abort`` was measured not to end it; it
+        ends when the server drops its end of the group, at its next connection, or at the
+        timeout), and the group is never used again."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        work = group.broadcast([chunk.data], options)
+        work, answer = group.broadcast([chunk.data], options), None
         try:
+            if last is not None:
+                last.result()
+            answer = thread.submit(client.update_weights, chunk.info)
             while not work.is_completed():
                 if answer.done() and answer.exception() is not None:
-                    _abort(group)
                     answer.result()
                 time.sleep(_SPIN_S)
             work.wait()
         except RuntimeError as e:
-            if answer.done():
+            if answer is not None and answer.done():
                 answer.result()  # the server's own error first, when it has one
             raise ServerError(f"{client.describe()} failed to receive weights: "
                               f"{str(e).splitlines()[0] if str(e) else e}") from e

@@ -22,7 +22,8 @@ child holds (never chosen by the parent, released and bound again).
 - The weight transfer routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
   ``/update_weights``, ``/finish_weight_update``): a real receiver of Relax's engine
   ``relax_gloo`` (vllm_plugin/relax_vllm_plugin/wire.py; torch imported at the first
-  init only), each chunk's names and the sum of its float32 values recorded;
+  init only), which starts the next chunk's receive before answering when told its size
+  (``next_bytes``), each chunk's names and the sum of its float32 values recorded;
   ``--fail-transfer``: the init answers HTTP 500 as a server without the engine does;
   ``--fail-update``: ``/update_weights`` answers HTTP 500 without joining the broadcast (a
   server that rejects the chunk). The update session as vLLM 0.32's worker keeps it: a
@@ -148,6 +149,7 @@ class Handler(BaseHTTPRequestHandler):
             info = body["init_info"]
             store = dist.TCPStore(info["master_address"], info["master_port"],
                                   is_master=False)
+            state["posted"] = None
             state["group"] = (store, wire.join_group(
                 store, info["group_name"], info["rank_offset"], info["world_size"],
                 info["timeout_s"], wire.local_address(info["master_address"],
@@ -158,8 +160,11 @@ class Handler(BaseHTTPRequestHandler):
                 state["session"] = False  # vLLM's worker ends the session on a failed update
                 return self._send(500, {"error": "update refused"})
         info = body["update_info"]
+        posted, state["posted"] = state.get("posted"), None
         weights = wire.receive(state["group"][1], info["names"], info["dtype_names"],
-                               info["shapes"])
+                               info["shapes"], posted=posted)
+        if info.get("next_bytes"):  # as the engine does: the next chunk's receive started
+            state["posted"] = wire.post(state["group"][1], info["next_bytes"])
         with state["lock"]:
             state["chunks"].append([[n for n, _ in weights],
                                     float(sum(t.double().sum() for _, t in weights))])
