@@ -9,7 +9,9 @@ model's ``load_weights`` inside a layerwise reload (start / finish), the path vL
 reload takes; unlike it, the transport is Gloo over TCP, so it runs on the CPU build and
 between machines, and a GPU worker would receive into CPU memory first (not measured here).
 A chunk that names the next one's size (wire.py "next") has that one's receive started
-before it loads, so the next bytes arrive (on Gloo's thread) while this chunk loads.
+before it loads, so the next bytes arrive (on Gloo's thread) while this chunk loads; the
+receive buffers are reused within an update once nothing refers to them (wire.py
+``Buffers``: at most 4 kept, dropped at the update's end).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.group: dist.ProcessGroupGloo | None = None
         self.store: dist.TCPStore | None = None
         self.posted: tuple | None = None  # the next chunk's receive, started (wire.post)
+        self.buffers = wire.Buffers()  # reused within an update, dropped at its end
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         """Join the trainer's group (again after a reconnect: the old group is dropped)."""
@@ -91,6 +94,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             raise RuntimeError("relax_gloo: /finish_weight_update before the chunk the last "
                                "one announced (next_bytes)")
         finalize_layerwise_reload(self.model, self.model_config)
+        self.buffers.clear()
 
     def update_weights(self, update_info: dict) -> None:
         # the base class ends with torch.accelerator.synchronize(), which raises on a
@@ -108,12 +112,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         posted, self.posted = self.posted, None
         try:
             weights = wire.receive(self.group, update_info.names, update_info.dtype_names,
-                                   update_info.shapes, posted=posted)
+                                   update_info.shapes, posted=posted, buffers=self.buffers)
         except BaseException:
             self.shutdown()  # the group's broadcasts are out of step: the trainer reconnects
             raise
         if update_info.next_bytes:
-            self.posted = wire.post(self.group, update_info.next_bytes)
+            self.posted = wire.post(self.group, update_info.next_bytes, self.buffers)
         self.model.load_weights(weights)
 
     def _unposted(self) -> bool:
@@ -130,3 +134,4 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.group = None  # its sockets close with it
         self.store = None
         self.posted = None
+        self.buffers.clear()

@@ -161,10 +161,11 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(500, {"error": "update refused"})
         info = body["update_info"]
         posted, state["posted"] = state.get("posted"), None
+        buffers = state.setdefault("buffers", wire.Buffers())  # the engine's reuse, too
         weights = wire.receive(state["group"][1], info["names"], info["dtype_names"],
-                               info["shapes"], posted=posted)
+                               info["shapes"], posted=posted, buffers=buffers)
         if info.get("next_bytes"):  # as the engine does: the next chunk's receive started
-            state["posted"] = wire.post(state["group"][1], info["next_bytes"])
+            state["posted"] = wire.post(state["group"][1], info["next_bytes"], buffers)
         with state["lock"]:
             state["chunks"].append([[n for n, _ in weights],
                                     float(sum(t.double().sum() for _, t in weights))])

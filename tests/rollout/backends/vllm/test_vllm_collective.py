@@ -55,6 +55,27 @@ def test_a_packed_chunk_unpacks_to_the_same_tensors():
         _wire().unpack(chunk.data[:5], **chunk.info)
 
 
+def test_a_receive_buffer_is_reused_only_once_nothing_refers_to_it():
+    """The plugin's receive buffers (wire.py ``Buffers``): a buffer is taken again only when
+    no tensor shares it any more, such as the views a model's load keeps of a chunk until
+    its layer is complete; beyond ``keep`` a fresh one is allocated."""
+    buffers = _wire().Buffers(keep=2)
+    first = buffers.get(100)
+    address = first.data_ptr()
+    second = buffers.get(50)
+    assert second.data_ptr() != address  # the first is in use
+    del first
+    again = buffers.get(80)
+    assert again.data_ptr() == address and again.numel() == 80
+    kept = _wire().unpack(again, ["w"], ["float32"], [[20]])  # a load holding a view
+    del again
+    assert buffers.get(60).data_ptr() not in (address, second.data_ptr())
+    del kept, second
+    assert buffers.get(100).data_ptr() == address
+    buffers.clear()
+    assert buffers.pool == []
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
