@@ -16,6 +16,7 @@ receive buffers are reused within an update once nothing refers to them (wire.py
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,6 +29,20 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from relax_vllm_plugin import wire
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Torch's CPU ops on one thread: the load's copies run while Gloo receives the next
+    chunk and the trainer packs the one after on the same cores, and OpenMP threads that
+    wait for each other there were measured to slow the trainer's copies tenfold (the
+    server is paused during an update: nothing else of its runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass
@@ -118,7 +133,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             raise
         if update_info.next_bytes:
             self.posted = wire.post(self.group, update_info.next_bytes, self.buffers)
-        self.model.load_weights(weights)
+        with _one_thread():
+            self.model.load_weights(weights)
 
     def _unposted(self) -> bool:
         """Whether a receive was started for a chunk that never came (the trainer stopped in

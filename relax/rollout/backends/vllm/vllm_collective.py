@@ -120,10 +120,21 @@ def pack(names: list[str], tensors: list[torch.Tensor], whole=None,
     for t in tensors:
         full = t if whole is None else whole(t)
         flat = full.detach().contiguous().reshape(-1).view(torch.uint8)
-        data[offset:offset + flat.numel()].copy_(flat)
+        _copy(data[offset:offset + flat.numel()], flat)
         offset += flat.numel()
         del full, flat
     return Chunk(info, data)
+
+
+def _copy(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target[:] = source`` (uint8): on one thread where both are in CPU memory (numpy's
+    copy). Torch's copy runs on its OpenMP threads, which, while the server loads the last
+    bucket on the same cores, wait for each other: packing 64 MB was measured at 0.3-0.6 s
+    that way during a push, against 8 ms for one thread's copy on the same busy machine."""
+    if source.device.type == "cpu":
+        target.numpy()[:] = source.numpy()
+    else:
+        target.copy_(source)
 
 
 def local_address(host: str, port: int) -> str:
