@@ -97,9 +97,20 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                                      init_info.world_size, init_info.timeout_s, address)
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        """A layerwise reload that a failed update left behind is finished first: vLLM's
+        worker ends the session when an update raises but leaves the model's reload state,
+        and a new reload keeps the weights a half-loaded layer buffered (its next loads
+        would count them and process the layer before its last weights come). What the old
+        reload had loaded is overwritten by this update, which sends every weight."""
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
 
         self._unposted()
+        if any(get_layerwise_info(layer).can_load() for layer in self.model.modules()):
+            finalize_layerwise_reload(self.model, self.model_config)
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
