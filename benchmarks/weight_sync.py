@@ -14,6 +14,12 @@ started with the streamed engine so that both syncs run against it::
 3072, vocab 151936, random weights built here). Each push sends weights that differ from
 the served ones (a small perturbation per push), and the server's log-probs are not read:
 correctness is the test suite's (tests/rollout/backends/vllm/test_vllm_server.py).
+
+``--profile``: then one more push of each, every step timed on the trainer's clock (the
+server is on the same host): per bucket the pack, the broadcast (until the bytes are sent)
+and the server's answer (received and loaded), the control routes, the disk sync's write
+and reload; and the server's own seconds per weight transfer route (vLLM's
+``vllm:rl_weight_update_operation_duration_seconds`` from ``/metrics``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from relax.rollout.backends.vllm import vllm_collective  # noqa: E402
 from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync  # noqa: E402
 from relax.rollout.backends.vllm.vllm_server import VllmServer, vllm_python  # noqa: E402
 from relax.rollout.backends.vllm.vllm_sync import DiskSync, write_weights  # noqa: E402
@@ -67,12 +74,74 @@ def build(name: str, folder: Path):
     return model, str(folder / "tokenizer")
 
 
+TIMED = ("pause", "start_weight_update", "update_weights", "finish_weight_update", "resume",
+         "set_weight_version", "weight_version", "reload_weights")
+
+
+def server_seconds(client) -> dict[str, float]:
+    """vLLM's summed seconds per weight transfer route so far (its Prometheus ``/metrics``)."""
+    from relax import http_post
+
+    text = http_post.request("GET", client.url + "/metrics", None, limit=60,
+                             max_bytes=64 << 20).body.decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:rl_weight_update_operation_duration_seconds_sum"):
+            operation = line.split('operation="')[1].split('"')[0]
+            out[operation] = out.get(operation, 0.0) + float(line.split()[-1])
+    return out
+
+
+def profile(sync, client, model, version: int) -> dict:
+    """One push of ``sync`` with every step timed (seconds from the push's start)."""
+    events, origin = [], [0.0]
+
+    def timed(name, fn):
+        def call(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                events.append((name, start - origin[0], time.perf_counter() - origin[0]))
+        return call
+
+    saved = {name: getattr(client, name) for name in TIMED}
+    for name, fn in saved.items():
+        setattr(client, name, timed(name, fn))
+    patched = [(vllm_collective, "pack"), (sync, "_send_chunk"), (sync, "write")]
+    originals = [(owner, attr, getattr(owner, attr)) for owner, attr in patched
+                 if hasattr(owner, attr)]
+    for owner, attr, fn in originals:
+        setattr(owner, attr, timed(attr.strip("_"), fn))
+    before = server_seconds(client)
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)
+    origin[0] = time.perf_counter()
+    try:
+        sync.push(model, version)
+        total = time.perf_counter() - origin[0]
+    finally:
+        for name, fn in saved.items():
+            setattr(client, name, fn)
+        for owner, attr, fn in originals:
+            setattr(owner, attr, fn)
+    after = server_seconds(client)
+    sums = {}
+    for name, start, end in events:
+        sums[name] = sums.get(name, 0.0) + end - start
+    return {"total_s": total, "summed_s": sums,
+            "server_summed_s": {k: after[k] - before.get(k, 0.0) for k in after},
+            "events": [(n, round(a, 4), round(b, 4)) for n, a, b in sorted(events,
+                                                                           key=lambda e: e[1])]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--pushes", type=int, default=4, help="of each sync (K)")
     parser.add_argument("--bucket-mb", type=float, default=64.0)
     parser.add_argument("--out", default=None, help="also write the JSON here")
+    parser.add_argument("--profile", action="store_true", help="then one timed push of each")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relax-sync-bench-") as tmp:
         tmp = Path(tmp)
@@ -101,10 +170,14 @@ def main() -> None:
                     sync.push(model, version)
                     seconds[name].append(time.perf_counter() - start)
                     print(f"{name} push {version}: {seconds[name][-1]:.2f} s", flush=True)
+            if args.profile:
+                profiled = {name: profile(sync, client, model, version + 1 + k)
+                            for k, (name, sync) in enumerate(syncs.items())}
         finally:
             server.close()
     result = {"model": args.model, "bytes": nbytes, "pushes": args.pushes,
               "bucket_mb": args.bucket_mb, "threads": torch.get_num_threads(),
+              **({"profile": profiled} if args.profile else {}),
               **{name: {"median_s": statistics.median(s),
                         "gb_per_s": nbytes / statistics.median(s) / 1e9, "seconds": s}
                  for name, s in seconds.items()}}

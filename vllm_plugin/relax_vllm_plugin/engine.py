@@ -8,10 +8,15 @@ Like vLLM's NCCL engine it loads checkpoint-format tensors (Hugging Face names) 
 model's ``load_weights`` inside a layerwise reload (start / finish), the path vLLM's own disk
 reload takes; unlike it, the transport is Gloo over TCP, so it runs on the CPU build and
 between machines, and a GPU worker would receive into CPU memory first (not measured here).
+A chunk that names the next one's size (wire.py "next") has that one's receive started
+before it loads, so the next bytes arrive (on Gloo's thread) while this chunk loads; the
+receive buffers are reused within an update once nothing refers to them (wire.py
+``Buffers``: at most 4 kept, dropped at the update's end).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,6 +29,20 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from relax_vllm_plugin import wire
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Torch's CPU ops on one thread: the load's copies run while Gloo receives the next
+    chunk and the trainer packs the one after on the same cores, and OpenMP threads that
+    wait for each other there were measured to slow the trainer's copies tenfold (the
+    server is paused during an update: nothing else of its runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass
@@ -47,6 +66,7 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    next_bytes: int = 0  # the next chunk's bytes (wire.py "next"): its receive starts early
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
@@ -57,6 +77,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self.group: dist.ProcessGroupGloo | None = None
         self.store: dist.TCPStore | None = None
+        self.posted: tuple | None = None  # the next chunk's receive, started (wire.post)
+        self.buffers = wire.Buffers()  # reused within an update, dropped at its end
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         """Join the trainer's group (again after a reconnect: the old group is dropped)."""
@@ -75,14 +97,30 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                                      init_info.world_size, init_info.timeout_s, address)
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        """A layerwise reload that a failed update left behind is finished first: vLLM's
+        worker ends the session when an update raises but leaves the model's reload state,
+        and a new reload keeps the weights a half-loaded layer buffered (its next loads
+        would count them and process the layer before its last weights come). What the old
+        reload had loaded is overwritten by this update, which sends every weight."""
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
 
+        self._unposted()
+        if any(get_layerwise_info(layer).can_load() for layer in self.model.modules()):
+            finalize_layerwise_reload(self.model, self.model_config)
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        if self._unposted():
+            raise RuntimeError("relax_gloo: /finish_weight_update before the chunk the last "
+                               "one announced (next_bytes)")
         finalize_layerwise_reload(self.model, self.model_config)
+        self.buffers.clear()
 
     def update_weights(self, update_info: dict) -> None:
         # the base class ends with torch.accelerator.synchronize(), which raises on a
@@ -92,12 +130,35 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        """The chunk (its receive started by the previous chunk, when that one said its
+        size), then the next one's receive started, so that its bytes arrive while this one
+        loads; then this one loaded."""
         if self.group is None:
             raise RuntimeError("relax_gloo: /update_weights before /init_weight_transfer_engine")
-        weights = wire.receive(self.group, update_info.names, update_info.dtype_names,
-                               update_info.shapes)
-        self.model.load_weights(weights)
+        posted, self.posted = self.posted, None
+        try:
+            weights = wire.receive(self.group, update_info.names, update_info.dtype_names,
+                                   update_info.shapes, posted=posted, buffers=self.buffers)
+        except BaseException:
+            self.shutdown()  # the group's broadcasts are out of step: the trainer reconnects
+            raise
+        if update_info.next_bytes:
+            self.posted = wire.post(self.group, update_info.next_bytes, self.buffers)
+        with _one_thread():
+            self.model.load_weights(weights)
+
+    def _unposted(self) -> bool:
+        """Whether a receive was started for a chunk that never came (the trainer stopped in
+        the middle of an update); it would take the group's next broadcast, so the group is
+        dropped and the trainer's next update connects afresh (the trainer drops its group
+        on any failure, and a new trainer connects anyway)."""
+        if self.posted is None:
+            return False
+        self.shutdown()
+        return True
 
     def shutdown(self) -> None:
         self.group = None  # its sockets close with it
         self.store = None
+        self.posted = None
+        self.buffers.clear()

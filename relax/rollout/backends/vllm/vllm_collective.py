@@ -14,21 +14,30 @@ One group per server, so a dead or slow server fails its own group only (bounded
 the first push to the server, and again after it failed one.
 
 A push, per server: ``/pause`` (requests in flight finish on the old weights),
-``/start_weight_update``, then per bucket of at most --weight-sync-bucket-mb: ``POST
+``/start_weight_update`` (a session a dead trainer left open is finished first:
+:meth:`CollectiveSync._start`), then per bucket of at most --weight-sync-bucket-mb: ``POST
 /update_weights`` naming the bucket's tensors (on a thread; it answers once the worker has
-loaded them) while this rank broadcasts the packed bucket; ``/finish_weight_update``,
+loaded them) while this rank broadcasts the bucket; ``/finish_weight_update``,
 ``/reset_prefix_cache``, ``/resume``; then the pool's version check (router.py ``confirm``).
 The tensors are the model's state dict under its Hugging Face names, the output layer's
 weight included when tied (servers start from an untied directory, vllm_weights.py), in
 the trainer's dtype (the server converts).
 
+Overlap: a bucket is released as soon as its bytes are on the wire, so the next one is
+packed (under FSDP2 gathered) while the server loads this one; the next bucket's names go
+once the server answered (its chunks stay in order). A bucket of several tensors is packed
+into one buffer per push (its pages faulted in once); a bucket of one contiguous tensor is
+sent from that tensor's storage, no copy. A server whose ``/update_weights`` answers an
+error while its broadcast waits (it rejected the chunk and will not join) fails at once and
+leaves the pool (its group is dropped); the other servers finish the push.
+
 Under FSDP2 (``shards``) every rank gathers the model bucket by bucket (the same order
 everywhere, ``DTensor.full_tensor``), and sends each gathered bucket to the servers it
 loads; a rank loading none still joins the gathers. No rank holds more than one packed
 bucket and one gathered tensor beyond its shard: each tensor is copied into the bucket and
-dropped as it arrives, and the next bucket is gathered once every server of this rank has
-taken the current one and nothing holds it any more. A server that fails keeps taking the buckets, unsent, so the gathers never
-wait for it.
+dropped as it arrives (a bucket of one tensor is that gathered tensor), and the next bucket
+is gathered once every server of this rank has its bytes and nothing holds it any more. A
+server that fails keeps taking the buckets, unsent, so the gathers never wait for it.
 
 The wire format (the same text is in vllm_plugin/relax_vllm_plugin/wire.py, which receives
 it):
@@ -42,6 +51,11 @@ it):
              ("float32", "bfloat16"); then ONE broadcast from rank 0 of a uint8 tensor of
              sum(numel * itemsize) bytes: each tensor's contiguous bytes (native byte order)
              one after the other, no padding, no header.
+    next:    ``update_info`` may also hold ``next_bytes``: the bytes of the chunk that
+             follows in this update (0 or absent: none, or not said). The receiver may then
+             take that chunk's broadcast while it loads this one; the sender broadcasts a
+             chunk before its ``update_info`` goes, and sends the ``update_info`` once the
+             previous chunk's was answered, so chunks are taken in order.
 """
 
 from __future__ import annotations
@@ -59,12 +73,13 @@ import torch
 import torch.distributed as dist
 
 from relax.rollout.backends.vllm.router import ServerPool
-from relax.rollout.backends.vllm.vllm_server import ServerError
+from relax.rollout.backends.vllm.vllm_server import ServerDown, ServerError
 from relax.rollout.backends.vllm.vllm_weights import full_tensor, named_weights, plan_buckets
 
 ENGINE = "relax_gloo"  # the plugin's engine name (vllm_plugin/relax_vllm_plugin/__init__.py)
 READY_KEY = "ready1"  # what the worker sets under the group's prefix just before it joins
 _POLL_S = 0.05
+_SPIN_S = 0.001  # how often a broadcast in progress looks at the server's answer
 
 
 @dataclass(frozen=True)
@@ -79,23 +94,47 @@ class Chunk:
         return self.data.numel()
 
 
-def pack(names: list[str], tensors: list[torch.Tensor], whole=None) -> Chunk:
+def pack(names: list[str], tensors: list[torch.Tensor], whole=None,
+         buffer: torch.Tensor | None = None) -> Chunk:
     """The wire format's chunk of ``tensors`` (any device, any dtype): one uint8 CPU tensor
     of their contiguous bytes in order, and the names, dtype names and shapes. ``whole``:
     each tensor's whole one (FSDP2: ``full_tensor``, a collective), taken one at a time and
-    dropped once copied, so that the chunk and one whole tensor are all this holds."""
-    data = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
+    dropped once copied, so that the chunk and one whole tensor are all this holds.
+    ``buffer``: a uint8 CPU tensor to pack into when it holds the chunk's bytes (a push reuses
+    one for all its buckets: its pages are faulted in once, not once per bucket; a fresh
+    64 MB buffer was measured to pack at 0.3-1.2 GB/s). A chunk of one contiguous CPU tensor
+    is that tensor's own bytes, no copy (it must not change until the chunk is sent)."""
+    info = {"names": list(names), "dtype_names": [str(t.dtype).removeprefix("torch.")
+                                                  for t in tensors],
+            "shapes": [list(t.shape) for t in tensors]}
+    if len(tensors) == 1:
+        full = tensors[0] if whole is None else whole(tensors[0])
+        if full.device.type == "cpu" and full.is_contiguous():
+            return Chunk(info, full.detach().reshape(-1).view(torch.uint8))
+        tensors = [full]
+        whole = None
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    fits = buffer is not None and buffer.numel() >= total
+    data = buffer[:total] if fits else torch.empty(total, dtype=torch.uint8)
     offset = 0
     for t in tensors:
         full = t if whole is None else whole(t)
         flat = full.detach().contiguous().reshape(-1).view(torch.uint8)
-        data[offset:offset + flat.numel()].copy_(flat)
+        _copy(data[offset:offset + flat.numel()], flat)
         offset += flat.numel()
         del full, flat
-    info = {"names": list(names), "dtype_names": [str(t.dtype).removeprefix("torch.")
-                                                  for t in tensors],
-            "shapes": [list(t.shape) for t in tensors]}
     return Chunk(info, data)
+
+
+def _copy(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target[:] = source`` (uint8): on one thread where both are in CPU memory (numpy's
+    copy). Torch's copy runs on its OpenMP threads, which, while the server loads the last
+    bucket on the same cores, wait for each other: packing 64 MB was measured at 0.3-0.6 s
+    that way during a push, against 8 ms for one thread's copy on the same busy machine."""
+    if source.device.type == "cpu":
+        target.numpy()[:] = source.numpy()
+    else:
+        target.copy_(source)
 
 
 def local_address(host: str, port: int) -> str:
@@ -177,11 +216,18 @@ class CollectiveSync:
 
         def feed(n: int) -> None:
             relay.append(Relay(n))
+            # one buffer for every bucket of more than one tensor (a bucket of one is sent
+            # from its own storage): reused once the senders have put the last one on the wire
+            many = [sum(sizes[j] for j in b) for b in buckets if len(b) > 1]
+            buffer = torch.empty(max(many), dtype=torch.uint8) if many else None
             try:
-                for bucket in buckets:
+                for k, bucket in enumerate(buckets):
                     with torch.no_grad():
                         chunk = pack([names[j] for j in bucket],
-                                     [tensors[j] for j in bucket], whole=full_tensor)
+                                     [tensors[j] for j in bucket], whole=full_tensor,
+                                     buffer=buffer)
+                    if k + 1 < len(buckets):  # the server takes its bytes while loading this
+                        chunk.info["next_bytes"] = sum(sizes[j] for j in buckets[k + 1])
                     relay[0].put(chunk)
                     del chunk  # gone before the next bucket is gathered
             finally:
@@ -208,24 +254,32 @@ class CollectiveSync:
         return sum(sizes)
 
     def _send(self, client, relay: Relay) -> None:
-        """One server's part of a push (on the pool's thread for it)."""
+        """One server's part of a push (on the pool's thread for it). A bucket is handed back
+        to the producer as soon as its bytes are on the wire, so that the next one is packed
+        (and, under FSDP2, gathered) while the server loads this one; the next bucket's
+        broadcast starts at once (the server took its receive early: wire format "next"),
+        its names once this one is answered, which keeps the server's chunks in order."""
         seen, ended = 0, False
         try:
             group = self._connect(client)
             client.pause()
             try:
-                client.start_weight_update()
-                while True:
-                    seen, chunk = relay.take(seen)
-                    if chunk is Relay.END:
-                        ended = True
-                        relay.done()
-                        break
-                    try:
-                        self._send_chunk(client, group, chunk)
-                    finally:
-                        chunk = None  # not held while the next bucket is gathered
-                        relay.done()
+                self._start(client)
+                answer = None  # the last chunk's
+                with ThreadPoolExecutor(max_workers=1) as thread:
+                    while True:
+                        seen, chunk = relay.take(seen)
+                        if chunk is Relay.END:
+                            ended = True
+                            relay.done()
+                            break
+                        try:
+                            answer = self._send_chunk(client, group, chunk, thread, answer)
+                        finally:
+                            chunk = None  # not held while the next bucket is gathered
+                            relay.done()
+                    if answer is not None:
+                        answer.result()
                 client.finish_weight_update()
             finally:
                 client.resume()
@@ -235,20 +289,50 @@ class CollectiveSync:
                 relay.drain(seen)
             raise
 
-    def _send_chunk(self, client, group, chunk: Chunk) -> None:
-        """The chunk's names over HTTP while its bytes go over the group; the server answers
-        once its worker has them."""
-        with ThreadPoolExecutor(max_workers=1) as thread:
-            answer = thread.submit(client.update_weights, chunk.info)
-            options = dist.BroadcastOptions()
-            options.rootRank = 0
+    @staticmethod
+    def _start(client) -> None:
+        """``/start_weight_update``; a server still in an update session that a trainer
+        began and never finished (it died, or failed between two buckets: vLLM's worker then
+        refuses every new session until restarted) has that session finished first. What
+        the old session had loaded is overwritten by this push, which sends every weight."""
+        try:
+            client.start_weight_update()
+        except ServerDown:
+            raise
+        except ServerError as e:
             try:
-                group.broadcast([chunk.data], options).wait()
-            except RuntimeError as e:
+                client.finish_weight_update()  # a server without a session refuses it
+            except ServerError:
+                raise e from None
+            client.start_weight_update()
+
+    def _send_chunk(self, client, group, chunk: Chunk, thread: ThreadPoolExecutor, last):
+        """The chunk's bytes over the group, and its names over HTTP (on ``thread``) once
+        ``last`` (the previous chunk's answer) came; returns once the bytes are sent, with
+        this chunk's answer (the server answers once its worker has loaded them). An answer
+        that is an error while the broadcast waits (the server will not receive these bytes)
+        is raised at once instead of the broadcast waiting for the group's timeout: the
+        broadcast is left to Gloo's thread (Gloo's ``abort`` was measured not to end it; it
+        ends when the server drops its end of the group, at its next connection, or at the
+        timeout), and the group is never used again."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        work, answer = group.broadcast([chunk.data], options), None
+        try:
+            if last is not None:
+                last.result()
+            answer = thread.submit(client.update_weights, chunk.info)
+            while not work.is_completed():
+                if answer.done() and answer.exception() is not None:
+                    answer.result()
+                time.sleep(_SPIN_S)
+            work.wait()
+        except RuntimeError as e:
+            if answer is not None and answer.done():
                 answer.result()  # the server's own error first, when it has one
-                raise ServerError(f"{client.describe()} failed to receive weights: "
-                                  f"{str(e).splitlines()[0] if str(e) else e}") from e
-            answer.result()
+            raise ServerError(f"{client.describe()} failed to receive weights: "
+                              f"{str(e).splitlines()[0] if str(e) else e}") from e
+        return answer
 
     def _connect(self, client) -> dist.ProcessGroupGloo:
         """The server's group: the one set up before, or a new one (its engine joins while

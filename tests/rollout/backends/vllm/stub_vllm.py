@@ -4,7 +4,8 @@ the request (so a request sent again to another stub comes back the same), and f
 demand. Standard library only: it starts in a fraction of a second.
 
     python stub_vllm.py --model-dir DIR [--delay S] [--fail-reload] [--kill-after K]
-                        [--misreport JSON] [--fail-transfer]
+                        [--misreport JSON] [--fail-transfer] [--fail-update]
+                        [--stale-session]
 
 It binds port 0 and prints ``PORT <port>`` as its first line, so the port is the one the
 child holds (never chosen by the parent, released and bound again).
@@ -21,10 +22,16 @@ child holds (never chosen by the parent, released and bound again).
 - The weight transfer routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
   ``/update_weights``, ``/finish_weight_update``): a real receiver of Relax's engine
   ``relax_gloo`` (vllm_plugin/relax_vllm_plugin/wire.py; torch imported at the first
-  init only), each chunk's names and the sum of its float32 values recorded;
-  ``--fail-transfer``: the init answers HTTP 500 as a server without the engine does.
-- ``GET /stats``: the prompts answered, the reload paths, the versions set and the chunks
-  received (``[[names], sum]``), in order.
+  init only), which starts the next chunk's receive before answering when told its size
+  (``next_bytes``), each chunk's names and the sum of its float32 values recorded;
+  ``--fail-transfer``: the init answers HTTP 500 as a server without the engine does;
+  ``--fail-update``: ``/update_weights`` answers HTTP 500 without joining the broadcast (a
+  server that rejects the chunk). The update session as vLLM 0.32's worker keeps it: a
+  start while one is active, a finish or an update without one answer HTTP 500, and a
+  failed update ends it; ``--stale-session``: one is active from the start (a trainer died
+  in the middle of an update).
+- ``GET /stats``: the prompts answered, the reload paths, the versions set, the chunks
+  received (``[[names], sum]``) and the session's starts and finishes, in order.
 - ``POST /control`` ``{"down": bool, "misreport": JSON or null}``: while down, every route
   but ``/control`` and ``/stats`` closes the connection without an answer (a hung or
   unreachable server); ``misreport`` replaces ``--misreport`` (null: answer the truth).
@@ -58,7 +65,8 @@ class Handler(BaseHTTPRequestHandler):
             with state["lock"]:
                 return self._send(200, {"prompts": state["prompts"], "reloads": state["reloads"],
                                         "versions": state["versions"],
-                                        "chunks": state["chunks"]})
+                                        "chunks": state["chunks"],
+                                        "steps": state["steps"]})
         if state["down"]:
             return self._drop()
         if self.path == "/weight_info":
@@ -93,6 +101,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"success": True, "new_version": body["new_version"]})
         if self.path in ("/init_weight_transfer_engine", "/update_weights"):
             return self._transfer(state, body)
+        if self.path in ("/start_weight_update", "/finish_weight_update"):
+            return self._session(state)
         if self.path == "/collective_rpc":
             if state["fail_reload"]:
                 return self._send(500, {"detail": "reload failed"})
@@ -114,6 +124,19 @@ class Handler(BaseHTTPRequestHandler):
                                       "finish_reason": "length",
                                       "logprobs": {"token_logprobs": [-0.25] * n}}]})
 
+    def _session(self, state) -> None:
+        """vLLM's worker: one update session at a time, and no finish without a start."""
+        start = self.path == "/start_weight_update"
+        with state["lock"]:
+            state["steps"].append(self.path)
+            if state["session"] == start:
+                return self._send(500, {"error": "start_weight_update called while a weight "
+                                        "update is already active" if start else
+                                        "finish_weight_update called without a matching "
+                                        "start_weight_update"})
+            state["session"] = start
+        return self._send(200, b"")
+
     def _transfer(self, state, body) -> None:
         """Relax's engine's part, with the plugin's own receiving code."""
         if self.path == "/init_weight_transfer_engine" and state["fail_transfer"]:
@@ -126,14 +149,23 @@ class Handler(BaseHTTPRequestHandler):
             info = body["init_info"]
             store = dist.TCPStore(info["master_address"], info["master_port"],
                                   is_master=False)
+            state["posted"] = None
             state["group"] = (store, wire.join_group(
                 store, info["group_name"], info["rank_offset"], info["world_size"],
                 info["timeout_s"], wire.local_address(info["master_address"],
                                                       info["master_port"])))
             return self._send(200, {"message": "Weight transfer initialized"})
+        with state["lock"]:
+            if not state["session"] or state["fail_update"]:
+                state["session"] = False  # vLLM's worker ends the session on a failed update
+                return self._send(500, {"error": "update refused"})
         info = body["update_info"]
+        posted, state["posted"] = state.get("posted"), None
+        buffers = state.setdefault("buffers", wire.Buffers())  # the engine's reuse, too
         weights = wire.receive(state["group"][1], info["names"], info["dtype_names"],
-                               info["shapes"])
+                               info["shapes"], posted=posted, buffers=buffers)
+        if info.get("next_bytes"):  # as the engine does: the next chunk's receive started
+            state["posted"] = wire.post(state["group"][1], info["next_bytes"], buffers)
         with state["lock"]:
             state["chunks"].append([[n for n, _ in weights],
                                     float(sum(t.double().sum() for _, t in weights))])
@@ -167,12 +199,16 @@ def main() -> None:
     parser.add_argument("--kill-after", type=int, default=None)
     parser.add_argument("--misreport", type=json.loads, default=None)
     parser.add_argument("--fail-transfer", action="store_true")
+    parser.add_argument("--fail-update", action="store_true")
+    parser.add_argument("--stale-session", action="store_true")
     args = parser.parse_args()
     server = Server(("127.0.0.1", 0), Handler)
     server.state = {"model_dir": args.model_dir, "delay": args.delay, "down": False,
                     "fail_reload": args.fail_reload, "kill_after": args.kill_after,
                     "arrived": 0, "prompts": [], "reloads": [], "versions": [],
                     "fail_transfer": args.fail_transfer, "chunks": [], "group": None,
+                    "fail_update": args.fail_update, "session": args.stale_session,
+                    "steps": [],
                     "misreport": None if args.misreport is None else _misreport(args.misreport),
                     "lock": threading.Lock()}
     print(f"PORT {server.server_address[1]}", flush=True)

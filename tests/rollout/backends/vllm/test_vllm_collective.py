@@ -55,6 +55,27 @@ def test_a_packed_chunk_unpacks_to_the_same_tensors():
         _wire().unpack(chunk.data[:5], **chunk.info)
 
 
+def test_a_receive_buffer_is_reused_only_once_nothing_refers_to_it():
+    """The plugin's receive buffers (wire.py ``Buffers``): a buffer is taken again only when
+    no tensor shares it any more, such as the views a model's load keeps of a chunk until
+    its layer is complete; beyond ``keep`` a fresh one is allocated."""
+    buffers = _wire().Buffers(keep=2)
+    first = buffers.get(100)
+    address = first.data_ptr()
+    second = buffers.get(50)
+    assert second.data_ptr() != address  # the first is in use
+    del first
+    again = buffers.get(80)
+    assert again.data_ptr() == address and again.numel() == 80
+    kept = _wire().unpack(again, ["w"], ["float32"], [[20]])  # a load holding a view
+    del again
+    assert buffers.get(60).data_ptr() not in (address, second.data_ptr())
+    del kept, second
+    assert buffers.get(100).data_ptr() == address
+    buffers.clear()
+    assert buffers.pool == []
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
@@ -162,7 +183,7 @@ def test_a_server_failing_after_its_last_bucket_leaves_without_a_hang(monkeypatc
 
     sync = CollectiveSync(Client(), timeout=5, bucket_bytes=40)
     monkeypatch.setattr(sync, "_connect", lambda client: None)
-    monkeypatch.setattr(sync, "_send_chunk", lambda client, group, chunk: None)
+    monkeypatch.setattr(sync, "_send_chunk", lambda client, group, chunk, *_: None)
     raised = []
     pusher = threading.Thread(target=lambda: raised.append(_raises(sync.push, _model(), 1)),
                               daemon=True)
@@ -198,7 +219,7 @@ def test_a_push_holds_one_packed_bucket_and_one_whole_tensor_at_most(monkeypatch
         peak[0] = max(peak[0], sum(held.values()))  # a bucket sent to two servers: once
         return full
 
-    def sent(client, group, chunk):
+    def sent(client, group, chunk, *_):
         alive.append(weakref.ref(chunk.data))
 
     class Client:
@@ -218,3 +239,83 @@ def test_a_push_holds_one_packed_bucket_and_one_whole_tensor_at_most(monkeypatch
     monkeypatch.setattr(sync, "_send_chunk", sent)
     assert sync.push(model, 1) == 6 * tensor
     assert peak[0] == tensor
+
+
+def test_a_bucket_of_one_contiguous_tensor_is_sent_from_its_own_storage():
+    """No copy where none is needed: a chunk of one contiguous CPU tensor is that tensor's
+    bytes; one of several tensors, or of one strided tensor, is packed into the buffer given
+    (its first bytes), which unpacks to the same tensors."""
+    weight = torch.randn(3, 4)
+    alone = pack(["w"], [weight])
+    assert alone.data.data_ptr() == weight.data_ptr() and alone.nbytes == 48
+    assert alone.info == {"names": ["w"], "dtype_names": ["float32"], "shapes": [[3, 4]]}
+    buffer = torch.empty(100, dtype=torch.uint8)
+    for tensors in ([weight, torch.ones(2)], [weight.t()]):
+        chunk = pack([f"t{i}" for i in range(len(tensors))], tensors, buffer=buffer)
+        assert chunk.data.data_ptr() == buffer.data_ptr()
+        unpacked = _wire().unpack(chunk.data, **chunk.info)
+        assert all(torch.equal(got, want)
+                   for (_, got), want in zip(unpacked, tensors, strict=True))
+
+
+def _push_in_thread(sync, model, version: int, limit: float = 60.0):
+    """``sync.push`` on a thread joined for at most ``limit`` s (far below the group's and the
+    requests' timeout, which is what a push waiting for a peer that never comes would take):
+    what it raised, or None."""
+    import threading
+
+    raised = []
+    pusher = threading.Thread(target=lambda: raised.append(_raises(sync.push, model, version)),
+                              daemon=True)
+    pusher.start()
+    pusher.join(limit)
+    assert not pusher.is_alive(), "the push waited for a server that will not receive"
+    return raised[0]
+
+
+@pytest.mark.subprocess
+@pytest.mark.subprocess
+def test_a_server_refusing_a_chunk_leaves_at_once_and_the_others_finish(stubs, capsys):  # noqa: F811
+    """/update_weights answered with HTTP 500 before the server joins the broadcast: the
+    push notices that answer while its broadcast waits, instead of waiting out the group's
+    timeout (600 s here; the first bucket is larger than what the sockets buffer, so the
+    broadcast cannot end without the server); that server leaves the pool in one line naming
+    it, the other loads every bucket and holds the version."""
+    good, bad = stubs(2, each=[(), ("--fail-update",)])
+    pool = ServerPool([VllmClient(s.url, timeout=600) for s in (good, bad)])
+    torch.manual_seed(0)  # a first bucket of 32 MB: more than the sockets buffer unreceived
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 4096, bias=False), torch.nn.Linear(4, 3))
+    try:
+        sync = CollectiveSync(pool, timeout=600, bucket_bytes=1 << 20)
+        assert _push_in_thread(sync, model, 1) is None
+        assert [m.in_pool for m in pool.members] == [True, False]
+        assert pool.members[0].version == 1
+        chunks = good.get("/stats")["chunks"]
+        assert len(chunks) == 2
+        assert sum(total for _, total in chunks) == pytest.approx(sum(_sums(model)))
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if "left the pool" in ln]
+        assert len(lines) == 1 and bad.url in lines[0] and "/update_weights" in lines[0]
+    finally:
+        pool.close()
+
+
+@pytest.mark.subprocess
+@pytest.mark.subprocess
+def test_a_stale_update_session_is_finished_before_the_push(stubs):  # noqa: F811
+    """A server whose update session a dead trainer began and never finished refuses a new
+    /start_weight_update (vLLM 0.32's worker): the push finishes that session, starts its
+    own and sends every weight; the server holds the version."""
+    [stale] = stubs(1, "--stale-session")
+    model = _model()
+    client = VllmClient(stale.url, timeout=60)
+    pool = ServerPool([client])
+    try:
+        assert _push_in_thread(CollectiveSync(pool, timeout=60, bucket_bytes=40),
+                               model, 1) is None
+        stats = stale.get("/stats")
+        assert stats["steps"] == ["/start_weight_update", "/finish_weight_update",
+                                  "/start_weight_update", "/finish_weight_update"]
+        assert sum(total for _, total in stats["chunks"]) == pytest.approx(sum(_sums(model)))
+        assert pool.members[0].in_pool and pool.members[0].version == 1
+    finally:
+        pool.close()

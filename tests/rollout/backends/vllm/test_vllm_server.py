@@ -15,16 +15,18 @@ instead of 0.7 are 0.41 off).
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from relax.errors import InputError
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
-from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync
+from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync, pack
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import VllmServer, group_alive
+from relax.rollout.backends.vllm.vllm_server import ServerError, VllmServer, group_alive
 from relax.rollout.backends.vllm.vllm_sync import DiskSync, write_weights
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams
@@ -167,8 +169,9 @@ def test_bf16_log_probs_at_a_temperature(model_dir, tmp_path):
 def test_server_follows_the_weights_after_an_optimizer_step(fp32_server, model_dir,
                                                             tmp_path):
     """The changed weights by disk, then the same weights streamed (--vllm-weight-sync
-    collective, in buckets smaller than the model): the served log-probs follow the step
-    and agree between the two syncs."""
+    collective, in buckets smaller than the model, the first push finding an update session
+    a dead trainer left open, the second a layer a failed update left half loaded): the
+    served log-probs follow the step and agree between the two syncs."""
     model, before = load(model_dir), load(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
@@ -187,7 +190,12 @@ def test_server_follows_the_weights_after_an_optimizer_step(fp32_server, model_d
         by_disk = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
         assert gap(by_disk, reference(model, by_disk, 1.0)) < TOL_FP32
         assert gap(by_disk, reference(before, by_disk, 1.0)) > 100 * TOL_FP32
+        # a trainer that died in the middle of a streamed update left its session open,
+        # which vLLM's worker keeps until it is finished: the next push finishes it first
+        client.start_weight_update()
         streamed.push(before, 2)  # away from the step's weights, then back to them
+        # a trainer that died while a chunk was on the wire: one layer stays half loaded
+        _half_load(client, streamed.groups.pop(id(client)), before)
         assert streamed.push(model, 3) == sum(
             t.numel() * t.element_size() for t in model.state_dict().values())
         assert client.weight_version() == 3
@@ -201,6 +209,24 @@ def test_server_follows_the_weights_after_an_optimizer_step(fp32_server, model_d
     assert client.weight_version() == 4
     rollout = sample(fp32_server, SamplingParams(temperature=1.0), seed=1)
     assert gap(rollout, reference(before, rollout, 1.0)) < TOL_FP32
+
+
+def _half_load(client, group, model) -> None:
+    """An update that loaded the first projection of layer 0's attention and then failed
+    (a chunk the server cannot read): vLLM's worker ends the session, the layer's reload is
+    left half done. The next update must not mix it into its own (relax_gloo finishes it
+    first: engine.py ``start_weight_update``)."""
+    name = "model.layers.0.self_attn.q_proj.weight"
+    chunk = pack([name], [model.state_dict()[name]])
+    client.start_weight_update()
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        answer = thread.submit(client.update_weights, chunk.info)
+        group.broadcast([chunk.data], options).wait()
+        answer.result()
+    with pytest.raises(ServerError):
+        client.update_weights({"names": ["x"], "dtype_names": ["no_dtype"], "shapes": [[1]]})
 
 
 def test_pause_holds_new_requests_until_resume(fp32_server):
