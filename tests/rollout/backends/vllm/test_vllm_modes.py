@@ -2,7 +2,8 @@
 server for the whole module (a start takes 20-40 s here): ``--env`` episodes and
 ``--use-agentic-rollout`` agent programs (every turn sampled by the server, token ids in and
 out), ``relax eval --env``, partial rollouts (relax/rollout/backends/vllm/vllm_sampler.py, the stop in
-rounds of ``--vllm-partial-chunk-tokens``) and partial rollouts of ``--env`` episodes.
+rounds of ``--vllm-partial-chunk-tokens``), partial rollouts of ``--env`` episodes, and a
+generative judge (``--rm-type genrm``) scoring the server's samples.
 
 The server serves an untied tiny Qwen3 directory that the runs name with ``--vllm-url`` and
 ``--hf-checkpoint``; a run pushes its weights to it, so each test that trains puts the
@@ -102,6 +103,25 @@ def prefix_cache_hits(client) -> float:
     found = re.findall(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
     assert found, "no prefix-cache counter in /metrics"
     return sum(float(x) for x in found)
+
+
+def test_a_generative_judge_scores_vllm_samples(model_dir, server, tmp_path, restore):
+    """--rm-type genrm: the judge is its own model in the trainer's process and decodes with
+    Relax's engine whatever samples the policy; the vLLM samples reach it and its verdicts
+    are the rewards. (Here on the module's server rather than an owned one of its own: the
+    judge does not care which, and a start is 17-26 s of a worker.)"""
+    from tests.rollout.reward.test_genrm import _tiny_judge_dir
+    from tests.trainer.helpers import write_jsonl
+
+    rows = [{"input": f"{i}+{i}=", "label": str(2 * i)} for i in range(8)]
+    trainer, _, _ = train(model_dir, server, tmp_path, "--prompt-data",
+                          write_jsonl(tmp_path, rows), "--rm-type", "genrm",
+                          "--genrm-model-path", _tiny_judge_dir(tmp_path),
+                          "--genrm-max-response-len", "4", "--num-rollout", "1")
+    assert read_metrics(tmp_path / "run")[0]["rollout/logprob_abs_diff_max"] < TOL_FP32
+    assert len(trainer.scorer.judge.last_verdicts) == 4  # the step's 2 x 2 vLLM samples
+    drawn = samples(tmp_path)
+    assert drawn and all(s["reward"] in (0.0, 1.0) for s in drawn)
 
 
 # ---------------------------------------------------------------------- --env episodes

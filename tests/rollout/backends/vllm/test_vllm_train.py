@@ -78,26 +78,6 @@ def test_lora_loads_the_adapter_by_name(tmp_path, model_dir):
     assert gone(server_group(tmp_path / "run" / "vllm-server0.log"))
 
 
-def test_a_generative_judge_scores_vllm_samples(tmp_path, model_dir):
-    """--rm-type genrm: the judge is its own model in the trainer's process and decodes with
-    Relax's engine whatever samples the policy; the vLLM samples reach it and its verdicts
-    are the rewards."""
-    from tests.rollout.reward.test_genrm import _tiny_judge_dir
-    from tests.trainer.helpers import write_jsonl
-
-    rows = [{"input": f"{i}+{i}=", "label": str(2 * i)} for i in range(8)]
-    cfg = make_config("--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
-                      "--prompt-data", write_jsonl(tmp_path, rows), "--rm-type", "genrm",
-                      "--genrm-model-path", _tiny_judge_dir(tmp_path),
-                      "--genrm-max-response-len", "4", *SMALL, "--num-rollout", "1",
-                      output_dir=tmp_path / "run")
-    trainer, _, _ = fit(cfg)
-    assert read_metrics(tmp_path / "run")[0]["rollout/logprob_abs_diff_max"] < TOL_FP32
-    assert len(trainer.scorer.judge.last_verdicts) == 4  # the step's 2 x 2 vLLM samples
-    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
-    assert samples and all(s["reward"] in (0.0, 1.0) for s in samples)
-
-
 def test_two_fsdp_ranks_each_own_a_server_and_stream_to_it(tmp_path, model_dir):
     """--fsdp on two Gloo ranks, a server per rank (server k started by rank k, its log
     vllm-server<k>.log), both ranks pooling both servers, the weights streamed (the default
