@@ -348,22 +348,52 @@ class CollectiveSync:
                 self.store = dist.TCPStore(address, 0, is_master=True,
                                            wait_for_workers=False,
                                            timeout=timedelta(seconds=self.timeout))
+        # a connection of its own to the store per group: a store client answers one call at
+        # a time, and Gloo's connect blocks in it until the server's worker has written its
+        # address, which for a server dying as it joins is the whole timeout; on a shared
+        # client that wait would hold every other server's connect as well
+        store = dist.TCPStore(address, self.store.port, is_master=False,
+                              timeout=timedelta(seconds=self.timeout))
         name = f"relax-{os.getpid()}-{next(self._names)}"
         info = {"master_address": address, "master_port": self.store.port,
                 "group_name": name, "rank_offset": 1, "world_size": 2,
                 "timeout_s": self.timeout}
         with ThreadPoolExecutor(max_workers=1) as thread:
             answer = thread.submit(client.init_weight_transfer_engine, info)
-            self._wait_ready(client, name, answer)
-            group = _group(self.store, name, address, self.timeout)
+            self._wait_ready(client, store, name, answer)
+            group = self._join(client, store, name, address, answer)
             answer.result()
         self.groups[id(client)] = group
         return group
 
-    def _wait_ready(self, client, name: str, answer) -> None:
-        """Until the server's worker is about to join ``name``, or its answer came first (a
-        failure: it then never joins)."""
-        prefixed = dist.PrefixStore(name, self.store)
+    def _join(self, client, store, name: str, address: str, answer) -> dist.ProcessGroupGloo:
+        """Rank 0 of the group ``name``, built on a thread of its own while ``answer`` (the
+        server's /init_weight_transfer_engine) is watched: a server that dies between saying
+        it is ready and joining never connects, and Gloo's connect would hold this push (and
+        every other server's, which wait for this one's senders to take each bucket) for
+        the whole --vllm-request-timeout. Its failed answer ends the wait at once; the
+        abandoned connect ends on its own at the timeout (a daemon thread: it holds no exit)."""
+        built: list = []
+
+        def build() -> None:
+            try:
+                built.append(_group(store, name, address, self.timeout))
+            except BaseException as e:  # noqa: BLE001 - raised on the waiting thread
+                built.append(e)
+
+        threading.Thread(target=build, name=f"relax-join-{name}", daemon=True).start()
+        while not built:
+            if answer.done() and answer.exception() is not None:
+                answer.result()
+            time.sleep(_SPIN_S)
+        if isinstance(built[0], BaseException):
+            raise built[0]
+        return built[0]
+
+    def _wait_ready(self, client, store, name: str, answer) -> None:
+        """Until the server's worker is about to join ``name`` on ``store``, or its answer
+        came first (a failure: it then never joins)."""
+        prefixed = dist.PrefixStore(name, store)
         deadline = time.monotonic() + self.timeout
         while not prefixed.check([READY_KEY]):
             if answer.done():

@@ -29,7 +29,9 @@ child holds (never chosen by the parent, released and bound again).
   server that rejects the chunk). The update session as vLLM 0.32's worker keeps it: a
   start while one is active, a finish or an update without one answer HTTP 500, and a
   failed update ends it; ``--stale-session``: one is active from the start (a trainer died
-  in the middle of an update).
+  in the middle of an update); ``--die-joining``: the init says the worker is ready (the
+  group's ready key) and the server is SIGKILLed before it joins (a server dying at that
+  moment).
 - ``GET /stats``: the prompts answered, the reload paths, the versions set, the chunks
   received (``[[names], sum]``) and the session's starts and finishes, in order.
 - ``POST /control`` ``{"down": bool, "misreport": JSON or null}``: while down, every route
@@ -150,6 +152,10 @@ class Handler(BaseHTTPRequestHandler):
             store = dist.TCPStore(info["master_address"], info["master_port"],
                                   is_master=False)
             state["posted"] = None
+            if state["die_joining"]:
+                dist.PrefixStore(info["group_name"], store).set(
+                    f"{wire.READY_KEY}{info['rank_offset']}", b"1")
+                os.kill(os.getpid(), signal.SIGKILL)
             state["group"] = (store, wire.join_group(
                 store, info["group_name"], info["rank_offset"], info["world_size"],
                 info["timeout_s"], wire.local_address(info["master_address"],
@@ -201,6 +207,7 @@ def main() -> None:
     parser.add_argument("--fail-transfer", action="store_true")
     parser.add_argument("--fail-update", action="store_true")
     parser.add_argument("--stale-session", action="store_true")
+    parser.add_argument("--die-joining", action="store_true")
     args = parser.parse_args()
     server = Server(("127.0.0.1", 0), Handler)
     server.state = {"model_dir": args.model_dir, "delay": args.delay, "down": False,
@@ -208,7 +215,7 @@ def main() -> None:
                     "arrived": 0, "prompts": [], "reloads": [], "versions": [],
                     "fail_transfer": args.fail_transfer, "chunks": [], "group": None,
                     "fail_update": args.fail_update, "session": args.stale_session,
-                    "steps": [],
+                    "steps": [], "die_joining": args.die_joining,
                     "misreport": None if args.misreport is None else _misreport(args.misreport),
                     "lock": threading.Lock()}
     print(f"PORT {server.server_address[1]}", flush=True)

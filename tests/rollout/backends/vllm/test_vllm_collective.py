@@ -86,7 +86,6 @@ def _sums(model) -> list:
 
 
 @pytest.mark.subprocess
-@pytest.mark.subprocess
 def test_streamed_weights_reach_each_server_and_a_failing_one_leaves(stubs, capsys):  # noqa: F811
     """Two stubs receive over their own groups, in buckets of at most 40 bytes; the
     third fails its init: it leaves the pool with one line naming it and the two ways out,
@@ -122,7 +121,6 @@ def test_streamed_weights_reach_each_server_and_a_failing_one_leaves(stubs, caps
 
 
 @pytest.mark.subprocess
-@pytest.mark.subprocess
 def test_a_server_out_of_the_pool_rejoins_at_the_next_streamed_load(stubs, capsys):  # noqa: F811
     """A streamed load leaves nothing to catch up to: a server that missed one stays out
     while the pool waits (no load, no version set), and the next load, which finds it
@@ -155,7 +153,6 @@ def test_a_server_out_of_the_pool_rejoins_at_the_next_streamed_load(stubs, capsy
         pool.close()
 
 
-@pytest.mark.subprocess
 @pytest.mark.subprocess
 def test_a_pool_of_one_server_that_fails_its_init_is_its_one_line(stubs):  # noqa: F811
     [bad] = stubs(1, "--fail-transfer")
@@ -274,7 +271,6 @@ def _push_in_thread(sync, model, version: int, limit: float = 60.0):
 
 
 @pytest.mark.subprocess
-@pytest.mark.subprocess
 def test_a_server_refusing_a_chunk_leaves_at_once_and_the_others_finish(stubs, capsys):  # noqa: F811
     """/update_weights answered with HTTP 500 before the server joins the broadcast: the
     push notices that answer while its broadcast waits, instead of waiting out the group's
@@ -300,7 +296,6 @@ def test_a_server_refusing_a_chunk_leaves_at_once_and_the_others_finish(stubs, c
 
 
 @pytest.mark.subprocess
-@pytest.mark.subprocess
 def test_a_stale_update_session_is_finished_before_the_push(stubs):  # noqa: F811
     """A server whose update session a dead trainer began and never finished refuses a new
     /start_weight_update (vLLM 0.32's worker): the push finishes that session, starts its
@@ -317,5 +312,27 @@ def test_a_stale_update_session_is_finished_before_the_push(stubs):  # noqa: F81
                                   "/start_weight_update", "/finish_weight_update"]
         assert sum(total for _, total in stats["chunks"]) == pytest.approx(sum(_sums(model)))
         assert pool.members[0].in_pool and pool.members[0].version == 1
+    finally:
+        pool.close()
+
+
+@pytest.mark.subprocess
+def test_a_server_dying_as_it_joins_leaves_at_once_and_the_others_finish(stubs, capsys):  # noqa: F811
+    """A server that says its worker is ready and dies before joining the group: Gloo's
+    connect would wait for it the whole timeout (600 s here) and hold the other server's
+    buckets; its failed init ends the wait, it leaves the pool in one line naming it, and the
+    other loads every bucket and holds the version."""
+    good, dying = stubs(2, each=[(), ("--die-joining",)])
+    pool = ServerPool([VllmClient(s.url, timeout=600) for s in (good, dying)])
+    model = _model()
+    try:
+        assert _push_in_thread(CollectiveSync(pool, timeout=600, bucket_bytes=40),
+                               model, 1) is None
+        assert [m.in_pool for m in pool.members] == [True, False]
+        assert pool.members[0].version == 1
+        chunks = good.get("/stats")["chunks"]
+        assert sum(total for _, total in chunks) == pytest.approx(sum(_sums(model)))
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if "left the pool" in ln]
+        assert len(lines) == 1 and dying.url in lines[0], lines
     finally:
         pool.close()
