@@ -64,8 +64,27 @@ def shared(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lag_one(shared):
-    """The metrics of the K = 1 run of STEPS (4 steps, one training and one rollout rank)."""
-    return _run(shared, "lag-one", *LAG, nproc=2)
+    """The metrics of the K = 1 run of STEPS (4 steps, one training and one rollout rank),
+    launched as two simulated nodes on localhost (test_two_simulated_nodes_on_localhost):
+    the tests that continue it under one torchrun then also check that two nodes train like
+    one machine, and the two-node layout costs no launch of its own."""
+    out = shared / "lag-one"
+    flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{write_reward(shared)}:parity",
+             *LAG, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
+             "--rollout-num-gpus", "1", "--output-dir", str(out)]
+    reservation = PortReservation()
+    nodes = [subprocess.Popen(
+        [*two_nodes(n, reservation.port), "-m", "relax", "train", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
+    try:
+        results = [node.communicate(timeout=180) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+        reservation.release()
+    assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:]
+    return read_metrics(out)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +202,7 @@ def test_lag_one_trains_on_older_samples_and_resumes_exactly(tmp_path, lag_one):
     save = tmp_path / "ckpt"
     cut = _run(tmp_path, "resumed", *lag, "--save", str(save), "--exit-duration-in-mins",
                "1e-6", nproc=2)
-    assert len(cut) == 1
+    _same(cut, first[:1])  # one torchrun's step 1 is the two nodes' (``lag_one``)
     _, state = sharded_state.read_rank_file(str(save / "rollout_000001"), 0)
     assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
     tail = _run(tmp_path, "resumed", *lag, "--load", str(save), nproc=2)
@@ -392,25 +411,12 @@ def test_a_hung_rollout_rank_ends_the_run_within_the_timeout(tmp_path):
     assert "[rank 0 training] waiting for step 2's batch: rollout rank 1" in line, line
 
 
-def test_two_simulated_nodes_on_localhost(tmp_path):
+@SHARED
+def test_two_simulated_nodes_on_localhost(lag_one):
     """The README's two-node layout in miniature: node 0 trains, node 1 samples, each its own
-    torchrun agent meeting at 127.0.0.1."""
-    reward, out, reservation = write_reward(tmp_path), tmp_path / "run", PortReservation()
-    flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
-             "--fully-async", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
-             "--rollout-num-gpus", "1", "--max-staleness", "1", "--use-tis",
-             "--output-dir", str(out)]
-    nodes = [subprocess.Popen(
-        [*two_nodes(n, reservation.port), "-m", "relax", "train", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
-    try:
-        results = [node.communicate(timeout=180) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-        reservation.release()
-    assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:]
-    assert [r["async/staleness"] for r in read_metrics(out)] == [0, 1, 1, 1]
+    torchrun agent meeting at 127.0.0.1. ``lag_one`` is that run: the tests that continue it
+    under one torchrun compare their steps with it exactly."""
+    assert [r["async/staleness"] for r in lag_one] == [0, 1, 1, 1]
 
 
 def test_a_killed_rollout_rank_is_named(tmp_path):
