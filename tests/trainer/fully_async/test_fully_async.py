@@ -96,6 +96,20 @@ def lag_one_checkpoint(shared):
     return save
 
 
+COLOCATED = pytest.mark.xdist_group("fully-async-colocated")
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory):
+    """The metrics of the colocated run of STEPS with --eval-interval 2 (one rank): the K = 0
+    run's reference, and the uninterrupted run that the colocated run continued from its final
+    checkpoint must repeat (evaluation draws from no generator of training's: the same
+    training numbers, which that comparison checks). Two tests read it; the group keeps them
+    on one xdist worker, so it runs once."""
+    return _run(tmp_path_factory.mktemp("fully-async-colocated"), "colocated", "--eval-interval",
+                "2", nproc=1)
+
+
 def _same(got, want, *, keys=None, skip=()):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
@@ -151,9 +165,9 @@ def test_a_resumed_schedule_never_asks_for_weights_older_than_the_checkpoint():
     assert kept == 1 and [same.version(n) for n in range(3, 4)] == [2]  # unchanged: exact
 
 
-def test_staleness_zero_is_the_colocated_run_and_lora_sends_the_adapter(tmp_path):
+@COLOCATED
+def test_staleness_zero_is_the_colocated_run_and_lora_sends_the_adapter(tmp_path, colocated):
     # evaluation runs on the training rank with the newest weights: the same numbers too
-    colocated = _run(tmp_path, "colocated", "--eval-interval", "2", nproc=1)
     lagless = _run(tmp_path, "async", "--eval-interval", "2", "--fully-async",
                    "--max-staleness", "0", nproc=2)
     _same(lagless, colocated)
@@ -226,7 +240,8 @@ def test_async_save_writes_on_the_training_ranks_and_resumes_exactly(tmp_path):
     _same(tail, whole[1:], skip=("async/weight_sync_bytes",))
 
 
-@pytest.mark.parametrize("mode", ["colocated", pytest.param("async", marks=SHARED)])
+@pytest.mark.parametrize("mode", [pytest.param("colocated", marks=COLOCATED),
+                                  pytest.param("async", marks=SHARED)])
 def test_a_run_continued_from_its_final_checkpoint_is_the_uninterrupted_run(tmp_path, mode,
                                                                           request):
     if mode == "async":  # the module's K = 1 runs: the whole one and the one cut to 2 steps
@@ -238,7 +253,7 @@ def test_a_run_continued_from_its_final_checkpoint_is_the_uninterrupted_run(tmp_
         assert sorted(state["pending"]) == [2] and state["pending"][2]["version"] == 1
     else:
         lag, nproc, where = [], 1, tmp_path
-        whole = _run(tmp_path, "whole", nproc=nproc)
+        whole = request.getfixturevalue("colocated")  # with evaluation: see the fixture
         save = tmp_path / "save"
         _run(tmp_path, "part", "--num-rollout", "2", "--save", str(save), nproc=nproc)
     tail = _run(where, "continued-tail", *lag, "--load", str(save), nproc=nproc)
