@@ -64,8 +64,27 @@ def shared(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lag_one(shared):
-    """The metrics of the K = 1 run of STEPS (4 steps, one training and one rollout rank)."""
-    return _run(shared, "lag-one", *LAG, nproc=2)
+    """The metrics of the K = 1 run of STEPS (4 steps, one training and one rollout rank),
+    launched as two simulated nodes on localhost (test_two_simulated_nodes_on_localhost):
+    the tests that continue it under one torchrun then also check that two nodes train like
+    one machine, and the two-node layout costs no launch of its own."""
+    out = shared / "lag-one"
+    flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{write_reward(shared)}:parity",
+             *LAG, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
+             "--rollout-num-gpus", "1", "--output-dir", str(out)]
+    reservation = PortReservation()
+    nodes = [subprocess.Popen(
+        [*two_nodes(n, reservation.port), "-m", "relax", "train", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
+    try:
+        results = [node.communicate(timeout=180) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+        reservation.release()
+    assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:]
+    return read_metrics(out)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +94,20 @@ def lag_one_checkpoint(shared):
     save = shared / "lag-one-ckpt"
     _run(shared, "lag-one-part", *LAG, "--num-rollout", "2", "--save", str(save), nproc=2)
     return save
+
+
+COLOCATED = pytest.mark.xdist_group("fully-async-colocated")
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory):
+    """The metrics of the colocated run of STEPS with --eval-interval 2 (one rank): the K = 0
+    run's reference, and the uninterrupted run that the colocated run continued from its final
+    checkpoint must repeat (evaluation draws from no generator of training's: the same
+    training numbers, which that comparison checks). Two tests read it; the group keeps them
+    on one xdist worker, so it runs once."""
+    return _run(tmp_path_factory.mktemp("fully-async-colocated"), "colocated", "--eval-interval",
+                "2", nproc=1)
 
 
 def _same(got, want, *, keys=None, skip=()):
@@ -132,9 +165,9 @@ def test_a_resumed_schedule_never_asks_for_weights_older_than_the_checkpoint():
     assert kept == 1 and [same.version(n) for n in range(3, 4)] == [2]  # unchanged: exact
 
 
-def test_staleness_zero_is_the_colocated_run_and_lora_sends_the_adapter(tmp_path):
+@COLOCATED
+def test_staleness_zero_is_the_colocated_run_and_lora_sends_the_adapter(tmp_path, colocated):
     # evaluation runs on the training rank with the newest weights: the same numbers too
-    colocated = _run(tmp_path, "colocated", "--eval-interval", "2", nproc=1)
     lagless = _run(tmp_path, "async", "--eval-interval", "2", "--fully-async",
                    "--max-staleness", "0", nproc=2)
     _same(lagless, colocated)
@@ -183,7 +216,7 @@ def test_lag_one_trains_on_older_samples_and_resumes_exactly(tmp_path, lag_one):
     save = tmp_path / "ckpt"
     cut = _run(tmp_path, "resumed", *lag, "--save", str(save), "--exit-duration-in-mins",
                "1e-6", nproc=2)
-    assert len(cut) == 1
+    _same(cut, first[:1])  # one torchrun's step 1 is the two nodes' (``lag_one``)
     _, state = sharded_state.read_rank_file(str(save / "rollout_000001"), 0)
     assert sorted(state["pending"]) == [1], "the checkpoint holds the batch in flight"
     tail = _run(tmp_path, "resumed", *lag, "--load", str(save), nproc=2)
@@ -207,7 +240,8 @@ def test_async_save_writes_on_the_training_ranks_and_resumes_exactly(tmp_path):
     _same(tail, whole[1:], skip=("async/weight_sync_bytes",))
 
 
-@pytest.mark.parametrize("mode", ["colocated", pytest.param("async", marks=SHARED)])
+@pytest.mark.parametrize("mode", [pytest.param("colocated", marks=COLOCATED),
+                                  pytest.param("async", marks=SHARED)])
 def test_a_run_continued_from_its_final_checkpoint_is_the_uninterrupted_run(tmp_path, mode,
                                                                           request):
     if mode == "async":  # the module's K = 1 runs: the whole one and the one cut to 2 steps
@@ -219,7 +253,7 @@ def test_a_run_continued_from_its_final_checkpoint_is_the_uninterrupted_run(tmp_
         assert sorted(state["pending"]) == [2] and state["pending"][2]["version"] == 1
     else:
         lag, nproc, where = [], 1, tmp_path
-        whole = _run(tmp_path, "whole", nproc=nproc)
+        whole = request.getfixturevalue("colocated")  # with evaluation: see the fixture
         save = tmp_path / "save"
         _run(tmp_path, "part", "--num-rollout", "2", "--save", str(save), nproc=nproc)
     tail = _run(where, "continued-tail", *lag, "--load", str(save), nproc=nproc)
@@ -392,25 +426,12 @@ def test_a_hung_rollout_rank_ends_the_run_within_the_timeout(tmp_path):
     assert "[rank 0 training] waiting for step 2's batch: rollout rank 1" in line, line
 
 
-def test_two_simulated_nodes_on_localhost(tmp_path):
+@SHARED
+def test_two_simulated_nodes_on_localhost(lag_one):
     """The README's two-node layout in miniature: node 0 trains, node 1 samples, each its own
-    torchrun agent meeting at 127.0.0.1."""
-    reward, out, reservation = write_reward(tmp_path), tmp_path / "run", PortReservation()
-    flags = [*RECIPES["grpo"], *STEPS, "--custom-rm-path", f"{reward}:parity",
-             "--fully-async", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
-             "--rollout-num-gpus", "1", "--max-staleness", "1", "--use-tis",
-             "--output-dir", str(out)]
-    nodes = [subprocess.Popen(
-        [*two_nodes(n, reservation.port), "-m", "relax", "train", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in (0, 1)]
-    try:
-        results = [node.communicate(timeout=180) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-        reservation.release()
-    assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:]
-    assert [r["async/staleness"] for r in read_metrics(out)] == [0, 1, 1, 1]
+    torchrun agent meeting at 127.0.0.1. ``lag_one`` is that run: the tests that continue it
+    under one torchrun compare their steps with it exactly."""
+    assert [r["async/staleness"] for r in lag_one] == [0, 1, 1, 1]
 
 
 def test_a_killed_rollout_rank_is_named(tmp_path):

@@ -148,10 +148,12 @@ def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, m
     resumed from its checkpoint: the server starts on the loaded model's weights, which the
     checkpoint moved, so the resumed run pushes them before its first step and that step's
     mismatch stays at rounding too (without the push it would carry two steps of lr 1e-2).
-    One test, so that one owned server start serves both (each costs ~30 s of a worker)."""
-    reward = write_reward(tmp_path)
+    Inside the resumed run's second step's reward its server is killed: the run then fails
+    at the weight sync, naming the server and its log, with no server process left. One
+    test, so that two owned server starts serve all three (each costs ~30 s of a worker)."""
+    reward = write_gate_reward(tmp_path)  # the parity reward until its gate is armed
     common = ["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
-              "--custom-rm-path", f"{reward}:parity", *SMALL]
+              "--custom-rm-path", reward, *SMALL]
     first = tmp_path / "first"
     _, _, moved = fit(make_config(*common, "--save", str(tmp_path / "ckpt"), "--save-interval",
                                   "1", output_dir=first))
@@ -169,53 +171,60 @@ def test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first(tmp_path, m
     assert os.listdir(first / "vllm-weights-rank0") == ["v0"]
     assert gone(server_group(first / "vllm-server0.log"))
 
-    fit(make_config(*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "3",
-                    output_dir=tmp_path / "resumed"))
-    row = read_metrics(tmp_path / "resumed")[-1]
-    assert row["rollout/step"] == 3 and row["rollout/policy_lag"] == 0
-    assert row["rollout/logprob_abs_diff_max"] < TOL_FP32, row
-    samples = [json.loads(line) for line in open(tmp_path / "resumed" / "samples.jsonl")]
-    assert {s["policy_version"] for s in samples} == {2}
-
-
-@pytest.mark.parametrize("stop", ["kill the server", "SIGTERM"])
-def test_a_run_ends_with_its_server(tmp_path, model_dir, stop):
-    """Inside step 2's reward: the server is killed (the run then fails at the weight sync,
-    naming the server and its log) or the trainer gets SIGTERM (it stops after the step);
-    either way no server process is left.
-
-    The SIGTERM run also samples with --rollout-bf16 (relax/precision.py ``use_rollout_bf16``),
-    so that one server start checks it too: the owned server runs at dtype bfloat16 while the
-    trainer stays fp32, and the sampler/trainer gap is then a bf16 model's, far above the fp32
-    server's rounding (TOL_FP32)."""
-    run = tmp_path / "run"
-    bf16 = ["--rollout-bf16"] if stop == "SIGTERM" else []
-    proc = start_train(["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
-                        "--custom-rm-path", write_gate_reward(tmp_path), *SMALL, *bf16,
-                        "--num-rollout", "20", "--output-dir", str(run), "--device", "cpu"],
+    # resumed at step 3; the gate holds step 4's reward (its 2nd call) while the server dies
+    resumed = tmp_path / "resumed"
+    proc = start_train([*common, "--load", str(tmp_path / "ckpt"), "--num-rollout", "20",
+                        "--output-dir", str(resumed), "--device", "cpu"],
                        gate_env(tmp_path, at=2, go=True))
     try:
         wait_for_file(tmp_path / "gate_ready", proc, timeout=600)
-        pgid = server_group(run / "vllm-server0.log")
-        if stop == "SIGTERM":
-            proc.send_signal(signal.SIGTERM)
-        else:
-            os.kill(pgid, signal.SIGKILL)
+        pgid = server_group(resumed / "vllm-server0.log")
+        os.kill(pgid, signal.SIGKILL)
         (tmp_path / "gate_go").touch()
         status, err = finish(proc, timeout=300)
     finally:
         proc.kill()
+    rows = read_metrics(resumed)
+    assert [r["rollout/step"] for r in rows] == [3], rows  # step 4 never finished
+    assert rows[0]["rollout/policy_lag"] == 0
+    assert rows[0]["rollout/logprob_abs_diff_max"] < TOL_FP32, rows[0]
+    samples = [json.loads(line) for line in open(resumed / "samples.jsonl")]
+    assert {s["policy_version"] for s in samples if s["step"] == 3} == {2}
     line = err.strip().splitlines()[-1]
-    if stop == "SIGTERM":
-        assert status == 143, err[-2000:]
-        log = (run / "vllm-server0.log").read_text(errors="replace")
-        assert "'dtype': 'bfloat16'" in log  # the server's own record of its arguments
-        config = json.loads((run / "config.json").read_text())["system"]
-        assert config["bf16"] is None and config["device"] == "cpu"  # the trainer: fp32 on a CPU
-        rows = read_metrics(run)
-        assert rows and all(r["rollout/logprob_abs_diff_max"] > 100 * TOL_FP32 for r in rows), rows
-    else:
-        assert status == 1, err[-2000:]
-        assert line.startswith("relax train: error: vLLM server http://127.0.0.1:"), line
-        assert str(run / "vllm-server0.log") in line and "exited with status -9" in line, line
+    assert status == 1, err[-2000:]
+    assert line.startswith("relax train: error: vLLM server http://127.0.0.1:"), line
+    assert str(resumed / "vllm-server0.log") in line and "exited with status -9" in line, line
+    assert gone(pgid)
+
+
+def test_a_sigterm_ends_the_run_with_its_server(tmp_path, model_dir):
+    """Inside step 2's reward the trainer gets SIGTERM: it stops after the step (exit 143)
+    and no server process is left (a killed server: the resumed run of
+    test_two_steps_end_to_end_then_a_resume_pushes_its_weights_first).
+
+    The run also samples with --rollout-bf16 (relax/precision.py ``use_rollout_bf16``), so
+    that one server start checks it too: the owned server runs at dtype bfloat16 while the
+    trainer stays fp32, and the sampler/trainer gap is then a bf16 model's, far above the fp32
+    server's rounding (TOL_FP32)."""
+    run = tmp_path / "run"
+    proc = start_train(["--rollout-backend", "vllm", "--hf-checkpoint", str(model_dir),
+                        "--custom-rm-path", write_gate_reward(tmp_path), *SMALL,
+                        "--rollout-bf16", "--num-rollout", "20", "--output-dir", str(run),
+                        "--device", "cpu"],
+                       gate_env(tmp_path, at=2, go=True))
+    try:
+        wait_for_file(tmp_path / "gate_ready", proc, timeout=600)
+        pgid = server_group(run / "vllm-server0.log")
+        proc.send_signal(signal.SIGTERM)
+        (tmp_path / "gate_go").touch()
+        status, err = finish(proc, timeout=300)
+    finally:
+        proc.kill()
+    assert status == 143, err[-2000:]
+    log = (run / "vllm-server0.log").read_text(errors="replace")
+    assert "'dtype': 'bfloat16'" in log  # the server's own record of its arguments
+    config = json.loads((run / "config.json").read_text())["system"]
+    assert config["bf16"] is None and config["device"] == "cpu"  # the trainer: fp32 on a CPU
+    rows = read_metrics(run)
+    assert rows and all(r["rollout/logprob_abs_diff_max"] > 100 * TOL_FP32 for r in rows), rows
     assert gone(pgid)
