@@ -84,7 +84,11 @@ $(VLLM_PLUGIN_STAMP): $(VLLM_STAMP) $(VLLM_PLUGIN_FILES)
 	$(VLLM_PY) -m pip install --quiet --no-deps --no-build-isolation ./vllm_plugin
 	touch $(VLLM_PLUGIN_STAMP)
 
-test: $(STAMP) $(VLLM_PLUGIN_STAMP)
+# The two environments install side by side (-j2): pip spends much of its time waiting on
+# downloads and disk, so on a fresh 2-core machine the pair took 124 s instead of 65 + 97 s
+# one after the other (measured on fresh clones, pip's wheel cache warm).
+test:
+	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_PLUGIN_STAMP)
 	$(PY) -m compileall -q -j 0 relax tests
 	$(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 
