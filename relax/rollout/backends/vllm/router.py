@@ -18,7 +18,7 @@ that session's first turn went, whose prefix cache holds its context, unless tha
 left the pool. A slow server holds its requests longer, so it is given fewer.
 
 Failures: a server that refuses a connection, resets it or does not answer within
---vllm-request-timeout (vllm_server.py ``ServerDown``) leaves the pool with one line on
+--vllm-request-timeout (vllm_client.py ``ServerDown``) leaves the pool with one line on
 stderr, and the request is sent again to another server with the same seed: the answer is
 checked as every answer is (vllm_answers.py), and only an answer that came back counts, so
 no sample is lost and none is counted twice. An answer that came back wrong (an HTTP error,
@@ -67,7 +67,7 @@ import torch
 import torch.distributed as dist
 
 from relax.agreement import GroupAgreement
-from relax.rollout.backends.vllm.vllm_server import ServerDown, ServerError, healthy
+from relax.rollout.backends.vllm.vllm_client import ServerDown, ServerError, healthy
 
 HEALTH_EVERY_S = 2.0  # how often a server out of the pool is asked for /health
 IN_FLIGHT = 64  # the sampler's requests at once (vllm_sampler.py MAX_IN_FLIGHT)
@@ -97,7 +97,7 @@ class Member:
 
 
 class ServerPool:
-    """``clients``: one per server (vllm_server.py ``VllmClient``, or anything with its
+    """``clients``: one per server (vllm_client.py ``VllmClient``, or anything with its
     methods); ``indices``: their --vllm-url entries or owned servers' numbers (default 0, 1,
     ...); ``cap``: the most requests in flight per server (default ceil(64 / servers))."""
 
