@@ -35,7 +35,8 @@ import time
 
 from relax.rollout.backends.vllm.router import ServerPool
 from relax.rollout.backends.vllm.vllm_answers import completion
-from relax.rollout.backends.vllm.vllm_server import VllmClient, VllmServer
+from relax.rollout.backends.vllm.vllm_client import VllmClient
+from relax.rollout.backends.vllm.vllm_server import VllmServer
 
 
 class _FixedLength(VllmClient):

@@ -12,7 +12,10 @@ from the environment (the preloader starts with the tests' own environment; the 
 here change only variables read at run time: OMP_NUM_THREADS is applied by relax itself
 through ``torch.set_num_threads``, RELAX_TEST_*, WORLD_SIZE). A preloader with more than one
 thread could not fork safely: it then refuses to start and :func:`run` falls back to a fresh
-process, as it does whenever the preloader is gone.
+process, as it does whenever the preloader is gone (also when it ends before it forks a
+command). A preloader that is there but does not fork the command within
+:data:`FORK_WAIT_S` seconds is a failure of the test: an AssertionError naming the command and
+what the preloader did, and the next command starts a fresh one.
 
     out = run(["train", "--num-rollout", "2"], env=env, cwd=None, timeout=180)
     # a subprocess.CompletedProcess, as subprocess.run(..., capture_output=True, text=True)
@@ -32,6 +35,8 @@ import threading
 PRELOAD = ("torch", "torch._dynamo", "numpy", "transformers", "transformers.masking_utils",
            "transformers.models.qwen3.modeling_qwen3", "tokenizers", "safetensors.torch",
            "relax.cli", "relax.trainer")
+SERVE = "from tests.hostile.preloaded import _serve; _serve()"
+FORK_WAIT_S = 30.0  # for the forked command's pid: a fork takes milliseconds
 
 
 # ------------------------------------------------------------------ the preloading process
@@ -87,10 +92,17 @@ def _serve() -> None:
 
 # ------------------------------------------------------------------ the tests' side
 
+class _Gone(Exception):
+    """The preloader ended before it forked the command: the command runs in a fresh
+    process instead."""
+
+
 class _Preloader:
-    def __init__(self, env: dict):
-        self.proc = subprocess.Popen([sys.executable, "-c",
-                                      "from tests.hostile.preloaded import _serve; _serve()"],
+    def __init__(self, env: dict, code: str = SERVE):
+        """The preloader ``python -c code`` (a test's stand-in where ``code`` is not
+        :data:`SERVE`), once it says it is ready."""
+        self.ended = False  # its output closed: it is ending
+        self.proc = subprocess.Popen([sys.executable, "-c", code],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env,
                                      cwd=os.path.dirname(os.path.dirname(os.path.dirname(
@@ -101,19 +113,42 @@ class _Preloader:
             raise RuntimeError(f"preloader did not start: {answer}")
 
     def _read(self, timeout: float) -> dict | None:
+        """The next answer; None when none came within ``timeout`` s or the preloader closed
+        its output (then ``self.ended``)."""
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
             return None
         line = self.proc.stdout.readline()
+        self.ended = not line
         return json.loads(line) if line else None
+
+    def _forked(self, args: list[str]) -> int:
+        """The pid of the child forked for ``args``; :class:`_Gone` when the preloader ended
+        instead. When it answers anything else, or nothing within :data:`FORK_WAIT_S` s, it is
+        stopped and an AssertionError names the command and what the preloader did."""
+        answer = self._read(FORK_WAIT_S)
+        if isinstance(answer, dict) and isinstance(answer.get("pid"), int):
+            return answer["pid"]
+        if answer is None and (self.ended or self.proc.poll() is not None):
+            raise _Gone
+        pid = self.proc.pid
+        did = (f"answered {answer!r}" if answer is not None else
+               f"is running but forked nothing within {FORK_WAIT_S:g} s")
+        self.close()  # a stuck preloader would fail every later command too
+        raise AssertionError(f"relax {' '.join(args)}: the preloader (pid {pid}, "
+                             f"tests/hostile/preloaded.py) {did}; it is stopped and the next "
+                             "command starts a fresh one")
 
     def run(self, args: list[str], env: dict, cwd: str, timeout: float):
         with tempfile.TemporaryDirectory() as folder:
             paths = {k: os.path.join(folder, k) for k in ("stdout", "stderr")}
-            self.proc.stdin.write(json.dumps({"args": args, "env": env, "cwd": cwd,
-                                              **paths}) + "\n")
-            self.proc.stdin.flush()
-            pid = self._read(30)["pid"]
+            try:
+                self.proc.stdin.write(json.dumps({"args": args, "env": env, "cwd": cwd,
+                                                  **paths}) + "\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:  # it ended since run() looked
+                raise _Gone from None
+            pid = self._forked(args)
             answer = self._read(timeout)
             if answer is None:  # a hang is a failure: the child and all it started die
                 try:
@@ -149,7 +184,10 @@ def run(args: list[str], *, env: dict, base_env: dict, cwd: str | None, timeout:
             except (RuntimeError, OSError):
                 _PRELOADER = None
         if _PRELOADER is not None:
-            return _PRELOADER.run(args, env, os.path.abspath(cwd or os.getcwd()), timeout)
+            try:
+                return _PRELOADER.run(args, env, os.path.abspath(cwd or os.getcwd()), timeout)
+            except _Gone:  # it ended before it forked the command: nothing of it ran
+                _PRELOADER = None
     return subprocess.run([sys.executable, "-m", "relax", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd, env=env)
 

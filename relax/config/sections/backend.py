@@ -3,7 +3,7 @@
 
 With vLLM the trainer samples through OpenAI-compatible vLLM servers, token ids in and out,
 and pushes its weights to them after every ``--update-weights-interval`` steps
-(relax/rollout/backends/vllm/vllm_server.py, vllm_sampler.py; relax/rollout/backends/vllm/vllm_sync.py); under
+(relax/rollout/backends/vllm/vllm_client.py, vllm_sampler.py, vllm_sync.py); under
 ``--fully-async`` the rollout ranks own the servers and push the weights they receive. A
 combination the backend cannot serve is refused here with one line naming it, before any
 process starts. Torch-free, like the rest of validation; whether a URL answers is checked

@@ -32,14 +32,8 @@ import torch
 
 from relax.errors import InputError, value_summary
 from relax.rollout.backends.vllm.vllm_answers import BadAnswer, prompt_log_probs
-from relax.rollout.backends.vllm.vllm_server import (
-    ServerError,
-    VllmClient,
-    VllmServer,
-    connect,
-    installed_version,
-    vllm_python,
-)
+from relax.rollout.backends.vllm.vllm_client import ServerError, VllmClient, connect
+from relax.rollout.backends.vllm.vllm_server import VllmServer, installed_version, vllm_python
 from relax.trainer.terms.teacher import FLAG, check_vocabulary
 
 URL_FLAG = "--opd-teacher-url"

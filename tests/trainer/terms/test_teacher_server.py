@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient, group_alive
+from relax.rollout.backends.vllm.vllm_client import ServerError, VllmClient
+from relax.rollout.backends.vllm.vllm_server import group_alive
 from relax.tiny_model import build_tiny_model, build_tokenizer
 from relax.trainer.distributed import DistContext
 from relax.trainer.policy.logprobs import batched_log_probs

@@ -18,7 +18,7 @@ that session's first turn went, whose prefix cache holds its context, unless tha
 left the pool. A slow server holds its requests longer, so it is given fewer.
 
 Failures: a server that refuses a connection, resets it or does not answer within
---vllm-request-timeout (vllm_server.py ``ServerDown``) leaves the pool with one line on
+--vllm-request-timeout (vllm_client.py ``ServerDown``) leaves the pool with one line on
 stderr, and the request is sent again to another server with the same seed: the answer is
 checked as every answer is (vllm_answers.py), and only an answer that came back counts, so
 no sample is lost and none is counted twice. An answer that came back wrong (an HTTP error,
@@ -67,7 +67,7 @@ import torch
 import torch.distributed as dist
 
 from relax.agreement import GroupAgreement
-from relax.rollout.backends.vllm.vllm_server import ServerDown, ServerError, healthy
+from relax.rollout.backends.vllm.vllm_client import ServerDown, ServerError, healthy
 
 HEALTH_EVERY_S = 2.0  # how often a server out of the pool is asked for /health
 IN_FLIGHT = 64  # the sampler's requests at once (vllm_sampler.py MAX_IN_FLIGHT)
@@ -97,7 +97,7 @@ class Member:
 
 
 class ServerPool:
-    """``clients``: one per server (vllm_server.py ``VllmClient``, or anything with its
+    """``clients``: one per server (vllm_client.py ``VllmClient``, or anything with its
     methods); ``indices``: their --vllm-url entries or owned servers' numbers (default 0, 1,
     ...); ``cap``: the most requests in flight per server (default ceil(64 / servers))."""
 
@@ -288,36 +288,41 @@ class ServerPool:
             # set first: a catch-up from now on loads this version (the sync wrote it)
             self.loader, self.version = catch_up or load, version
             self.streamed = streamed
+        own, back = self._to_load(members, mine, streamed)
+        loads = _run_loads(own, load, version, feed)
+        if group is not None:  # every rank takes out and puts back the same servers
+            self._agree(loads.failures, group, device)
+            if streamed:
+                back = self._agree_back(back - set(loads.failures), group, device)
+        empty = self._settle(members, back, version, loads, apply)
+        if loads.fatal is not None:
+            raise loads.fatal
+        if empty:
+            raise self._gone()
+
+    def _to_load(self, members: list[Member], mine: Callable[[int], bool] | None,
+                 streamed: bool) -> tuple[list[Member], set[int]]:
+        """The servers this process loads (of :meth:`load`'s ``members``, those in the pool
+        when it began), and the indices of those out of the pool that rejoin if they load
+        (a streamed load only)."""
         # with ``mine`` a server is this process's to load even when out of its own pool: the
         # other ranks' pools may hold it and count on this load (the watcher rejoins it here)
         own = members if mine is None else [m for m in self.members if mine(m.index)]
-        if streamed:  # a server out of the pool rejoins now or at a later load
-            own = [m for m in own if m.in_pool] + [
-                m for m in self.members if not m.in_pool and (mine is None or mine(m.index))
-                and healthy(m.url, timeout=self.health_every)]
-        back = {m.index for m in own if not m.in_pool} if streamed else set()
-        failures: dict[int, ServerError] = {}
-        reported: dict[int, int] = {}
-        fatal = None
-        with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
-            futures = [(m, threads.submit(_locked, m.loading, _load_confirmed, load, m.client,
-                                          version)) for m in own]
-            if feed is not None:
-                try:
-                    feed(len(own))
-                except Exception as e:  # noqa: BLE001 - raised below, after the all-reduce
-                    fatal = e
-            for m, f in futures:
-                try:
-                    reported[m.index] = f.result()
-                except ServerError as e:
-                    failures[m.index] = e
-                except Exception as e:  # noqa: BLE001 - raised below, after the all-reduce
-                    fatal = fatal or e
-        if group is not None:
-            self._agree(failures, group, device)
-            if streamed:
-                back = self._agree_back(back - set(failures), group, device)
+        if not streamed:
+            return own, set()
+        # a server out of the pool rejoins now or at a later load
+        own = [m for m in own if m.in_pool] + [
+            m for m in self.members if not m.in_pool and (mine is None or mine(m.index))
+            and healthy(m.url, timeout=self.health_every)]
+        return own, {m.index for m in own if not m.in_pool}
+
+    def _settle(self, members: list[Member], back: set[int], version: int, loads: _Loads,
+                apply: Callable | None) -> bool:
+        """One step under the lock, as the requests see it: each of ``members`` (in the pool
+        when the load began) that failed leaves it; the others, and each server of ``back``
+        that did not fail, serve ``version``, ``apply`` run on them. Whether the pool is
+        empty now."""
+        failures, reported = loads.failures, loads.reported
         with self._cond:
             self.sessions.clear()  # the reload dropped every prefix cache
             for m in members:
@@ -334,11 +339,7 @@ class ServerPool:
                     self._put_back(m, reported.get(m.index, version))
                     if apply is not None:
                         apply(m.client)
-            empty = not any(m.in_pool for m in self.members)
-        if fatal is not None:
-            raise fatal
-        if empty:
-            raise self._gone()
+            return not any(m.in_pool for m in self.members)
 
     def _put_back(self, member: Member, version: int) -> None:
         """Under the lock: ``member`` rejoins at ``version``, said in one line."""
@@ -429,6 +430,40 @@ def confirm(client, version: int) -> int:
 def _load_confirmed(load: Callable, client, version: int) -> int:
     load(client)
     return confirm(client, version)
+
+
+@dataclass
+class _Loads:
+    """What the loads of one :meth:`ServerPool.load` on this process came to, by server
+    index: the version each reported, each one's ServerError, and the first other error
+    (raised once every rank has heard of the failures)."""
+
+    reported: dict[int, int] = field(default_factory=dict)
+    failures: dict[int, ServerError] = field(default_factory=dict)
+    fatal: Exception | None = None
+
+
+def _run_loads(own: list[Member], load: Callable, version: int,
+               feed: Callable[[int], None] | None) -> _Loads:
+    """``load`` then :func:`confirm` on each of ``own``, one thread each, each under its
+    server's lock; ``feed(len(own))`` on this thread meanwhile. Waits for every load."""
+    out = _Loads()
+    with ThreadPoolExecutor(max_workers=max(1, len(own))) as threads:
+        futures = [(m, threads.submit(_locked, m.loading, _load_confirmed, load, m.client,
+                                      version)) for m in own]
+        if feed is not None:
+            try:
+                feed(len(own))
+            except Exception as e:  # noqa: BLE001 - load raises it after the all-reduce
+                out.fatal = e
+        for m, f in futures:
+            try:
+                out.reported[m.index] = f.result()
+            except ServerError as e:
+                out.failures[m.index] = e
+            except Exception as e:  # noqa: BLE001 - load raises it after the all-reduce
+                out.fatal = out.fatal or e
+    return out
 
 
 SERVER_METRICS = ("requests", "failures", "in_flight", "tokens_per_s", "in_pool",

@@ -15,7 +15,7 @@ and ``z - max`` <= 0 under IEEE rounding; a log-prob above 0 is never rounding.
 
 The functions are pure: they raise :class:`BadAnswer` with what is wrong and a cut view of what
 came back; the caller adds the server's URL and which request it was
-(relax/rollout/backends/vllm/vllm_server.py ``VllmClient.complete``,
+(relax/rollout/backends/vllm/vllm_client.py ``VllmClient.complete``,
 relax/trainer/terms/teacher_server.py).
 """
 

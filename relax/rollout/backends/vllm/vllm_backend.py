@@ -49,16 +49,10 @@ from relax.config.sections.placement import PlacementSection
 from relax.config.sections.system import SystemSection
 from relax.errors import InputError
 from relax.rollout.backends.vllm.router import ServerPool
+from relax.rollout.backends.vllm.vllm_client import ServerError, VllmClient, connect
 from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import (
-    ServerError,
-    VllmClient,
-    VllmServer,
-    connect,
-    installed_version,
-    vllm_python,
-)
+from relax.rollout.backends.vllm.vllm_server import VllmServer, installed_version, vllm_python
 from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync, Shards, Split
 from relax.rollout.backends.vllm.vllm_weights import lora_rank_slot
 from relax.rollout.generation.sampler import SamplingParams

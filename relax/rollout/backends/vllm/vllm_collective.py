@@ -73,7 +73,7 @@ import torch
 import torch.distributed as dist
 
 from relax.rollout.backends.vllm.router import ServerPool
-from relax.rollout.backends.vllm.vllm_server import ServerDown, ServerError
+from relax.rollout.backends.vllm.vllm_client import ServerDown, ServerError
 from relax.rollout.backends.vllm.vllm_weights import full_tensor, named_weights, plan_buckets
 
 ENGINE = "relax_gloo"  # the plugin's engine name (vllm_plugin/relax_vllm_plugin/__init__.py)

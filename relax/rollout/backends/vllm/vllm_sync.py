@@ -41,7 +41,7 @@ import torch
 
 from relax.agreement import GroupAgreement
 from relax.rollout.backends.vllm.router import ServerPool
-from relax.rollout.backends.vllm.vllm_server import ServerError
+from relax.rollout.backends.vllm.vllm_client import ServerError
 from relax.rollout.backends.vllm.vllm_weights import write_adapter, write_sharded, write_weights
 
 __all__ = ["DiskSync", "LoraSync", "Shards", "Split", "WeightSync", "write_weights"]

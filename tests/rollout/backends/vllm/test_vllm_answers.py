@@ -17,8 +17,8 @@ from relax.rollout.backends.vllm.vllm_answers import (
     prompt_log_probs,
     weight_version,
 )
+from relax.rollout.backends.vllm.vllm_client import ServerError, VllmClient
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams
 from tests.rollout.backends.vllm.fake_vllm import fake_vllm, sampled

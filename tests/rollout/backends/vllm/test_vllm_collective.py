@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from relax.rollout.backends.vllm.router import ServerPool
+from relax.rollout.backends.vllm.vllm_client import ServerError, VllmClient
 from relax.rollout.backends.vllm.vllm_collective import CollectiveSync, pack
-from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
 from relax.rollout.backends.vllm.vllm_weights import plan_buckets
 from tests.rollout.backends.vllm.test_vllm_pool import stubs  # noqa: F401 - the fixture
 

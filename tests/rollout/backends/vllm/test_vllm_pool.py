@@ -25,8 +25,8 @@ import torch
 from relax.metrics.tracker import MetricTracker
 from relax.rollout.backends.vllm.router import ServerPool
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_client import ServerError, VllmClient
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import ServerError, VllmClient
 from relax.rollout.backends.vllm.vllm_sync import _reload  # a server's part of a disk sync
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams

@@ -24,9 +24,10 @@ import torch.distributed as dist
 
 from relax.errors import InputError
 from relax.rollout.backends.vllm.vllm_backend import VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_client import ServerError
 from relax.rollout.backends.vllm.vllm_collective import ENGINE, CollectiveSync, pack
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import ServerError, VllmServer, group_alive
+from relax.rollout.backends.vllm.vllm_server import VllmServer, group_alive
 from relax.rollout.backends.vllm.vllm_sync import DiskSync, write_weights
 from relax.rollout.generation.generate import left_pad
 from relax.rollout.generation.sampler import SamplingParams

@@ -17,16 +17,9 @@ import torch
 
 from relax.errors import InputError
 from relax.rollout.backends.vllm.vllm_backend import Owned, VllmBackend, VllmSettings
+from relax.rollout.backends.vllm.vllm_client import ServerError, VllmClient, check_version
 from relax.rollout.backends.vllm.vllm_sampler import VllmSampler
-from relax.rollout.backends.vllm.vllm_server import (
-    PORT_TRIES,
-    ServerError,
-    VllmClient,
-    VllmServer,
-    check_version,
-    last_error,
-    vllm_python,
-)
+from relax.rollout.backends.vllm.vllm_server import PORT_TRIES, VllmServer, last_error, vllm_python
 from relax.rollout.backends.vllm.vllm_sync import DiskSync, LoraSync
 from relax.rollout.backends.vllm.vllm_weights import lora_rank_slot
 from relax.rollout.generation.generate import concat_rollouts, left_pad
