@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import multiprocessing
 import os
 import sys
 import threading
@@ -138,6 +139,23 @@ def exit_rank(status: int, *, run_exit_handlers: bool = True) -> NoReturn:
         with contextlib.suppress(Exception):  # a closed or broken pipe must not change status
             stream.flush()
     os._exit(status)
+
+
+def leave_rank(status: int, *, run_exit_handlers: bool = True) -> int:
+    """End a data-parallel rank: :func:`exit_rank`, or ``status`` returned when multiprocessing
+    started this process (torchrun ``--run-path`` or ``--start-method``, ``elastic_launch``
+    with a function). Such a launcher waits for the function to return (torchrun's agent
+    waited forever for a rank that called ``os._exit``), and multiprocessing itself ends the
+    process with ``os._exit`` once it has, so the interpreter's finalization never runs; nor
+    do exit handlers, which run here first, as :func:`exit_rank` runs them."""
+    if multiprocessing.parent_process() is None:
+        exit_rank(status, run_exit_handlers=run_exit_handlers)
+    if run_exit_handlers:
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return status
 
 
 def is_peer_failure(error: BaseException) -> bool:

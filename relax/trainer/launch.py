@@ -20,6 +20,7 @@ from relax.trainer.distributed import (
     finish_together,
     init_distributed,
     is_peer_failure,
+    leave_rank,
     shutdown_distributed,
 )
 from relax.trainer.fully_async.async_layout import check_same_settings, split_roles
@@ -102,7 +103,8 @@ def train(cfg) -> int:
 
     A rank of a multi-process run does not return: it ends its process with that status
     through :func:`exit_rank` once the group is left, so the interpreter's finalization never
-    meets Gloo's worker threads (see there). Neither does a run stopped at once (a second
+    meets Gloo's worker threads (see there), unless multiprocessing started it
+    (:func:`leave_rank`). Neither does a run stopped at once (a second
     signal, or one during start-up, :class:`relax.errors.Interrupted` ``at_once``): it ends
     without exit handlers, within the signal's bound whatever threads still run."""
     peer_failed = at_once = False
@@ -127,5 +129,5 @@ def train(cfg) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # after a peer failure the broken group is left as it is; metrics and checkpoints are
         # already on disk
-        exit_rank(status, run_exit_handlers=not peer_failed)
+        return leave_rank(status, run_exit_handlers=not peer_failed)
     return status
