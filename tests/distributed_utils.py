@@ -56,26 +56,39 @@ def rendezvous_store(timeout: float = 300.0):
 
 # One node: the agent hosts the rendezvous and the ranks' store on ports it binds itself
 # (``--standalone``: c10d rendezvous at localhost:0), on 127.0.0.1 (``--local-addr``).
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--local-addr", "127.0.0.1"]
+TORCHRUN_FLAGS = ["--standalone", "--local-addr", "127.0.0.1"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FLAGS]
 
 
 def torchrun_relax(*flags: str, timeout: float = 180, nproc: int = 2,
-                   hang: str = "torchrun did not finish") -> subprocess.CompletedProcess:
+                   hang: str = "torchrun did not finish",
+                   fresh: bool = False) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node NPROC -m relax train FLAGS`` on 127.0.0.1, one intra-op
     thread per rank (the ranks share the CI machine's cores). A run past ``timeout`` seconds fails
     the test with ``hang`` and the ranks' stderr: a hang is a failure, never a stalled suite.
 
     ``nproc=1`` runs ``python -m relax train FLAGS`` itself: a world of one joins no process
     group (relax/trainer/distributed.py ``init_distributed``), so under torchrun it ran the
-    same code, after ~2 s of CPU for torchrun's agent and rendezvous."""
+    same code, after ~2 s of CPU for torchrun's agent and rendezvous.
+
+    The command is forked from this worker's preloaded process (tests/preloaded.py): torchrun's
+    own agent, its ranks started by fork, without ~4 s of imports per rank. ``fresh``: fresh
+    processes instead, as a user's shell starts them (``python -m torch.distributed.run``, each
+    rank ``python -u -m relax``), for the tests of the launch itself."""
     import pytest
 
-    launch = TORCHRUN + ["--nproc_per_node", str(nproc)] if nproc > 1 else [sys.executable]
-    cmd = [*launch, "-m", "relax", "train", *flags]
+    from tests import preloaded
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = ["--nproc_per_node", str(nproc)]
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if not fresh:
+            return preloaded.run(["train", *flags], env=env, base_env=dict(os.environ),
+                                 cwd=None, timeout=timeout,
+                                 torchrun=[*TORCHRUN_FLAGS, *nodes] if nproc > 1 else None)
+        launch = [*TORCHRUN, *nodes] if nproc > 1 else [sys.executable]
+        return subprocess.run([*launch, "-m", "relax", "train", *flags], capture_output=True,
+                              text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{hang} within {timeout:g} s (hang?):\n{e.stderr}")
 

@@ -1,16 +1,27 @@
-"""``python -m relax`` without paying its imports each time: one process per test worker
-imports torch, transformers and relax once, then forks a child per command, which runs
-``relax`` as ``python -m relax`` would (``runpy``, ``__main__``), in its own session, with
-the command's environment, working directory, empty stdin and stdout/stderr to files, and
-ends the way that process would (its exit status, its atexit handlers, a signal's death).
+"""``python -m relax`` and ``torchrun ... -m relax`` without paying their imports each time:
+one process per test worker imports torch, transformers and relax once, then forks a child
+per command, which runs ``relax`` as ``python -m relax`` would (``runpy``, ``__main__``), in
+its own session, with the command's environment, working directory, empty stdin and
+stdout/stderr to files, and ends the way that process would (its exit status, its atexit
+handlers, a signal's death). A torchrun command's child is torchrun itself: torchrun's own
+``main`` with the command's flags plus ``--run-path --start-method fork`` (both torchrun
+flags: the agent runs ``relax/__main__.py`` as a function in each rank, and starts the ranks
+by fork), so the agent, its rendezvous, its monitoring and its failure handling are
+torchrun's, and each rank is a fork of the agent, which has done every import already.
 
 Why: a hostile case is mostly imports (about 4 of its 4.9 CPU seconds here) and the suite
-runs some fifty of them. What the cases check, exit status, stderr and what is left on
-disk, comes from the child alone. What a fork shares with the preloading process, and so
-is not a fresh process's: the hash seed (cases compare no two runs) and state set at import
-from the environment (the preloader starts with the tests' own environment; the commands
-here change only variables read at run time: OMP_NUM_THREADS is applied by relax itself
-through ``torch.set_num_threads``, RELAX_TEST_*, WORLD_SIZE). A preloader with more than one
+runs some fifty of them; a torchrun launch paid them once per rank and ~1.3 s more for the
+agent, and the suite launches about 140 ranks (measured with every process's CPU logged on a
+whole `make test`: 560 s of CPU in ranks, 107 s in agents). What the cases check, exit
+status, stderr and what is left on disk, comes from the child alone. What a fork shares with
+the preloading process, and so is not a fresh process's: the hash seed and state set at
+import from the environment (the preloader starts with the tests' own environment; the
+commands here change only variables read at run time: OMP_NUM_THREADS is applied by relax
+itself through ``torch.set_num_threads``, RELAX_TEST_*, WORLD_SIZE). So two runs compared
+for equality here share their hash seed: the tests that show a run repeats in fresh
+processes (tests/reliability/test_repeat_under_load.py, test_torchrun.py's CLI launches) do
+not come here. A rank started by fork is not ``python -u``: its stdout is block-buffered
+until relax flushes it at exit (what tests read after the run). A preloader with more than one
 thread could not fork safely: it then refuses to start and :func:`run` falls back to a fresh
 process, as it does whenever the preloader is gone (also when it ends before it forks a
 command). A preloader that is there but does not fork the command within
@@ -34,8 +45,10 @@ import threading
 
 PRELOAD = ("torch", "torch._dynamo", "numpy", "transformers", "transformers.masking_utils",
            "transformers.models.qwen3.modeling_qwen3", "tokenizers", "safetensors.torch",
-           "relax.cli", "relax.trainer")
-SERVE = "from tests.hostile.preloaded import _serve; _serve()"
+           "torch.distributed.run", "relax.cli", "relax.trainer", "relax.trainer.launch")
+RELAX_MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "relax",
+                          "__main__.py")
+SERVE = "from tests.preloaded import _serve; _serve()"
 FORK_WAIT_S = 30.0  # for the forked command's pid: a fork takes milliseconds
 
 
@@ -56,8 +69,17 @@ def _child(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = ["relax", *request["args"]]
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if request.get("torchrun") is not None:
+        from torch.distributed.run import main as torchrun
+
+        # torchrun's own main, as `python -m torch.distributed.run` runs it: on a rank's
+        # failure it raises (and the interpreter ends with status 1 and its report)
+        sys.argv = ["torchrun", *request["torchrun"]]
+        torchrun([*request["torchrun"], "--run-path", "--start-method", "fork", RELAX_MAIN,
+                  *request["args"]])
+        sys.exit(0)
+    sys.argv = ["relax", *request["args"]]
     # from here on this is the command: SystemExit, an exception or a signal ends the
     # interpreter exactly as it ends `python -m relax`
     runpy.run_module("relax", run_name="__main__", alter_sys=True)
@@ -105,8 +127,8 @@ class _Preloader:
         self.proc = subprocess.Popen([sys.executable, "-c", code],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env,
-                                     cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                                         os.path.abspath(__file__)))))
+                                     cwd=os.path.dirname(os.path.dirname(
+                                         os.path.abspath(__file__))))
         answer = self._read(120)
         if not answer or not answer.get("ready"):
             self.close()
@@ -136,15 +158,16 @@ class _Preloader:
                f"is running but forked nothing within {FORK_WAIT_S:g} s")
         self.close()  # a stuck preloader would fail every later command too
         raise AssertionError(f"relax {' '.join(args)}: the preloader (pid {pid}, "
-                             f"tests/hostile/preloaded.py) {did}; it is stopped and the next "
+                             f"tests/preloaded.py) {did}; it is stopped and the next "
                              "command starts a fresh one")
 
-    def run(self, args: list[str], env: dict, cwd: str, timeout: float):
+    def run(self, args: list[str], env: dict, cwd: str, timeout: float,
+            torchrun: list[str] | None = None):
         with tempfile.TemporaryDirectory() as folder:
             paths = {k: os.path.join(folder, k) for k in ("stdout", "stderr")}
             try:
                 self.proc.stdin.write(json.dumps({"args": args, "env": env, "cwd": cwd,
-                                                  **paths}) + "\n")
+                                                  "torchrun": torchrun, **paths}) + "\n")
                 self.proc.stdin.flush()
             except BrokenPipeError:  # it ended since run() looked
                 raise _Gone from None
@@ -156,7 +179,9 @@ class _Preloader:
                 except ProcessLookupError:
                     pass
                 self._read(30)
-                raise subprocess.TimeoutExpired(["relax", *args], timeout)
+                text = {k: open(p, errors="replace").read() for k, p in paths.items()}
+                raise subprocess.TimeoutExpired(["relax", *args], timeout, text["stdout"],
+                                                text["stderr"])
             text = {k: open(p, errors="replace").read() for k, p in paths.items()}
         return subprocess.CompletedProcess(["relax", *args], answer["status"], text["stdout"],
                                            text["stderr"])
@@ -171,10 +196,13 @@ _PRELOADER: _Preloader | None = None
 _LOCK = threading.Lock()
 
 
-def run(args: list[str], *, env: dict, base_env: dict, cwd: str | None, timeout: float):
+def run(args: list[str], *, env: dict, base_env: dict, cwd: str | None, timeout: float,
+        torchrun: list[str] | None = None):
     """``relax ARGS`` with ``env`` as a child of this worker's preloader (started at the
     first call, with ``base_env``: what every command's environment shares), or as a fresh
-    ``python -m relax`` where no preloader can start."""
+    ``python -m relax`` where no preloader can start. ``torchrun``: torchrun's flags (e.g.
+    ``["--standalone", "--nproc_per_node", "2"]``): the command is ``torchrun FLAGS -m relax
+    ARGS``, its ranks forked by torchrun's agent (the module's docstring)."""
     global _PRELOADER
     args = [str(a) for a in args]
     with _LOCK:
@@ -185,10 +213,13 @@ def run(args: list[str], *, env: dict, base_env: dict, cwd: str | None, timeout:
                 _PRELOADER = None
         if _PRELOADER is not None:
             try:
-                return _PRELOADER.run(args, env, os.path.abspath(cwd or os.getcwd()), timeout)
+                return _PRELOADER.run(args, env, os.path.abspath(cwd or os.getcwd()), timeout,
+                                      torchrun)
             except _Gone:  # it ended before it forked the command: nothing of it ran
                 _PRELOADER = None
-    return subprocess.run([sys.executable, "-m", "relax", *args], capture_output=True,
+    launch = [sys.executable] if torchrun is None else [
+        sys.executable, "-m", "torch.distributed.run", *torchrun]
+    return subprocess.run([*launch, "-m", "relax", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd, env=env)
 
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.hostile import preloaded
+from tests import preloaded
 
 pytestmark = pytest.mark.subprocess
 
@@ -31,7 +31,7 @@ def test_a_preloader_that_never_forks_fails_naming_the_command(monkeypatch, tmp_
                           base_env=dict(os.environ), cwd=str(tmp_path), timeout=5)
         assert str(e.value) == (
             f"relax train --num-rollout 2: the preloader (pid {loader.proc.pid}, "
-            "tests/hostile/preloaded.py) is running but forked nothing within 0.2 s; it is "
+            "tests/preloaded.py) is running but forked nothing within 0.2 s; it is "
             "stopped and the next command starts a fresh one")
         assert loader.proc.poll() is not None  # stopped, not left to fail the next command
     finally:

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.hostile import preloaded
+from tests import preloaded
 
 TIMEOUT = 180  # a hang is a failure
 SMALL = ["--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",

@@ -12,15 +12,28 @@ pytestmark = pytest.mark.subprocess  # every test here starts torchrun (conftest
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
 def test_two_process_gloo_run(tmp_path, fsdp):
+    """The launch as a user's shell makes it (fresh processes: ``python -m
+    torch.distributed.run``, each rank ``python -u -m relax``). The DDP run is also launched
+    the way the other tests launch theirs (tests/preloaded.py: torchrun's agent forked from
+    a preloaded process, ranks forked by it), and the two runs agree in every metric but
+    time and memory: the tests' launch trains as a user's does."""
     reward = write_reward(tmp_path)
     out, save = tmp_path / "run", tmp_path / "save"
-    proc = torchrun_relax(*RECIPES["reinforce_plus_plus_baseline"], "--num-rollout", "2",
-                          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-                          "--rollout-max-response-len", "4", "--micro-batch-size", "4",
-                          "--custom-rm-path", f"{reward}:parity", "--device", "cpu", "--output-dir",
-                          str(out), "--save", str(save), *(["--fsdp"] if fsdp else []))
+    flags = [*RECIPES["reinforce_plus_plus_baseline"], "--num-rollout", "2",
+             "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+             "--rollout-max-response-len", "4", "--micro-batch-size", "4", "--custom-rm-path",
+             f"{reward}:parity", "--device", "cpu", *(["--fsdp"] if fsdp else [])]
+    proc = torchrun_relax(*flags, "--output-dir", str(out), "--save", str(save), fresh=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
+    if not fsdp:
+        forked = torchrun_relax(*flags, "--output-dir", str(tmp_path / "forked"))
+        assert forked.returncode == 0, forked.stderr[-3000:]
+        again = read_metrics(tmp_path / "forked")
+        assert len(again) == len(rows) == 2
+        for a, b in zip(again, rows, strict=True):
+            keys = [k for k in b if not k.startswith("perf/")]
+            assert keys and {k: a[k] for k in keys} == {k: b[k] for k in keys}
     # written by rank 0 only: one line per rollout step, not one per rank
     assert [r["rollout/step"] for r in rows] == [1, 2]
     for r in rows:
