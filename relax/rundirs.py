@@ -18,7 +18,10 @@ with ``option(writes=KIND)`` (relax/config/section.py ``written_dirs``); ``relax
 - each directory is creatable and writable (a probe file is written and removed);
 - one run per directory: an exclusive ``flock`` on ``DIR/.relax.lock``, held until the process
   ends (the kernel releases it on any exit, SIGKILL included, so a crashed run never leaves a
-  stale lock); the second run is refused with the holder's PID, host and start time.
+  stale lock); the second run is refused with the holder's PID, host and start time. A Relax
+  directory that already has its lock file is locked first, before the checks above: while
+  a run holds it, what it holds is that run's (its metrics.jsonl is not an earlier run's),
+  so "in use" is the answer, whatever that run has written so far.
 
 Only rank 0 claims (all ranks share the directories). Nothing here imports torch.
 """
@@ -111,8 +114,19 @@ def _make_writable(path: str, flag: str) -> None:
                          "directory") from None
 
 
-def _lock(path: str, flag: str) -> None:
-    """Hold an exclusive lock on ``path`` until this process exits."""
+def _lock(path: str, flag: str, fd: int | None = None) -> None:
+    """Hold an exclusive lock on ``path`` until this process exits, recording who holds it
+    (``fd``: the lock file, already locked by :func:`_acquire`)."""
+    fd = _acquire(path, flag) if fd is None else fd
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record.encode(), 0)
+    _HELD.append(fd)
+
+
+def _acquire(path: str, flag: str) -> int:
+    """The lock file of ``path``, locked exclusively; one line naming the holder when another
+    process holds it."""
     lock_path = os.path.join(path, LOCK)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -128,10 +142,7 @@ def _lock(path: str, flag: str) -> None:
             who = "another process"
         raise InputError(f"{flag} {path}: in use by another relax run ({who}); wait for it "
                          "to finish or choose another directory") from None
-    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()})
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, record.encode(), 0)
-    _HELD.append(fd)
+    return fd
 
 
 def _mark(path: str, marker: str, kind: str) -> None:
@@ -182,16 +193,27 @@ def claim_train_dirs(dirs, *, models: dict[str, str | None], load: str | None) -
     """All checks of the module docstring for ``relax train``; ``dirs`` are the
     ``(--flag, directory, kind)`` the run writes into (relax.config.section.written_dirs),
     ``models`` the model directories it reads (flag -> directory or None), ``load`` its
-    ``--load``. Every check passes before any directory is created, locked or marked.
-    Raises :class:`InputError`."""
+    ``--load``. Every check passes before any directory is created, locked or marked, except
+    the lock of a Relax directory of its kind that has its lock file already (the module's
+    docstring; nothing is written there until every check has passed). Raises
+    :class:`InputError`."""
     _distinct(dirs, models)
-    for flag, path, kind in dirs:
-        markers, what = KINDS[kind]
-        _check_kind(path, flag, markers, what)
-    _check_fresh(dirs, load)
+    early: dict[str, int] = {}  # path -> its lock file, locked
+    try:
+        for flag, path, kind in dirs:
+            if os.path.isfile(os.path.join(path, LOCK)) and _ours(path, KINDS[kind][0]):
+                early[path] = _acquire(path, flag)
+        for flag, path, kind in dirs:
+            markers, what = KINDS[kind]
+            _check_kind(path, flag, markers, what)
+        _check_fresh(dirs, load)
+    except InputError:
+        for fd in early.values():  # refused: the directories stay as they were, unlocked
+            os.close(fd)
+        raise
     for flag, path, kind in dirs:
         _make_writable(path, flag)
-        _lock(path, flag)
+        _lock(path, flag, early.get(path))
         _mark(path, KINDS[kind][0][0], kind)
 
 

@@ -132,6 +132,23 @@ def test_written_directories_are_claimed_as_relax_s_own_and_reused(tmp_path, mon
     _release_locks()
 
 
+def test_a_directory_a_live_run_holds_is_in_use_whatever_that_run_wrote(tmp_path, monkeypatch):
+    """A run that has written its metrics.jsonl still holds its directory: a second run is
+    told the directory is in use (by whom), not that it holds an earlier run's metrics (which
+    depended on how far the first run had got: a test failed on it under load)."""
+    monkeypatch.setitem(sys.modules, "relax.trainer", types.SimpleNamespace(train=lambda cfg: 0))
+    out = tmp_path / "o"
+    argv = ["--output-dir", str(out)]
+    assert _run(argv) == (0, "")  # the first run claims it and holds its lock
+    (out / "metrics.jsonl").write_text('{"rollout/step": 1}\n')
+    code, err = _run(argv)
+    assert code == 2 and "in use by another relax run (pid " in err, err
+    assert f"pid {os.getpid()} " in err and "metrics.jsonl" not in err
+    _release_locks()
+    code, err = _run(argv)  # the holder gone: now it is an earlier run's directory
+    assert code == 2 and "holds metrics.jsonl of an earlier run" in err, err
+
+
 @pytest.mark.parametrize("first,second", [("output_dir", "critic_save"),
                                           ("save", "critic_save")])
 def test_two_written_flags_on_one_directory_are_refused(first, second, tmp_path, no_trainer):
