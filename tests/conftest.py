@@ -124,8 +124,8 @@ def _keep_groups(config, items) -> None:
     """``--dist loadgroup`` keeps the tests of one ``xdist_group`` on one worker by the
     ``@group`` suffix that pytest-xdist (3.8) writes into each such test's node id on the
     workers. pytest 9.2 keeps the node id elsewhere (``item._id``), so that write no longer
-    reaches it (a known pytest-xdist bug, reported upstream): nothing failed, the groups were spread over the
-    workers, and each worker started a group's module-scoped server again (the fp32 vLLM
+    reaches it (a known pytest-xdist bug, reported upstream): nothing failed, the groups were
+    spread over the workers, and each worker started a group's module-scoped server again (the fp32 vLLM
     server, the teacher, the Gloo ranks). Where the suffix is missing it is written where this
     pytest keeps the id; with a pytest that reads ``_nodeid``, xdist's own write stands."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist's loadgroup workers

@@ -179,10 +179,10 @@ class _Preloader:
                 except ProcessLookupError:
                     pass
                 self._read(30)
-                text = {k: open(p, errors="replace").read() for k, p in paths.items()}
+            text = {k: open(p, errors="replace").read() for k, p in paths.items()}
+            if answer is None:
                 raise subprocess.TimeoutExpired(["relax", *args], timeout, text["stdout"],
                                                 text["stderr"])
-            text = {k: open(p, errors="replace").read() for k, p in paths.items()}
         return subprocess.CompletedProcess(["relax", *args], answer["status"], text["stdout"],
                                            text["stderr"])
 

@@ -133,12 +133,18 @@ def exit_rank(status: int, *, run_exit_handlers: bool = True) -> NoReturn:
     checkpoints and loggers are closed by the trainer before this is called; the standard
     streams are flushed here.
     """
+    _before_exit(run_exit_handlers)
+    os._exit(status)
+
+
+def _before_exit(run_exit_handlers: bool) -> None:
+    """What a rank does before its process ends without finalization: its exit handlers
+    (``atexit``, what Py_FinalizeEx would call, here while all is alive), then its output."""
     if run_exit_handlers:
-        atexit._run_exitfuncs()  # what Py_FinalizeEx would call, here while all is alive
+        atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken pipe must not change status
             stream.flush()
-    os._exit(status)
 
 
 def leave_rank(status: int, *, run_exit_handlers: bool = True) -> int:
@@ -150,11 +156,7 @@ def leave_rank(status: int, *, run_exit_handlers: bool = True) -> int:
     do exit handlers, which run here first, as :func:`exit_rank` runs them."""
     if multiprocessing.parent_process() is None:
         exit_rank(status, run_exit_handlers=run_exit_handlers)
-    if run_exit_handlers:
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _before_exit(run_exit_handlers)
     return status
 
 
