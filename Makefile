@@ -55,8 +55,8 @@ $(STAMP): pyproject.toml Makefile
 # are removed. `make test` depends on it, so CI builds it once per fresh checkout: measured
 # here 299 s from an empty pip cache (--no-cache-dir) and 88 s with pip's wheel cache warm,
 # a 3.4 GB environment; the stamp makes re-runs free. Its tests (tests/rollout/backends/vllm/)
-# are the suite's largest part: 394 of its 1487 s of test time, mostly server start-ups
-# (fresh-clone `make test` of e0be0ec: 858 s in all, 764 s of it the tests on two workers).
+# are the suite's largest part (`make test` prints the slowest tests), mostly server
+# start-ups.
 vllm: $(VLLM_PLUGIN_STAMP)
 
 $(VLLM_STAMP): Makefile
@@ -85,8 +85,8 @@ $(VLLM_PLUGIN_STAMP): $(VLLM_STAMP) $(VLLM_PLUGIN_FILES)
 	touch $(VLLM_PLUGIN_STAMP)
 
 # The two environments install side by side (-j2): pip spends much of its time waiting on
-# downloads and disk, so on a fresh 2-core machine the pair took 124 s instead of 65 + 97 s
-# one after the other (measured on fresh clones, pip's wheel cache warm).
+# downloads and disk, so on a fresh 2-core machine the pair takes well under the sum of the
+# two one after the other.
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_PLUGIN_STAMP)
 	$(PY) -m compileall -q -j 0 relax tests
